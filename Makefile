@@ -1,0 +1,65 @@
+# cubert — the two commands: `make demo` and `make test`.
+# CMake does the building; this file installs what is missing and wraps it.
+
+BUILD ?= build
+BUILD_TYPE ?= RelWithDebInfo
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build demo test test-fast test-asan test-tsan bench install clean info
+
+all: build
+
+# Installs the Debian packages the build needs when they are missing (as
+# root); otherwise prints the exact command to run.
+deps:
+	@./tools/install-deps.sh
+
+$(BUILD)/build.ninja $(BUILD)/Makefile: CMakeLists.txt
+	@./tools/install-deps.sh
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+
+build: $(BUILD)/Makefile
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The main job: a tiled matrix product, a reduction and a softmax on the
+# default device (the CPU backend), each checked against plain C.
+demo: build
+	./$(BUILD)/cubert demo
+
+info: build
+	./$(BUILD)/cubert info
+
+# Unit tests and the conformance suite, then the same under ASan+UBSan and
+# under TSan.
+test: test-fast test-asan test-tsan
+
+test-fast: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-asan:
+	@./tools/install-deps.sh
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DCUBE_BUILD_BENCH=OFF \
+	  "-DCUBE_SANITIZE=address;undefined" $(CMAKE_FLAGS)
+	cmake --build $(BUILD)-asan -j $(JOBS)
+	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+test-tsan:
+	@./tools/install-deps.sh
+	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DCUBE_BUILD_BENCH=OFF \
+	  -DCUBE_SANITIZE=thread $(CMAKE_FLAGS)
+	cmake --build $(BUILD)-tsan -j $(JOBS)
+	cd $(BUILD)-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	./$(BUILD)/bench/bench_cpu
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan

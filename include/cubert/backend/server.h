@@ -1,0 +1,237 @@
+/* cubert — the server vtable: what a backend implements.
+ *
+ * The client (src/core) owns handles, reference counts, the failure store,
+ * streams and the compiled-kernel cache; a backend owns device memory and
+ * execution. The client is the only caller of these slots. It serializes
+ * the calls for one stream (two calls naming the same stream never overlap);
+ * calls for different streams, and the calls that name no stream, may come
+ * from several threads at once, so a backend protects what its streams
+ * share.
+ *
+ * There is one slot per method of the server contract (docs/
+ * server-contract.md maps each to its public function). Slots marked
+ * (optional) may be NULL; the client then applies the contract's default.
+ * Every slot that can fail returns `cube_error *` (NULL on success) which
+ * the client owns.
+ */
+#ifndef CUBERT_BACKEND_SERVER_H
+#define CUBERT_BACKEND_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cubert/buffer.h"
+#include "cubert/client.h"
+#include "cubert/kernel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cube_server_vtable cube_server_vtable;
+
+/* The base of every backend's server object: a backend struct starts with
+ * this member so the client can reach the vtable. */
+typedef struct cube_server {
+    const cube_server_vtable *vt;
+} cube_server;
+
+/* Memory handed out by a backend: `address` is what kernels and copies use
+ * (a host pointer on the CPU, a device address on GPUs); `cookie` is the
+ * backend's own bookkeeping (its pool slot), returned to it on release. */
+typedef struct cube_storage {
+    uint64_t address;
+    uint64_t size;
+    void *cookie;
+} cube_storage;
+
+/* A byte range of an allocation, resolved by the client from a handle. */
+typedef struct cube_binding {
+    const cube_storage *storage;
+    uint64_t offset;
+    uint64_t size;
+} cube_binding;
+
+/* One strided transfer between packed host memory and a binding. Strides
+ * are in bytes; `bytes` is the packed size (product of shape * elem). */
+typedef struct cube_copy_op {
+    cube_binding binding;
+    uint32_t rank;
+    uint32_t elem_size;
+    uint64_t shape[CUBE_MAX_RANK];
+    uint64_t byte_strides[CUBE_MAX_RANK];
+    uint64_t bytes;
+    int contiguous; /* the elements form one dense byte range */
+} cube_copy_op;
+
+/* Parameter kinds of a compiled kernel's signature. */
+typedef enum cube_param_kind {
+    CUBE_PARAM_BUFFER_IN = 1,
+    CUBE_PARAM_BUFFER_OUT = 2,
+    CUBE_PARAM_BUFFER_INOUT = 3,
+    CUBE_PARAM_SCALAR = 4,
+    CUBE_PARAM_SHARED = 5
+} cube_param_kind;
+
+typedef struct cube_param {
+    cube_param_kind kind;
+    uint32_t elem_size; /* element size, or the scalar's size */
+    uint64_t extent;    /* elements, for shared arrays */
+} cube_param;
+
+#define CUBE_MAX_PARAMS 24
+
+/* What a backend's compile produces. The client reads the public fields to
+ * validate launches; `impl` belongs to the backend. */
+typedef struct cube_compiled {
+    uint32_t param_count;
+    cube_param params[CUBE_MAX_PARAMS];
+    uint64_t shared_bytes;  /* per cube */
+    int uses_cube_sync;
+    double compile_ms;      /* time spent compiling (0 for a cache hit) */
+    int from_disk_cache;
+    void *impl;
+} cube_compiled;
+
+/* A launch as the client hands it over: validated, handles resolved.
+ * `bindings` and `scalars` are indexed by parameter position (entries for
+ * other kinds are unused). */
+typedef struct cube_dispatch {
+    const cube_compiled *compiled;
+    uint32_t cube_dim[3];
+    uint32_t cube_count[3];          /* static count */
+    const cube_binding *count_buffer; /* non-NULL: dynamic count */
+    cube_binding bindings[CUBE_MAX_PARAMS];
+    unsigned char scalars[CUBE_MAX_PARAMS][8];
+    uint32_t mode; /* CUBE_LAUNCH_* */
+} cube_dispatch;
+
+/* A backend's read in flight; the client waits on it with read_wait. */
+typedef struct cube_pending cube_pending;
+
+struct cube_server_vtable {
+    const char *name;
+
+    /* Frees the server after all work is done. Never fails. */
+    void (*destroy)(cube_server *server);
+
+    /* DeviceService: limits, features, memory. */
+    cube_error *(*properties)(cube_server *server, cube_properties *out);
+
+    /* initialize_memory: backs a new buffer of `size` bytes for `stream`.
+     * Errors: CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_BUFFER_TOO_BIG,
+     * CUBE_ERR_POOL_CAPACITY_EXCEEDED. */
+    cube_error *(*initialize_memory)(cube_server *server,
+                                     cube_stream_id stream, uint64_t size,
+                                     cube_storage *out);
+    /* Returns memory of a buffer no handle names any more. The client calls
+     * this only once no queued work of the client uses it. */
+    void (*release_memory)(cube_server *server, cube_stream_id stream,
+                           cube_storage *storage);
+
+    /* read: copies each op's elements packed into dst[i]. May finish at
+     * once (*pending = NULL) or leave a pending read for read_wait. */
+    cube_error *(*read)(cube_server *server, cube_stream_id stream,
+                        const cube_copy_op *ops, size_t n, void *const *dst,
+                        cube_pending **pending);
+    /* (optional) Waits for a pending read and frees it. */
+    cube_error *(*read_wait)(cube_server *server, cube_pending *pending);
+
+    /* write: copies packed host data into each op's binding, in stream
+     * order. The host memory may be reused when this returns. */
+    cube_error *(*write)(cube_server *server, cube_stream_id stream,
+                         const cube_copy_op *ops, size_t n,
+                         const void *const *src);
+
+    /* sync: waits for every task of `stream` (and for the last writers of
+     * `bindings` on other streams), then reports a device fault if the
+     * context is broken. The client adds the failure-store answer. */
+    cube_error *(*sync)(cube_server *server, cube_stream_id stream,
+                        const cube_binding *bindings, size_t n);
+
+    /* (optional) check: backend-specific enqueue-time state of bindings;
+     * the client answers from its failure store first. */
+    cube_error *(*check)(cube_server *server, cube_stream_id stream,
+                         const cube_binding *bindings, size_t n);
+
+    /* Compiles a kernel (the expand + compile half of launch) into
+     * *out, whose fields the backend fills. `mode` carries
+     * CUBE_LAUNCH_CHECKED. Errors: CUBE_ERR_COMPILE (with the log). */
+    cube_error *(*compile)(cube_server *server, const cube_kernel *kernel,
+                           uint32_t mode, cube_compiled *out);
+    /* Frees what compile made. */
+    void (*compiled_release)(cube_server *server, cube_compiled *compiled);
+
+    /* launch: runs (or enqueues) a validated dispatch on `stream`. An error
+     * means it did not run; the client records it on the written buffers. */
+    cube_error *(*launch)(cube_server *server, cube_stream_id stream,
+                          const cube_dispatch *dispatch);
+
+    /* flush: submits queued work; reports only a device fault. */
+    cube_error *(*flush)(cube_server *server, cube_stream_id stream);
+
+    /* memory_usage / memory_cleanup for `stream`. */
+    cube_error *(*memory_usage)(cube_server *server, cube_stream_id stream,
+                                cube_memory_usage *out);
+    cube_error *(*memory_cleanup)(cube_server *server, cube_stream_id stream);
+
+    /* (optional) staging: host buffers for uploads. Default: aligned host
+     * memory from the client. */
+    cube_error *(*staging)(cube_server *server, const uint64_t *sizes,
+                           size_t n, void **out);
+    void (*staging_free)(cube_server *server, void *buffer);
+
+    /* (optional) The following follow the contract's defaults when NULL:
+     * allocation_mode and graph_prepare are no-ops; begin_capture,
+     * end_capture, replay, start_profile, end_profile and
+     * install_memory_pools are CUBE_ERR_UNSUPPORTED; graph_destroy and
+     * abandon_profile are no-ops. Their public entry points arrive with
+     * the memory, profiling and graph layers. */
+    cube_error *(*allocation_mode)(cube_server *server, cube_stream_id stream,
+                                   int persistent);
+    cube_error *(*graph_prepare)(cube_server *server, cube_stream_id stream);
+    cube_error *(*begin_capture)(cube_server *server, cube_stream_id stream);
+    cube_error *(*end_capture)(cube_server *server, cube_stream_id stream,
+                               uint64_t *graph);
+    cube_error *(*replay)(cube_server *server, cube_stream_id stream,
+                          uint64_t graph);
+    void (*graph_destroy)(cube_server *server, cube_stream_id stream,
+                          uint64_t graph);
+    cube_error *(*install_memory_pools)(cube_server *server,
+                                        cube_stream_id stream,
+                                        const void *config);
+    cube_error *(*start_profile)(cube_server *server, cube_stream_id stream,
+                                 uint64_t *token);
+    cube_error *(*end_profile)(cube_server *server, cube_stream_id stream,
+                               uint64_t token, double *seconds,
+                               cube_timing_method *method);
+    void (*abandon_profile)(cube_server *server, cube_stream_id stream,
+                            uint64_t token);
+
+    /* (optional) ServerCommunication: a copy from this server's binding to
+     * a peer server's binding. Default: CUBE_ERR_UNSUPPORTED. */
+    cube_error *(*copy_to_peer)(cube_server *server, cube_stream_id stream,
+                                const cube_binding *src, cube_server *peer,
+                                const cube_binding *dst);
+};
+
+/* A backend as the registry knows it. */
+typedef struct cube_backend {
+    const char *name;
+    /* How many devices there are. CUBE_ERR_UNAVAILABLE, with the reason,
+     * when the backend cannot run on this machine. */
+    cube_error *(*device_count)(uint32_t *out);
+    /* Opens device `index`. */
+    cube_error *(*open)(uint32_t index, const cube_client_options *options,
+                        cube_server **out);
+} cube_backend;
+
+/* Accessors of a kernel object for backends (borrowed strings). */
+CUBE_API const char *cube_kernel_source(const cube_kernel *kernel);
+CUBE_API void cube_kernel_cube_dim(const cube_kernel *kernel, uint32_t out[3]);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUBERT_BACKEND_SERVER_H */

@@ -1,0 +1,168 @@
+/* cubert — clients, properties, streams, barriers and memory statistics.
+ *
+ * A client is one open device. It is thread-safe: any number of threads may
+ * share one and call anything on it at once. Each thread works on its own
+ * stream by default (an in-order queue); cube_stream_use() lets a thread
+ * name another stream of the same client.
+ *
+ * Ownership: cube_client_open() hands the caller a client that it closes
+ * with cube_client_close() once, after every other call on it has returned.
+ */
+#ifndef CUBERT_CLIENT_H
+#define CUBERT_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cubert/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cube_client cube_client;
+
+/* A buffer handle: a small value naming a reference to device memory (an
+ * allocation, or a byte range of one). Handles are checked on every use: a
+ * released handle or one from another client is refused with
+ * CUBE_ERR_NOT_FOUND, never dereferenced. The zero value is never valid. */
+typedef struct cube_handle {
+    uint64_t bits;
+} cube_handle;
+
+typedef uint64_t cube_stream_id;
+
+typedef struct cube_client_options {
+    /* sizeof(cube_client_options): lets the struct grow compatibly. */
+    uint32_t struct_size;
+    /* Worker threads for the CPU backend; 0: $CUBERT_CPU_THREADS, else one
+     * per online core. */
+    uint32_t cpu_threads;
+    /* Kernel cache directory; NULL: $CUBERT_CACHE_DIR, else
+     * $XDG_CACHE_HOME/cubert; "" disables the disk cache. Borrowed for the
+     * duration of the open call. */
+    const char *cache_dir;
+} cube_client_options;
+
+/* Default options (every field zero except struct_size). */
+CUBE_API cube_client_options cube_client_options_default(void);
+
+/* Opens `device`: "cpu", "cuda", "cuda:N", or NULL for $CUBERT_DEVICE, else
+ * "cpu". `options` may be NULL.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (out NULL, malformed device string or
+ * options), CUBE_ERR_NOT_FOUND (unknown backend, device index out of range),
+ * CUBE_ERR_UNAVAILABLE (the backend cannot run here; the message says why),
+ * CUBE_ERR_OUT_OF_MEMORY. */
+CUBE_API CUBE_MUST_USE cube_error *cube_client_open(
+    const char *device, const cube_client_options *options, cube_client **out);
+
+/* Waits for all work, then frees the client and everything it owns: buffers
+ * the caller did not release are freed too. NULL is a no-op. Blocks. */
+CUBE_API void cube_client_close(cube_client *client);
+
+/* Names of the backends compiled in, NULL-terminated, static. */
+CUBE_API const char *const *cube_backend_names(void);
+
+/* How a profile duration was measured. */
+typedef enum cube_timing_method {
+    CUBE_TIMING_HOST_CLOCK = 0,
+    CUBE_TIMING_DEVICE = 1
+} cube_timing_method;
+
+enum {
+    CUBE_FEATURE_ATOMIC_F32_ADD = 1u << 0,
+    CUBE_FEATURE_F64 = 1u << 1,
+    CUBE_FEATURE_SHARED_MEMORY = 1u << 2,
+    CUBE_FEATURE_CUBE_SYNC = 1u << 3,
+    CUBE_FEATURE_BOUNDS_CHECK = 1u << 4,
+    CUBE_FEATURE_DYNAMIC_COUNT = 1u << 5,
+    CUBE_FEATURE_GRAPHS = 1u << 6,
+    CUBE_FEATURE_PINNED_STAGING = 1u << 7
+};
+
+typedef struct cube_properties {
+    char backend[16];        /* "cpu", "cuda" */
+    char name[128];          /* device name */
+    char architecture[64];   /* "x86_64-avx2", "sm_90" */
+    uint32_t max_cube_dim[3];
+    uint32_t max_units_per_cube;
+    uint32_t max_cube_count[3];
+    uint64_t max_shared_memory; /* bytes per cube */
+    uint64_t memory_total;      /* bytes of device memory */
+    uint64_t memory_alignment;  /* every buffer's address is a multiple */
+    uint64_t max_buffer_size;   /* the largest single buffer */
+    uint32_t compute_units;     /* cores or multiprocessors */
+    uint32_t features;          /* CUBE_FEATURE_* */
+    cube_timing_method timing;
+} cube_properties;
+
+/* Fills *out. Never blocks. Errors: CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_client_properties(
+    cube_client *client, cube_properties *out);
+
+/* --- streams --------------------------------------------------------------- */
+
+/* The stream the calling thread works on for `client`: its own by default.
+ * Returns 0 when client is NULL. */
+CUBE_API cube_stream_id cube_stream_current(cube_client *client);
+
+/* Makes the calling thread work on `stream` (any id; a new id creates the
+ * stream on first use). 0 restores the thread's own stream.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL). */
+CUBE_API CUBE_MUST_USE cube_error *cube_stream_use(cube_client *client,
+                                                   cube_stream_id stream);
+
+/* Copies up to `capacity` ids of the initialized streams into `ids` (may be
+ * NULL when capacity is 0) and sets *count to how many exist.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_stream_ids(cube_client *client,
+                                                   cube_stream_id *ids,
+                                                   size_t capacity,
+                                                   size_t *count);
+
+/* --- barriers and checks ------------------------------------------------------
+ *
+ * These follow the server contract word for word:
+ * - cube_check: can the bytes of these handles be trusted right now? No
+ *   barrier, answers at once from the failure store: CUBE_ERR_SEVERAL with
+ *   one cause per failed buffer, or NULL. A device fault needs cube_sync.
+ * - cube_sync: waits for all work on the calling stream (and, for each
+ *   handle, the work that last wrote it on any stream), then reports the
+ *   device fault (CUBE_ERR_DEVICE_FAULT) if the context is broken, and then
+ *   the same answer as cube_check. With n == 0 it is the plain barrier plus
+ *   the device fault. Blocks.
+ * - cube_flush: submits all queued work and reports only a device fault,
+ *   never a launch failure (that lives on the buffers). Does not wait for
+ *   completion.
+ * Other errors: CUBE_ERR_INVALID_ARGUMENT (client NULL, handles NULL with
+ * n > 0), CUBE_ERR_NOT_FOUND (a released or foreign handle). */
+CUBE_API CUBE_MUST_USE cube_error *cube_check(cube_client *client,
+                                              const cube_handle *handles,
+                                              size_t n);
+CUBE_API CUBE_MUST_USE cube_error *cube_sync(cube_client *client,
+                                             const cube_handle *handles,
+                                             size_t n);
+CUBE_API CUBE_MUST_USE cube_error *cube_flush(cube_client *client);
+
+/* --- memory statistics ----------------------------------------------------- */
+
+typedef struct cube_memory_usage {
+    uint64_t buffers;        /* live allocations */
+    uint64_t bytes_in_use;   /* bytes asked for by live allocations */
+    uint64_t bytes_padding;  /* bytes lost to alignment and size classes */
+    uint64_t bytes_reserved; /* bytes held from the device */
+} cube_memory_usage;
+
+/* The calling stream's usage. Errors: CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_memory_usage_get(
+    cube_client *client, cube_memory_usage *out);
+
+/* Releases memory the calling stream holds but no buffer uses. Never frees
+ * a live buffer. Errors: CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_memory_cleanup(cube_client *client);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUBERT_CLIENT_H */

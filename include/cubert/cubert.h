@@ -1,0 +1,12 @@
+/* cubert — the umbrella header. Include this one. */
+#ifndef CUBERT_CUBERT_H
+#define CUBERT_CUBERT_H
+
+#include "cubert/export.h"
+#include "cubert/error.h"
+#include "cubert/log.h"
+#include "cubert/client.h"
+#include "cubert/buffer.h"
+#include "cubert/kernel.h"
+
+#endif /* CUBERT_CUBERT_H */

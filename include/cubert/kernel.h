@@ -1,0 +1,155 @@
+/* cubert — kernels, cube counts, arguments and launches.
+ *
+ * A kernel is source in cube C (docs/kernels.md) plus the name of its entry
+ * and the cube dimension it runs with. Kernel objects are independent of
+ * clients: make one once, launch it on any client; each client compiles it
+ * on first use and caches the result (in memory, and on disk where the
+ * backend compiles to files).
+ *
+ * Thread safety: a kernel is immutable and may be shared between threads
+ * and clients; cube_kernel_retain/release are atomic.
+ */
+#ifndef CUBERT_KERNEL_H
+#define CUBERT_KERNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cubert/client.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cube_kernel cube_kernel;
+
+typedef struct cube_kernel_desc {
+    /* The entry's name: the first argument of its CUBE_KERNEL(...). */
+    const char *name;
+    /* cube C source; copied. */
+    const char *source;
+    /* Units per cube along x, y, z; 0 counts as 1. */
+    uint32_t cube_dim[3];
+} cube_kernel_desc;
+
+/* Makes a kernel (nothing is compiled yet). The caller owns one reference.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL desc/out/name/source, a name that
+ * is not a C identifier, a cube dimension whose product overflows 32 bits),
+ * CUBE_ERR_OUT_OF_MEMORY. */
+CUBE_API CUBE_MUST_USE cube_error *cube_kernel_create(
+    const cube_kernel_desc *desc, cube_kernel **out);
+CUBE_API void cube_kernel_retain(cube_kernel *kernel);
+/* Drops a reference; the last frees the kernel. NULL is a no-op. */
+CUBE_API void cube_kernel_release(cube_kernel *kernel);
+
+/* A stable 64-bit id over name, source and cube dimension (the cache key's
+ * kernel part). 0 for NULL. */
+CUBE_API uint64_t cube_kernel_id(const cube_kernel *kernel);
+/* Borrowed; "" for NULL. */
+CUBE_API const char *cube_kernel_name(const cube_kernel *kernel);
+
+/* --- cube counts ------------------------------------------------------------ */
+
+/* How many cubes to run: static (x, y, z), or dynamic: read at execution,
+ * in stream order, from the first 12 bytes of a buffer (three uint32_t). */
+typedef struct cube_count {
+    uint32_t x, y, z;
+    cube_handle dynamic; /* bits != 0 selects the dynamic count */
+} cube_count;
+
+static inline cube_count cube_count_static(uint32_t x, uint32_t y, uint32_t z)
+{
+    cube_count c = {x, y, z, {0}};
+    return c;
+}
+
+static inline cube_count cube_count_dynamic(cube_handle buffer)
+{
+    cube_count c = {0, 0, 0, buffer};
+    return c;
+}
+
+/* --- arguments --------------------------------------------------------------- */
+
+typedef enum cube_arg_kind {
+    CUBE_ARG_BUFFER = 1,
+    CUBE_ARG_SCALAR = 2
+} cube_arg_kind;
+
+/* A kernel argument, in the order of the kernel's parameters (shared memory
+ * parameters take no argument). */
+typedef struct cube_arg {
+    cube_arg_kind kind;
+    uint32_t size; /* scalar bytes: 1, 2, 4 or 8 */
+    union {
+        cube_handle buffer;
+        unsigned char bytes[8];
+        uint64_t align_;
+    } value;
+} cube_arg;
+
+static inline cube_arg cube_arg_buffer(cube_handle h)
+{
+    cube_arg a;
+    memset(&a, 0, sizeof a);
+    a.kind = CUBE_ARG_BUFFER;
+    a.value.buffer = h;
+    return a;
+}
+
+static inline cube_arg cube_arg_scalar(const void *value, uint32_t size)
+{
+    cube_arg a;
+    memset(&a, 0, sizeof a);
+    a.kind = CUBE_ARG_SCALAR;
+    a.size = size;
+    if (value && size <= sizeof a.value.bytes)
+        memcpy(a.value.bytes, value, size);
+    return a;
+}
+
+static inline cube_arg cube_arg_f32(float v) { return cube_arg_scalar(&v, 4); }
+static inline cube_arg cube_arg_f64(double v) { return cube_arg_scalar(&v, 8); }
+static inline cube_arg cube_arg_i32(int32_t v) { return cube_arg_scalar(&v, 4); }
+static inline cube_arg cube_arg_u32(uint32_t v) { return cube_arg_scalar(&v, 4); }
+static inline cube_arg cube_arg_i64(int64_t v) { return cube_arg_scalar(&v, 8); }
+static inline cube_arg cube_arg_u64(uint64_t v) { return cube_arg_scalar(&v, 8); }
+
+/* --- launch -------------------------------------------------------------------- */
+
+enum {
+    /* Run the kernel (the default). */
+    CUBE_LAUNCH_EXECUTE = 0,
+    /* Do everything a first launch does — compile, validate, fill the
+     * caches — then drop the launch. Buffers are untouched. */
+    CUBE_LAUNCH_SKIP = 1u << 0,
+    /* Bounds-checked access: CUBE_AT reads past a buffer give 0 and writes
+     * past it are dropped, never touching memory out of range. */
+    CUBE_LAUNCH_CHECKED = 1u << 1
+};
+
+/* Launches `kernel` over `count` cubes with `args`, on the calling thread's
+ * stream. Validation happens here: an argument error is returned and
+ * nothing is recorded. A failure of the launch itself — compile error
+ * (CUBE_ERR_COMPILE, with the compiler's log), a cube dimension, unit count
+ * or shared memory over the device's limits (CUBE_ERR_RESOURCE_LIMIT), an
+ * argument list that does not match the kernel's parameters
+ * (CUBE_ERR_INVALID_ARGUMENT) — is recorded on every buffer bound to the
+ * launch, so reads of them fail, and is also returned to the caller.
+ * Failures discovered while executing land on the buffers only.
+ * Errors returned: CUBE_ERR_INVALID_ARGUMENT (NULL client/kernel, args NULL
+ * with nargs > 0, unknown flag, a zero static count component),
+ * CUBE_ERR_NOT_FOUND (released or foreign handle), CUBE_ERR_COMPILE,
+ * CUBE_ERR_RESOURCE_LIMIT, CUBE_ERR_DEVICE_FAULT. Caller frees the error. */
+CUBE_API CUBE_MUST_USE cube_error *cube_launch(cube_client *client,
+                                               cube_kernel *kernel,
+                                               cube_count count,
+                                               const cube_arg *args,
+                                               size_t nargs, uint32_t mode);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUBERT_KERNEL_H */

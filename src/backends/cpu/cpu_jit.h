@@ -1,0 +1,68 @@
+/* The CPU backend's compiler: turns a C translation unit into a loaded
+ * shared object by running the system C compiler, with an on-disk cache.
+ *
+ * Cache entries live in a private directory (0700, owned by the user;
+ * default $XDG_CACHE_HOME/cubert/cpu, else $HOME/.cache/cubert/cpu). Each is
+ * written to a temporary name and renamed into place, so readers never see
+ * a half-written file, and carries a record of its key and a hash of its
+ * bytes that is checked before the object is loaded: a corrupt, truncated or
+ * foreign entry is rebuilt, never loaded.
+ *
+ * Thread safety: a cpu_jit may be used from any number of threads at once.
+ * A cpu_module is immutable and may be shared; close it once.
+ */
+#ifndef CUBE_CPU_JIT_H
+#define CUBE_CPU_JIT_H
+
+#include <stdint.h>
+
+#include "cubert/error.h"
+
+typedef struct cpu_jit cpu_jit;
+typedef struct cpu_module cpu_module;
+
+typedef struct cpu_jit_options {
+    /* Compiler command (a program name or path); NULL: $CUBERT_CPU_CC, else
+     * "cc". */
+    const char *cc;
+    /* Extra flags appended to every compile (space separated); NULL:
+     * $CUBERT_CPU_CFLAGS, else none. */
+    const char *cflags;
+    /* Cache directory; NULL: the default above; "" disables the disk
+     * cache (objects are then built in a private temporary directory). */
+    const char *cache_dir;
+} cpu_jit_options;
+
+/* Where cpu_jit_load found the module. */
+typedef enum cpu_jit_origin {
+    CPU_JIT_COMPILED = 0, /* ran the compiler */
+    CPU_JIT_DISK = 1      /* loaded a verified disk-cache entry */
+} cpu_jit_origin;
+
+/* Errors: CUBE_ERR_INVALID_ARGUMENT (out NULL), CUBE_ERR_OUT_OF_MEMORY.
+ * An unusable cache directory is not an error: the disk cache is disabled
+ * with a warning through the logger. */
+cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out);
+void cpu_jit_destroy(cpu_jit *jit);
+
+/* Compiles `source` (a complete C11 translation unit) with optimization
+ * (-O3, native code for this machine) plus `flags` (may be NULL) into a
+ * shared object and loads it. The cache key covers the source, the flags,
+ * the compiler's identity (its --version output) and the machine's CPU.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_COMPILE (the compiler's
+ * output is the error's log), CUBE_ERR_IO (cannot run the compiler or
+ * load the object), CUBE_ERR_OUT_OF_MEMORY. `origin` may be NULL. */
+cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
+                         cpu_module **out, cpu_jit_origin *origin);
+
+/* The address of the exported symbol `name`, or NULL. */
+void *cpu_module_symbol(const cpu_module *module, const char *name);
+
+/* Unloads the module. NULL is a no-op. */
+void cpu_module_close(cpu_module *module);
+
+/* The 64-bit key cpu_jit_load would use for (source, flags) — for tests
+ * and for the client's in-memory cache. */
+uint64_t cpu_jit_key(const cpu_jit *jit, const char *source, const char *flags);
+
+#endif /* CUBE_CPU_JIT_H */

@@ -1,0 +1,600 @@
+/* The CPU backend: host memory, kernels JIT-compiled by the system C
+ * compiler, cubes across a worker pool, units as a loop or as fibers.
+ *
+ * Work runs in stream order on the calling thread (helped by the pool), so
+ * every operation has finished when its call returns: sync and flush have
+ * nothing left to wait for, and a dynamic cube count is read after the work
+ * that wrote it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/cpu/cpu_jit.h"
+#include "backends/cpu/cpu_workers.h"
+#include "cubert/backend/errors.h"
+#include "cubert/backend/server.h"
+#include "cubert/log.h"
+#include "memory/memory_manager.h"
+
+extern const char cube_prelude_common[];
+extern const char cube_prelude_cpu[];
+
+#define CPU_ABI 1
+#define CPU_ALIGNMENT 64
+#define CPU_MAX_UNITS 1024
+#define CPU_MAX_SHARED (64u * 1024u)
+#define CPU_FIBER_STACK (128u * 1024u)
+
+/* Must match cube_cpu_launch in src/kernels/prelude_cpu.h. */
+typedef struct cpu_launch_abi {
+    unsigned int dim[3];
+    unsigned int count[3];
+    void *const *ptr;
+    const unsigned long long *len;
+} cpu_launch_abi;
+
+typedef void (*cpu_run_fn)(const cpu_launch_abi *, unsigned, unsigned, void *);
+typedef void (*cpu_unit_fn)(const cpu_launch_abi *, unsigned, unsigned,
+                            void *);
+
+typedef struct cpu_kernel_impl {
+    cpu_module *module;
+    cpu_run_fn run;
+    cpu_unit_fn unit;
+} cpu_kernel_impl;
+
+typedef struct cpu_server {
+    cube_server base;
+    cpu_jit *jit;
+    cpu_workers *workers;
+    mem_manager *memory;
+    cube_properties props;
+} cpu_server;
+
+/* --- storage: aligned host memory --- */
+
+static cube_error *host_alloc(void *self, uint64_t size, uint64_t align,
+                              uint64_t *address)
+{
+    (void)self;
+    uint64_t rounded = (size + align - 1) & ~(align - 1);
+    if (rounded < size || rounded > SIZE_MAX)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "%llu bytes do not fit the address space",
+                              (unsigned long long)size);
+    void *p = aligned_alloc((size_t)align, (size_t)rounded);
+    if (!p)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "the host refused %llu bytes",
+                              (unsigned long long)size);
+    *address = (uint64_t)(uintptr_t)p;
+    return NULL;
+}
+
+static void host_free(void *self, uint64_t address, uint64_t size)
+{
+    (void)self;
+    (void)size;
+    free((void *)(uintptr_t)address);
+}
+
+static void *addr(const cube_binding *b)
+{
+    return (unsigned char *)(uintptr_t)b->storage->address + b->offset;
+}
+
+/* --- properties --- */
+
+static void read_cpu_name(char *out, size_t cap)
+{
+    snprintf(out, cap, "host CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *colon = strchr(line, ':');
+            if (colon) {
+                colon++;
+                while (*colon == ' ')
+                    colon++;
+                colon[strcspn(colon, "\n")] = '\0';
+                snprintf(out, cap, "%s", colon);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static void fill_properties(cpu_server *s)
+{
+    cube_properties *p = &s->props;
+    memset(p, 0, sizeof *p);
+    snprintf(p->backend, sizeof p->backend, "cpu");
+    read_cpu_name(p->name, sizeof p->name);
+#if defined(__x86_64__)
+    snprintf(p->architecture, sizeof p->architecture, "x86_64");
+#elif defined(__aarch64__)
+    snprintf(p->architecture, sizeof p->architecture, "aarch64");
+#else
+    snprintf(p->architecture, sizeof p->architecture, "unknown");
+#endif
+    p->max_cube_dim[0] = CPU_MAX_UNITS;
+    p->max_cube_dim[1] = CPU_MAX_UNITS;
+    p->max_cube_dim[2] = 64;
+    p->max_units_per_cube = CPU_MAX_UNITS;
+    p->max_cube_count[0] = UINT32_MAX;
+    p->max_cube_count[1] = 65535;
+    p->max_cube_count[2] = 65535;
+    p->max_shared_memory = CPU_MAX_SHARED;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    p->memory_total = (pages > 0 && page > 0)
+                          ? (uint64_t)pages * (uint64_t)page
+                          : (uint64_t)1 << 32;
+    p->memory_alignment = CPU_ALIGNMENT;
+    p->max_buffer_size = p->memory_total;
+    p->compute_units = cpu_workers_threads(s->workers);
+    p->features = CUBE_FEATURE_ATOMIC_F32_ADD | CUBE_FEATURE_F64 |
+                  CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
+                  CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT;
+    p->timing = CUBE_TIMING_HOST_CLOCK;
+}
+
+static cube_error *cpu_properties(cube_server *server, cube_properties *out)
+{
+    *out = ((cpu_server *)server)->props;
+    return NULL;
+}
+
+/* --- memory --- */
+
+static cube_error *cpu_initialize_memory(cube_server *server,
+                                         cube_stream_id stream, uint64_t size,
+                                         cube_storage *out)
+{
+    (void)stream;
+    return mem_alloc(((cpu_server *)server)->memory, size, out);
+}
+
+static void cpu_release_memory(cube_server *server, cube_stream_id stream,
+                               cube_storage *storage)
+{
+    (void)stream;
+    mem_free(((cpu_server *)server)->memory, storage);
+}
+
+static cube_error *cpu_memory_usage(cube_server *server, cube_stream_id stream,
+                                    cube_memory_usage *out)
+{
+    (void)stream;
+    mem_usage(((cpu_server *)server)->memory, out);
+    return NULL;
+}
+
+static cube_error *cpu_memory_cleanup(cube_server *server,
+                                      cube_stream_id stream)
+{
+    (void)stream;
+    mem_cleanup(((cpu_server *)server)->memory);
+    return NULL;
+}
+
+/* --- copies --- */
+
+/* Visits every row of a strided op: a row is the innermost dimension,
+ * contiguous when its stride equals the element size. `to_host` picks the
+ * direction. */
+static void strided_copy(const cube_copy_op *op, unsigned char *host,
+                         int to_host)
+{
+    unsigned char *dev = addr(&op->binding);
+    if (op->contiguous) {
+        if (to_host)
+            memcpy(host, dev, op->bytes);
+        else
+            memcpy(dev, host, op->bytes);
+        return;
+    }
+    uint32_t last = op->rank - 1;
+    uint64_t idx[CUBE_MAX_RANK] = {0};
+    uint64_t inner = op->shape[last];
+    uint64_t es = op->elem_size;
+    int dense_rows = op->byte_strides[last] == es;
+    for (;;) {
+        uint64_t off = 0;
+        for (uint32_t k = 0; k < last; k++)
+            off += idx[k] * op->byte_strides[k];
+        unsigned char *row = dev + off;
+        if (dense_rows) {
+            if (to_host)
+                memcpy(host, row, inner * es);
+            else
+                memcpy(row, host, inner * es);
+            host += inner * es;
+        } else {
+            for (uint64_t e = 0; e < inner; e++) {
+                unsigned char *el = row + e * op->byte_strides[last];
+                if (to_host)
+                    memcpy(host, el, es);
+                else
+                    memcpy(el, host, es);
+                host += es;
+            }
+        }
+        int k = (int)last - 1;
+        while (k >= 0 && ++idx[k] == op->shape[k])
+            idx[k--] = 0;
+        if (k < 0)
+            return;
+    }
+}
+
+static cube_error *cpu_read(cube_server *server, cube_stream_id stream,
+                            const cube_copy_op *ops, size_t n,
+                            void *const *dst, cube_pending **pending)
+{
+    (void)server;
+    (void)stream;
+    *pending = NULL;
+    for (size_t i = 0; i < n; i++)
+        strided_copy(&ops[i], dst[i], 1);
+    return NULL;
+}
+
+static cube_error *cpu_write(cube_server *server, cube_stream_id stream,
+                             const cube_copy_op *ops, size_t n,
+                             const void *const *src)
+{
+    (void)server;
+    (void)stream;
+    for (size_t i = 0; i < n; i++)
+        strided_copy(&ops[i], (unsigned char *)(uintptr_t)src[i], 0);
+    return NULL;
+}
+
+static cube_error *cpu_sync(cube_server *server, cube_stream_id stream,
+                            const cube_binding *bindings, size_t n)
+{
+    /* Work completes before the call that issued it returns. */
+    (void)server;
+    (void)stream;
+    (void)bindings;
+    (void)n;
+    return NULL;
+}
+
+static cube_error *cpu_flush(cube_server *server, cube_stream_id stream)
+{
+    (void)server;
+    (void)stream;
+    return NULL;
+}
+
+/* --- compilation --- */
+
+static void cpu_sync_yield(void)
+{
+    cpu_fibers_yield(cpu_fibers_current());
+}
+
+/* Whether the source calls cube_sync(). Any mention counts: a false
+ * positive only costs speed (fibers), a miss would break the barrier. */
+static int mentions_cube_sync(const char *source)
+{
+    return strstr(source, "cube_sync") != NULL;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void *symbol(cpu_module *m, const char *prefix, const char *name)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s%s", prefix, name);
+    return cpu_module_symbol(m, buf);
+}
+
+static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
+                               uint32_t mode, cube_compiled *out)
+{
+    cpu_server *s = (cpu_server *)server;
+    const char *name = cube_kernel_name(kernel);
+    const char *user = cube_kernel_source(kernel);
+    size_t cap = strlen(cube_prelude_cpu) + strlen(cube_prelude_common) +
+                 strlen(user) + strlen(name) + 64;
+    char *source = malloc(cap);
+    if (!source)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
+    /* #line makes compiler messages point into the user's source. */
+    snprintf(source, cap, "%s\n%s\n#line 1 \"%s.cube.c\"\n%s\n",
+             cube_prelude_cpu, cube_prelude_common, name, user);
+    const char *flags = (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
+                                                      : "-DCUBE_CHECKED=0";
+    double t0 = now_ms();
+    cpu_module *m = NULL;
+    cpu_jit_origin origin = CPU_JIT_COMPILED;
+    cube_error *err = cpu_jit_load(s->jit, source, flags, &m, &origin);
+    free(source);
+    if (err)
+        return cube_error_prefix(err, "compiling kernel '%s'", name);
+
+    const unsigned *abi = cpu_module_symbol(m, "cube__abi_version");
+    const cube_param_kind *sig = symbol(m, "cube__sig_", name);
+    const unsigned *nparams = symbol(m, "cube__nparams_", name);
+    const unsigned long long *shared = symbol(m, "cube__shared_", name);
+    cpu_run_fn run = (cpu_run_fn)symbol(m, "cube__run_", name);
+    cpu_unit_fn unit = (cpu_unit_fn)symbol(m, "cube__unit_", name);
+    void (**sync_fn)(void) = cpu_module_symbol(m, "cube__sync_fn");
+    if (!abi || !sig || !nparams || !shared || !run || !unit || !sync_fn) {
+        cpu_module_close(m);
+        return cube_error_new(CUBE_ERR_COMPILE,
+                              "kernel '%s': the source defines no "
+                              "CUBE_KERNEL(%s, ...)",
+                              name, name);
+    }
+    if (*abi != CPU_ABI || *nparams > CUBE_MAX_PARAMS) {
+        cpu_module_close(m);
+        return cube_error_new(CUBE_ERR_COMPILE,
+                              "kernel '%s': ABI %u or %u parameters not "
+                              "supported (ABI %d, at most %d parameters)",
+                              name, *abi, *nparams, CPU_ABI, CUBE_MAX_PARAMS);
+    }
+    *sync_fn = cpu_sync_yield;
+    cpu_kernel_impl *impl = calloc(1, sizeof *impl);
+    if (!impl) {
+        cpu_module_close(m);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel");
+    }
+    impl->module = m;
+    impl->run = run;
+    impl->unit = unit;
+    /* The signature table: {kind, elem_size, extent} per parameter. */
+    typedef struct {
+        unsigned int kind, elem_size;
+        unsigned long long extent;
+    } sig_entry;
+    const sig_entry *table = (const sig_entry *)sig;
+    memset(out, 0, sizeof *out);
+    out->param_count = *nparams;
+    for (unsigned i = 0; i < *nparams; i++) {
+        out->params[i].kind = (cube_param_kind)table[i].kind;
+        out->params[i].elem_size = table[i].elem_size;
+        out->params[i].extent = table[i].extent;
+    }
+    out->shared_bytes = *shared;
+    out->uses_cube_sync = mentions_cube_sync(user);
+    out->compile_ms = now_ms() - t0;
+    out->from_disk_cache = origin == CPU_JIT_DISK;
+    out->impl = impl;
+    return NULL;
+}
+
+static void cpu_compiled_release(cube_server *server, cube_compiled *compiled)
+{
+    (void)server;
+    cpu_kernel_impl *impl = compiled->impl;
+    if (!impl)
+        return;
+    cpu_module_close(impl->module);
+    free(impl);
+    compiled->impl = NULL;
+}
+
+/* --- launch --- */
+
+typedef struct cpu_launch_ctx {
+    const cpu_kernel_impl *impl;
+    cpu_launch_abi abi;
+    uint64_t shared_bytes;
+    uint32_t units;
+    int fibers;
+    uint32_t cube; /* the cube a fiber run is on */
+    void *shared;
+} cpu_launch_ctx;
+
+static cube_error *ensure_shared(cpu_thread_local *local, uint64_t bytes)
+{
+    if (bytes == 0 || local->shared_cap >= bytes)
+        return NULL;
+    size_t size = (size_t)((bytes + 63) & ~(uint64_t)63);
+    void *p = aligned_alloc(64, size);
+    if (!p)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "%llu bytes of shared memory",
+                              (unsigned long long)bytes);
+    free(local->shared);
+    local->shared = p;
+    local->shared_cap = size;
+    return NULL;
+}
+
+typedef struct fiber_arg {
+    const cpu_launch_ctx *ctx;
+    uint32_t cube;
+    void *shared;
+} fiber_arg;
+
+static void run_unit(void *arg, uint32_t index)
+{
+    const fiber_arg *a = arg;
+    a->ctx->impl->unit(&a->ctx->abi, a->cube, index, a->shared);
+}
+
+static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
+                             cpu_thread_local *local)
+{
+    const cpu_launch_ctx *ctx = arg;
+    cube_error *err = ensure_shared(local, ctx->shared_bytes);
+    if (err)
+        return err;
+    if (!ctx->fibers) {
+        ctx->impl->run(&ctx->abi, begin, end, local->shared);
+        return NULL;
+    }
+    if (!local->fibers) {
+        err = cpu_fibers_create(CPU_FIBER_STACK, &local->fibers);
+        if (err)
+            return err;
+    }
+    for (uint32_t c = begin; c < end; c++) {
+        fiber_arg fa = {ctx, c, local->shared};
+        err = cpu_fibers_run(local->fibers, ctx->units, run_unit, &fa);
+        if (err)
+            return err;
+    }
+    return NULL;
+}
+
+static cube_error *cpu_launch(cube_server *server, cube_stream_id stream,
+                              const cube_dispatch *d)
+{
+    (void)stream;
+    cpu_server *s = (cpu_server *)server;
+    const cube_compiled *cc = d->compiled;
+    cpu_launch_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.impl = cc->impl;
+    uint32_t count[3] = {d->cube_count[0], d->cube_count[1], d->cube_count[2]};
+    if (d->count_buffer) {
+        /* Stream order: everything before this launch has completed. */
+        memcpy(count, addr(d->count_buffer), sizeof count);
+        for (int i = 0; i < 3; i++)
+            if (count[i] > s->props.max_cube_count[i])
+                return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                                      "dynamic cube count %u along axis %d "
+                                      "is over the maximum of %u",
+                                      count[i], i, s->props.max_cube_count[i]);
+    }
+    uint64_t total = (uint64_t)count[0] * count[1] * count[2];
+    if (total == 0)
+        return NULL; /* a dynamic count of zero cubes: nothing to run */
+    if (total > UINT32_MAX)
+        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                              "%llu cubes in one launch; the CPU backend runs "
+                              "at most 2^32-1",
+                              (unsigned long long)total);
+    void *ptr[CUBE_MAX_PARAMS] = {0};
+    unsigned long long len[CUBE_MAX_PARAMS] = {0};
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        switch (cc->params[p].kind) {
+        case CUBE_PARAM_SCALAR:
+            ptr[p] = (void *)d->scalars[p];
+            len[p] = cc->params[p].elem_size;
+            break;
+        case CUBE_PARAM_SHARED:
+            break;
+        default:
+            ptr[p] = addr(&d->bindings[p]);
+            len[p] = d->bindings[p].size;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        ctx.abi.dim[i] = d->cube_dim[i];
+        ctx.abi.count[i] = count[i];
+    }
+    ctx.abi.ptr = ptr;
+    ctx.abi.len = len;
+    ctx.shared_bytes = cc->shared_bytes;
+    ctx.units = d->cube_dim[0] * d->cube_dim[1] * d->cube_dim[2];
+    ctx.fibers = cc->uses_cube_sync && ctx.units > 1;
+    uint32_t threads = cpu_workers_threads(s->workers);
+    uint64_t work = total * ctx.units;
+    /* Small launches stay on the caller: waking workers costs more. */
+    uint32_t chunk = work < 16384 ? (uint32_t)total
+                                  : (uint32_t)((total + threads * 4 - 1) /
+                                               (threads * 4));
+    return cpu_workers_run(s->workers, (uint32_t)total, chunk, run_range,
+                           &ctx);
+}
+
+/* --- lifetime --- */
+
+static void cpu_destroy(cube_server *server)
+{
+    cpu_server *s = (cpu_server *)server;
+    cpu_workers_destroy(s->workers);
+    mem_manager_destroy(s->memory);
+    cpu_jit_destroy(s->jit);
+    free(s);
+}
+
+static const cube_server_vtable cpu_vtable = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .properties = cpu_properties,
+    .initialize_memory = cpu_initialize_memory,
+    .release_memory = cpu_release_memory,
+    .read = cpu_read,
+    .write = cpu_write,
+    .sync = cpu_sync,
+    .compile = cpu_compile,
+    .compiled_release = cpu_compiled_release,
+    .launch = cpu_launch,
+    .flush = cpu_flush,
+    .memory_usage = cpu_memory_usage,
+    .memory_cleanup = cpu_memory_cleanup,
+};
+
+static cube_error *cpu_device_count(uint32_t *out)
+{
+    *out = 1;
+    return NULL;
+}
+
+static cube_error *cpu_open(uint32_t index, const cube_client_options *options,
+                            cube_server **out)
+{
+    (void)index;
+    *out = NULL;
+    cpu_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cpu server");
+    s->base.vt = &cpu_vtable;
+    char dir[1100];
+    const char *cache_dir = NULL;
+    if (options->cache_dir) {
+        /* The client's cache dir holds one folder per backend. */
+        if (*options->cache_dir) {
+            snprintf(dir, sizeof dir, "%s/cpu", options->cache_dir);
+            cache_dir = dir;
+        } else {
+            cache_dir = "";
+        }
+    }
+    cpu_jit_options jo = {NULL, NULL, cache_dir};
+    cube_error *err = cpu_jit_create(&jo, &s->jit);
+    if (!err) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        uint32_t threads = options->cpu_threads
+                               ? options->cpu_threads
+                               : (uint32_t)(cores > 0 ? cores : 1);
+        err = cpu_workers_create(threads, &s->workers);
+    }
+    if (!err) {
+        mem_storage_ops ops = {s, host_alloc, host_free};
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        uint64_t total = (pages > 0 && page > 0)
+                             ? (uint64_t)pages * (uint64_t)page
+                             : (uint64_t)1 << 32;
+        err = mem_manager_create(&ops, CPU_ALIGNMENT, total, &s->memory);
+    }
+    if (err) {
+        cpu_workers_destroy(s->workers);
+        cpu_jit_destroy(s->jit);
+        free(s);
+        return err;
+    }
+    fill_properties(s);
+    *out = &s->base;
+    return NULL;
+}
+
+const cube_backend cube_backend_cpu = {"cpu", cpu_device_count, cpu_open};

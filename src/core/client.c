@@ -1,0 +1,418 @@
+/* Clients: opening a device, properties, streams, barriers and checks. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client_internal.h"
+
+static atomic_uint_fast64_t next_client_serial = 1;
+static atomic_uint_fast64_t next_thread_stream = 1;
+
+/* The calling thread's own stream id (the same for every client). */
+static _Thread_local cube_stream_id thread_stream;
+
+/* Streams a thread chose with cube_stream_use, per client. */
+#define STREAM_OVERRIDES 8
+static _Thread_local struct {
+    uint64_t client_serial;
+    cube_stream_id stream;
+} overrides[STREAM_OVERRIDES];
+
+static cube_stream_id own_stream(void)
+{
+    if (!thread_stream)
+        thread_stream = atomic_fetch_add(&next_thread_stream, 1);
+    return thread_stream;
+}
+
+cube_stream_id cube_stream_current(cube_client *c)
+{
+    if (!c)
+        return 0;
+    for (int i = 0; i < STREAM_OVERRIDES; i++)
+        if (overrides[i].client_serial == c->serial)
+            return overrides[i].stream;
+    return own_stream();
+}
+
+cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
+{
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_stream_use: client is NULL");
+    int free_slot = -1;
+    for (int i = 0; i < STREAM_OVERRIDES; i++) {
+        if (overrides[i].client_serial == c->serial) {
+            if (stream == 0)
+                overrides[i].client_serial = 0;
+            else
+                overrides[i].stream = stream;
+            return NULL;
+        }
+        if (overrides[i].client_serial == 0 && free_slot < 0)
+            free_slot = i;
+    }
+    if (stream == 0)
+        return NULL;
+    if (free_slot < 0)
+        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                              "cube_stream_use: a thread may name streams on "
+                              "at most %d clients at once",
+                              STREAM_OVERRIDES);
+    overrides[free_slot].client_serial = c->serial;
+    overrides[free_slot].stream = stream;
+    return NULL;
+}
+
+cube_error *core_stream_enter(cube_client *c, core_stream **out)
+{
+    cube_stream_id id = cube_stream_current(c);
+    pthread_mutex_lock(&c->streams_lock);
+    core_stream *s = NULL;
+    for (size_t i = 0; i < c->stream_count; i++) {
+        if (c->streams[i]->id == id) {
+            s = c->streams[i];
+            break;
+        }
+    }
+    if (!s) {
+        if (c->stream_count == c->stream_cap) {
+            size_t cap = c->stream_cap ? c->stream_cap * 2 : 8;
+            core_stream **grown = realloc(c->streams, cap * sizeof *grown);
+            if (!grown) {
+                pthread_mutex_unlock(&c->streams_lock);
+                return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream table");
+            }
+            c->streams = grown;
+            c->stream_cap = cap;
+        }
+        s = calloc(1, sizeof *s);
+        if (!s) {
+            pthread_mutex_unlock(&c->streams_lock);
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream");
+        }
+        s->id = id;
+        pthread_mutex_init(&s->lock, NULL);
+        c->streams[c->stream_count++] = s;
+    }
+    pthread_mutex_unlock(&c->streams_lock);
+    pthread_mutex_lock(&s->lock);
+    *out = s;
+    return NULL;
+}
+
+void core_stream_leave(core_stream *s)
+{
+    pthread_mutex_unlock(&s->lock);
+}
+
+cube_error *cube_stream_ids(cube_client *c, cube_stream_id *ids,
+                            size_t capacity, size_t *count)
+{
+    if (!c || !count || (capacity && !ids))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_stream_ids: %s",
+                              !c ? "client is NULL"
+                              : !count ? "count is NULL"
+                                       : "ids is NULL with capacity > 0");
+    pthread_mutex_lock(&c->streams_lock);
+    *count = c->stream_count;
+    for (size_t i = 0; i < c->stream_count && i < capacity; i++)
+        ids[i] = c->streams[i]->id;
+    pthread_mutex_unlock(&c->streams_lock);
+    return NULL;
+}
+
+cube_client_options cube_client_options_default(void)
+{
+    cube_client_options o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    return o;
+}
+
+/* Splits "name" or "name:index". */
+static cube_error *parse_device(const char *device, char *name, size_t cap,
+                                uint32_t *index)
+{
+    const char *colon = strchr(device, ':');
+    size_t n = colon ? (size_t)(colon - device) : strlen(device);
+    if (n == 0 || n >= cap)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_client_open: device '%s' is malformed "
+                              "(expected 'cpu', 'cuda' or 'cuda:N')",
+                              device);
+    memcpy(name, device, n);
+    name[n] = '\0';
+    *index = 0;
+    if (colon) {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(colon + 1, &end, 10);
+        if (errno || *end || end == colon + 1 || v > 1024)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_client_open: device index in '%s' is "
+                                  "not a number in 0..1024",
+                                  device);
+        *index = (uint32_t)v;
+    }
+    return NULL;
+}
+
+cube_error *cube_client_open(const char *device,
+                             const cube_client_options *options,
+                             cube_client **out)
+{
+    if (!out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_client_open: out is NULL");
+    *out = NULL;
+    const core_config *cfg = core_config_get();
+    cube_client_options opts = cube_client_options_default();
+    if (options) {
+        if (options->struct_size < sizeof(uint32_t) ||
+            options->struct_size > sizeof opts)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_client_open: options->struct_size %u "
+                                  "is not sizeof(cube_client_options)",
+                                  options->struct_size);
+        memcpy(&opts, options, options->struct_size);
+        opts.struct_size = sizeof opts;
+    }
+    if (!opts.cpu_threads)
+        opts.cpu_threads = cfg->cpu_threads;
+    if (!opts.cache_dir && cfg->cache_dir_set)
+        opts.cache_dir = cfg->cache_dir;
+    if (!device)
+        device = cfg->device[0] ? cfg->device : "cpu";
+
+    char name[32];
+    uint32_t index;
+    cube_error *err = parse_device(device, name, sizeof name, &index);
+    if (err)
+        return err;
+    const cube_backend *backend = core_backend_find(name);
+    if (!backend) {
+        if (!strcmp(name, "cuda") || !strcmp(name, "hip") ||
+            !strcmp(name, "opencl"))
+            return cube_error_new(CUBE_ERR_UNAVAILABLE,
+                                  "cube_client_open: the %s backend is not "
+                                  "part of this build of cubert",
+                                  name);
+        return cube_error_new(CUBE_ERR_NOT_FOUND,
+                              "cube_client_open: no backend named '%s'", name);
+    }
+    uint32_t devices = 0;
+    err = backend->device_count(&devices);
+    if (err)
+        return cube_error_prefix(err, "cube_client_open(%s)", device);
+    if (index >= devices)
+        return cube_error_new(CUBE_ERR_NOT_FOUND,
+                              "cube_client_open: %s has %u device(s); index "
+                              "%u does not exist",
+                              name, devices, index);
+
+    cube_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_client_open");
+    err = backend->open(index, &opts, &c->server);
+    if (err) {
+        free(c);
+        return cube_error_prefix(err, "cube_client_open(%s)", device);
+    }
+    c->vt = c->server->vt;
+    c->serial = atomic_fetch_add(&next_client_serial, 1);
+    /* Tags cycle through 1..4095 so handles of recent clients differ. */
+    c->tag = (uint32_t)(c->serial % 4095) + 1;
+    snprintf(c->device, sizeof c->device, "%s:%u", name, index);
+    core_handles_init(c);
+    pthread_mutex_init(&c->failure_lock, NULL);
+    pthread_mutex_init(&c->streams_lock, NULL);
+    pthread_mutex_init(&c->cache_lock, NULL);
+    pthread_mutex_init(&c->staging_lock, NULL);
+    atomic_init(&c->faulted, 0);
+    err = c->vt->properties(c->server, &c->props);
+    if (err) {
+        cube_client_close(c);
+        return cube_error_prefix(err, "cube_client_open(%s)", device);
+    }
+    cube_log_write(CUBE_LOG_INFO, "client", "opened %s (%s)", c->device,
+                   c->props.name);
+    *out = c;
+    return NULL;
+}
+
+void cube_client_close(cube_client *c)
+{
+    if (!c)
+        return;
+    /* Drain every stream before memory goes back. */
+    for (size_t i = 0; i < c->stream_count; i++) {
+        cube_error *err = c->vt->sync(c->server, c->streams[i]->id, NULL, 0);
+        cube_error_free(err);
+    }
+    core_cache_destroy(c);
+    core_staging_destroy(c);
+    core_handles_destroy(c);
+    c->vt->destroy(c->server);
+    for (size_t i = 0; i < c->stream_count; i++) {
+        pthread_mutex_destroy(&c->streams[i]->lock);
+        free(c->streams[i]);
+    }
+    free(c->streams);
+    cube_error_free(c->fault);
+    pthread_mutex_destroy(&c->failure_lock);
+    pthread_mutex_destroy(&c->streams_lock);
+    pthread_mutex_destroy(&c->cache_lock);
+    pthread_mutex_destroy(&c->staging_lock);
+    free(c);
+}
+
+cube_error *cube_client_properties(cube_client *c, cube_properties *out)
+{
+    if (!c || !out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_client_properties: %s is NULL",
+                              c ? "out" : "client");
+    *out = c->props;
+    return NULL;
+}
+
+/* Resolves `n` handles for a check or sync; on error nothing stays
+ * pinned. */
+static cube_error *resolve_all(cube_client *c, const cube_handle *handles,
+                               size_t n, const char *what,
+                               core_resolved **out)
+{
+    *out = NULL;
+    if (n == 0)
+        return NULL;
+    if (!handles)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: handles is NULL with n = %zu", what, n);
+    core_resolved *r = calloc(n, sizeof *r);
+    if (!r)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s", what);
+    for (size_t i = 0; i < n; i++) {
+        cube_error *err = core_resolve(c, handles[i], what, &r[i]);
+        if (err) {
+            for (size_t j = 0; j < i; j++)
+                core_resolved_drop(c, &r[j]);
+            free(r);
+            return cube_error_prefix(err, "handles[%zu]", i);
+        }
+    }
+    *out = r;
+    return NULL;
+}
+
+static void drop_all(cube_client *c, core_resolved *r, size_t n)
+{
+    for (size_t i = 0; r && i < n; i++)
+        core_resolved_drop(c, &r[i]);
+    free(r);
+}
+
+cube_error *cube_check(cube_client *c, const cube_handle *handles, size_t n)
+{
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_check: client is NULL");
+    core_resolved *r;
+    cube_error *err = resolve_all(c, handles, n, "cube_check", &r);
+    if (err)
+        return err;
+    /* Instant: only what is known at enqueue time, no barrier. */
+    err = core_failure_claim_check(c, r, n, "cube_check");
+    if (!err && c->vt->check && n) {
+        cube_binding *b = calloc(n, sizeof *b);
+        if (!b)
+            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_check");
+        for (size_t i = 0; b && i < n; i++)
+            b[i] = core_binding(&r[i]);
+        if (b)
+            err = c->vt->check(c->server, cube_stream_current(c), b, n);
+        free(b);
+    }
+    drop_all(c, r, n);
+    return err;
+}
+
+cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
+{
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_sync: client is NULL");
+    if (atomic_load_explicit(&c->faulted, memory_order_acquire))
+        return core_fault_get(c);
+    core_resolved *r;
+    cube_error *err = resolve_all(c, handles, n, "cube_sync", &r);
+    if (err)
+        return err;
+    cube_binding *b = n ? calloc(n, sizeof *b) : NULL;
+    if (n && !b) {
+        drop_all(c, r, n);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_sync");
+    }
+    for (size_t i = 0; i < n; i++)
+        b[i] = core_binding(&r[i]);
+    core_stream *st;
+    err = core_stream_enter(c, &st);
+    if (!err) {
+        /* The barrier first, so a device fault counts... */
+        err = c->vt->sync(c->server, st->id, b, n);
+        core_stream_leave(st);
+        core_fault_note(c, err);
+    }
+    /* ...then the claim check a read would make. */
+    if (!err)
+        err = core_failure_claim_check(c, r, n, "cube_sync");
+    free(b);
+    drop_all(c, r, n);
+    return err;
+}
+
+cube_error *cube_flush(cube_client *c)
+{
+    CORE_CHECK_CLIENT(c, "cube_flush");
+    core_stream *st;
+    cube_error *err = core_stream_enter(c, &st);
+    if (err)
+        return err;
+    err = c->vt->flush(c->server, st->id);
+    core_stream_leave(st);
+    /* Only a broken context is the flush's to report. */
+    if (err && cube_error_code(err) != CUBE_ERR_DEVICE_FAULT) {
+        cube_log_write(CUBE_LOG_WARN, "client",
+                       "flush: backend reported a non-fault error, which "
+                       "belongs to buffers: %s",
+                       cube_error_message(err));
+        cube_error_free(err);
+        err = NULL;
+    }
+    core_fault_note(c, err);
+    return err;
+}
+
+cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
+{
+    CORE_CHECK_CLIENT(c, "cube_memory_usage_get");
+    if (!out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_usage_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    return c->vt->memory_usage(c->server, cube_stream_current(c), out);
+}
+
+cube_error *cube_memory_cleanup(cube_client *c)
+{
+    CORE_CHECK_CLIENT(c, "cube_memory_cleanup");
+    core_stream *st;
+    cube_error *err = core_stream_enter(c, &st);
+    if (err)
+        return err;
+    err = c->vt->memory_cleanup(c->server, st->id);
+    core_stream_leave(st);
+    return err;
+}

@@ -1,0 +1,357 @@
+/* Launch: validation, the compiled-kernel cache, the failure contract. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client_internal.h"
+
+#define LAUNCH_FLAGS (CUBE_LAUNCH_SKIP | CUBE_LAUNCH_CHECKED)
+
+/* Options that change the compiled code are part of the key. */
+static uint32_t compile_mode(uint32_t mode)
+{
+    return mode & CUBE_LAUNCH_CHECKED;
+}
+
+static uint64_t cache_key(const cube_kernel *k, uint32_t mode)
+{
+    return cube_kernel_id(k) ^ ((uint64_t)compile_mode(mode) *
+                                0x9E3779B97F4A7C15ull);
+}
+
+/* Finds or compiles the kernel. The returned pointer lives as long as the
+ * client. Compiles outside the lock: two threads may compile the same
+ * kernel once each; the first to finish is kept. */
+static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
+                                const cube_compiled **out)
+{
+    uint64_t key = cache_key(k, mode);
+    uint32_t cmode = compile_mode(mode);
+    size_t bucket = key % CORE_CACHE_BUCKETS;
+    const char *name = cube_kernel_name(k);
+    pthread_mutex_lock(&c->cache_lock);
+    for (core_cache_entry *e = c->cache[bucket]; e; e = e->next) {
+        if (e->key == key && e->mode == cmode &&
+            cube_kernel_id(e->kernel) == cube_kernel_id(k) &&
+            strcmp(cube_kernel_name(e->kernel), name) == 0 &&
+            strcmp(cube_kernel_source(e->kernel), cube_kernel_source(k)) ==
+                0) {
+            *out = &e->compiled;
+            pthread_mutex_unlock(&c->cache_lock);
+            return NULL;
+        }
+    }
+    pthread_mutex_unlock(&c->cache_lock);
+
+    core_cache_entry *fresh = calloc(1, sizeof *fresh);
+    if (!fresh)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel cache");
+    cube_error *err = c->vt->compile(c->server, k, cmode, &fresh->compiled);
+    if (err) {
+        free(fresh);
+        return err;
+    }
+    cube_log_write(CUBE_LOG_DEBUG, "compile", "%s: %s in %.1f ms", name,
+                   fresh->compiled.from_disk_cache ? "loaded from disk cache"
+                                                   : "compiled",
+                   fresh->compiled.compile_ms);
+    fresh->key = key;
+    fresh->mode = cmode;
+    cube_kernel_retain(k);
+    fresh->kernel = k;
+    pthread_mutex_lock(&c->cache_lock);
+    for (core_cache_entry *e = c->cache[bucket]; e; e = e->next) {
+        if (e->key == key && e->mode == cmode && e->kernel == k) {
+            /* Another thread won the race; keep its entry. */
+            *out = &e->compiled;
+            pthread_mutex_unlock(&c->cache_lock);
+            c->vt->compiled_release(c->server, &fresh->compiled);
+            cube_kernel_release(k);
+            free(fresh);
+            return NULL;
+        }
+    }
+    fresh->next = c->cache[bucket];
+    c->cache[bucket] = fresh;
+    *out = &fresh->compiled;
+    pthread_mutex_unlock(&c->cache_lock);
+    return NULL;
+}
+
+void core_cache_destroy(cube_client *c)
+{
+    for (size_t b = 0; b < CORE_CACHE_BUCKETS; b++) {
+        core_cache_entry *e = c->cache[b];
+        while (e) {
+            core_cache_entry *next = e->next;
+            c->vt->compiled_release(c->server, &e->compiled);
+            cube_kernel_release((cube_kernel *)e->kernel);
+            free(e);
+            e = next;
+        }
+        c->cache[b] = NULL;
+    }
+}
+
+static int param_is_written(cube_param_kind kind)
+{
+    return kind == CUBE_PARAM_BUFFER_OUT || kind == CUBE_PARAM_BUFFER_INOUT;
+}
+
+static int param_is_read(cube_param_kind kind)
+{
+    return kind == CUBE_PARAM_BUFFER_IN || kind == CUBE_PARAM_BUFFER_INOUT;
+}
+
+static const char *kind_name(cube_param_kind kind)
+{
+    switch (kind) {
+    case CUBE_PARAM_BUFFER_IN: return "an input buffer";
+    case CUBE_PARAM_BUFFER_OUT: return "an output buffer";
+    case CUBE_PARAM_BUFFER_INOUT: return "an in/out buffer";
+    case CUBE_PARAM_SCALAR: return "a scalar";
+    case CUBE_PARAM_SHARED: return "shared memory";
+    }
+    return "?";
+}
+
+/* Matches the arguments against the signature; fills positions. */
+static cube_error *bind_args(const cube_kernel *k, const cube_compiled *cc,
+                             const cube_arg *args, size_t nargs,
+                             uint32_t *arg_of_param)
+{
+    size_t expected = 0;
+    for (uint32_t p = 0; p < cc->param_count; p++)
+        expected += cc->params[p].kind != CUBE_PARAM_SHARED;
+    if (expected != nargs)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch(%s): the kernel takes %zu "
+                              "arguments, %zu were given",
+                              cube_kernel_name(k), expected, nargs);
+    size_t a = 0;
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        const cube_param *pp = &cc->params[p];
+        if (pp->kind == CUBE_PARAM_SHARED)
+            continue;
+        const cube_arg *arg = &args[a];
+        int want_scalar = pp->kind == CUBE_PARAM_SCALAR;
+        if (want_scalar != (arg->kind == CUBE_ARG_SCALAR))
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_launch(%s): args[%zu] must be %s",
+                                  cube_kernel_name(k), a, kind_name(pp->kind));
+        if (want_scalar && arg->size != pp->elem_size)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_launch(%s): args[%zu] is a %u-byte "
+                                  "scalar but the kernel's parameter has %u "
+                                  "bytes",
+                                  cube_kernel_name(k), a, arg->size,
+                                  pp->elem_size);
+        arg_of_param[p] = (uint32_t)a++;
+    }
+    return NULL;
+}
+
+static cube_error *check_limits(const cube_client *c, const cube_kernel *k,
+                                const cube_compiled *cc)
+{
+    const cube_properties *pr = &c->props;
+    uint32_t dim[3];
+    cube_kernel_cube_dim(k, dim);
+    for (int i = 0; i < 3; i++)
+        if (dim[i] > pr->max_cube_dim[i])
+            return cube_error_new(
+                CUBE_ERR_RESOURCE_LIMIT,
+                "cube_launch(%s): cube dimension (%u, %u, %u) is over the "
+                "device's maximum (%u, %u, %u)",
+                cube_kernel_name(k), dim[0], dim[1], dim[2],
+                pr->max_cube_dim[0], pr->max_cube_dim[1], pr->max_cube_dim[2]);
+    uint64_t units = (uint64_t)dim[0] * dim[1] * dim[2];
+    if (units > pr->max_units_per_cube)
+        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                              "cube_launch(%s): %llu units per cube is over "
+                              "the device's maximum of %u",
+                              cube_kernel_name(k), (unsigned long long)units,
+                              pr->max_units_per_cube);
+    if (cc->shared_bytes > pr->max_shared_memory)
+        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                              "cube_launch(%s): %llu bytes of shared memory "
+                              "per cube is over the device's maximum of %llu",
+                              cube_kernel_name(k),
+                              (unsigned long long)cc->shared_bytes,
+                              (unsigned long long)pr->max_shared_memory);
+    return NULL;
+}
+
+/* Records `err` on the buffers the launch would have written: the
+ * signature's outputs when it is known, every bound buffer otherwise. */
+static void record_failure(cube_client *c, const cube_compiled *cc,
+                           const uint32_t *arg_of_param, core_resolved *r,
+                           size_t nargs, const cube_error *err)
+{
+    if (!cc) {
+        for (size_t a = 0; a < nargs; a++)
+            if (r[a].alloc)
+                core_failure_record(c, r[a].alloc, err);
+        return;
+    }
+    for (uint32_t p = 0; p < cc->param_count; p++)
+        if (param_is_written(cc->params[p].kind) &&
+            r[arg_of_param[p]].alloc)
+            core_failure_record(c, r[arg_of_param[p]].alloc, err);
+}
+
+cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
+                        const cube_arg *args, size_t nargs, uint32_t mode)
+{
+    CORE_CHECK_CLIENT(c, "cube_launch");
+    if (!k)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch: kernel is NULL");
+    if (nargs && !args)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch(%s): args is NULL with nargs = %zu",
+                              cube_kernel_name(k), nargs);
+    if (nargs > CUBE_MAX_PARAMS)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch(%s): %zu arguments; at most %d",
+                              cube_kernel_name(k), nargs, CUBE_MAX_PARAMS);
+    if (mode & ~(uint32_t)LAUNCH_FLAGS)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch(%s): unknown mode bits 0x%x",
+                              cube_kernel_name(k),
+                              mode & ~(uint32_t)LAUNCH_FLAGS);
+    int dynamic = count.dynamic.bits != 0;
+    if (!dynamic) {
+        if (!count.x || !count.y || !count.z)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_launch(%s): cube count (%u, %u, %u) "
+                                  "has a zero component",
+                                  cube_kernel_name(k), count.x, count.y,
+                                  count.z);
+        for (int i = 0; i < 3; i++) {
+            uint32_t v = i == 0 ? count.x : i == 1 ? count.y : count.z;
+            if (v > c->props.max_cube_count[i])
+                return cube_error_new(
+                    CUBE_ERR_RESOURCE_LIMIT,
+                    "cube_launch(%s): cube count %u along axis %d is over "
+                    "the device's maximum of %u",
+                    cube_kernel_name(k), v, i, c->props.max_cube_count[i]);
+        }
+    }
+    for (size_t a = 0; a < nargs; a++)
+        if (args[a].kind != CUBE_ARG_BUFFER && args[a].kind != CUBE_ARG_SCALAR)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_launch(%s): args[%zu].kind %d is "
+                                  "neither buffer nor scalar",
+                                  cube_kernel_name(k), a, (int)args[a].kind);
+
+    /* Resolve (and pin) every buffer before anything else. */
+    core_resolved r[CUBE_MAX_PARAMS];
+    core_resolved count_res = {0};
+    memset(r, 0, sizeof r);
+    cube_error *err = NULL;
+    for (size_t a = 0; a < nargs && !err; a++) {
+        if (args[a].kind != CUBE_ARG_BUFFER)
+            continue;
+        err = core_resolve(c, args[a].value.buffer, "cube_launch", &r[a]);
+        if (err)
+            err = cube_error_prefix(err, "args[%zu]", a);
+    }
+    if (!err && dynamic) {
+        err = core_resolve(c, count.dynamic, "cube_launch: dynamic count",
+                           &count_res);
+        if (!err && count_res.size < 12)
+            err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                 "cube_launch(%s): the dynamic count buffer "
+                                 "holds %llu bytes; it needs 12 (three "
+                                 "uint32_t)",
+                                 cube_kernel_name(k),
+                                 (unsigned long long)count_res.size);
+    }
+    if (err)
+        goto unpin;
+
+    /* From here on a failure is the launch's: it lands on the buffers. */
+    const cube_compiled *cc = NULL;
+    uint32_t arg_of_param[CUBE_MAX_PARAMS] = {0};
+    err = get_compiled(c, k, mode, &cc);
+    if (err)
+        cc = NULL;
+    if (!err)
+        err = bind_args(k, cc, args, nargs, arg_of_param);
+    if (!err)
+        err = check_limits(c, k, cc);
+    if (!err && (mode & CUBE_LAUNCH_SKIP))
+        goto unpin; /* compiled, validated, cached: dropped */
+
+    /* An input that cannot be trusted makes the outputs untrustworthy:
+     * carry its failure forward instead of computing from stale bytes. */
+    for (uint32_t p = 0; !err && p < cc->param_count; p++) {
+        if (!param_is_read(cc->params[p].kind))
+            continue;
+        cube_error *f = core_failure_get(c, r[arg_of_param[p]].alloc);
+        if (f)
+            err = cube_error_wrap(f, CUBE_ERR_SEVERAL,
+                                  "cube_launch(%s): input args[%u] (buffer "
+                                  "0x%016llx) cannot be trusted",
+                                  cube_kernel_name(k), arg_of_param[p],
+                                  (unsigned long long)r[arg_of_param[p]]
+                                      .handle.bits);
+    }
+    if (!err && dynamic) {
+        cube_error *f = core_failure_get(c, count_res.alloc);
+        if (f)
+            err = cube_error_wrap(f, CUBE_ERR_SEVERAL,
+                                  "cube_launch(%s): the dynamic count buffer "
+                                  "cannot be trusted",
+                                  cube_kernel_name(k));
+    }
+    if (!err) {
+        cube_dispatch d;
+        memset(&d, 0, sizeof d);
+        d.compiled = cc;
+        cube_kernel_cube_dim(k, d.cube_dim);
+        d.cube_count[0] = count.x;
+        d.cube_count[1] = count.y;
+        d.cube_count[2] = count.z;
+        cube_binding count_binding;
+        if (dynamic) {
+            count_binding = core_binding(&count_res);
+            d.count_buffer = &count_binding;
+        }
+        d.mode = mode;
+        for (uint32_t p = 0; p < cc->param_count; p++) {
+            cube_param_kind kind = cc->params[p].kind;
+            if (kind == CUBE_PARAM_SHARED)
+                continue;
+            const cube_arg *arg = &args[arg_of_param[p]];
+            if (kind == CUBE_PARAM_SCALAR)
+                memcpy(d.scalars[p], arg->value.bytes, sizeof d.scalars[p]);
+            else
+                d.bindings[p] = core_binding(&r[arg_of_param[p]]);
+        }
+        core_stream *st;
+        err = core_stream_enter(c, &st);
+        if (!err) {
+            err = c->vt->launch(c->server, st->id, &d);
+            core_stream_leave(st);
+        }
+        core_fault_note(c, err);
+        if (!err) {
+            /* The outputs now hold what this launch computed. */
+            for (uint32_t p = 0; p < cc->param_count; p++)
+                if (cc->params[p].kind == CUBE_PARAM_BUFFER_OUT)
+                    core_failure_clear(c, r[arg_of_param[p]].alloc);
+        }
+    }
+    if (err) {
+        record_failure(c, cc, arg_of_param, r, nargs, err);
+        cube_log_write(CUBE_LOG_DEBUG, "launch", "%s failed: %s",
+                       cube_kernel_name(k), cube_error_message(err));
+    }
+
+unpin:
+    for (size_t a = 0; a < nargs; a++)
+        core_resolved_drop(c, &r[a]);
+    core_resolved_drop(c, &count_res);
+    return err;
+}

@@ -1,0 +1,135 @@
+/* The process-wide logger: a level, one sink, stderr by default. */
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "cubert/backend/errors.h"
+#include "cubert/log.h"
+
+static _Atomic int log_level = CUBE_LOG_WARN;
+static pthread_mutex_t sink_lock = PTHREAD_MUTEX_INITIALIZER;
+static cube_log_sink_fn sink_fn;
+static void *sink_user;
+static FILE *sink_file;
+
+static const char *level_name(cube_log_level level)
+{
+    static const char *names[] = {"trace", "debug", "info", "warn", "error",
+                                  "off"};
+    return (level >= CUBE_LOG_TRACE && level <= CUBE_LOG_OFF) ? names[level]
+                                                               : "?";
+}
+
+void cube_log_set_level(cube_log_level level)
+{
+    if (level < CUBE_LOG_TRACE)
+        level = CUBE_LOG_TRACE;
+    if (level > CUBE_LOG_OFF)
+        level = CUBE_LOG_OFF;
+    atomic_store(&log_level, (int)level);
+}
+
+cube_log_level cube_log_get_level(void)
+{
+    return (cube_log_level)atomic_load(&log_level);
+}
+
+int cube_log_enabled(cube_log_level level)
+{
+    return level != CUBE_LOG_OFF && (int)level >= atomic_load(&log_level);
+}
+
+void cube_log_set_sink(cube_log_sink_fn sink, void *user)
+{
+    pthread_mutex_lock(&sink_lock);
+    sink_fn = sink;
+    sink_user = user;
+    pthread_mutex_unlock(&sink_lock);
+}
+
+cube_error *cube_log_set_file(const char *path)
+{
+    if (!path || !*path)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_log_set_file: path is NULL or empty");
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return cube_error_new(CUBE_ERR_IO,
+                              "cube_log_set_file: cannot open '%s'", path);
+    FILE *f = fdopen(fd, "a");
+    if (!f) {
+        close(fd);
+        return cube_error_new(CUBE_ERR_IO,
+                              "cube_log_set_file: cannot open '%s'", path);
+    }
+    setvbuf(f, NULL, _IOLBF, 0);
+    pthread_mutex_lock(&sink_lock);
+    if (sink_file)
+        fclose(sink_file);
+    sink_file = f;
+    sink_fn = NULL;
+    pthread_mutex_unlock(&sink_lock);
+    return NULL;
+}
+
+int cube_log_level_parse(const char *name, cube_log_level *out)
+{
+    static const struct {
+        const char *name;
+        cube_log_level level;
+    } table[] = {{"trace", CUBE_LOG_TRACE}, {"debug", CUBE_LOG_DEBUG},
+                 {"info", CUBE_LOG_INFO},   {"warn", CUBE_LOG_WARN},
+                 {"warning", CUBE_LOG_WARN}, {"error", CUBE_LOG_ERROR},
+                 {"off", CUBE_LOG_OFF},     {"none", CUBE_LOG_OFF}};
+    if (!name || !out)
+        return -1;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (strcasecmp(name, table[i].name) == 0) {
+            *out = table[i].level;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+void cube_log_write(cube_log_level level, const char *category,
+                    const char *fmt, ...)
+{
+    if (!cube_log_enabled(level))
+        return;
+    char stack_buf[512];
+    char *msg = stack_buf;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(stack_buf, sizeof stack_buf, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof stack_buf) {
+        char *big = malloc((size_t)n + 1);
+        if (big) {
+            va_start(ap, fmt);
+            vsnprintf(big, (size_t)n + 1, fmt, ap);
+            va_end(ap);
+            msg = big;
+        }
+    }
+    if (!category)
+        category = "cubert";
+    pthread_mutex_lock(&sink_lock);
+    if (sink_fn) {
+        sink_fn(sink_user, level, category, msg);
+    } else {
+        FILE *out = sink_file ? sink_file : stderr;
+        fprintf(out, "cubert %s [%s] %s\n", level_name(level), category, msg);
+    }
+    pthread_mutex_unlock(&sink_lock);
+    if (msg != stack_buf)
+        free(msg);
+}

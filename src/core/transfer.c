@@ -1,0 +1,408 @@
+/* Writes, reads (blocking and asynchronous) and staging buffers. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client_internal.h"
+
+cube_copy_desc cube_copy_desc_contiguous(cube_handle handle, uint64_t bytes,
+                                         uint32_t elem_size)
+{
+    cube_copy_desc d;
+    memset(&d, 0, sizeof d);
+    d.handle = handle;
+    d.rank = 1;
+    d.elem_size = elem_size ? elem_size : 1;
+    d.shape[0] = bytes / d.elem_size;
+    return d;
+}
+
+static int mul_overflows(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return __builtin_mul_overflow(a, b, out);
+}
+
+/* Checks descriptor `i` against its resolved handle and fills `op`. */
+static cube_error *make_op(const char *fn, size_t i, const cube_copy_desc *d,
+                           const core_resolved *r, cube_copy_op *op)
+{
+    memset(op, 0, sizeof *op);
+    if (d->rank == 0 || d->rank > CUBE_MAX_RANK)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: descs[%zu].rank %u is not in 1..%d", fn, i,
+                              d->rank, CUBE_MAX_RANK);
+    if (d->elem_size == 0 || d->elem_size > 64)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: descs[%zu].elem_size %u is not in 1..64",
+                              fn, i, d->elem_size);
+    int strided = 0;
+    for (uint32_t k = 0; k < d->rank; k++)
+        strided |= d->strides[k] != 0;
+    uint64_t elems = 1, span = 0; /* span: index of the last element */
+    uint64_t row = 1;             /* contiguous stride of dimension k */
+    int contiguous = 1;
+    for (int k = (int)d->rank - 1; k >= 0; k--) {
+        uint64_t extent = d->shape[k];
+        if (extent == 0)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "%s: descs[%zu].shape[%d] is 0", fn, i, k);
+        uint64_t stride = strided ? d->strides[k] : row;
+        if (strided && stride == 0 && extent > 1)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "%s: descs[%zu].strides[%d] is 0 for an "
+                                  "extent of %llu",
+                                  fn, i, k, (unsigned long long)extent);
+        if (extent > 1 && stride != row)
+            contiguous = 0;
+        uint64_t reach;
+        if (mul_overflows(extent - 1, stride, &reach) ||
+            __builtin_add_overflow(span, reach, &span) ||
+            mul_overflows(elems, extent, &elems) ||
+            mul_overflows(row, extent, &row))
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "%s: descs[%zu] shape and strides overflow "
+                                  "64 bits",
+                                  fn, i);
+        op->shape[k] = extent;
+        if (mul_overflows(stride, d->elem_size, &op->byte_strides[k]))
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "%s: descs[%zu].strides[%d] overflows", fn,
+                                  i, k);
+    }
+    uint64_t bytes, last_byte;
+    if (mul_overflows(elems, d->elem_size, &bytes) ||
+        mul_overflows(span, d->elem_size, &last_byte) ||
+        __builtin_add_overflow(last_byte, d->elem_size, &last_byte))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: descs[%zu] size overflows 64 bits", fn, i);
+    if (last_byte > r->size)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: descs[%zu] reaches byte %llu but handle "
+                              "0x%016llx names %llu bytes",
+                              fn, i, (unsigned long long)last_byte,
+                              (unsigned long long)d->handle.bits,
+                              (unsigned long long)r->size);
+    op->binding = core_binding(r);
+    op->rank = d->rank;
+    op->elem_size = d->elem_size;
+    op->bytes = bytes;
+    op->contiguous = contiguous;
+    return NULL;
+}
+
+/* Validates and resolves a batch of descriptors with host buffers. On
+ * success the caller owns *res (pinned) and *ops. */
+static cube_error *prepare(cube_client *c, const char *fn,
+                           const cube_copy_desc *descs, const void *buffers,
+                           const uint64_t *sizes, size_t n,
+                           core_resolved **res, cube_copy_op **ops)
+{
+    *res = NULL;
+    *ops = NULL;
+    if (!descs || !buffers || !sizes || n == 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: %s", fn,
+                              n == 0     ? "n is 0"
+                              : !descs   ? "descs is NULL"
+                              : !buffers ? "the host buffer array is NULL"
+                                         : "the size array is NULL");
+    const void *const *bufs = buffers;
+    core_resolved *r = calloc(n, sizeof *r);
+    cube_copy_op *o = calloc(n, sizeof *o);
+    if (!r || !o) {
+        free(r);
+        free(o);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s", fn);
+    }
+    cube_error *err = NULL;
+    size_t pinned = 0;
+    for (size_t i = 0; i < n && !err; i++) {
+        if (!bufs[i]) {
+            err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                 "%s: host buffer %zu is NULL", fn, i);
+            break;
+        }
+        err = core_resolve(c, descs[i].handle, fn, &r[i]);
+        if (err) {
+            err = cube_error_prefix(err, "descs[%zu]", i);
+            break;
+        }
+        pinned++;
+        err = make_op(fn, i, &descs[i], &r[i], &o[i]);
+        if (!err && o[i].bytes != sizes[i])
+            err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                 "%s: host buffer %zu holds %llu bytes but "
+                                 "descs[%zu] covers %llu",
+                                 fn, i, (unsigned long long)sizes[i], i,
+                                 (unsigned long long)o[i].bytes);
+    }
+    if (err) {
+        for (size_t j = 0; j < pinned; j++)
+            core_resolved_drop(c, &r[j]);
+        free(r);
+        free(o);
+        return err;
+    }
+    *res = r;
+    *ops = o;
+    return NULL;
+}
+
+static void unpin(cube_client *c, core_resolved *r, size_t n)
+{
+    for (size_t i = 0; r && i < n; i++)
+        core_resolved_drop(c, &r[i]);
+    free(r);
+}
+
+cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
+                       const void *const *sources, const uint64_t *sizes,
+                       size_t n)
+{
+    CORE_CHECK_CLIENT(c, "cube_write");
+    core_resolved *r;
+    cube_copy_op *ops;
+    cube_error *err = prepare(c, "cube_write", descs, sources, sizes, n, &r,
+                              &ops);
+    if (err)
+        return err;
+    core_stream *st;
+    err = core_stream_enter(c, &st);
+    if (!err) {
+        err = c->vt->write(c->server, st->id, ops, n, sources);
+        core_stream_leave(st);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (err) {
+            /* The write did not land: its buffers cannot be trusted. */
+            core_failure_record(c, r[i].alloc, err);
+        } else if (ops[i].contiguous && r[i].offset == 0 &&
+                   ops[i].bytes == r[i].alloc->storage.size) {
+            /* A successful full write makes the bytes trustworthy again. */
+            core_failure_clear(c, r[i].alloc);
+        }
+    }
+    core_fault_note(c, err);
+    unpin(c, r, n);
+    free(ops);
+    return err;
+}
+
+struct cube_future {
+    cube_client *client;
+    cube_pending *pending;
+    cube_error *result;
+    core_resolved *resolved;
+    size_t n;
+    int done;
+};
+
+cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
+                            void *const *destinations, const uint64_t *sizes,
+                            size_t n, cube_future **out)
+{
+    if (!out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_read_async: out is NULL");
+    *out = NULL;
+    CORE_CHECK_CLIENT(c, "cube_read");
+    core_resolved *r;
+    cube_copy_op *ops;
+    cube_error *err = prepare(c, "cube_read", descs, destinations, sizes, n,
+                              &r, &ops);
+    if (err)
+        return err;
+    cube_future *f = calloc(1, sizeof *f);
+    if (!f) {
+        unpin(c, r, n);
+        free(ops);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_read");
+    }
+    f->client = c;
+    f->resolved = r;
+    f->n = n;
+    /* The claim check comes before any byte is copied. */
+    f->result = core_failure_claim_check(c, r, n, "cube_read");
+    if (!f->result) {
+        core_stream *st;
+        f->result = core_stream_enter(c, &st);
+        if (!f->result) {
+            f->result = c->vt->read(c->server, st->id, ops, n, destinations,
+                                    &f->pending);
+            core_stream_leave(st);
+            core_fault_note(c, f->result);
+        }
+    }
+    free(ops);
+    *out = f;
+    return NULL;
+}
+
+cube_error *cube_future_wait(cube_future *f)
+{
+    if (!f)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_future_wait: future is NULL");
+    if (f->done)
+        return NULL;
+    cube_client *c = f->client;
+    if (f->pending) {
+        cube_error *err = c->vt->read_wait
+                              ? c->vt->read_wait(c->server, f->pending)
+                              : cube_error_new(CUBE_ERR_INTERNAL,
+                                               "backend left a read pending "
+                                               "without read_wait");
+        f->pending = NULL;
+        core_fault_note(c, err);
+        if (!f->result)
+            f->result = err;
+        else
+            cube_error_free(err);
+    }
+    unpin(c, f->resolved, f->n);
+    f->resolved = NULL;
+    f->done = 1;
+    cube_error *result = f->result;
+    f->result = NULL;
+    return result;
+}
+
+int cube_future_ready(const cube_future *f)
+{
+    return f && (f->done || !f->pending);
+}
+
+void cube_future_free(cube_future *f)
+{
+    if (!f)
+        return;
+    if (!f->done)
+        cube_error_free(cube_future_wait(f));
+    free(f);
+}
+
+cube_error *cube_read(cube_client *c, const cube_copy_desc *descs,
+                      void *const *destinations, const uint64_t *sizes,
+                      size_t n)
+{
+    cube_future *f;
+    cube_error *err = cube_read_async(c, descs, destinations, sizes, n, &f);
+    if (err)
+        return err;
+    err = cube_future_wait(f);
+    cube_future_free(f);
+    return err;
+}
+
+/* --- staging --- */
+
+#define STAGING_ALIGN 4096
+
+static void staging_forget_locked(cube_client *c, size_t i)
+{
+    c->staging[i] = c->staging[--c->staging_count];
+}
+
+static void staging_release(cube_client *c, void *p)
+{
+    if (c->vt->staging_free)
+        c->vt->staging_free(c->server, p);
+    else
+        free(p);
+}
+
+cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
+                         void **out)
+{
+    CORE_CHECK_CLIENT(c, "cube_staging");
+    if (!sizes || !out || n == 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "cube_staging: %s",
+                              n == 0 ? "n is 0"
+                              : !sizes ? "sizes is NULL"
+                                       : "out is NULL");
+    for (size_t i = 0; i < n; i++) {
+        out[i] = NULL;
+        if (sizes[i] == 0)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_staging: sizes[%zu] is 0", i);
+        if (sizes[i] > c->props.memory_total)
+            return cube_error_new(CUBE_ERR_BUFFER_TOO_BIG,
+                                  "cube_staging: sizes[%zu] = %llu bytes is "
+                                  "more than the host has",
+                                  i, (unsigned long long)sizes[i]);
+    }
+    cube_error *err = NULL;
+    if (c->vt->staging) {
+        err = c->vt->staging(c->server, sizes, n, out);
+    } else {
+        for (size_t i = 0; i < n && !err; i++) {
+            uint64_t rounded = (sizes[i] + STAGING_ALIGN - 1) &
+                               ~(uint64_t)(STAGING_ALIGN - 1);
+            out[i] = aligned_alloc(STAGING_ALIGN, rounded);
+            if (!out[i]) {
+                err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                                     "cube_staging: %llu bytes",
+                                     (unsigned long long)sizes[i]);
+                for (size_t j = 0; j < i; j++) {
+                    free(out[j]);
+                    out[j] = NULL;
+                }
+            }
+        }
+    }
+    if (err)
+        return err;
+    pthread_mutex_lock(&c->staging_lock);
+    if (c->staging_count + n > c->staging_cap) {
+        size_t cap = c->staging_cap ? c->staging_cap : 16;
+        while (cap < c->staging_count + n)
+            cap *= 2;
+        void **grown = realloc(c->staging, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&c->staging_lock);
+            for (size_t i = 0; i < n; i++) {
+                staging_release(c, out[i]);
+                out[i] = NULL;
+            }
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_staging");
+        }
+        c->staging = grown;
+        c->staging_cap = cap;
+    }
+    for (size_t i = 0; i < n; i++)
+        c->staging[c->staging_count++] = out[i];
+    pthread_mutex_unlock(&c->staging_lock);
+    return NULL;
+}
+
+cube_error *cube_staging_free(cube_client *c, void *buffer)
+{
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_staging_free: client is NULL");
+    if (!buffer)
+        return NULL;
+    pthread_mutex_lock(&c->staging_lock);
+    size_t i = 0;
+    while (i < c->staging_count && c->staging[i] != buffer)
+        i++;
+    if (i == c->staging_count) {
+        pthread_mutex_unlock(&c->staging_lock);
+        return cube_error_new(CUBE_ERR_NOT_FOUND,
+                              "cube_staging_free: %p is not a staging buffer "
+                              "of this client",
+                              buffer);
+    }
+    staging_forget_locked(c, i);
+    pthread_mutex_unlock(&c->staging_lock);
+    staging_release(c, buffer);
+    return NULL;
+}
+
+void core_staging_destroy(cube_client *c)
+{
+    for (size_t i = 0; i < c->staging_count; i++)
+        staging_release(c, c->staging[i]);
+    free(c->staging);
+    c->staging = NULL;
+    c->staging_count = 0;
+}

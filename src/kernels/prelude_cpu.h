@@ -1,0 +1,182 @@
+/* cube C — the CPU prelude. Put in front of the common prelude and the
+ * kernel's source, then compiled by the system C compiler as C11.
+ *
+ * Entry points per kernel `name` (all with default visibility):
+ *   cube__sig_name[], cube__nparams_name   the parameter signature
+ *   cube__shared_name                      shared bytes per cube
+ *   cube__run_name(launch, begin, end, shared)
+ *       runs cubes [begin, end) with their units as a plain loop the
+ *       compiler can vectorize (kernels that never call cube_sync());
+ *   cube__unit_name(launch, cube, unit, shared)
+ *       runs one unit of one cube (a fiber, for kernels that call
+ *       cube_sync()).
+ * cube__abi_version and cube__sync_fn are set/checked by the runtime.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CUBE__RESTRICT restrict
+#define CUBE__TYPEOF(x) __typeof__(x)
+#define CUBE__UNUSED __attribute__((unused))
+#define CUBE__INLINE inline __attribute__((always_inline))
+#define CUBE__EXPORT __attribute__((visibility("default")))
+#define CUBE_DEVICE static inline
+
+/* The ABI the runtime calls with; it must match src/backends/cpu/cpu_abi.h. */
+#define CUBE__CPU_ABI 1
+typedef struct cube_cpu_launch {
+    unsigned int dim[3];
+    unsigned int count[3];
+    void *const *ptr;               /* per parameter position */
+    const unsigned long long *len;  /* bytes, per parameter position */
+} cube_cpu_launch;
+
+typedef struct cube__unit {
+    unsigned int ux, uy, uz, cx, cy, cz, dx, dy, dz, nx, ny, nz;
+} cube__unit;
+
+CUBE__EXPORT const unsigned int cube__abi_version = CUBE__CPU_ABI;
+/* Set by the runtime after loading: switches to the next unit's fiber. */
+CUBE__EXPORT void (*cube__sync_fn)(void);
+
+/* Barrier across the units of a cube. */
+#define cube_sync() cube__sync_fn()
+
+#define CUBE__ENTRY(name, N, ...)                                               \
+    CUBE__EXPORT const cube__param_sig cube__sig_##name[] = {                   \
+        CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                 \
+    CUBE__EXPORT const unsigned int cube__nparams_##name = N;                   \
+    CUBE__EXPORT const unsigned long long cube__shared_##name =                 \
+        (0 CUBE__EACH(CUBE__SHN, N, __VA_ARGS__)) ? sizeof(name##__shared_t)    \
+                                                  : 0;                          \
+    CUBE__EXPORT void cube__run_##name(const cube_cpu_launch *cube__l,          \
+                                       unsigned int cube__begin,                \
+                                       unsigned int cube__end,                  \
+                                       void *cube__shmem);                      \
+    void cube__run_##name(const cube_cpu_launch *cube__l,                       \
+                          unsigned int cube__begin, unsigned int cube__end,     \
+                          void *cube__shmem)                                    \
+    {                                                                           \
+        void *const *cube__ptr = cube__l->ptr;                                  \
+        const unsigned long long *cube__len = cube__l->len;                     \
+        name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;       \
+        (void)cube__shared;                                                     \
+        (void)cube__len;                                                        \
+        cube__sink_t cube__sink;                                                \
+        cube__unit cube__v;                                                     \
+        cube__v.dx = cube__l->dim[0];                                           \
+        cube__v.dy = cube__l->dim[1];                                           \
+        cube__v.dz = cube__l->dim[2];                                           \
+        cube__v.nx = cube__l->count[0];                                         \
+        cube__v.ny = cube__l->count[1];                                         \
+        cube__v.nz = cube__l->count[2];                                         \
+        for (unsigned int cube__c = cube__begin; cube__c < cube__end;           \
+             cube__c++) {                                                       \
+            cube__v.cx = cube__c % cube__v.nx;                                  \
+            cube__v.cy = (cube__c / cube__v.nx) % cube__v.ny;                   \
+            cube__v.cz = cube__c / (cube__v.nx * cube__v.ny);                   \
+            for (unsigned int cube__z = 0; cube__z < cube__v.dz; cube__z++)     \
+                for (unsigned int cube__y = 0; cube__y < cube__v.dy; cube__y++) \
+                    for (unsigned int cube__x = 0; cube__x < cube__v.dx;        \
+                         cube__x++) {                                           \
+                        cube__unit cube__w = cube__v;                           \
+                        cube__w.ux = cube__x;                                   \
+                        cube__w.uy = cube__y;                                   \
+                        cube__w.uz = cube__z;                                   \
+                        name##__body(cube__w, &cube__sink CUBE__EACH(           \
+                                                  CUBE__ARG, N, __VA_ARGS__));  \
+                    }                                                           \
+        }                                                                       \
+    }                                                                           \
+    CUBE__EXPORT void cube__unit_##name(const cube_cpu_launch *cube__l,         \
+                                        unsigned int cube__c,                   \
+                                        unsigned int cube__unitpos,             \
+                                        void *cube__shmem);                     \
+    void cube__unit_##name(const cube_cpu_launch *cube__l,                      \
+                           unsigned int cube__c, unsigned int cube__unitpos,    \
+                           void *cube__shmem)                                   \
+    {                                                                           \
+        void *const *cube__ptr = cube__l->ptr;                                  \
+        const unsigned long long *cube__len = cube__l->len;                     \
+        name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;       \
+        (void)cube__shared;                                                     \
+        (void)cube__len;                                                        \
+        cube__sink_t cube__sink;                                                \
+        cube__unit cube__w;                                                     \
+        cube__w.dx = cube__l->dim[0];                                           \
+        cube__w.dy = cube__l->dim[1];                                           \
+        cube__w.dz = cube__l->dim[2];                                           \
+        cube__w.nx = cube__l->count[0];                                         \
+        cube__w.ny = cube__l->count[1];                                         \
+        cube__w.nz = cube__l->count[2];                                         \
+        cube__w.cx = cube__c % cube__w.nx;                                      \
+        cube__w.cy = (cube__c / cube__w.nx) % cube__w.ny;                       \
+        cube__w.cz = cube__c / (cube__w.nx * cube__w.ny);                       \
+        cube__w.ux = cube__unitpos % cube__w.dx;                                \
+        cube__w.uy = (cube__unitpos / cube__w.dx) % cube__w.dy;                 \
+        cube__w.uz = cube__unitpos / (cube__w.dx * cube__w.dy);                 \
+        name##__body(cube__w,                                                   \
+                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));        \
+    }
+
+/* --- atomics (relaxed; they return the old value) ---------------------------- */
+#define CUBE__ATOMIC_INT(suffix, T)                                             \
+    static inline T cube_atomic_add_##suffix(T *p, T v)                         \
+    {                                                                           \
+        return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);                      \
+    }                                                                           \
+    static inline T cube_atomic_sub_##suffix(T *p, T v)                         \
+    {                                                                           \
+        return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED);                      \
+    }                                                                           \
+    static inline T cube_atomic_exchange_##suffix(T *p, T v)                    \
+    {                                                                           \
+        return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);                     \
+    }                                                                           \
+    static inline T cube_atomic_cas_##suffix(T *p, T expected, T desired)       \
+    {                                                                           \
+        __atomic_compare_exchange_n(p, &expected, desired, 0,                   \
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED);        \
+        return expected;                                                        \
+    }                                                                           \
+    static inline T cube_atomic_max_##suffix(T *p, T v)                         \
+    {                                                                           \
+        T old = __atomic_load_n(p, __ATOMIC_RELAXED);                           \
+        while (old < v && !__atomic_compare_exchange_n(                         \
+                              p, &old, v, 1, __ATOMIC_RELAXED,                  \
+                              __ATOMIC_RELAXED)) {                              \
+        }                                                                       \
+        return old;                                                             \
+    }                                                                           \
+    static inline T cube_atomic_min_##suffix(T *p, T v)                         \
+    {                                                                           \
+        T old = __atomic_load_n(p, __ATOMIC_RELAXED);                           \
+        while (old > v && !__atomic_compare_exchange_n(                         \
+                              p, &old, v, 1, __ATOMIC_RELAXED,                  \
+                              __ATOMIC_RELAXED)) {                              \
+        }                                                                       \
+        return old;                                                             \
+    }
+CUBE__ATOMIC_INT(i32, int32_t)
+CUBE__ATOMIC_INT(u32, uint32_t)
+CUBE__ATOMIC_INT(i64, int64_t)
+CUBE__ATOMIC_INT(u64, uint64_t)
+
+#define CUBE__ATOMIC_FLOAT(suffix, T, U)                                        \
+    static inline T cube_atomic_add_##suffix(T *p, T v)                         \
+    {                                                                           \
+        union {                                                                 \
+            T f;                                                                \
+            U u;                                                                \
+        } old, next;                                                            \
+        old.u = __atomic_load_n((U *)p, __ATOMIC_RELAXED);                      \
+        do {                                                                    \
+            next.f = old.f + v;                                                 \
+        } while (!__atomic_compare_exchange_n((U *)p, &old.u, next.u, 1,        \
+                                              __ATOMIC_RELAXED,                 \
+                                              __ATOMIC_RELAXED));               \
+        return old.f;                                                           \
+    }
+CUBE__ATOMIC_FLOAT(f32, float, uint32_t)
+CUBE__ATOMIC_FLOAT(f64, double, uint64_t)

@@ -1,0 +1,100 @@
+/* cube C — the CUDA prelude, compiled by NVRTC as CUDA C++ together with
+ * the common prelude and the kernel's source.
+ *
+ * Entry per kernel `name`: extern "C" __global__ cube__kernel_name(ptr
+ * table, len table) — the runtime passes two device pointers: an array of
+ * parameter addresses and an array of byte lengths — plus the signature
+ * table cube__sig_name in device memory for the runtime to read back.
+ */
+#if defined(__CUDACC_RTC__)
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
+#include <stdint.h>
+#endif
+
+#define CUBE__RESTRICT __restrict__
+#define CUBE__TYPEOF(x) decltype(x)
+#define CUBE__UNUSED __attribute__((unused))
+#define CUBE__INLINE __device__ __forceinline__
+#define CUBE_DEVICE __device__ static inline
+
+struct cube__unit {
+    unsigned int ux, uy, uz, cx, cy, cz, dx, dy, dz, nx, ny, nz;
+};
+
+#define cube_sync() __syncthreads()
+
+#define CUBE__ENTRY(name, N, ...)                                               \
+    extern "C" __device__ const cube__param_sig cube__sig_##name[] = {          \
+        CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                 \
+    extern "C" __global__ void cube__kernel_##name(                             \
+        void *const *cube__ptr, const unsigned long long *cube__len)            \
+    {                                                                           \
+        __shared__ name##__shared_t cube__shared_store;                         \
+        name##__shared_t *cube__shared = &cube__shared_store;                   \
+        cube__sink_t cube__sink;                                                \
+        cube__unit cube__w;                                                     \
+        cube__w.ux = threadIdx.x;                                               \
+        cube__w.uy = threadIdx.y;                                               \
+        cube__w.uz = threadIdx.z;                                               \
+        cube__w.cx = blockIdx.x;                                                \
+        cube__w.cy = blockIdx.y;                                                \
+        cube__w.cz = blockIdx.z;                                                \
+        cube__w.dx = blockDim.x;                                                \
+        cube__w.dy = blockDim.y;                                                \
+        cube__w.dz = blockDim.z;                                                \
+        cube__w.nx = gridDim.x;                                                 \
+        cube__w.ny = gridDim.y;                                                 \
+        cube__w.nz = gridDim.z;                                                 \
+        (void)cube__shared;                                                     \
+        name##__body(cube__w,                                                   \
+                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));        \
+    }
+
+#define CUBE__ATOMIC_CUDA(suffix, T, CT)                                        \
+    __device__ static inline T cube_atomic_add_##suffix(T *p, T v)              \
+    {                                                                           \
+        return (T)atomicAdd((CT *)p, (CT)v);                                    \
+    }                                                                           \
+    __device__ static inline T cube_atomic_exchange_##suffix(T *p, T v)         \
+    {                                                                           \
+        return (T)atomicExch((CT *)p, (CT)v);                                   \
+    }                                                                           \
+    __device__ static inline T cube_atomic_cas_##suffix(T *p, T e, T d)         \
+    {                                                                           \
+        return (T)atomicCAS((CT *)p, (CT)e, (CT)d);                             \
+    }                                                                           \
+    __device__ static inline T cube_atomic_max_##suffix(T *p, T v)              \
+    {                                                                           \
+        return (T)atomicMax((CT *)p, (CT)v);                                    \
+    }                                                                           \
+    __device__ static inline T cube_atomic_min_##suffix(T *p, T v)              \
+    {                                                                           \
+        return (T)atomicMin((CT *)p, (CT)v);                                    \
+    }                                                                           \
+    __device__ static inline T cube_atomic_sub_##suffix(T *p, T v)              \
+    {                                                                           \
+        return (T)atomicAdd((CT *)p, (CT)(0 - v));                              \
+    }
+CUBE__ATOMIC_CUDA(i32, int32_t, int)
+CUBE__ATOMIC_CUDA(u32, uint32_t, unsigned int)
+CUBE__ATOMIC_CUDA(u64, uint64_t, unsigned long long)
+__device__ static inline int64_t cube_atomic_add_i64(int64_t *p, int64_t v)
+{
+    return (int64_t)atomicAdd((unsigned long long *)p, (unsigned long long)v);
+}
+__device__ static inline float cube_atomic_add_f32(float *p, float v)
+{
+    return atomicAdd(p, v);
+}
+__device__ static inline double cube_atomic_add_f64(double *p, double v)
+{
+    return atomicAdd(p, v);
+}

@@ -1,0 +1,823 @@
+/* Unit tests for the CPU backend's compiler and its disk cache. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/cpu/cpu_jit.h"
+#include "cubert/log.h"
+
+static const char *const ADD_SRC =
+    "int add(int a, int b) { return a + b; }\n";
+static const char *const DELTA_SRC = "#ifndef DELTA\n#define DELTA 0\n#endif\n"
+                                     "int add(int a, int b) "
+                                     "{ return a + b + DELTA; }\n";
+static const char *const COUNTER_SRC =
+    "static int counter;\nint bump(void) { return ++counter; }\n";
+
+/* ------------------------------------------------------------- log capture */
+
+static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static int capture_warns;
+static int capture_trace_source;
+static int capture_debug_compiled;
+static char capture_last_warn[1024];
+
+static void capture_sink(void *user, cube_log_level level,
+                         const char *category, const char *message)
+{
+    (void)user;
+    pthread_mutex_lock(&capture_lock);
+    if (level == CUBE_LOG_WARN) {
+        capture_warns++;
+        snprintf(capture_last_warn, sizeof capture_last_warn, "[%s] %s",
+                 category, message);
+    }
+    if (level == CUBE_LOG_TRACE && strstr(message, "return a + b"))
+        capture_trace_source++;
+    if (level == CUBE_LOG_DEBUG && strncmp(message, "compiled ", 9) == 0 &&
+        strstr(message, " ms"))
+        capture_debug_compiled++;
+    pthread_mutex_unlock(&capture_lock);
+}
+
+static void capture_reset(void)
+{
+    pthread_mutex_lock(&capture_lock);
+    capture_warns = 0;
+    capture_trace_source = 0;
+    capture_debug_compiled = 0;
+    capture_last_warn[0] = '\0';
+    pthread_mutex_unlock(&capture_lock);
+}
+
+static int capture_warn_count(void)
+{
+    pthread_mutex_lock(&capture_lock);
+    int n = capture_warns;
+    pthread_mutex_unlock(&capture_lock);
+    return n;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static char *make_tmpdir(void)
+{
+    char *path = strdup("/tmp/cubert-test-jit-XXXXXX");
+    assert_non_null(path);
+    assert_non_null(mkdtemp(path));
+    return path;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag,
+                    struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+static void rm_tree(char *path)
+{
+    chmod(path, 0700);
+    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(path);
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL)
+        if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static void entry_path(char *buf, size_t size, const char *dir, uint64_t key,
+                       const char *ext)
+{
+    snprintf(buf, size, "%s/%016" PRIx64 ".%s", dir, key, ext);
+}
+
+static int file_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static cpu_jit *make_jit(const char *cache_dir, const char *cflags)
+{
+    cpu_jit_options opts = {.cc = NULL, .cflags = cflags,
+                            .cache_dir = cache_dir};
+    cpu_jit *jit = NULL;
+    cube_error *err = cpu_jit_create(&opts, &jit);
+    assert_null(err);
+    assert_non_null(jit);
+    return jit;
+}
+
+static int call_add(const cpu_module *m, int a, int b)
+{
+    void *sym = cpu_module_symbol(m, "add");
+    assert_non_null(sym);
+    int (*fn)(int, int);
+    memcpy(&fn, &sym, sizeof fn);
+    return fn(a, b);
+}
+
+static int call_bump(const cpu_module *m)
+{
+    void *sym = cpu_module_symbol(m, "bump");
+    assert_non_null(sym);
+    int (*fn)(void);
+    memcpy(&fn, &sym, sizeof fn);
+    return fn();
+}
+
+/* Loads `source` with a fresh jit on `dir`; checks the origin and that
+ * add(2, 3) == 5 + delta. */
+static void load_expect(const char *dir, const char *source, const char *flags,
+                        cpu_jit_origin expect, int delta)
+{
+    cpu_jit *jit = make_jit(dir, NULL);
+    cpu_module *m = NULL;
+    cpu_jit_origin origin = (cpu_jit_origin)-1;
+    cube_error *err = cpu_jit_load(jit, source, flags, &m, &origin);
+    if (err)
+        fail_msg("load failed: %s", cube_error_message(err));
+    assert_int_equal(origin, expect);
+    assert_int_equal(call_add(m, 2, 3), 5 + delta);
+    cpu_module_close(m);
+    cpu_jit_destroy(jit);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    assert_true(n >= 0);
+    rewind(f);
+    char *data = malloc((size_t)n + 1);
+    assert_non_null(data);
+    assert_int_equal(fread(data, 1, (size_t)n, f), (size_t)n);
+    data[n] = '\0';
+    fclose(f);
+    *len = (size_t)n;
+    return data;
+}
+
+/* Sets an environment variable for one test, restoring it afterwards. */
+typedef struct saved_env {
+    const char *name;
+    char *value;
+} saved_env;
+
+static saved_env env_set(const char *name, const char *value)
+{
+    const char *old = getenv(name);
+    saved_env s = {name, old ? strdup(old) : NULL};
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    return s;
+}
+
+static void env_restore(saved_env s)
+{
+    if (s.value)
+        setenv(s.name, s.value, 1);
+    else
+        unsetenv(s.name);
+    free(s.value);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    capture_reset();
+    return 0;
+}
+
+/* -------------------------------------------------------------------- tests */
+
+static void test_compile_and_call(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    cpu_jit *jit = make_jit(dir, NULL);
+    cpu_module *m = NULL;
+    cpu_jit_origin origin = CPU_JIT_DISK;
+    cube_error *err = cpu_jit_load(jit, ADD_SRC, NULL, &m, &origin);
+    assert_null(err);
+    assert_non_null(m);
+    assert_int_equal(origin, CPU_JIT_COMPILED);
+    assert_int_equal(call_add(m, 2, 3), 5);
+    assert_int_equal(call_add(m, -7, 3), -4);
+    assert_null(cpu_module_symbol(m, "no_such_symbol"));
+
+    /* Exactly the entry: no temporary files left behind. */
+    char path[512];
+    uint64_t key = cpu_jit_key(jit, ADD_SRC, NULL);
+    entry_path(path, sizeof path, dir, key, "so");
+    assert_true(file_exists(path));
+    entry_path(path, sizeof path, dir, key, "meta");
+    assert_true(file_exists(path));
+    assert_int_equal(count_entries(dir), 2);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 077, 0);
+
+    /* origin may be NULL. */
+    cpu_module *m2 = NULL;
+    assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m2, NULL));
+    assert_int_equal(call_add(m2, 1, 1), 2);
+    cpu_module_close(m2);
+    cpu_module_close(m);
+    cpu_jit_destroy(jit);
+    assert_int_equal(capture_warn_count(), 0);
+    rm_tree(dir);
+}
+
+static void test_disk_hit(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    cpu_jit *jit = make_jit(dir, NULL);
+    cpu_module *m = NULL;
+    cpu_jit_origin origin;
+    double t0 = now_ms();
+    assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, &origin));
+    double compile_ms = now_ms() - t0;
+    assert_int_equal(origin, CPU_JIT_COMPILED);
+    cpu_module_close(m);
+    cpu_jit_destroy(jit);
+
+    jit = make_jit(dir, NULL);
+    t0 = now_ms();
+    assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, &origin));
+    double disk_ms = now_ms() - t0;
+    assert_int_equal(origin, CPU_JIT_DISK);
+    assert_int_equal(call_add(m, 40, 2), 42);
+    cpu_module_close(m);
+    cpu_jit_destroy(jit);
+    print_message("cold compile %.2f ms, disk load %.3f ms\n", compile_ms,
+                  disk_ms);
+    assert_int_equal(capture_warn_count(), 0);
+    rm_tree(dir);
+}
+
+static void test_flipped_byte_rebuilt(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    cpu_jit *jit = make_jit(dir, NULL);
+    char path[512];
+    entry_path(path, sizeof path, dir, cpu_jit_key(jit, ADD_SRC, NULL), "so");
+    cpu_jit_destroy(jit);
+
+    size_t len;
+    char *data = read_file(path, &len);
+    assert_true(len > 100);
+    data[len / 2] ^= 0x40;
+    write_file(path, data, len);
+    free(data);
+
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "corrupt"));
+    /* The entry was rewritten and is good again. */
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    assert_int_equal(capture_warn_count(), 1);
+    rm_tree(dir);
+}
+
+static void test_truncated_rebuilt(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    cpu_jit *jit = make_jit(dir, NULL);
+    char path[512];
+    entry_path(path, sizeof path, dir, cpu_jit_key(jit, ADD_SRC, NULL), "so");
+    cpu_jit_destroy(jit);
+
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(truncate(path, st.st_size / 2), 0);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "truncated"));
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+
+    /* Empty is truncated too. */
+    assert_int_equal(truncate(path, 0), 0);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 2);
+    rm_tree(dir);
+}
+
+static void test_foreign_meta_rebuilt(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    load_expect(dir, DELTA_SRC, "-DDELTA=1", CPU_JIT_COMPILED, 1);
+    cpu_jit *jit = make_jit(dir, NULL);
+    char add_meta[512], delta_meta[512], delta_so[512], add_so[512];
+    entry_path(add_meta, sizeof add_meta, dir, cpu_jit_key(jit, ADD_SRC, NULL),
+               "meta");
+    entry_path(add_so, sizeof add_so, dir, cpu_jit_key(jit, ADD_SRC, NULL),
+               "so");
+    entry_path(delta_meta, sizeof delta_meta, dir,
+               cpu_jit_key(jit, DELTA_SRC, "-DDELTA=1"), "meta");
+    entry_path(delta_so, sizeof delta_so, dir,
+               cpu_jit_key(jit, DELTA_SRC, "-DDELTA=1"), "so");
+    cpu_jit_destroy(jit);
+
+    /* A meta for another key, even with its own matching object: the pair
+     * verifies as a pair but belongs to another key. */
+    size_t len;
+    char *meta = read_file(delta_meta, &len);
+    write_file(add_meta, meta, len);
+    free(meta);
+    char *so = read_file(delta_so, &len);
+    write_file(add_so, so, len);
+    free(so);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "another key"));
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+
+    /* A meta from another version of the format. */
+    meta = read_file(add_meta, &len);
+    meta[strlen("cubert-cpu-jit-")] = '9';
+    write_file(add_meta, meta, len);
+    free(meta);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 2);
+
+    /* Garbage. */
+    write_file(add_meta, "hello\n", 6);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 3);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    rm_tree(dir);
+}
+
+static void test_missing_meta_rebuilt(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    cpu_jit *jit = make_jit(dir, NULL);
+    char meta[512], so[512];
+    entry_path(meta, sizeof meta, dir, cpu_jit_key(jit, ADD_SRC, NULL), "meta");
+    entry_path(so, sizeof so, dir, cpu_jit_key(jit, ADD_SRC, NULL), "so");
+    cpu_jit_destroy(jit);
+
+    assert_int_equal(unlink(meta), 0);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    /* A meta without its object: rebuilt too. */
+    assert_int_equal(unlink(so), 0);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    assert_int_equal(count_entries(dir), 2);
+    rm_tree(dir);
+}
+
+static void test_syntax_error(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    cpu_jit *jit = make_jit(dir, NULL);
+    cpu_module *m = (cpu_module *)&m; /* must be reset to NULL */
+    cube_error *err = cpu_jit_load(
+        jit, "int add(int a, int b) { return a + ; }\n", NULL, &m, NULL);
+    assert_non_null(err);
+    assert_null(m);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_COMPILE);
+    assert_non_null(strstr(cube_error_message(err), "'cc'"));
+    assert_non_null(strstr(cube_error_message(err), "status 1"));
+    const char *log = cube_error_log(err);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "error"));
+    assert_non_null(strstr(log, "expected expression"));
+    cube_error_free(err);
+    assert_int_equal(count_entries(dir), 0);
+
+    /* A bad flag is a compile error too. */
+    err = cpu_jit_load(jit, ADD_SRC, "-fno-such-flag-at-all", &m, NULL);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_COMPILE);
+    assert_non_null(strstr(cube_error_log(err), "no-such-flag"));
+    cube_error_free(err);
+
+    /* Compiles but cannot load: an undefined symbol under RTLD_NOW. */
+    err = cpu_jit_load(jit,
+                       "int cubert_undefined_thing(void);\n"
+                       "int add(int a, int b) "
+                       "{ return a + b + cubert_undefined_thing(); }\n",
+                       NULL, &m, NULL);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+    assert_non_null(strstr(cube_error_message(err), "cubert_undefined_thing"));
+    cube_error_free(err);
+    assert_int_equal(count_entries(dir), 0);
+
+    /* The jit still works. */
+    assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, NULL));
+    assert_int_equal(call_add(m, 1, 2), 3);
+    cpu_module_close(m);
+    cpu_jit_destroy(jit);
+    rm_tree(dir);
+}
+
+static void test_missing_compiler(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    cpu_jit_options opts = {.cc = "/nonexistent/cc", .cflags = NULL,
+                            .cache_dir = dir};
+    cpu_jit *jit = NULL;
+    assert_null(cpu_jit_create(&opts, &jit));
+    assert_non_null(jit);
+    assert_true(capture_warn_count() >= 1); /* cannot identify it */
+    for (int i = 0; i < 2; i++) {
+        cpu_module *m = NULL;
+        cube_error *err = cpu_jit_load(jit, ADD_SRC, NULL, &m, NULL);
+        assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+        assert_non_null(strstr(cube_error_message(err), "/nonexistent/cc"));
+        assert_null(m);
+        cube_error_free(err);
+    }
+    assert_true(cpu_jit_key(jit, ADD_SRC, NULL) != 0);
+    cpu_jit_destroy(jit);
+    assert_int_equal(count_entries(dir), 0);
+    /* Nothing broke for a good compiler on the same cache. */
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    rm_tree(dir);
+}
+
+static void test_flags_change_key(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    cpu_jit *jit = make_jit(dir, NULL);
+    uint64_t plain = cpu_jit_key(jit, DELTA_SRC, NULL);
+    assert_int_equal(plain, cpu_jit_key(jit, DELTA_SRC, ""));
+    assert_int_not_equal(plain, cpu_jit_key(jit, DELTA_SRC, "-DDELTA=5"));
+    assert_int_not_equal(cpu_jit_key(jit, DELTA_SRC, "-DDELTA=5"),
+                         cpu_jit_key(jit, DELTA_SRC, "-DDELTA=6"));
+    assert_int_not_equal(plain, cpu_jit_key(jit, ADD_SRC, NULL));
+    /* Fields are separated: moving text from flags into source differs. */
+    assert_int_not_equal(cpu_jit_key(jit, "ab", "c"),
+                         cpu_jit_key(jit, "a", "bc"));
+    assert_int_equal(cpu_jit_key(NULL, ADD_SRC, NULL), 0);
+    assert_int_equal(cpu_jit_key(jit, NULL, NULL), 0);
+
+    /* Deterministic across jits with the same configuration. */
+    cpu_jit *again = make_jit(dir, NULL);
+    assert_int_equal(plain, cpu_jit_key(again, DELTA_SRC, NULL));
+    cpu_jit_destroy(again);
+    /* Option flags are part of the key too. */
+    cpu_jit *opt = make_jit(dir, "-DDELTA=100");
+    assert_int_not_equal(plain, cpu_jit_key(opt, DELTA_SRC, NULL));
+
+    /* The flags reach the compiler and the cache keeps them apart. */
+    load_expect(dir, DELTA_SRC, "-DDELTA=5", CPU_JIT_COMPILED, 5);
+    load_expect(dir, DELTA_SRC, NULL, CPU_JIT_COMPILED, 0);
+    load_expect(dir, DELTA_SRC, "  -DDELTA=6\t-O1 ", CPU_JIT_COMPILED, 6);
+    load_expect(dir, DELTA_SRC, "-DDELTA=5", CPU_JIT_DISK, 5);
+    cpu_module *m = NULL;
+    cpu_jit_origin origin;
+    assert_null(cpu_jit_load(opt, DELTA_SRC, NULL, &m, &origin));
+    assert_int_equal(origin, CPU_JIT_COMPILED);
+    assert_int_equal(call_add(m, 2, 3), 105);
+    cpu_module_close(m);
+    cpu_jit_destroy(opt);
+    cpu_jit_destroy(jit);
+    rm_tree(dir);
+}
+
+static void test_no_disk_cache(void **state)
+{
+    (void)state;
+    char *tmp = make_tmpdir();
+    char *env_cache = make_tmpdir();
+    saved_env t = env_set("TMPDIR", tmp);
+    saved_env c = env_set("CUBERT_CACHE_DIR", env_cache);
+    cpu_jit *jit = make_jit("", NULL);
+    for (int i = 0; i < 2; i++) {
+        cpu_module *m = NULL;
+        cpu_jit_origin origin = CPU_JIT_DISK;
+        assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, &origin));
+        assert_int_equal(origin, CPU_JIT_COMPILED);
+        /* The object is already unlinked while the module is loaded. */
+        assert_int_equal(count_entries(tmp), 0);
+        assert_int_equal(call_add(m, 20, 22), 42);
+        cpu_module_close(m);
+    }
+    /* A failed compile cleans up too. */
+    cpu_module *m = NULL;
+    cube_error *err = cpu_jit_load(jit, "syntax error", NULL, &m, NULL);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_COMPILE);
+    cube_error_free(err);
+    cpu_jit_destroy(jit);
+    env_restore(c);
+    env_restore(t);
+    assert_int_equal(count_entries(tmp), 0);
+    assert_int_equal(count_entries(env_cache), 0);
+    assert_int_equal(capture_warn_count(), 0);
+    rm_tree(tmp);
+    rm_tree(env_cache);
+}
+
+static void test_default_cache_dir_from_env(void **state)
+{
+    (void)state;
+    char *base = make_tmpdir();
+    saved_env c = env_set("CUBERT_CACHE_DIR", base);
+    cpu_jit *jit = NULL;
+    assert_null(cpu_jit_create(NULL, &jit));
+    cpu_module *m = NULL;
+    assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, NULL));
+    assert_int_equal(call_add(m, 1, 1), 2);
+    cpu_module_close(m);
+    char path[600], sub[512];
+    snprintf(sub, sizeof sub, "%s/cpu", base);
+    entry_path(path, sizeof path, sub, cpu_jit_key(jit, ADD_SRC, NULL), "so");
+    assert_true(file_exists(path));
+    struct stat st;
+    assert_int_equal(stat(sub, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    cpu_jit_destroy(jit);
+    env_restore(c);
+    rm_tree(base);
+}
+
+static void test_nested_cache_dir_created(void **state)
+{
+    (void)state;
+    char *base = make_tmpdir();
+    char nested[512];
+    snprintf(nested, sizeof nested, "%s/a/b/c/", base);
+    load_expect(nested, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    load_expect(nested, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    assert_int_equal(count_entries(nested), 2);
+    assert_int_equal(capture_warn_count(), 0);
+    rm_tree(base);
+}
+
+static void test_insecure_cache_dir_refused(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    assert_int_equal(chmod(dir, 0777), 0);
+    cpu_jit *jit = make_jit(dir, NULL);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "disk cache disabled"));
+    assert_non_null(strstr(capture_last_warn, "writable"));
+    for (int i = 0; i < 2; i++) {
+        cpu_module *m = NULL;
+        cpu_jit_origin origin = CPU_JIT_DISK;
+        assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, &origin));
+        assert_int_equal(origin, CPU_JIT_COMPILED);
+        assert_int_equal(call_add(m, 2, 2), 4);
+        cpu_module_close(m);
+    }
+    cpu_jit_destroy(jit);
+    assert_int_equal(count_entries(dir), 0);
+
+    /* A symbolic link to a good directory is refused as well. */
+    assert_int_equal(chmod(dir, 0700), 0);
+    char *real = make_tmpdir();
+    char link[512];
+    snprintf(link, sizeof link, "%s/link", dir);
+    assert_int_equal(symlink(real, link), 0);
+    capture_reset();
+    jit = make_jit(link, NULL);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "symbolic link"));
+    cpu_module *m = NULL;
+    assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, NULL));
+    assert_int_equal(call_add(m, 2, 2), 4);
+    cpu_module_close(m);
+    cpu_jit_destroy(jit);
+    assert_int_equal(count_entries(real), 0);
+    rm_tree(real);
+    rm_tree(dir);
+}
+
+static void test_null_arguments(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    cube_error *err = cpu_jit_create(NULL, NULL);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_INVALID_ARGUMENT);
+    cube_error_free(err);
+
+    cpu_jit *jit = make_jit(dir, NULL);
+    cpu_module *m = NULL;
+    err = cpu_jit_load(NULL, ADD_SRC, NULL, &m, NULL);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_INVALID_ARGUMENT);
+    cube_error_free(err);
+    err = cpu_jit_load(jit, NULL, NULL, &m, NULL);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(cube_error_message(err), "source"));
+    cube_error_free(err);
+    err = cpu_jit_load(jit, ADD_SRC, NULL, NULL, NULL);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_INVALID_ARGUMENT);
+    cube_error_free(err);
+    assert_null(m);
+
+    assert_null(cpu_module_symbol(NULL, "add"));
+    cpu_module_close(NULL);
+    cpu_jit_destroy(NULL);
+    cpu_jit_destroy(jit);
+    assert_int_equal(count_entries(dir), 0);
+    rm_tree(dir);
+}
+
+static void test_modules_independent(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    cpu_jit *jit = make_jit(dir, NULL);
+    cpu_module *a = NULL, *b = NULL, *c = NULL;
+    cpu_jit_origin oa, ob, oc;
+    assert_null(cpu_jit_load(jit, COUNTER_SRC, NULL, &a, &oa));
+    assert_null(cpu_jit_load(jit, COUNTER_SRC, NULL, &b, &ob));
+    assert_null(cpu_jit_load(jit, COUNTER_SRC, NULL, &c, &oc));
+    assert_int_equal(oa, CPU_JIT_COMPILED);
+    assert_int_equal(ob, CPU_JIT_DISK);
+    assert_int_equal(oc, CPU_JIT_DISK);
+    assert_int_equal(call_bump(a), 1);
+    assert_int_equal(call_bump(a), 2);
+    assert_int_equal(call_bump(b), 1);
+    assert_int_equal(call_bump(c), 1);
+    cpu_module_close(b);
+    assert_int_equal(call_bump(a), 3);
+    assert_int_equal(call_bump(c), 2);
+    cpu_module_close(a);
+    cpu_module_close(c);
+    cpu_jit_destroy(jit);
+    rm_tree(dir);
+}
+
+static void test_logging(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    cube_log_level old = cube_log_get_level();
+    cube_log_set_level(CUBE_LOG_TRACE);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    cube_log_set_level(old);
+    pthread_mutex_lock(&capture_lock);
+    int trace = capture_trace_source, debug = capture_debug_compiled;
+    pthread_mutex_unlock(&capture_lock);
+    assert_int_equal(trace, 1);
+    assert_int_equal(debug, 1);
+    rm_tree(dir);
+}
+
+#define THREADS 8
+
+typedef struct thread_arg {
+    cpu_jit *jit;
+    const char *dir; /* non-NULL: each thread makes its own jit */
+    int ok;
+    cpu_jit_origin origin;
+} thread_arg;
+
+static void *thread_load(void *p)
+{
+    thread_arg *arg = p;
+    cpu_jit *jit = arg->jit;
+    if (arg->dir) {
+        cpu_jit_options opts = {.cc = NULL, .cflags = NULL,
+                                .cache_dir = arg->dir};
+        cube_error *err = cpu_jit_create(&opts, &jit);
+        if (err) {
+            cube_error_free(err);
+            return NULL;
+        }
+    }
+    cpu_module *m = NULL;
+    cube_error *err = cpu_jit_load(jit, ADD_SRC, NULL, &m, &arg->origin);
+    if (!err) {
+        void *sym = cpu_module_symbol(m, "add");
+        int (*fn)(int, int) = NULL;
+        if (sym)
+            memcpy(&fn, &sym, sizeof fn);
+        arg->ok = fn && fn(19, 23) == 42;
+        cpu_module_close(m);
+    }
+    cube_error_free(err);
+    if (arg->dir)
+        cpu_jit_destroy(jit);
+    return NULL;
+}
+
+static void run_threads(cpu_jit *jit, const char *dir, thread_arg *args)
+{
+    pthread_t threads[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        args[i] = (thread_arg){.jit = jit, .dir = dir, .ok = 0,
+                               .origin = (cpu_jit_origin)-1};
+        assert_int_equal(
+            pthread_create(&threads[i], NULL, thread_load, &args[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(pthread_join(threads[i], NULL), 0);
+        assert_true(args[i].ok);
+    }
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    thread_arg args[THREADS];
+
+    /* One shared jit, cold cache: every load succeeds. */
+    cpu_jit *jit = make_jit(dir, NULL);
+    run_threads(jit, NULL, args);
+    /* Warm cache: all from disk. */
+    run_threads(jit, NULL, args);
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(args[i].origin, CPU_JIT_DISK);
+    cpu_jit_destroy(jit);
+
+    /* Separate jits (as separate processes would be), cold cache. */
+    char *dir2 = make_tmpdir();
+    run_threads(NULL, dir2, args);
+    assert_int_equal(count_entries(dir2), 2);
+    load_expect(dir2, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+
+    assert_int_equal(capture_warn_count(), 0);
+    assert_int_equal(count_entries(dir), 2);
+    rm_tree(dir);
+    rm_tree(dir2);
+}
+
+int main(void)
+{
+    cube_log_set_sink(capture_sink, NULL);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_compile_and_call, setup),
+        cmocka_unit_test_setup(test_disk_hit, setup),
+        cmocka_unit_test_setup(test_flipped_byte_rebuilt, setup),
+        cmocka_unit_test_setup(test_truncated_rebuilt, setup),
+        cmocka_unit_test_setup(test_foreign_meta_rebuilt, setup),
+        cmocka_unit_test_setup(test_missing_meta_rebuilt, setup),
+        cmocka_unit_test_setup(test_syntax_error, setup),
+        cmocka_unit_test_setup(test_missing_compiler, setup),
+        cmocka_unit_test_setup(test_flags_change_key, setup),
+        cmocka_unit_test_setup(test_no_disk_cache, setup),
+        cmocka_unit_test_setup(test_default_cache_dir_from_env, setup),
+        cmocka_unit_test_setup(test_nested_cache_dir_created, setup),
+        cmocka_unit_test_setup(test_insecure_cache_dir_refused, setup),
+        cmocka_unit_test_setup(test_null_arguments, setup),
+        cmocka_unit_test_setup(test_modules_independent, setup),
+        cmocka_unit_test_setup(test_logging, setup),
+        cmocka_unit_test_setup(test_threads, setup),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    cube_log_set_sink(NULL, NULL);
+    return rc;
+}

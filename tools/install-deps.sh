@@ -1,0 +1,28 @@
+#!/bin/sh
+# Installs the Debian packages cubert's build needs, when they are missing.
+# As root it runs apt-get; otherwise it prints the exact command to run.
+set -eu
+
+PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev"
+
+missing=""
+for p in $PACKAGES; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+[ -z "$missing" ] && exit 0
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "cubert: missing packages:$missing (no apt-get here; install them with your package manager)" >&2
+    exit 1
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "cubert: missing packages:$missing" >&2
+    echo "cubert: run: sudo apt-get update && sudo apt-get install -y$missing" >&2
+    exit 1
+fi
+echo "cubert: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq $missing
