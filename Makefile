@@ -7,7 +7,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-fast test-asan test-tsan bench install clean info
+.PHONY: all deps build demo test test-fast test-install test-asan test-tsan bench install clean info
 
 all: build
 
@@ -33,7 +33,12 @@ info: build
 
 # Unit tests and the conformance suite, then the same under ASan+UBSan and
 # under TSan.
-test: test-fast test-asan test-tsan
+test: test-fast test-install test-asan test-tsan
+
+# Installs into a scratch prefix and builds a program against it with
+# pkg-config and with CMake's find_package.
+test-install: build
+	./tools/check-install.sh $(BUILD)
 
 test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

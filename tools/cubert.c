@@ -1,1 +1,872 @@
-int main(void) { return 0; }
+/* cubert — the command-line program.
+ *
+ *   cubert info                         backends, and each one's properties
+ *   cubert demo [--device D] [--size N] a tiled matrix product, a reduction
+ *                                       and a softmax, checked against C
+ *
+ * The demo is a small real workload: every kernel result is compared with a
+ * plain C reference, and the exit status is 0 only when every check passes.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cubert/cubert.h"
+
+#define EXIT_USAGE 2
+
+/* --- small helpers ------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: cubert <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  info                      list the backends and, for each, its\n"
+            "                            device properties or why it is\n"
+            "                            unavailable\n"
+            "  demo [--device D] [--size N]\n"
+            "                            run a tiled matrix product (N x N,\n"
+            "                            default 256), a reduction of 1M floats\n"
+            "                            and a row-wise softmax (512 x 1000) on\n"
+            "                            device D (default: $CUBERT_DEVICE, else\n"
+            "                            cpu), check each against plain C and\n"
+            "                            time them; exit status 0 only if every\n"
+            "                            check passes\n"
+            "  help, --help, -h          this text\n"
+            "  --version                 the library version\n");
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Prints `err` in full (code, message, log, causes) and frees it.
+ * Returns 1 when there was an error, 0 for NULL. */
+static int report(cube_error *err, const char *what)
+{
+    if (!err)
+        return 0;
+    char *text = cube_error_format(err);
+    fprintf(stderr, "cubert: %s failed:\n%s\n", what,
+            text ? text : cube_error_message(err));
+    free(text);
+    cube_error_free(err);
+    return 1;
+}
+
+/* A deterministic pseudo-random stream (xorshift64*), uniform in [lo, hi). */
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static float rng_float(rng *r, float lo, float hi)
+{
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    uint64_t v = r->s * 0x2545F4914F6CDD1Dull;
+    double u = (double)(v >> 40) / (double)(1ull << 24); /* [0, 1) */
+    return (float)(lo + (hi - lo) * u);
+}
+
+static void fill(float *x, size_t n, uint64_t seed, float lo, float hi)
+{
+    rng r = {seed * 0x9E3779B97F4A7C15ull + 1};
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_float(&r, lo, hi);
+}
+
+static void format_bytes(uint64_t b, char *out, size_t cap)
+{
+    if (b >= (1ull << 30))
+        snprintf(out, cap, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else if (b >= (1ull << 20))
+        snprintf(out, cap, "%.2f MiB", (double)b / (double)(1ull << 20));
+    else if (b >= (1ull << 10))
+        snprintf(out, cap, "%.2f KiB", (double)b / (double)(1ull << 10));
+    else
+        snprintf(out, cap, "%llu B", (unsigned long long)b);
+}
+
+/* --- info -------------------------------------------------------------------------- */
+
+static void print_features(uint32_t f)
+{
+    static const struct {
+        uint32_t bit;
+        const char *word;
+    } names[] = {
+        {CUBE_FEATURE_ATOMIC_F32_ADD, "atomic-f32-add"},
+        {CUBE_FEATURE_F64, "f64"},
+        {CUBE_FEATURE_SHARED_MEMORY, "shared-memory"},
+        {CUBE_FEATURE_CUBE_SYNC, "cube-sync"},
+        {CUBE_FEATURE_BOUNDS_CHECK, "bounds-check"},
+        {CUBE_FEATURE_DYNAMIC_COUNT, "dynamic-count"},
+        {CUBE_FEATURE_GRAPHS, "graphs"},
+        {CUBE_FEATURE_PINNED_STAGING, "pinned-staging"},
+    };
+    int any = 0;
+    uint32_t known = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        known |= names[i].bit;
+        if (f & names[i].bit) {
+            printf("%s%s", any ? " " : "", names[i].word);
+            any = 1;
+        }
+    }
+    if (f & ~known) {
+        printf("%s0x%x", any ? " " : "", f & ~known);
+        any = 1;
+    }
+    if (!any)
+        printf("(none)");
+    printf("\n");
+}
+
+static void print_properties(const cube_properties *p, const char *indent)
+{
+    char total[32], shared[32], maxbuf[32];
+    format_bytes(p->memory_total, total, sizeof total);
+    format_bytes(p->max_shared_memory, shared, sizeof shared);
+    format_bytes(p->max_buffer_size, maxbuf, sizeof maxbuf);
+    printf("%sname:              %s\n", indent, p->name);
+    printf("%sbackend:           %s\n", indent, p->backend);
+    printf("%sarchitecture:      %s\n", indent, p->architecture);
+    printf("%scompute units:     %u\n", indent, p->compute_units);
+    printf("%smax cube dim:      %u x %u x %u\n", indent, p->max_cube_dim[0],
+           p->max_cube_dim[1], p->max_cube_dim[2]);
+    printf("%sunits per cube:    %u\n", indent, p->max_units_per_cube);
+    printf("%smax cube count:    %u x %u x %u\n", indent,
+           p->max_cube_count[0], p->max_cube_count[1], p->max_cube_count[2]);
+    printf("%sshared memory:     %s per cube\n", indent, shared);
+    printf("%smemory total:      %s\n", indent, total);
+    printf("%salignment:         %llu bytes\n", indent,
+           (unsigned long long)p->memory_alignment);
+    printf("%smax buffer:        %s\n", indent, maxbuf);
+    printf("%sfeatures:          ", indent);
+    print_features(p->features);
+    printf("%stiming method:     %s\n", indent,
+           p->timing == CUBE_TIMING_DEVICE ? "device timer" : "host clock");
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    if (argc > 0) {
+        fprintf(stderr, "cubert info: unexpected argument '%s'\n", argv[0]);
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    printf("cubert %d.%d.%d\n", CUBE_VERSION_MAJOR, CUBE_VERSION_MINOR,
+           CUBE_VERSION_PATCH);
+
+    /* The backends compiled in, then the ones cubert knows of but this build
+     * lacks (so `info` says why they are missing). */
+    const char *const *built = cube_backend_names();
+    const char *list[32];
+    size_t n = 0;
+    for (size_t i = 0; built && built[i] && n < 30; i++)
+        list[n++] = built[i];
+    static const char *const known[] = {"cpu", "cuda"};
+    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
+        int present = 0;
+        for (size_t i = 0; i < n; i++)
+            present |= strcmp(list[i], known[k]) == 0;
+        if (!present)
+            list[n++] = known[k];
+    }
+
+    printf("backends compiled in:");
+    for (size_t i = 0; built && built[i]; i++)
+        printf(" %s", built[i]);
+    printf("\n");
+
+    for (size_t i = 0; i < n; i++) {
+        printf("\n[%s]\n", list[i]);
+        cube_client *client = NULL;
+        cube_error *err = cube_client_open(list[i], NULL, &client);
+        if (err) {
+            char *text = cube_error_format(err);
+            printf("  unavailable (%s): %s\n",
+                   cube_code_name(cube_error_code(err)),
+                   text ? text : cube_error_message(err));
+            free(text);
+            cube_error_free(err);
+            continue;
+        }
+        cube_properties p;
+        err = cube_client_properties(client, &p);
+        if (err) {
+            char *text = cube_error_format(err);
+            printf("  properties unavailable: %s\n",
+                   text ? text : cube_error_message(err));
+            free(text);
+            cube_error_free(err);
+        } else {
+            print_properties(&p, "  ");
+        }
+        cube_client_close(client);
+    }
+    return 0;
+}
+
+/* --- demo: kernels ------------------------------------------------------------------- */
+
+#define TILE 16
+#define RED_DIM 256
+#define RED_PER_UNIT 16
+#define SM_DIM 256
+
+/* C = A . B over n x n row-major floats. Each cube computes one TILE x TILE
+ * block of C; per step the units load one tile of A and one of B into
+ * shared memory (zero past the edges, so n need not be a multiple of TILE),
+ * wait, accumulate, and wait again before the tiles are overwritten. */
+static const char matmul_src[] =
+    "#define TILE 16\n"
+    "CUBE_KERNEL(matmul, CUBE_IN(float, a), CUBE_IN(float, b),\n"
+    "            CUBE_OUT(float, c), CUBE_SCALAR(uint32_t, n),\n"
+    "            CUBE_SHARED(float, ta, TILE * TILE),\n"
+    "            CUBE_SHARED(float, tb, TILE * TILE))\n"
+    "{\n"
+    "    unsigned int tx = UNIT_POS_X, ty = UNIT_POS_Y;\n"
+    "    unsigned long long row = ABSOLUTE_POS_Y, col = ABSOLUTE_POS_X;\n"
+    "    unsigned long long nn = n;\n"
+    "    float acc = 0.0f;\n"
+    "    unsigned int tiles = (n + TILE - 1) / TILE;\n"
+    "    for (unsigned int t = 0; t < tiles; t++) {\n"
+    "        unsigned long long ak = (unsigned long long)t * TILE + tx;\n"
+    "        unsigned long long bk = (unsigned long long)t * TILE + ty;\n"
+    "        ta[ty * TILE + tx] =\n"
+    "            (row < nn && ak < nn) ? CUBE_AT(a, row * nn + ak) : 0.0f;\n"
+    "        tb[ty * TILE + tx] =\n"
+    "            (bk < nn && col < nn) ? CUBE_AT(b, bk * nn + col) : 0.0f;\n"
+    "        cube_sync();\n"
+    "        for (unsigned int k = 0; k < TILE; k++)\n"
+    "            acc += ta[ty * TILE + k] * tb[k * TILE + tx];\n"
+    "        cube_sync();\n"
+    "    }\n"
+    "    if (row < nn && col < nn)\n"
+    "        CUBE_AT(c, row * nn + col) = acc;\n"
+    "}\n";
+
+/* sum += x[0..n): each unit adds a strided slice of x, the cube reduces its
+ * units' partial sums as a tree in shared memory, and unit 0 adds the
+ * cube's total into sum[0] atomically. */
+static const char reduce_src[] =
+    "#define RED_DIM 256\n"
+    "CUBE_KERNEL(reduce_sum, CUBE_IN(float, x), CUBE_INOUT(float, sum),\n"
+    "            CUBE_SCALAR(uint32_t, n),\n"
+    "            CUBE_SHARED(float, part, RED_DIM))\n"
+    "{\n"
+    "    unsigned int u = UNIT_POS_X;\n"
+    "    unsigned int stride = CUBE_COUNT_X * CUBE_DIM_X;\n"
+    "    float acc = 0.0f;\n"
+    "    for (unsigned int i = ABSOLUTE_POS_X; i < n; i += stride)\n"
+    "        acc += CUBE_AT(x, i);\n"
+    "    part[u] = acc;\n"
+    "    cube_sync();\n"
+    "    for (unsigned int s = RED_DIM / 2; s > 0; s >>= 1) {\n"
+    "        if (u < s)\n"
+    "            part[u] += part[u + s];\n"
+    "        cube_sync();\n"
+    "    }\n"
+    "    if (u == 0)\n"
+    "        cube_atomic_add_f32(&CUBE_AT(sum, 0), part[0]);\n"
+    "}\n";
+
+/* y = softmax(x) along each row of a rows x cols matrix: one cube per row.
+ * The row's maximum and then the sum of exp(x - max) are reduced in shared
+ * memory; subtracting the maximum keeps exp() in range for any input. */
+static const char softmax_src[] =
+    "#define SM_DIM 256\n"
+    "CUBE_KERNEL(softmax_rows, CUBE_IN(float, x), CUBE_OUT(float, y),\n"
+    "            CUBE_SCALAR(uint32_t, cols),\n"
+    "            CUBE_SHARED(float, smax, SM_DIM),\n"
+    "            CUBE_SHARED(float, ssum, SM_DIM))\n"
+    "{\n"
+    "    unsigned int u = UNIT_POS_X;\n"
+    "    unsigned long long base = (unsigned long long)CUBE_POS_X * cols;\n"
+    "    float m = -3.402823466e+38f;\n"
+    "    for (unsigned int j = u; j < cols; j += SM_DIM)\n"
+    "        m = fmaxf(m, CUBE_AT(x, base + j));\n"
+    "    smax[u] = m;\n"
+    "    cube_sync();\n"
+    "    for (unsigned int s = SM_DIM / 2; s > 0; s >>= 1) {\n"
+    "        if (u < s)\n"
+    "            smax[u] = fmaxf(smax[u], smax[u + s]);\n"
+    "        cube_sync();\n"
+    "    }\n"
+    "    m = smax[0];\n"
+    "    float acc = 0.0f;\n"
+    "    for (unsigned int j = u; j < cols; j += SM_DIM) {\n"
+    "        float e = expf(CUBE_AT(x, base + j) - m);\n"
+    "        CUBE_AT(y, base + j) = e;\n"
+    "        acc += e;\n"
+    "    }\n"
+    "    ssum[u] = acc;\n"
+    "    cube_sync();\n"
+    "    for (unsigned int s = SM_DIM / 2; s > 0; s >>= 1) {\n"
+    "        if (u < s)\n"
+    "            ssum[u] += ssum[u + s];\n"
+    "        cube_sync();\n"
+    "    }\n"
+    "    float inv = 1.0f / ssum[0];\n"
+    "    for (unsigned int j = u; j < cols; j += SM_DIM)\n"
+    "        CUBE_AT(y, base + j) *= inv;\n"
+    "}\n";
+
+/* --- demo: plumbing ----------------------------------------------------------------- */
+
+typedef struct timing {
+    const char *kernel;
+    double first_ms;  /* first launch + sync, compile included */
+    double steady_ms; /* average launch + sync afterwards */
+    int reps;
+    double work;       /* flops or bytes per launch, for the rate column */
+    const char *unit;  /* "GFLOP/s", "GB/s" */
+} timing;
+
+typedef struct demo {
+    cube_client *client;
+    cube_properties props;
+    int checks, passed;
+    timing times[3];
+    int ntimes;
+    cube_memory_usage peak;
+} demo;
+
+static void check_result(demo *d, const char *what, int ok, const char *fmt,
+                         ...) CUBE_PRINTF(4, 5);
+
+static void check_result(demo *d, const char *what, int ok, const char *fmt,
+                         ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  %-4s %-34s ", ok ? "PASS" : "FAIL", what);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    d->checks++;
+    d->passed += ok != 0;
+}
+
+static cube_error *make_kernel(const char *name, const char *source,
+                               uint32_t dx, uint32_t dy, cube_kernel **out)
+{
+    cube_kernel_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.name = name;
+    desc.source = source;
+    desc.cube_dim[0] = dx;
+    desc.cube_dim[1] = dy;
+    desc.cube_dim[2] = 1;
+    return cube_kernel_create(&desc, out);
+}
+
+static cube_error *upload(cube_client *c, const float *x, size_t n,
+                          cube_handle *out)
+{
+    return cube_create(c, x, (uint64_t)n * sizeof(float), out);
+}
+
+static cube_error *download(cube_client *c, cube_handle h, float *x, size_t n)
+{
+    cube_copy_desc desc =
+        cube_copy_desc_contiguous(h, (uint64_t)n * sizeof(float), 4);
+    void *dst = x;
+    uint64_t size = (uint64_t)n * sizeof(float);
+    return cube_read(c, &desc, (void *const *)&dst, &size, 1);
+}
+
+static cube_error *overwrite(cube_client *c, cube_handle h, const float *x,
+                             size_t n)
+{
+    cube_copy_desc desc =
+        cube_copy_desc_contiguous(h, (uint64_t)n * sizeof(float), 4);
+    const void *src = x;
+    uint64_t size = (uint64_t)n * sizeof(float);
+    return cube_write(c, &desc, &src, &size, 1);
+}
+
+/* One launch and the barrier after it, timed with the monotonic clock.
+ * The sync names the outputs so a failure recorded on them surfaces. */
+static cube_error *launch_sync(cube_client *c, cube_kernel *k,
+                               cube_count count, const cube_arg *args,
+                               size_t nargs, const cube_handle *outs,
+                               size_t nouts, double *ms)
+{
+    double t0 = now_ms();
+    cube_error *err = cube_launch(c, k, count, args, nargs, 0);
+    if (!err)
+        err = cube_sync(c, outs, nouts);
+    *ms = now_ms() - t0;
+    return err;
+}
+
+static void note_memory(demo *d)
+{
+    cube_memory_usage u;
+    cube_error *err = cube_memory_usage_get(d->client, &u);
+    if (err) {
+        report(err, "cube_memory_usage_get");
+        return;
+    }
+    if (u.bytes_reserved > d->peak.bytes_reserved ||
+        u.bytes_in_use > d->peak.bytes_in_use)
+        d->peak = u;
+}
+
+/* Steady-state repetitions: at least 3, at most 20, about 0.3 s worth. */
+#define STEADY_BUDGET_MS 300.0
+#define STEADY_MIN 3
+#define STEADY_MAX 20
+
+/* --- demo: (a) tiled matrix product ------------------------------------------------ */
+
+static int demo_matmul(demo *d, uint32_t n)
+{
+    cube_client *c = d->client;
+    size_t elems = (size_t)n * n;
+    float *a = malloc(elems * sizeof *a);
+    float *b = malloc(elems * sizeof *b);
+    float *out = malloc(elems * sizeof *out);
+    double *ref = malloc(elems * sizeof *ref);
+    cube_kernel *k = NULL;
+    cube_handle ha = {0}, hb = {0}, hc = {0};
+    int rc = -1;
+    if (!a || !b || !out || !ref) {
+        fprintf(stderr, "cubert: out of host memory\n");
+        goto done;
+    }
+    fill(a, elems, 1, -1.0f, 1.0f);
+    fill(b, elems, 2, -1.0f, 1.0f);
+
+    printf("\n(a) tiled matrix product C = A.B, %u x %u floats, cube dim "
+           "%dx%d, %u x %u cubes\n",
+           n, n, TILE, TILE, (n + TILE - 1) / TILE, (n + TILE - 1) / TILE);
+    if (report(make_kernel("matmul", matmul_src, TILE, TILE, &k),
+               "cube_kernel_create(matmul)") ||
+        report(upload(c, a, elems, &ha), "cube_create(A)") ||
+        report(upload(c, b, elems, &hb), "cube_create(B)") ||
+        report(cube_empty(c, (uint64_t)elems * sizeof(float), &hc),
+               "cube_empty(C)"))
+        goto done;
+    note_memory(d);
+
+    uint32_t cubes = (n + TILE - 1) / TILE;
+    cube_count count = cube_count_static(cubes, cubes, 1);
+    cube_arg args[4] = {cube_arg_buffer(ha), cube_arg_buffer(hb),
+                        cube_arg_buffer(hc), cube_arg_u32(n)};
+    timing *t = &d->times[d->ntimes++];
+    memset(t, 0, sizeof *t);
+    t->kernel = "matmul";
+    t->work = 2.0 * (double)n * n * n;
+    t->unit = "GFLOP/s";
+    if (report(launch_sync(c, k, count, args, 4, &hc, 1, &t->first_ms),
+               "matmul launch") ||
+        report(download(c, hc, out, elems), "cube_read(C)"))
+        goto done;
+
+    /* The reference, accumulated in double. */
+    for (size_t i = 0; i < n; i++) {
+        double *ri = ref + i * n;
+        for (size_t j = 0; j < n; j++)
+            ri[j] = 0.0;
+        for (size_t kk = 0; kk < n; kk++) {
+            double aik = a[i * n + kk];
+            const float *bk = b + kk * n;
+            for (size_t j = 0; j < n; j++)
+                ri[j] += aik * bk[j];
+        }
+    }
+    double num = 0.0, den = 0.0, maxabs = 0.0;
+    int finite = 1;
+    for (size_t i = 0; i < elems; i++) {
+        double e = (double)out[i] - ref[i];
+        if (!isfinite(out[i]))
+            finite = 0;
+        num += e * e;
+        den += ref[i] * ref[i];
+        if (fabs(e) > maxabs)
+            maxabs = fabs(e);
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    check_result(d, "matmul vs C reference", finite && rel <= 1e-4,
+                 "relative error %.3g (tolerance 1e-4), max abs error %.3g",
+                 rel, maxabs);
+
+    /* Steady state. */
+    double total = 0.0;
+    int reps = 0;
+    while (reps < STEADY_MAX &&
+           (reps < STEADY_MIN || total < STEADY_BUDGET_MS)) {
+        double ms;
+        if (report(launch_sync(c, k, count, args, 4, &hc, 1, &ms),
+                   "matmul launch"))
+            goto done;
+        total += ms;
+        reps++;
+    }
+    t->steady_ms = total / reps;
+    t->reps = reps;
+    rc = 0;
+
+done:
+    if (ha.bits)
+        report(cube_handle_release(c, ha), "cube_handle_release(A)");
+    if (hb.bits)
+        report(cube_handle_release(c, hb), "cube_handle_release(B)");
+    if (hc.bits)
+        report(cube_handle_release(c, hc), "cube_handle_release(C)");
+    cube_kernel_release(k);
+    free(a);
+    free(b);
+    free(out);
+    free(ref);
+    return rc;
+}
+
+/* --- demo: (b) reduction ---------------------------------------------------------------- */
+
+static int demo_reduce(demo *d, uint32_t n)
+{
+    cube_client *c = d->client;
+    float *x = malloc((size_t)n * sizeof *x);
+    cube_kernel *k = NULL;
+    cube_handle hx = {0}, hs = {0};
+    int rc = -1;
+    if (!x) {
+        fprintf(stderr, "cubert: out of host memory\n");
+        goto done;
+    }
+    /* Non-negative inputs: the sum has no cancellation, so a relative
+     * tolerance is meaningful. */
+    fill(x, n, 3, 0.0f, 1.0f);
+    uint32_t cubes = (uint32_t)(((uint64_t)n + RED_DIM * RED_PER_UNIT - 1) /
+                                (RED_DIM * RED_PER_UNIT));
+    if (cubes == 0)
+        cubes = 1;
+    printf("\n(b) reduction: sum of %u floats, cube dim %d, %u cubes, "
+           "shared-memory tree + cube_atomic_add_f32\n",
+           n, RED_DIM, cubes);
+    const float zero = 0.0f;
+    if (report(make_kernel("reduce_sum", reduce_src, RED_DIM, 1, &k),
+               "cube_kernel_create(reduce_sum)") ||
+        report(upload(c, x, n, &hx), "cube_create(x)") ||
+        report(upload(c, &zero, 1, &hs), "cube_create(sum)"))
+        goto done;
+    note_memory(d);
+
+    cube_count count = cube_count_static(cubes, 1, 1);
+    cube_arg args[3] = {cube_arg_buffer(hx), cube_arg_buffer(hs),
+                        cube_arg_u32(n)};
+    timing *t = &d->times[d->ntimes++];
+    memset(t, 0, sizeof *t);
+    t->kernel = "reduce_sum";
+    t->work = (double)n * sizeof(float);
+    t->unit = "GB/s";
+    float got = 0.0f;
+    if (report(launch_sync(c, k, count, args, 3, &hs, 1, &t->first_ms),
+               "reduce_sum launch") ||
+        report(download(c, hs, &got, 1), "cube_read(sum)"))
+        goto done;
+
+    double want = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        want += x[i];
+    double rel = fabs((double)got - want) / (want != 0.0 ? fabs(want) : 1.0);
+    check_result(d, "reduction vs C reference (double)",
+                 isfinite(got) && rel <= 1e-4,
+                 "got %.6f, want %.6f, relative error %.3g (tolerance 1e-4)",
+                 (double)got, want, rel);
+
+    double total = 0.0;
+    int reps = 0;
+    float again = 0.0f;
+    while (reps < STEADY_MAX &&
+           (reps < STEADY_MIN || total < STEADY_BUDGET_MS)) {
+        double ms;
+        /* The sum accumulates: reset it (outside the timed region). */
+        if (report(overwrite(c, hs, &zero, 1), "cube_write(sum)") ||
+            report(cube_sync(c, &hs, 1), "cube_sync"))
+            goto done;
+        if (report(launch_sync(c, k, count, args, 3, &hs, 1, &ms),
+                   "reduce_sum launch"))
+            goto done;
+        total += ms;
+        reps++;
+    }
+    t->steady_ms = total / reps;
+    t->reps = reps;
+    if (report(download(c, hs, &again, 1), "cube_read(sum)"))
+        goto done;
+    rel = fabs((double)again - want) / (want != 0.0 ? fabs(want) : 1.0);
+    check_result(d, "reduction, repeated launch",
+                 isfinite(again) && rel <= 1e-4,
+                 "got %.6f, relative error %.3g (tolerance 1e-4)",
+                 (double)again, rel);
+    rc = 0;
+
+done:
+    if (hx.bits)
+        report(cube_handle_release(c, hx), "cube_handle_release(x)");
+    if (hs.bits)
+        report(cube_handle_release(c, hs), "cube_handle_release(sum)");
+    cube_kernel_release(k);
+    free(x);
+    return rc;
+}
+
+/* --- demo: (c) softmax ------------------------------------------------------------------- */
+
+static int demo_softmax(demo *d, uint32_t rows, uint32_t cols)
+{
+    cube_client *c = d->client;
+    size_t elems = (size_t)rows * cols;
+    float *x = malloc(elems * sizeof *x);
+    float *y = malloc(elems * sizeof *y);
+    cube_kernel *k = NULL;
+    cube_handle hx = {0}, hy = {0};
+    int rc = -1;
+    if (!x || !y) {
+        fprintf(stderr, "cubert: out of host memory\n");
+        goto done;
+    }
+    fill(x, elems, 4, -8.0f, 8.0f);
+    /* Every 8th row is shifted far up: exp() of those values would overflow
+     * a float, so this row passes only if the kernel subtracts the max. */
+    for (uint32_t r = 0; r < rows; r += 8)
+        for (uint32_t j = 0; j < cols; j++)
+            x[(size_t)r * cols + j] += 200.0f;
+    printf("\n(c) row-wise softmax, %u x %u floats, one cube of %d units per "
+           "row, shared-memory max and sum\n",
+           rows, cols, SM_DIM);
+    if (report(make_kernel("softmax_rows", softmax_src, SM_DIM, 1, &k),
+               "cube_kernel_create(softmax_rows)") ||
+        report(upload(c, x, elems, &hx), "cube_create(x)") ||
+        report(cube_empty(c, (uint64_t)elems * sizeof(float), &hy),
+               "cube_empty(y)"))
+        goto done;
+    note_memory(d);
+
+    cube_count count = cube_count_static(rows, 1, 1);
+    cube_arg args[3] = {cube_arg_buffer(hx), cube_arg_buffer(hy),
+                        cube_arg_u32(cols)};
+    timing *t = &d->times[d->ntimes++];
+    memset(t, 0, sizeof *t);
+    t->kernel = "softmax_rows";
+    t->work = 2.0 * (double)elems * sizeof(float);
+    t->unit = "GB/s";
+    if (report(launch_sync(c, k, count, args, 3, &hy, 1, &t->first_ms),
+               "softmax_rows launch") ||
+        report(download(c, hy, y, elems), "cube_read(y)"))
+        goto done;
+
+    double maxabs = 0.0, maxsum = 0.0;
+    int finite = 1;
+    for (uint32_t r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * cols;
+        const float *yr = y + (size_t)r * cols;
+        double m = xr[0];
+        for (uint32_t j = 1; j < cols; j++)
+            if (xr[j] > m)
+                m = xr[j];
+        double s = 0.0;
+        for (uint32_t j = 0; j < cols; j++)
+            s += exp((double)xr[j] - m);
+        double ysum = 0.0;
+        for (uint32_t j = 0; j < cols; j++) {
+            double want = exp((double)xr[j] - m) / s;
+            if (!isfinite(yr[j]))
+                finite = 0;
+            double e = fabs((double)yr[j] - want);
+            if (!(e <= maxabs))
+                maxabs = e; /* also catches NaN */
+            ysum += yr[j];
+        }
+        double se = fabs(ysum - 1.0);
+        if (!(se <= maxsum))
+            maxsum = se;
+    }
+    check_result(d, "softmax vs C reference (double)",
+                 finite && maxabs <= 1e-5,
+                 "max abs error %.3g (tolerance 1e-5)", maxabs);
+    check_result(d, "softmax rows sum to 1", finite && maxsum <= 1e-5,
+                 "max |row sum - 1| %.3g (tolerance 1e-5)", maxsum);
+
+    double total = 0.0;
+    int reps = 0;
+    while (reps < STEADY_MAX &&
+           (reps < STEADY_MIN || total < STEADY_BUDGET_MS)) {
+        double ms;
+        if (report(launch_sync(c, k, count, args, 3, &hy, 1, &ms),
+                   "softmax_rows launch"))
+            goto done;
+        total += ms;
+        reps++;
+    }
+    t->steady_ms = total / reps;
+    t->reps = reps;
+    rc = 0;
+
+done:
+    if (hx.bits)
+        report(cube_handle_release(c, hx), "cube_handle_release(x)");
+    if (hy.bits)
+        report(cube_handle_release(c, hy), "cube_handle_release(y)");
+    cube_kernel_release(k);
+    free(x);
+    free(y);
+    return rc;
+}
+
+/* --- demo ---------------------------------------------------------------------------- */
+
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v < lo || v > hi)
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int cmd_demo(int argc, char **argv)
+{
+    const char *device = NULL;
+    uint32_t n = 256;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *val = NULL;
+        if (!strcmp(arg, "--device") || !strcmp(arg, "--size")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "cubert demo: %s needs a value\n", arg);
+                usage(stderr);
+                return EXIT_USAGE;
+            }
+            val = argv[++i];
+        } else if (!strncmp(arg, "--device=", 9)) {
+            val = arg + 9;
+            arg = "--device";
+        } else if (!strncmp(arg, "--size=", 7)) {
+            val = arg + 7;
+            arg = "--size";
+        } else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "cubert demo: unknown option '%s'\n", arg);
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+        if (!strcmp(arg, "--device")) {
+            device = val;
+        } else if (parse_u32(val, 1, 2048, &n)) {
+            fprintf(stderr,
+                    "cubert demo: --size '%s' is not a number in 1..2048\n",
+                    val);
+            return EXIT_USAGE;
+        }
+    }
+
+    demo d;
+    memset(&d, 0, sizeof d);
+    if (report(cube_client_open(device, NULL, &d.client), "cube_client_open"))
+        return 1;
+    if (report(cube_client_properties(d.client, &d.props),
+               "cube_client_properties")) {
+        cube_client_close(d.client);
+        return 1;
+    }
+    printf("cubert demo on %s: %s (%s, %u compute units)\n", d.props.backend,
+           d.props.name, d.props.architecture, d.props.compute_units);
+
+    int errors = 0;
+    errors += demo_matmul(&d, n) < 0;
+    errors += demo_reduce(&d, 1u << 20) < 0;
+    errors += demo_softmax(&d, 512, 1000) < 0;
+
+    /* Memory: the peak seen while the workloads' buffers were live, and what
+     * is left now that every handle is released. */
+    cube_memory_usage now;
+    memset(&now, 0, sizeof now);
+    errors += report(cube_memory_usage_get(d.client, &now),
+                     "cube_memory_usage_get");
+    char a[32], b[32], c[32], e[32], f[32], g[32];
+    format_bytes(d.peak.bytes_in_use, a, sizeof a);
+    format_bytes(d.peak.bytes_padding, b, sizeof b);
+    format_bytes(d.peak.bytes_reserved, c, sizeof c);
+    format_bytes(now.bytes_in_use, e, sizeof e);
+    format_bytes(now.bytes_padding, f, sizeof f);
+    format_bytes(now.bytes_reserved, g, sizeof g);
+    printf("\nmemory (cube_memory_usage_get, this thread's stream)\n");
+    printf("  largest workload:  %llu buffers, %s in use, %s padding, %s "
+           "reserved\n",
+           (unsigned long long)d.peak.buffers, a, b, c);
+    printf("  after release:     %llu buffers, %s in use, %s padding, %s "
+           "reserved\n",
+           (unsigned long long)now.buffers, e, f, g);
+
+    printf("\nwall time per kernel (launch + cube_sync, CLOCK_MONOTONIC)\n");
+    printf("  %-14s %14s %16s %12s\n", "kernel", "first launch",
+           "steady average", "rate");
+    for (int i = 0; i < d.ntimes; i++) {
+        const timing *t = &d.times[i];
+        if (t->reps == 0) {
+            printf("  %-14s %11.2f ms %16s %12s\n", t->kernel, t->first_ms,
+                   "-", "-");
+            continue;
+        }
+        char steady[32];
+        snprintf(steady, sizeof steady, "%.3f ms (x%d)", t->steady_ms,
+                 t->reps);
+        printf("  %-14s %11.2f ms %16s %7.2f %s\n", t->kernel, t->first_ms,
+               steady, t->work / (t->steady_ms * 1e-3) * 1e-9, t->unit);
+    }
+    printf("  (the first launch includes compiling the kernel, or loading it "
+           "from the disk cache)\n");
+
+    cube_client_close(d.client);
+
+    int ok = errors == 0 && d.checks > 0 && d.passed == d.checks;
+    printf("\n%s: %d of %d checks passed%s\n", ok ? "PASS" : "FAIL", d.passed,
+           d.checks, errors ? " (and some steps failed with an error)" : "");
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stdout);
+        return 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("cubert %d.%d.%d\n", CUBE_VERSION_MAJOR, CUBE_VERSION_MINOR,
+               CUBE_VERSION_PATCH);
+        return 0;
+    }
+    if (!strcmp(cmd, "info"))
+        return cmd_info(argc - 2, argv + 2);
+    if (!strcmp(cmd, "demo"))
+        return cmd_demo(argc - 2, argv + 2);
+    fprintf(stderr, "cubert: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return EXIT_USAGE;
+}
