@@ -199,6 +199,55 @@ static void record_failure(cube_client *c, const cube_compiled *cc,
             core_failure_record(c, r[arg_of_param[p]].alloc, err);
 }
 
+/* Builds the backend's dispatch and runs it on the calling stream. */
+static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
+                                const cube_compiled *cc, cube_count count,
+                                const core_resolved *count_res,
+                                const cube_arg *args,
+                                const uint32_t *arg_of_param,
+                                const core_resolved *r, uint32_t mode)
+{
+    cube_dispatch d;
+    memset(&d, 0, sizeof d);
+    d.compiled = cc;
+    cube_kernel_cube_dim(k, d.cube_dim);
+    d.cube_count[0] = count.x;
+    d.cube_count[1] = count.y;
+    d.cube_count[2] = count.z;
+    cube_binding count_binding;
+    if (count_res) {
+        count_binding = core_binding(count_res);
+        d.count_buffer = &count_binding;
+    }
+    d.mode = mode;
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        cube_param_kind kind = cc->params[p].kind;
+        if (kind == CUBE_PARAM_SHARED)
+            continue;
+        const cube_arg *arg = &args[arg_of_param[p]];
+        if (kind == CUBE_PARAM_SCALAR)
+            memcpy(d.scalars[p], arg->value.bytes, sizeof d.scalars[p]);
+        else
+            d.bindings[p] = core_binding(&r[arg_of_param[p]]);
+    }
+    core_stream *st;
+    cube_error *err = core_stream_enter(c, &st);
+    if (err)
+        return err;
+    err = c->vt->launch(c->server, st->id, &d);
+    core_stream_leave(st);
+    core_fault_note(c, err);
+    if (!err) {
+        /* The outputs now hold what this launch computed. */
+        for (uint32_t p = 0; p < cc->param_count; p++)
+            if (cc->params[p].kind == CUBE_PARAM_BUFFER_OUT)
+                core_failure_clear(c, r[arg_of_param[p]].alloc);
+    }
+    /* err is a fresh error object, not derived from d. */
+    // cppcheck-suppress returnDanglingLifetime
+    return err;
+}
+
 cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
                         const cube_arg *args, size_t nargs, uint32_t mode)
 {
@@ -305,44 +354,9 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
                                   "cannot be trusted",
                                   cube_kernel_name(k));
     }
-    if (!err) {
-        cube_dispatch d;
-        memset(&d, 0, sizeof d);
-        d.compiled = cc;
-        cube_kernel_cube_dim(k, d.cube_dim);
-        d.cube_count[0] = count.x;
-        d.cube_count[1] = count.y;
-        d.cube_count[2] = count.z;
-        cube_binding count_binding;
-        if (dynamic) {
-            count_binding = core_binding(&count_res);
-            d.count_buffer = &count_binding;
-        }
-        d.mode = mode;
-        for (uint32_t p = 0; p < cc->param_count; p++) {
-            cube_param_kind kind = cc->params[p].kind;
-            if (kind == CUBE_PARAM_SHARED)
-                continue;
-            const cube_arg *arg = &args[arg_of_param[p]];
-            if (kind == CUBE_PARAM_SCALAR)
-                memcpy(d.scalars[p], arg->value.bytes, sizeof d.scalars[p]);
-            else
-                d.bindings[p] = core_binding(&r[arg_of_param[p]]);
-        }
-        core_stream *st;
-        err = core_stream_enter(c, &st);
-        if (!err) {
-            err = c->vt->launch(c->server, st->id, &d);
-            core_stream_leave(st);
-        }
-        core_fault_note(c, err);
-        if (!err) {
-            /* The outputs now hold what this launch computed. */
-            for (uint32_t p = 0; p < cc->param_count; p++)
-                if (cc->params[p].kind == CUBE_PARAM_BUFFER_OUT)
-                    core_failure_clear(c, r[arg_of_param[p]].alloc);
-        }
-    }
+    if (!err)
+        err = run_dispatch(c, k, cc, count, dynamic ? &count_res : NULL, args,
+                           arg_of_param, r, mode);
     if (err) {
         record_failure(c, cc, arg_of_param, r, nargs, err);
         cube_log_write(CUBE_LOG_DEBUG, "launch", "%s failed: %s",

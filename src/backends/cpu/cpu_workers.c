@@ -189,6 +189,9 @@ cube_error *cpu_workers_run(cpu_workers *w, uint32_t total, uint32_t chunk,
     atomic_init(&j.error, NULL);
     pthread_mutex_lock(&w->lock);
     j.next_job = w->jobs;
+    /* The job lives on this stack: it leaves the list, and every helper
+     * leaves it, before this function returns. */
+    // cppcheck-suppress autoVariables
     w->jobs = &j;
     atomic_fetch_add(&w->epoch, 1);
     pthread_cond_broadcast(&w->work_cv);
