@@ -5,8 +5,8 @@
  *   CUBE__ENTRY(name, nparams, plist)   the backend's entry points
  *   CUBE__UNUSED (marks a parameter that may go unused)
  * and the unit context `cube__unit` with fields ux, uy, uz, cx, cy, cz,
- * dx, dy, dz, nx, ny, nz (unit position, cube position, cube dimension,
- * cube count).
+ * dx, dy, dz, nx, ny, nz, ax, ay, az (unit position, cube position, cube
+ * dimension, cube count, absolute position).
  *
  * Parameters are tuples (kind, type, name, extent); each "view" below turns
  * the parameter list into one piece of code: the body's parameter list, the
@@ -95,6 +95,13 @@ typedef struct cube__param_sig {
 #define CUBE__ARG_cube__scalar(i, T, n, e) , *(const T *)cube__ptr[i]
 #define CUBE__ARG_cube__shared(i, T, n, e) , cube__shared->n
 
+/* --- view: the parameter names, as the body's arguments ----------------------- */
+#define CUBE__NAME_cube__in(i, T, n, e) , n, n##__len
+#define CUBE__NAME_cube__out(i, T, n, e) , n, n##__len
+#define CUBE__NAME_cube__inout(i, T, n, e) , n, n##__len
+#define CUBE__NAME_cube__scalar(i, T, n, e) , n
+#define CUBE__NAME_cube__shared(i, T, n, e) , n
+
 /* --- view: the signature table ------------------------------------------------ */
 #define CUBE__SIG_cube__in(i, T, n, e) {CUBE__SIG_BUFFER_IN, sizeof(T), 0},
 #define CUBE__SIG_cube__out(i, T, n, e) {CUBE__SIG_BUFFER_OUT, sizeof(T), 0},
@@ -144,9 +151,9 @@ typedef struct cube__param_sig {
 #define CUBE_COUNT_X (cube__u.nx)
 #define CUBE_COUNT_Y (cube__u.ny)
 #define CUBE_COUNT_Z (cube__u.nz)
-#define ABSOLUTE_POS_X (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X)
-#define ABSOLUTE_POS_Y (CUBE_POS_Y * CUBE_DIM_Y + UNIT_POS_Y)
-#define ABSOLUTE_POS_Z (CUBE_POS_Z * CUBE_DIM_Z + UNIT_POS_Z)
+#define ABSOLUTE_POS_X (cube__u.ax)
+#define ABSOLUTE_POS_Y (cube__u.ay)
+#define ABSOLUTE_POS_Z (cube__u.az)
 /* Linear positions, x fastest. */
 #define UNIT_POS (UNIT_POS_X + CUBE_DIM_X * (UNIT_POS_Y + CUBE_DIM_Y * UNIT_POS_Z))
 #define CUBE_DIM (CUBE_DIM_X * CUBE_DIM_Y * CUBE_DIM_Z)

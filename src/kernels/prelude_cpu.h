@@ -32,8 +32,11 @@ typedef struct cube_cpu_launch {
     const unsigned long long *len;  /* bytes, per parameter position */
 } cube_cpu_launch;
 
+/* ax, ay, az: absolute positions, kept as fields so the unit loop's
+ * induction variable is the absolute index itself — gcc then sees affine,
+ * non-wrapping accesses and vectorizes the loop. */
 typedef struct cube__unit {
-    unsigned int ux, uy, uz, cx, cy, cz, dx, dy, dz, nx, ny, nz;
+    unsigned int ux, uy, uz, cx, cy, cz, dx, dy, dz, nx, ny, nz, ax, ay, az;
 } cube__unit;
 
 CUBE__EXPORT const unsigned int cube__abi_version = CUBE__CPU_ABI;
@@ -50,6 +53,66 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
     CUBE__EXPORT const unsigned long long cube__shared_##name =                 \
         (0 CUBE__EACH(CUBE__SHN, N, __VA_ARGS__)) ? sizeof(name##__shared_t)    \
                                                   : 0;                          \
+    /* The unit loop takes the unpacked arguments as parameters, so they are \
+     * loop invariants the compiler can see (and vectorize around). */      \
+    static void name##__loop(const cube_cpu_launch *cube__l,                   \
+                             unsigned int cube__begin, unsigned int cube__end, \
+                             void *cube__sinkp CUBE__EACH(CUBE__PARAM, N,      \
+                                                          __VA_ARGS__))        \
+    {                                                                           \
+        cube__unit cube__v;                                                     \
+        cube__v.dx = cube__l->dim[0];                                           \
+        cube__v.dy = cube__l->dim[1];                                           \
+        cube__v.dz = cube__l->dim[2];                                           \
+        cube__v.nx = cube__l->count[0];                                         \
+        cube__v.ny = cube__l->count[1];                                         \
+        cube__v.nz = cube__l->count[2];                                         \
+        if (cube__v.dy == 1 && cube__v.dz == 1 && cube__v.ny == 1 &&            \
+            cube__v.nz == 1 &&                                                  \
+            (unsigned long long)cube__end * cube__v.dx <= 0xFFFFFFFFull) {      \
+            /* A 1-D launch: one flat loop over the absolute position. The  \
+             * unit and cube positions are derived per element, and vanish  \
+             * when the body does not use them. */                           \
+            cube__unit cube__w = cube__v;                                       \
+            cube__w.uy = cube__w.uz = cube__w.cy = cube__w.cz = 0;              \
+            cube__w.ay = cube__w.az = 0;                                        \
+            const unsigned int cube__lo = cube__begin * cube__v.dx;             \
+            const unsigned int cube__hi = cube__end * cube__v.dx;               \
+            for (unsigned int cube__a = cube__lo; cube__a < cube__hi;           \
+                 cube__a++) {                                                   \
+                cube__w.ax = cube__a;                                           \
+                cube__w.ux = cube__a % cube__v.dx;                              \
+                cube__w.cx = cube__a / cube__v.dx;                              \
+                name##__body(cube__w, cube__sinkp CUBE__EACH(CUBE__NAME, N,     \
+                                                             __VA_ARGS__));     \
+            }                                                                   \
+            return;                                                             \
+        }                                                                       \
+        for (unsigned int cube__c = cube__begin; cube__c < cube__end;           \
+             cube__c++) {                                                       \
+            cube__v.cx = cube__c % cube__v.nx;                                  \
+            cube__v.cy = (cube__c / cube__v.nx) % cube__v.ny;                   \
+            cube__v.cz = cube__c / (cube__v.nx * cube__v.ny);                   \
+            const unsigned int cube__bx = cube__v.cx * cube__v.dx;              \
+            const unsigned int cube__ex = cube__bx + cube__v.dx;                \
+            for (unsigned int cube__z = 0; cube__z < cube__v.dz; cube__z++)     \
+                for (unsigned int cube__y = 0; cube__y < cube__v.dy;            \
+                     cube__y++) {                                               \
+                    cube__unit cube__w = cube__v;                               \
+                    cube__w.uy = cube__y;                                       \
+                    cube__w.uz = cube__z;                                       \
+                    cube__w.ay = cube__v.cy * cube__v.dy + cube__y;             \
+                    cube__w.az = cube__v.cz * cube__v.dz + cube__z;             \
+                    for (unsigned int cube__a = cube__bx; cube__a < cube__ex;   \
+                         cube__a++) {                                           \
+                        cube__w.ax = cube__a;                                   \
+                        cube__w.ux = cube__a - cube__bx;                        \
+                        name##__body(cube__w, cube__sinkp CUBE__EACH(           \
+                                                  CUBE__NAME, N, __VA_ARGS__)); \
+                    }                                                           \
+                }                                                               \
+        }                                                                       \
+    }                                                                           \
     CUBE__EXPORT void cube__run_##name(const cube_cpu_launch *cube__l,          \
                                        unsigned int cube__begin,                \
                                        unsigned int cube__end,                  \
@@ -64,30 +127,8 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
         (void)cube__shared;                                                     \
         (void)cube__len;                                                        \
         cube__sink_t cube__sink;                                                \
-        cube__unit cube__v;                                                     \
-        cube__v.dx = cube__l->dim[0];                                           \
-        cube__v.dy = cube__l->dim[1];                                           \
-        cube__v.dz = cube__l->dim[2];                                           \
-        cube__v.nx = cube__l->count[0];                                         \
-        cube__v.ny = cube__l->count[1];                                         \
-        cube__v.nz = cube__l->count[2];                                         \
-        for (unsigned int cube__c = cube__begin; cube__c < cube__end;           \
-             cube__c++) {                                                       \
-            cube__v.cx = cube__c % cube__v.nx;                                  \
-            cube__v.cy = (cube__c / cube__v.nx) % cube__v.ny;                   \
-            cube__v.cz = cube__c / (cube__v.nx * cube__v.ny);                   \
-            for (unsigned int cube__z = 0; cube__z < cube__v.dz; cube__z++)     \
-                for (unsigned int cube__y = 0; cube__y < cube__v.dy; cube__y++) \
-                    for (unsigned int cube__x = 0; cube__x < cube__v.dx;        \
-                         cube__x++) {                                           \
-                        cube__unit cube__w = cube__v;                           \
-                        cube__w.ux = cube__x;                                   \
-                        cube__w.uy = cube__y;                                   \
-                        cube__w.uz = cube__z;                                   \
-                        name##__body(cube__w, &cube__sink CUBE__EACH(           \
-                                                  CUBE__ARG, N, __VA_ARGS__));  \
-                    }                                                           \
-        }                                                                       \
+        name##__loop(cube__l, cube__begin, cube__end,                           \
+                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));        \
     }                                                                           \
     CUBE__EXPORT void cube__unit_##name(const cube_cpu_launch *cube__l,         \
                                         unsigned int cube__c,                   \
@@ -116,6 +157,9 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
         cube__w.ux = cube__unitpos % cube__w.dx;                                \
         cube__w.uy = (cube__unitpos / cube__w.dx) % cube__w.dy;                 \
         cube__w.uz = cube__unitpos / (cube__w.dx * cube__w.dy);                 \
+        cube__w.ax = cube__w.cx * cube__w.dx + cube__w.ux;                      \
+        cube__w.ay = cube__w.cy * cube__w.dy + cube__w.uy;                      \
+        cube__w.az = cube__w.cz * cube__w.dz + cube__w.uz;                      \
         name##__body(cube__w,                                                   \
                      &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));        \
     }

@@ -26,7 +26,7 @@ typedef unsigned long long uint64_t;
 #define CUBE_DEVICE __device__ static inline
 
 struct cube__unit {
-    unsigned int ux, uy, uz, cx, cy, cz, dx, dy, dz, nx, ny, nz;
+    unsigned int ux, uy, uz, cx, cy, cz, dx, dy, dz, nx, ny, nz, ax, ay, az;
 };
 
 #define cube_sync() __syncthreads()
@@ -53,6 +53,9 @@ struct cube__unit {
         cube__w.nx = gridDim.x;                                                 \
         cube__w.ny = gridDim.y;                                                 \
         cube__w.nz = gridDim.z;                                                 \
+        cube__w.ax = blockIdx.x * blockDim.x + threadIdx.x;                     \
+        cube__w.ay = blockIdx.y * blockDim.y + threadIdx.y;                     \
+        cube__w.az = blockIdx.z * blockDim.z + threadIdx.z;                     \
         (void)cube__shared;                                                     \
         name##__body(cube__w,                                                   \
                      &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));        \

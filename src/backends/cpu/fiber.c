@@ -37,35 +37,70 @@
 #include <ucontext.h>
 #endif
 
+/* Which sanitizer is on: gcc defines __SANITIZE_*__, clang answers
+ * __has_feature (older clang has no macro). */
+#if defined(__clang__)
+#if __has_feature(address_sanitizer)
+#define CPU_FIBER_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define CPU_FIBER_TSAN 1
+#endif
+#else
 #if defined(__SANITIZE_ADDRESS__)
 #define CPU_FIBER_ASAN 1
-#include <sanitizer/common_interface_defs.h>
 #endif
 #if defined(__SANITIZE_THREAD__)
 #define CPU_FIBER_TSAN 1
+#endif
+#endif
+#if defined(CPU_FIBER_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(CPU_FIBER_TSAN)
 #include <sanitizer/tsan_interface.h>
 #endif
 
 /* The entry function is reached through a stored address, never called:
- * keep it an out-of-line function. */
-#if defined(__GNUC__)
+ * keep it an out-of-line function. (This file needs gcc or clang anyway.) */
 #define CPU_FIBER_NOINLINE __attribute__((noinline))
-#else
-#define CPU_FIBER_NOINLINE
+
+/* Hints only: lazily committed, no swap reservation, used as a stack. */
+#if !defined(MAP_NORESERVE)
+#define MAP_NORESERVE 0
+#endif
+#if !defined(MAP_STACK)
+#define MAP_STACK 0
 #endif
 
 /* The entry function of a fiber never returns, so a sanitizer's bookkeeping
  * pushed on entry would never be popped: stack redzones (ASan) would stay
  * poisoned on a reused stack and the shadow call stack (TSan) would grow by
- * one frame per run. It is therefore left uninstrumented. */
-#if defined(CPU_FIBER_ASAN) && defined(CPU_FIBER_TSAN)
-#define CPU_FIBER_NO_SANITIZE __attribute__((no_sanitize_address, no_sanitize_thread))
+ * one frame per run. It is therefore left uninstrumented. clang's
+ * no_sanitize("thread") still records function entry and exit, so clang
+ * gets the attribute that turns off everything. */
+#if defined(__clang__) && __has_attribute(disable_sanitizer_instrumentation)
+#define CPU_FIBER_NO_SANITIZE \
+    __attribute__((disable_sanitizer_instrumentation))
+#elif defined(CPU_FIBER_ASAN) && defined(CPU_FIBER_TSAN)
+#define CPU_FIBER_NO_SANITIZE \
+    __attribute__((no_sanitize_address, no_sanitize_thread))
 #elif defined(CPU_FIBER_ASAN)
 #define CPU_FIBER_NO_SANITIZE __attribute__((no_sanitize_address))
 #elif defined(CPU_FIBER_TSAN)
 #define CPU_FIBER_NO_SANITIZE __attribute__((no_sanitize_thread))
 #else
 #define CPU_FIBER_NO_SANITIZE
+#endif
+
+/* Tells TSan which fiber's state the next accesses belong to. It must come
+ * right before the stack switch, in the function that switches: an
+ * instrumented function returning in between would pop the shadow call
+ * stack of the wrong fiber. Hence a macro, not a helper function. */
+#if defined(CPU_FIBER_TSAN)
+#define CPU_FIBER_TSAN_SWITCH(to_state) __tsan_switch_to_fiber((to_state), 0)
+#else
+#define CPU_FIBER_TSAN_SWITCH(to_state) ((void)0)
 #endif
 
 #define CPU_FIBER_MIN_STACK ((size_t)16 * 1024)
@@ -239,13 +274,11 @@ static _Thread_local cpu_fibers *cpu_fibers_tls;
 /* Sanitizer hooks around every switch                                      */
 /* ------------------------------------------------------------------------ */
 
-/* Called just before a switch. `from` is the context being left and `to`
- * the one being entered, NULL meaning the scheduler loop; `from_dies` says
- * the context being left will never resume. ASan learns which stack comes
- * next and where to park the fake stack of the one being left; TSan switches
- * its per-fiber state. Uninstrumented: under TSan, an instrumented return
- * between the fiber switch and the stack switch would pop the shadow call
- * stack of the wrong fiber. */
+/* ASan's half of a switch, called just before it. `from` is the context
+ * being left and `to` the one being entered, NULL meaning the scheduler
+ * loop; `from_dies` says the context being left will never resume. ASan
+ * learns which stack comes next and where to park the fake stack of the one
+ * being left. */
 CPU_FIBER_NO_SANITIZE static inline void
 cpu_fiber_leave(cpu_fibers *f, cpu_fiber *from, int from_dies,
                 const cpu_fiber *to)
@@ -259,19 +292,17 @@ cpu_fiber_leave(cpu_fibers *f, cpu_fiber *from, int from_dies,
     else
         __sanitizer_start_switch_fiber(save, f->sched_bottom, f->sched_size);
 #else
+    (void)f;
     (void)from;
     (void)from_dies;
-#endif
-#if defined(CPU_FIBER_TSAN)
-    __tsan_switch_to_fiber(to ? to->tsan_fiber : f->sched_tsan, 0);
-#else
-    (void)f;
     (void)to;
 #endif
 }
 
 /* Called right after a context regains control: `self` is that context
- * (NULL for the scheduler loop), `first` says it is a fiber's first entry. */
+ * (NULL for the scheduler loop), `first` says it is a fiber's first entry.
+ * Uninstrumented, so no frame of it can land on a fake stack before ASan
+ * knows which stack it is on. */
 CPU_FIBER_NO_SANITIZE static inline void
 cpu_fiber_arrive(cpu_fibers *f, cpu_fiber *self, int first)
 {
@@ -318,6 +349,7 @@ CPU_FIBER_NO_SANITIZE CPU_FIBER_NOINLINE static void cpu_fiber_entry(void)
      * the stack a fresh first frame), so ASan may drop its fake stack. */
     cpu_fiber *fb = &f->fib[f->cur];
     cpu_fiber_leave(f, fb, 1, NULL);
+    CPU_FIBER_TSAN_SWITCH(f->sched_tsan);
 #if defined(CPU_FIBER_UCONTEXT)
     swapcontext(&fb->ctx.uc, &f->sched.uc);
 #else
@@ -365,17 +397,45 @@ static void cpu_fiber_prepare(cpu_fibers *f, cpu_fiber *fb)
 /* Stacks                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Turns the lowest page of each of the `count` stacks in a block into a
+ * PROT_NONE guard. Each guard splits the mapping, so a block costs two
+ * entries of vm.max_map_count per fiber; when the kernel runs out of them
+ * the block is made whole again and left unguarded, with a warning: a
+ * launch that runs without guards beats one that fails. Returns 0, or -1
+ * when the block is unusable (errno set). */
+static int cpu_fibers_guard(unsigned char *base, size_t len, size_t per,
+                            size_t page, uint32_t count)
+{
+    for (uint32_t k = 0; k < count; k++) {
+        if (mprotect(base + (size_t)k * per, page, PROT_NONE) == 0)
+            continue;
+        int e = errno;
+        /* Restoring one protection over the whole block merges it back
+         * into a single mapping. */
+        if (mprotect(base, len, PROT_READ | PROT_WRITE) != 0)
+            return -1;
+        cube_log_write(CUBE_LOG_WARN, "cpu",
+                       "cpu fibers: no guard pages for %u stacks (%s; "
+                       "vm.max_map_count is probably exhausted): a stack "
+                       "overflow will not fault",
+                       (unsigned)count, strerror(e));
+        return 0;
+    }
+    return 0;
+}
+
 /* Makes sure there are stacks for `n` fibers, mapping the missing ones as
- * one block: per fiber a PROT_NONE guard page below its stack. The pages
- * are committed only when touched. */
+ * one block, each with a guard page below it. Pages are committed only
+ * when touched. On failure nothing changes. */
 static cube_error *cpu_fibers_reserve(cpu_fibers *f, uint32_t n)
 {
     if (n <= f->cap)
         return NULL;
 
     uint32_t add = n - f->cap;
-    size_t per = f->page + f->stack_size;
-    if (per < f->stack_size || add > SIZE_MAX / per)
+    size_t per = f->page + f->stack_size; /* cannot wrap: see create */
+    size_t fib_bytes = (size_t)n * sizeof(cpu_fiber);
+    if (add > SIZE_MAX / per || fib_bytes / sizeof(cpu_fiber) != n)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "cpu fibers: %u stacks of %zu bytes do not fit "
                               "in the address space",
@@ -388,52 +448,44 @@ static cube_error *cpu_fibers_reserve(cpu_fibers *f, uint32_t n)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "cpu fibers: no memory for the stack table");
     f->maps = maps;
-    cpu_fiber *fib = realloc(f->fib, (size_t)n * sizeof *fib);
-    if (!fib)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "cpu fibers: no memory for %u fibers",
-                              (unsigned)n);
-    f->fib = fib;
 
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS;
-#if defined(MAP_NORESERVE)
-    flags |= MAP_NORESERVE;
-#endif
-#if defined(MAP_STACK)
-    flags |= MAP_STACK;
-#endif
-    void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, -1, 0);
-    if (base == MAP_FAILED)
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK;
+    void *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, -1, 0);
+    if (mem == MAP_FAILED)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "cpu fibers: cannot map %u stacks of %zu bytes "
                               "(%zu bytes): %s",
                               (unsigned)add, f->stack_size, len,
                               strerror(errno));
-
-    unsigned char *p = base;
-    for (uint32_t k = 0; k < add; k++, p += per) {
-        /* Each guard splits the mapping, so one mapping per fiber counts
-         * against vm.max_map_count; ENOMEM here usually means that limit. */
-        if (mprotect(p, f->page, PROT_NONE) != 0) {
-            int e = errno;
-            munmap(base, len);
-            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                                  "cpu fibers: cannot place the guard page "
-                                  "of stack %u: %s (vm.max_map_count?)",
-                                  (unsigned)(f->cap + k), strerror(e));
-        }
+    unsigned char *base = mem;
+    if (cpu_fibers_guard(base, len, per, f->page, add) != 0) {
+        int e = errno;
+        munmap(mem, len);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "cpu fibers: cannot protect %u new stacks: %s",
+                              (unsigned)add, strerror(e));
     }
 
-    p = base;
-    for (uint32_t i = f->cap; i < n; i++, p += per) {
-        cpu_fiber *fb = &f->fib[i];
+    /* Mapped before the table grows, so a failed mapping leaves no
+     * oversized table behind. */
+    cpu_fiber *fib = realloc(f->fib, fib_bytes);
+    if (!fib) {
+        munmap(mem, len);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "cpu fibers: no memory for %u fibers",
+                              (unsigned)n);
+    }
+    f->fib = fib;
+
+    for (uint32_t k = 0; k < add; k++) {
+        cpu_fiber *fb = &f->fib[f->cap + k];
         memset(fb, 0, sizeof *fb);
-        fb->stack_lo = p + f->page;
+        fb->stack_lo = base + (size_t)k * per + f->page;
 #if defined(CPU_FIBER_TSAN)
         fb->tsan_fiber = __tsan_create_fiber(0);
 #endif
     }
-    f->maps[f->map_count].base = base;
+    f->maps[f->map_count].base = mem;
     f->maps[f->map_count].len = len;
     f->map_count++;
     f->cap = n;
@@ -551,6 +603,7 @@ cube_error *cpu_fibers_run(cpu_fibers *fibers, uint32_t n, cpu_fiber_fn fn,
     for (;;) {
         cpu_fiber *fb = &f->fib[f->cur];
         cpu_fiber_leave(f, NULL, 0, fb);
+        CPU_FIBER_TSAN_SWITCH(fb->tsan_fiber);
 #if defined(CPU_FIBER_UCONTEXT)
         swapcontext(&f->sched.uc, &fb->ctx.uc);
 #else
@@ -588,6 +641,7 @@ void cpu_fibers_yield(cpu_fibers *fibers)
     cpu_fiber *to = &f->fib[next];
     f->cur = next;
     cpu_fiber_leave(f, self, 0, to);
+    CPU_FIBER_TSAN_SWITCH(to->tsan_fiber);
 #if defined(CPU_FIBER_UCONTEXT)
     swapcontext(&self->ctx.uc, &to->ctx.uc);
 #else

@@ -1,0 +1,639 @@
+/* cubert CPU benchmarks.
+ *
+ * Every cubert figure is printed beside a peer measured in the same run on
+ * the same machine, with the ratio, as markdown table rows that can be
+ * pasted into docs/BENCHMARKS.md:
+ *
+ *  (a) bandwidth: y = a*x + y over 64 MiB of floats per array (cube dim
+ *      256), counting 12 bytes per element (read x, read y, write y).
+ *      Peers: the same loop in plain C under an OpenMP `parallel for` with
+ *      the same thread count as the CPU backend's pool, on host arrays of
+ *      the same size; and memcpy of 64 MiB split over the same threads,
+ *      counting 2 bytes moved per byte copied (read + write). The memcpy is
+ *      a ceiling for streaming memory traffic, not the same work.
+ *  (b) launch latency: launch + cube_sync(client, NULL, 0) of a tiny kernel
+ *      (1 cube of 64 units; and a 4096-element axpy, 16 cubes of 256),
+ *      median of many iterations, against an OpenMP `parallel for` over the
+ *      same elements (fork + work + join).
+ *  (c) compile cache: the first CUBE_LAUNCH_SKIP launch of a never-seen
+ *      kernel on a client whose cache directory is a fresh temporary one
+ *      (cold: runs the compiler); the first SKIP launch on a new client over
+ *      the same directory (disk-cache hit); a second SKIP launch on that
+ *      client (in-memory hit). Ratios are against the cold compile.
+ *
+ * Times use clock_gettime(CLOCK_MONOTONIC). The whole run takes well under
+ * a minute.
+ */
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#define OMP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
+#define OMP_PARALLEL _Pragma("omp parallel")
+#define OMP_PARALLEL_FOR_SUM _Pragma("omp parallel for reduction(+ : sum)")
+#else
+#define OMP_PARALLEL_FOR
+#define OMP_PARALLEL
+#define OMP_PARALLEL_FOR_SUM
+static int omp_get_thread_num(void)
+{
+    return 0;
+}
+static int omp_get_num_threads(void)
+{
+    return 1;
+}
+#endif
+
+#include "cubert/cubert.h"
+
+/* --- helpers -------------------------------------------------------------- */
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static void pause_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Prints the error in full and frees it; the bench then exits 1. */
+static int failed(cube_error *err, const char *what)
+{
+    if (!err)
+        return 0;
+    char *text = cube_error_format(err);
+    fprintf(stderr, "bench_cpu: %s failed:\n%s\n", what,
+            text ? text : cube_error_message(err));
+    free(text);
+    cube_error_free(err);
+    return 1;
+}
+
+static cube_error *make_kernel(const char *name, const char *source,
+                               uint32_t dim, cube_kernel **out)
+{
+    cube_kernel_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.name = name;
+    desc.source = source;
+    desc.cube_dim[0] = dim;
+    desc.cube_dim[1] = 1;
+    desc.cube_dim[2] = 1;
+    return cube_kernel_create(&desc, out);
+}
+
+static void row(const char *what, const char *ours, const char *peer,
+                const char *theirs, double ratio, const char *note)
+{
+    printf("| %s | %s | %s | %s | %.3g%s |\n", what, ours, peer, theirs, ratio,
+           note ? note : "");
+}
+
+static void table_header(const char *ratio_label)
+{
+    printf("| Benchmark | cubert | Peer | Peer value | %s |\n", ratio_label);
+    printf("|---|---:|---|---:|---:|\n");
+}
+
+/* A compute-bound loop (no memory traffic), in seconds. */
+static double compute_loop_s(long iters)
+{
+    double t0 = now_us();
+    double sum = 0.0;
+    OMP_PARALLEL_FOR_SUM
+    for (long i = 0; i < iters; i++)
+        sum += (double)(i & 7) * 1e-9;
+    volatile double sink = sum;
+    (void)sink;
+    return (now_us() - t0) * 1e-6;
+}
+
+/* How much faster a compute-bound OpenMP loop runs on `threads` threads
+ * than on one: shared or throttled hosts may give far less than `threads`,
+ * and every parallel figure below should be read against it. */
+static double compute_scaling(int threads)
+{
+#ifdef _OPENMP
+    const long iters = 100000000L;
+    double one[3], all[3];
+    for (int r = 0; r < 3; r++) {
+        omp_set_num_threads(1);
+        one[r] = compute_loop_s(iters);
+        omp_set_num_threads(threads);
+        all[r] = compute_loop_s(iters);
+    }
+    return median(one, 3) / median(all, 3);
+#else
+    (void)threads;
+    (void)compute_loop_s;
+    return 1.0;
+#endif
+}
+
+static void print_machine(const cube_properties *p, int threads)
+{
+    long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+    char model[256] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f)) {
+            if (!strncmp(line, "model name", 10)) {
+                char *colon = strchr(line, ':');
+                if (colon) {
+                    colon++;
+                    while (*colon == ' ' || *colon == '\t')
+                        colon++;
+                    snprintf(model, sizeof model, "%s", colon);
+                    model[strcspn(model, "\n")] = '\0';
+                }
+                break;
+            }
+        }
+        fclose(f);
+    }
+    printf("# cubert CPU benchmarks\n\n");
+    printf("- machine: %ld online CPUs, %s\n", nproc, model);
+    printf("- cubert %d.%d.%d, device: %s (%s), %u worker threads\n",
+           CUBE_VERSION_MAJOR, CUBE_VERSION_MINOR, CUBE_VERSION_PATCH, p->name,
+           p->architecture, p->compute_units);
+#ifdef _OPENMP
+    printf("- peers: plain C (gcc %s, -O2) with OpenMP, %d threads\n",
+           __VERSION__, threads);
+    printf("- compute scaling: a compute-bound OpenMP loop runs %.2fx "
+           "faster on %d threads than on 1 (ideal: %d)\n",
+           compute_scaling(threads), threads, threads);
+#else
+    printf("- peers: plain C (-O2), 1 thread: built without OpenMP\n");
+    (void)threads;
+#endif
+    printf("\n");
+}
+
+/* --- kernels -------------------------------------------------------------- */
+
+static const char axpy_src[] =
+    "CUBE_KERNEL(axpy, CUBE_SCALAR(float, a), CUBE_IN(float, x),\n"
+    "            CUBE_INOUT(float, y), CUBE_SCALAR(uint32_t, n))\n"
+    "{\n"
+    "    unsigned int i = ABSOLUTE_POS_X;\n"
+    "    if (i < n)\n"
+    "        y[i] = a * x[i] + y[i];\n"
+    "}\n";
+
+static const char tiny_src[] = "CUBE_KERNEL(tiny, CUBE_INOUT(float, y))\n"
+                               "{\n"
+                               "    y[UNIT_POS_X] += 1.0f;\n"
+                               "}\n";
+
+/* --- (a) bandwidth -------------------------------------------------------- */
+
+#define BW_BYTES (64ull << 20)
+#define BW_N ((uint32_t)(BW_BYTES / sizeof(float)))
+#define BW_REPS 15
+
+static void omp_axpy(float a, const float *x, float *y, uint32_t n)
+{
+    OMP_PARALLEL_FOR
+    for (uint32_t i = 0; i < n; i++)
+        y[i] = a * x[i] + y[i];
+}
+
+static void omp_memcpy(void *dst, const void *src, size_t bytes)
+{
+    OMP_PARALLEL
+    {
+        size_t t = (size_t)omp_get_thread_num();
+        size_t nt = (size_t)omp_get_num_threads();
+        size_t chunk = (bytes / nt + 63) & ~(size_t)63;
+        size_t begin = t * chunk;
+        size_t end = begin + chunk < bytes ? begin + chunk : bytes;
+        if (begin < end)
+            memcpy((char *)dst + begin, (const char *)src + begin, end - begin);
+    }
+}
+
+static int bench_bandwidth(cube_client *c, cube_kernel *axpy, int threads)
+{
+    const uint32_t n = BW_N;
+    const float a = 0.5f;
+    float *x = malloc(BW_BYTES), *y = malloc(BW_BYTES);
+    float *dst = malloc(BW_BYTES);
+    cube_handle hx = {0}, hy = {0};
+    int rc = 1;
+    if (!x || !y || !dst) {
+        fprintf(stderr, "bench_cpu: out of host memory\n");
+        goto done;
+    }
+    /* First touch by the threads that will use the pages. */
+    OMP_PARALLEL_FOR
+    for (uint32_t i = 0; i < n; i++) {
+        x[i] = (float)(i & 1023) * (1.0f / 1024.0f);
+        y[i] = 0.0f;
+        dst[i] = 0.0f;
+    }
+    if (failed(cube_create(c, x, BW_BYTES, &hx), "cube_create(x)") ||
+        failed(cube_create(c, y, BW_BYTES, &hy), "cube_create(y)"))
+        goto done;
+
+    double tk[BW_REPS], to[BW_REPS], tc[BW_REPS];
+    const double moved = 12.0 * n;
+    cube_count count = cube_count_static(n / 256, 1, 1);
+    cube_arg args[4] = {cube_arg_f32(a), cube_arg_buffer(hx),
+                        cube_arg_buffer(hy), cube_arg_u32(n)};
+
+    /* The three contenders take turns, one run each per round, and the
+     * order rotates every round: on this kind of host the first run after
+     * a pause is often slower, so each contender goes first equally often
+     * and a drift of the machine's speed hits all three alike. A short
+     * pause between runs lets the other side's idle threads stop
+     * spinning. Two warm-up rounds first (the kernel's first launch
+     * compiles it). */
+    int launches = 0;
+    for (int r = -2; r < BW_REPS; r++) {
+        double d[3] = {0, 0, 0};
+        for (int turn = 0; turn < 3; turn++) {
+            int who = (turn + (r + 2)) % 3;
+            double t0 = now_us();
+            if (who == 0) {
+                if (failed(cube_launch(c, axpy, count, args, 4, 0),
+                           "axpy launch") ||
+                    failed(cube_sync(c, &hy, 1), "cube_sync"))
+                    goto done;
+                launches++;
+            } else if (who == 1) {
+                omp_axpy(a, x, y, n);
+            } else {
+                omp_memcpy(dst, r & 1 ? x : y, BW_BYTES);
+            }
+            d[who] = now_us() - t0;
+            pause_ms(5);
+        }
+        if (r >= 0) {
+            tk[r] = d[0];
+            to[r] = d[1];
+            tc[r] = d[2];
+        }
+    }
+    double kern_gbs = moved / median(tk, BW_REPS) * 1e-3;
+    double omp_gbs = moved / median(to, BW_REPS) * 1e-3;
+    /* memcpy: 2 bytes moved (read + write) per byte copied. */
+    double cpy_gbs = 2.0 * (double)BW_BYTES / median(tc, BW_REPS) * 1e-3;
+    /* Keep the copies observable. */
+    volatile float sink = dst[n / 3] + y[n / 7];
+    (void)sink;
+
+    /* Sanity: the kernel's y = launches * a * x. */
+    {
+        float *back = dst;
+        cube_copy_desc d = cube_copy_desc_contiguous(hy, BW_BYTES, 4);
+        void *out = back;
+        uint64_t size = BW_BYTES;
+        if (failed(cube_read(c, &d, (void *const *)&out, &size, 1),
+                   "cube_read(y)"))
+            goto done;
+        double worst = 0.0;
+        for (uint32_t i = 0; i < n; i += 4099) {
+            double want = (double)launches * a * x[i];
+            double e = fabs(back[i] - want) / (want > 0 ? want : 1.0);
+            if (!(e <= worst))
+                worst = e;
+        }
+        if (worst > 1e-4) {
+            fprintf(stderr,
+                    "bench_cpu: axpy result is wrong (relative error "
+                    "%.3g)\n",
+                    worst);
+            goto done;
+        }
+    }
+
+    printf("## (a) Elementwise bandwidth: y = a*x + y, 64 MiB per array "
+           "(12 bytes/element), median of %d\n\n",
+           BW_REPS);
+    table_header("cubert ÷ peer");
+    char ours[64], peer[96], theirs[64];
+    snprintf(ours, sizeof ours, "%.2f GB/s", kern_gbs);
+    snprintf(peer, sizeof peer, "C loop, OpenMP parallel for, %d threads",
+             threads);
+    snprintf(theirs, sizeof theirs, "%.2f GB/s", omp_gbs);
+    row("axpy kernel, cube dim 256, 65536 cubes", ours, peer, theirs,
+        kern_gbs / omp_gbs, NULL);
+    snprintf(peer, sizeof peer,
+             "memcpy 64 MiB split over %d threads (read+write counted)",
+             threads);
+    snprintf(theirs, sizeof theirs, "%.2f GB/s", cpy_gbs);
+    row("axpy kernel, cube dim 256, 65536 cubes", ours, peer, theirs,
+        kern_gbs / cpy_gbs, NULL);
+    printf("\n");
+    rc = 0;
+
+done:
+    if (hx.bits)
+        rc |= failed(cube_handle_release(c, hx), "cube_handle_release");
+    if (hy.bits)
+        rc |= failed(cube_handle_release(c, hy), "cube_handle_release");
+    free(x);
+    free(y);
+    free(dst);
+    return rc;
+}
+
+/* --- (b) launch latency --------------------------------------------------- */
+
+#define LAT_ITERS 2000
+#define LAT_WARMUP 100
+
+static void omp_tiny(float *y, uint32_t n)
+{
+    OMP_PARALLEL_FOR
+    for (uint32_t i = 0; i < n; i++)
+        y[i] += 1.0f;
+}
+
+/* Median launch + cube_sync(client, NULL, 0), in µs. */
+static int time_launches(cube_client *c, cube_kernel *k, cube_count count,
+                         const cube_arg *args, size_t nargs, double *out)
+{
+    static double t[LAT_ITERS];
+    for (int r = -LAT_WARMUP; r < LAT_ITERS; r++) {
+        double t0 = now_us();
+        cube_error *err = cube_launch(c, k, count, args, nargs, 0);
+        if (!err)
+            err = cube_sync(c, NULL, 0);
+        double dt = now_us() - t0;
+        if (failed(err, "launch + cube_sync"))
+            return 1;
+        if (r >= 0)
+            t[r] = dt;
+    }
+    *out = median(t, LAT_ITERS);
+    return 0;
+}
+
+static int bench_latency(cube_client *c, cube_kernel *axpy, int threads)
+{
+    static double t[LAT_ITERS];
+    float host[4096], xs[4096];
+    for (int i = 0; i < 4096; i++) {
+        host[i] = 0.0f;
+        xs[i] = (float)i;
+    }
+    cube_kernel *tiny = NULL;
+    cube_handle hy = {0}, hx = {0}, hy2 = {0};
+    int rc = 1;
+    if (failed(make_kernel("tiny", tiny_src, 64, &tiny),
+               "cube_kernel_create(tiny)") ||
+        failed(cube_create(c, host, 64 * sizeof(float), &hy), "cube_create") ||
+        failed(cube_create(c, xs, sizeof xs, &hx), "cube_create") ||
+        failed(cube_create(c, host, sizeof host, &hy2), "cube_create"))
+        goto done;
+
+    double k64, k4096, o64, o4096;
+    pause_ms(50);
+    cube_arg a1[1] = {cube_arg_buffer(hy)};
+    if (time_launches(c, tiny, cube_count_static(1, 1, 1), a1, 1, &k64))
+        goto done;
+    cube_arg a2[4] = {cube_arg_f32(1e-3f), cube_arg_buffer(hx),
+                      cube_arg_buffer(hy2), cube_arg_u32(4096)};
+    if (time_launches(c, axpy, cube_count_static(16, 1, 1), a2, 4, &k4096))
+        goto done;
+    pause_ms(50);
+
+    for (int r = -LAT_WARMUP; r < LAT_ITERS; r++) {
+        double t0 = now_us();
+        omp_tiny(host, 64);
+        double dt = now_us() - t0;
+        if (r >= 0)
+            t[r] = dt;
+    }
+    o64 = median(t, LAT_ITERS);
+    for (int r = -LAT_WARMUP; r < LAT_ITERS; r++) {
+        double t0 = now_us();
+        omp_axpy(1e-3f, xs, host, 4096);
+        double dt = now_us() - t0;
+        if (r >= 0)
+            t[r] = dt;
+    }
+    o4096 = median(t, LAT_ITERS);
+    volatile float sink = host[17];
+    (void)sink;
+
+    printf("## (b) Launch-to-completion latency: launch + cube_sync, median "
+           "of %d (after %d warm-up)\n\n",
+           LAT_ITERS, LAT_WARMUP);
+    table_header("cubert ÷ peer");
+    char ours[64], peer[96], theirs[64];
+    snprintf(peer, sizeof peer,
+             "OpenMP parallel for over 64 elements, %d "
+             "threads",
+             threads);
+    snprintf(ours, sizeof ours, "%.2f µs", k64);
+    snprintf(theirs, sizeof theirs, "%.2f µs", o64);
+    row("tiny kernel, 1 cube x 64 units", ours, peer, theirs, k64 / o64, NULL);
+    snprintf(peer, sizeof peer,
+             "OpenMP parallel for axpy over 4096 "
+             "elements, %d threads",
+             threads);
+    snprintf(ours, sizeof ours, "%.2f µs", k4096);
+    snprintf(theirs, sizeof theirs, "%.2f µs", o4096);
+    row("axpy kernel, 4096 elements (16 cubes x 256)", ours, peer, theirs,
+        k4096 / o4096, NULL);
+    printf("\n");
+    rc = 0;
+
+done:
+    if (hy.bits)
+        rc |= failed(cube_handle_release(c, hy), "cube_handle_release");
+    if (hx.bits)
+        rc |= failed(cube_handle_release(c, hx), "cube_handle_release");
+    if (hy2.bits)
+        rc |= failed(cube_handle_release(c, hy2), "cube_handle_release");
+    cube_kernel_release(tiny);
+    return rc;
+}
+
+/* --- (c) compile cache ---------------------------------------------------- */
+
+#define CACHE_REPS 3
+
+static int rm_entry(const char *path, const struct stat *sb, int flag,
+                    struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    if (remove(path) != 0)
+        fprintf(stderr, "bench_cpu: cannot remove %s: %s\n", path,
+                strerror(errno));
+    return 0;
+}
+
+/* One SKIP launch of `k` on `c` (which must compile, load or find it),
+ * timed in ms. */
+static int skip_launch(cube_client *c, cube_kernel *k, double *ms)
+{
+    cube_handle hx = {0}, hy = {0};
+    float v[256] = {0};
+    int rc = 1;
+    if (failed(cube_create(c, v, sizeof v, &hx), "cube_create") ||
+        failed(cube_create(c, v, sizeof v, &hy), "cube_create"))
+        goto done;
+    cube_arg args[4] = {cube_arg_f32(1.0f), cube_arg_buffer(hx),
+                        cube_arg_buffer(hy), cube_arg_u32(256)};
+    double t0 = now_us();
+    cube_error *err = cube_launch(c, k, cube_count_static(1, 1, 1), args, 4,
+                                  CUBE_LAUNCH_SKIP);
+    *ms = (now_us() - t0) * 1e-3;
+    if (failed(err, "SKIP launch"))
+        goto done;
+    rc = 0;
+done:
+    if (hx.bits)
+        rc |= failed(cube_handle_release(c, hx), "cube_handle_release");
+    if (hy.bits)
+        rc |= failed(cube_handle_release(c, hy), "cube_handle_release");
+    return rc;
+}
+
+static int bench_cache(void)
+{
+    char dir[] = "/tmp/cubert-bench-XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "bench_cpu: mkdtemp: %s\n", strerror(errno));
+        return 1;
+    }
+    double cold[CACHE_REPS], disk[CACHE_REPS], mem[CACHE_REPS];
+    int rc = 1;
+    for (int r = 0; r < CACHE_REPS; r++) {
+        /* A fresh cache directory per round (the JIT creates it). */
+        char sub[sizeof dir + 16];
+        snprintf(sub, sizeof sub, "%s/r%d", dir, r);
+        cube_client_options opts = cube_client_options_default();
+        opts.cache_dir = sub;
+        /* A source no cache has seen: a unique comment. */
+        char src[sizeof axpy_src + 128];
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        snprintf(src, sizeof src, "/* bench_cpu cold %ld %lld.%09ld #%d */\n%s",
+                 (long)getpid(), (long long)ts.tv_sec, ts.tv_nsec, r, axpy_src);
+        cube_kernel *k = NULL;
+        if (failed(make_kernel("axpy", src, 256, &k), "cube_kernel_create"))
+            goto done;
+
+        cube_client *c1 = NULL;
+        if (failed(cube_client_open("cpu", &opts, &c1), "cube_client_open")) {
+            cube_kernel_release(k);
+            goto done;
+        }
+        int bad = skip_launch(c1, k, &cold[r]);
+        cube_client_close(c1);
+
+        cube_client *c2 = NULL;
+        if (!bad &&
+            failed(cube_client_open("cpu", &opts, &c2), "cube_client_open"))
+            bad = 1;
+        if (!bad)
+            bad = skip_launch(c2, k, &disk[r]) || skip_launch(c2, k, &mem[r]);
+        cube_client_close(c2);
+        cube_kernel_release(k);
+        if (bad)
+            goto done;
+    }
+    double c0 = median(cold, CACHE_REPS), d0 = median(disk, CACHE_REPS),
+           m0 = median(mem, CACHE_REPS);
+
+    printf("## (c) Compile cache: first CUBE_LAUNCH_SKIP launch, median of "
+           "%d fresh kernels\n\n",
+           CACHE_REPS);
+    table_header("cubert ÷ cold");
+    char ours[64], theirs[64], note[64];
+    snprintf(theirs, sizeof theirs, "%.3g ms", c0);
+    row("cold compile (fresh cache dir, unique source)", theirs, "cold compile",
+        theirs, 1.0, NULL);
+    snprintf(ours, sizeof ours, "%.3g ms", d0);
+    snprintf(note, sizeof note, " (%.0fx faster)", c0 / d0);
+    row("disk-cache hit (new client, same cache dir)", ours, "cold compile",
+        theirs, d0 / c0, note);
+    snprintf(ours, sizeof ours, "%.3g ms", m0);
+    snprintf(note, sizeof note, " (%.0fx faster)", c0 / m0);
+    row("in-memory hit (second SKIP launch, same client)", ours, "cold compile",
+        theirs, m0 / c0, note);
+    printf("\n");
+    rc = 0;
+
+done:
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return rc;
+}
+
+/* --- main ----------------------------------------------------------------- */
+
+int main(void)
+{
+    double start = now_us();
+    cube_client *c = NULL;
+    if (failed(cube_client_open("cpu", NULL, &c), "cube_client_open"))
+        return 1;
+    cube_properties p;
+    if (failed(cube_client_properties(c, &p), "cube_client_properties")) {
+        cube_client_close(c);
+        return 1;
+    }
+    int threads = (int)(p.compute_units ? p.compute_units : 1);
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#else
+    threads = 1;
+#endif
+    print_machine(&p, threads);
+
+    cube_kernel *axpy = NULL;
+    int rc = failed(make_kernel("axpy", axpy_src, 256, &axpy),
+                    "cube_kernel_create(axpy)");
+    if (!rc)
+        rc = bench_bandwidth(c, axpy, threads);
+    if (!rc)
+        rc = bench_latency(c, axpy, threads);
+    cube_kernel_release(axpy);
+    cube_client_close(c);
+    if (!rc)
+        rc = bench_cache();
+
+    printf("Notes: the peers are compiled with the bench (-O2); the kernels "
+           "by the CPU backend's JIT (-O3 -march=native). Bandwidth runs the "
+           "three contenders in turn, one run each per round, with 5 ms "
+           "pauses; latency runs each side as one block after a 50 ms "
+           "pause, so neither side's idle spinning threads compete with the "
+           "other. OpenMP keeps its default wait policy. Times: "
+           "clock_gettime(CLOCK_MONOTONIC).\n");
+    printf("\nbench_cpu: %s in %.1f s\n", rc ? "FAILED" : "done",
+           (now_us() - start) * 1e-6);
+    return rc ? 1 : 0;
+}
