@@ -1,6 +1,7 @@
 /* The smallest complete cubert program: y = a*x + y on the CPU backend.
  * Build: cc scale_add.c $(pkg-config --cflags --libs cubert) */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <cubert/cubert.h>
 
@@ -17,6 +18,7 @@ static int fail(cube_error *err)
 {
     char *text = cube_error_format(err);
     fprintf(stderr, "%s", text ? text : "out of memory\n");
+    free(text);
     cube_error_free(err);
     return 1;
 }

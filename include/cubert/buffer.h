@@ -92,8 +92,9 @@ CUBE_API cube_copy_desc cube_copy_desc_contiguous(cube_handle handle,
  *
  * cube_write copies host data into buffers in stream order and returns once
  * the host memory may be reused. A failure while executing lands on the
- * written buffers (see cube_check); a write that covers a whole buffer
- * successfully clears that buffer's failure. Argument errors are returned
+ * written buffers (see cube_check); a successful contiguous write that
+ * covers a whole buffer (offset 0, every byte) clears that buffer's
+ * failure; a partial or strided write leaves it. Argument errors are returned
  * at once and nothing is written:
  * CUBE_ERR_INVALID_ARGUMENT (NULL pointers, n 0, rank 0 or over the limit,
  * a zero or overflowing extent, a descriptor that runs past its handle's

@@ -83,7 +83,7 @@ enum {
 typedef struct cube_properties {
     char backend[16];        /* "cpu", "cuda" */
     char name[128];          /* device name */
-    char architecture[64];   /* "x86_64-avx2", "sm_90" */
+    char architecture[64];   /* "x86_64", "aarch64", "sm_90" */
     uint32_t max_cube_dim[3];
     uint32_t max_units_per_cube;
     uint32_t max_cube_count[3];
@@ -107,8 +107,11 @@ CUBE_API CUBE_MUST_USE cube_error *cube_client_properties(
 CUBE_API cube_stream_id cube_stream_current(cube_client *client);
 
 /* Makes the calling thread work on `stream` (any id; a new id creates the
- * stream on first use). 0 restores the thread's own stream.
- * Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL). */
+ * stream on first use). 0 restores the thread's own stream. Threads' own
+ * streams have ids with the top bit set, so an id below 2^63 chosen by the
+ * application never aliases one by accident.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL), CUBE_ERR_RESOURCE_LIMIT
+ * (the thread already names streams on 8 other clients). */
 CUBE_API CUBE_MUST_USE cube_error *cube_stream_use(cube_client *client,
                                                    cube_stream_id stream);
 

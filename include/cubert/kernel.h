@@ -130,14 +130,19 @@ enum {
 };
 
 /* Launches `kernel` over `count` cubes with `args`, on the calling thread's
- * stream. Validation happens here: an argument error is returned and
- * nothing is recorded. A failure of the launch itself — compile error
+ * stream. Malformed arguments (below) are returned and nothing is
+ * recorded. A failure of the launch itself — compile error
  * (CUBE_ERR_COMPILE, with the compiler's log), a cube dimension, unit count
  * or shared memory over the device's limits (CUBE_ERR_RESOURCE_LIMIT), an
- * argument list that does not match the kernel's parameters
- * (CUBE_ERR_INVALID_ARGUMENT) — is recorded on every buffer bound to the
- * launch, so reads of them fail, and is also returned to the caller.
- * Failures discovered while executing land on the buffers only.
+ * argument list that does not fit the kernel's parameters
+ * (CUBE_ERR_INVALID_ARGUMENT), an input buffer that carries a failure
+ * (CUBE_ERR_SEVERAL) — is returned to the caller and recorded on the
+ * buffers the launch would have written, so reads of them fail: its
+ * CUBE_OUT and CUBE_INOUT arguments, or every bound buffer when the
+ * kernel's parameters are unknown (it did not compile) or the arguments do
+ * not fit them. Under CUBE_LAUNCH_SKIP nothing is recorded: a dry run
+ * changes no buffer. Failures discovered while executing land on the
+ * buffers only.
  * Errors returned: CUBE_ERR_INVALID_ARGUMENT (NULL client/kernel, args NULL
  * with nargs > 0, unknown flag, a zero static count component),
  * CUBE_ERR_NOT_FOUND (released or foreign handle), CUBE_ERR_COMPILE,

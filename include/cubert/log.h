@@ -2,14 +2,16 @@
  *
  * cubert never prints on its own: everything it has to say goes through this
  * process-wide logger, which drops messages below its level and hands the
- * rest to one sink. The default sink writes to stderr at level WARN (or the
- * level named by CUBERT_LOG_LEVEL; CUBERT_LOG_FILE redirects it to a file).
+ * rest to one sink. The default sink writes to stderr at level WARN.
+ * CUBERT_LOG_LEVEL and CUBERT_LOG_FILE are read once, at the first
+ * cube_client_open, and then override earlier cube_log_set_* calls.
  *
  * Categories name where a message comes from: "compile", "launch", "memory",
  * "profile", "config", "client", "cpu", "cuda".
  *
- * Thread safety: every function here may be called from any thread. A sink
- * may be called from several threads at once and must be thread-safe.
+ * Thread safety: every function here may be called from any thread. The
+ * sink is called under the logger's lock, one message at a time, so it
+ * need not be thread-safe, but it must not log itself (that deadlocks).
  */
 #ifndef CUBERT_LOG_H
 #define CUBERT_LOG_H

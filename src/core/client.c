@@ -19,10 +19,15 @@ static _Thread_local struct {
     cube_stream_id stream;
 } overrides[STREAM_OVERRIDES];
 
+/* A thread's own stream id has the top bit set, so ids an application
+ * picks below 2^63 never land on some thread's stream by accident. */
+#define OWN_STREAM_BIT (1ull << 63)
+
 static cube_stream_id own_stream(void)
 {
     if (!thread_stream)
-        thread_stream = atomic_fetch_add(&next_thread_stream, 1);
+        thread_stream =
+            OWN_STREAM_BIT | atomic_fetch_add(&next_thread_stream, 1);
     return thread_stream;
 }
 

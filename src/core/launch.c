@@ -182,7 +182,8 @@ static cube_error *check_limits(const cube_client *c, const cube_kernel *k,
 }
 
 /* Records `err` on the buffers the launch would have written: the
- * signature's outputs when it is known, every bound buffer otherwise. */
+ * signature's outputs when the arguments matched it, every bound buffer
+ * otherwise (a compile error, arguments that do not fit). */
 static void record_failure(cube_client *c, const cube_compiled *cc,
                            const uint32_t *arg_of_param, core_resolved *r,
                            size_t nargs, const cube_error *err)
@@ -323,10 +324,13 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
     const cube_compiled *cc = NULL;
     uint32_t arg_of_param[CUBE_MAX_PARAMS] = {0};
     err = get_compiled(c, k, mode, &cc);
-    if (err)
-        cc = NULL;
-    if (!err)
+    if (!err) {
         err = bind_args(k, cc, args, nargs, arg_of_param);
+        /* Arguments that do not fit the signature cannot say which
+         * buffers are outputs: every bound buffer takes the failure. */
+        if (err)
+            cc = NULL;
+    }
     if (!err)
         err = check_limits(c, k, cc);
     if (!err && (mode & CUBE_LAUNCH_SKIP))
@@ -357,7 +361,8 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
     if (!err)
         err = run_dispatch(c, k, cc, count, dynamic ? &count_res : NULL, args,
                            arg_of_param, r, mode);
-    if (err) {
+    /* A dry run changes no buffer's state, failed or not. */
+    if (err && !(mode & CUBE_LAUNCH_SKIP)) {
         record_failure(c, cc, arg_of_param, r, nargs, err);
         cube_log_write(CUBE_LOG_DEBUG, "launch", "%s failed: %s",
                        cube_kernel_name(k), cube_error_message(err));

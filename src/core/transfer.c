@@ -92,19 +92,20 @@ static cube_error *make_op(const char *fn, size_t i, const cube_copy_desc *d,
 /* Validates and resolves a batch of descriptors with host buffers. On
  * success the caller owns *res (pinned) and *ops. */
 static cube_error *prepare(cube_client *c, const char *fn,
+                           const char *buffers_name, const char *sizes_name,
                            const cube_copy_desc *descs, const void *buffers,
                            const uint64_t *sizes, size_t n,
                            core_resolved **res, cube_copy_op **ops)
 {
     *res = NULL;
     *ops = NULL;
-    if (!descs || !buffers || !sizes || n == 0)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "%s: %s", fn,
-                              n == 0     ? "n is 0"
-                              : !descs   ? "descs is NULL"
-                              : !buffers ? "the host buffer array is NULL"
-                                         : "the size array is NULL");
+    if (n == 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: n is 0", fn);
+    if (!descs || !buffers || !sizes)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                              !descs     ? "descs"
+                              : !buffers ? buffers_name
+                                         : sizes_name);
     const void *const *bufs = buffers;
     core_resolved *r = calloc(n, sizeof *r);
     cube_copy_op *o = calloc(n, sizeof *o);
@@ -118,7 +119,7 @@ static cube_error *prepare(cube_client *c, const char *fn,
     for (size_t i = 0; i < n && !err; i++) {
         if (!bufs[i]) {
             err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                 "%s: host buffer %zu is NULL", fn, i);
+                                 "%s: %s[%zu] is NULL", fn, buffers_name, i);
             break;
         }
         err = core_resolve(c, descs[i].handle, fn, &r[i]);
@@ -130,9 +131,10 @@ static cube_error *prepare(cube_client *c, const char *fn,
         err = make_op(fn, i, &descs[i], &r[i], &o[i]);
         if (!err && o[i].bytes != sizes[i])
             err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                 "%s: host buffer %zu holds %llu bytes but "
-                                 "descs[%zu] covers %llu",
-                                 fn, i, (unsigned long long)sizes[i], i,
+                                 "%s: %s[%zu] is %llu bytes but descs[%zu] "
+                                 "covers %llu",
+                                 fn, sizes_name, i,
+                                 (unsigned long long)sizes[i], i,
                                  (unsigned long long)o[i].bytes);
     }
     if (err) {
@@ -161,7 +163,8 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
     CORE_CHECK_CLIENT(c, "cube_write");
     core_resolved *r;
     cube_copy_op *ops;
-    cube_error *err = prepare(c, "cube_write", descs, sources, sizes, n, &r,
+    cube_error *err = prepare(c, "cube_write", "sources", "source_sizes", descs,
+                              sources, sizes, n, &r,
                               &ops);
     if (err)
         return err;
@@ -207,7 +210,9 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
     CORE_CHECK_CLIENT(c, "cube_read");
     core_resolved *r;
     cube_copy_op *ops;
-    cube_error *err = prepare(c, "cube_read", descs, destinations, sizes, n,
+    cube_error *err = prepare(c, "cube_read", "destinations",
+                              "destination_sizes", descs, destinations, sizes,
+                              n,
                               &r, &ops);
     if (err)
         return err;

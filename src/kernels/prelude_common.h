@@ -184,13 +184,16 @@ typedef struct cube__param_sig {
 typedef union cube__sink_t {
     unsigned long long u[8];
     double d[8];
+    unsigned char bytes[64];
 } cube__sink_t;
 
+/* Zeroed byte by byte: character stores may alias the element type the
+ * slot is then read as, so the compiler cannot drop them. */
 static CUBE__INLINE void *cube__zero_sink(void *p)
 {
-    cube__sink_t *s = (cube__sink_t *)p;
-    for (int k = 0; k < 8; k++)
-        s->u[k] = 0;
+    unsigned char *b = (unsigned char *)p;
+    for (int k = 0; k < 64; k++)
+        b[k] = 0;
     return p;
 }
 

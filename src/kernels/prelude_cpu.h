@@ -23,7 +23,8 @@
 #define CUBE__EXPORT __attribute__((visibility("default")))
 #define CUBE_DEVICE static inline
 
-/* The ABI the runtime calls with; it must match src/backends/cpu/cpu_abi.h. */
+/* The ABI the runtime calls with; it must match cpu_launch_abi in
+ * src/backends/cpu/cpu_server.c. */
 #define CUBE__CPU_ABI 1
 typedef struct cube_cpu_launch {
     unsigned int dim[3];

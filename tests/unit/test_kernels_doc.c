@@ -35,13 +35,16 @@
  * suffix replaced. Caller frees. */
 static char *doc_path(void)
 {
+    /* __FILE__ is whatever path the build passed the compiler: find the
+     * suffix at its end. */
     const char *self = __FILE__;
-    size_t len = strlen(self), suffix = strlen(SELF_SUFFIX);
-    size_t root = 0;
-    if (len >= suffix && strcmp(self + len - suffix, SELF_SUFFIX) == 0)
-        root = len - suffix;
-    else
+    const char *hit = NULL;
+    for (const char *p = strstr(self, SELF_SUFFIX); p;
+         p = strstr(p + 1, SELF_SUFFIX))
+        hit = p;
+    if (!hit || hit[strlen(SELF_SUFFIX)] != '\0')
         fail_msg("cannot locate the repository from __FILE__ = '%s'", self);
+    size_t root = (size_t)(hit - self);
     char *path = malloc(root + sizeof DOC_RELATIVE);
     assert_non_null(path);
     memcpy(path, self, root);
@@ -152,8 +155,8 @@ static void check_kernel(cube_client *client, const char *name,
         cube_error_free(err);
         fail();
     }
-    err = cube_launch(client, kernel, cube_count_static(1, 1, 1), NULL, 0,
-                      mode);
+    err =
+        cube_launch(client, kernel, cube_count_static(1, 1, 1), NULL, 0, mode);
     cube_kernel_release(kernel);
     cube_code code = cube_error_code(err);
     if (code != CUBE_OK && code != CUBE_ERR_INVALID_ARGUMENT) {
@@ -170,16 +173,9 @@ static void check_kernel(cube_client *client, const char *name,
     cube_error_free(err);
 }
 
-/* Kernels call math functions that the CPU backend's objects resolve from
- * the process (they are not linked against libm themselves), as a program
- * doing numerical work would have them. This program does no math of its
- * own, so it uses one function to keep libm among its libraries. */
-static volatile float math_probe = 0.5f;
-
 static void test_every_kernel_in_the_doc_compiles(void **state)
 {
     (void)state;
-    assert_true(tanhf(math_probe) > 0.0f);
     char *path = doc_path();
     char *doc = read_file(path);
 

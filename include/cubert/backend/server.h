@@ -9,7 +9,9 @@
  * share.
  *
  * There is one slot per method of the server contract (docs/
- * server-contract.md maps each to its public function). Slots marked
+ * server-contract.md maps each to its public function), except
+ * memory_report, whose slot arrives with the pooled memory manager and
+ * its report type. Slots marked
  * (optional) may be NULL; the client then applies the contract's default.
  * Every slot that can fail returns `cube_error *` (NULL on success) which
  * the client owns.

@@ -416,7 +416,7 @@ static cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
 {
     size_t max_args = 1 + CPU_JIT_FIXED_COUNT + 3 +
                       cpu_jit_count_words(flags) +
-                      cpu_jit_count_words(jit->cflags) + 1;
+                      cpu_jit_count_words(jit->cflags) + 2;
     const char **argv = calloc(max_args, sizeof *argv);
     char *flags_copy = strdup(flags ? flags : "");
     char *cflags_copy = strdup(jit->cflags);
@@ -436,6 +436,9 @@ static cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
     argv[argc++] = src_path;
     cpu_jit_split_words(flags_copy, argv, &argc);
     cpu_jit_split_words(cflags_copy, argv, &argc);
+    /* Kernels call math functions; the object must not depend on the host
+     * program having loaded libm. Libraries go after the sources. */
+    argv[argc++] = "-lm";
     argv[argc] = NULL;
 
     char *output = NULL;

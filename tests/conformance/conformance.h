@@ -1,0 +1,276 @@
+/* The conformance suite: shared state, helpers and the list of tests.
+ *
+ * The suite is written once against the public API (cubert/cubert.h) and
+ * run once per backend: `conformance cpu`, `conformance cuda`. Every test is
+ * named after what it proves; the ones about reads, syncs, checks, flushes,
+ * launches and Skip follow the sentences of the server contract
+ * (reference/server-trait.txt) one by one.
+ *
+ * Every test runs between conf_test_setup and conf_test_teardown (main.c):
+ * the teardown proves that the client is still usable, that the sentinel
+ * buffer's bytes did not change (bad input touches no other buffer) and that
+ * the test released every buffer it made. */
+#ifndef CUBE_CONFORMANCE_H
+#define CUBE_CONFORMANCE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <cubert/cubert.h>
+
+/* --- shared state (main.c) ------------------------------------------------ */
+
+#define CONF_SENTINEL_BYTES 4096u
+
+/* Kernels, made once in the group setup and launched by many tests: each
+ * client compiles a kernel once and caches it. */
+typedef struct conf_kernels {
+    cube_kernel *scale_add;      /* y = a * x + y (IN, INOUT, f32), dim 64 */
+    cube_kernel *scale;          /* y = a * x (IN, OUT, f32), dim 64 */
+    cube_kernel *fill;           /* y[i] = v + i (OUT u32, u32), dim 32 */
+    cube_kernel *pos2d;          /* positions, dim (8, 4, 1) */
+    cube_kernel *pos3d;          /* positions, dim (4, 2, 3) */
+    cube_kernel *scalars;        /* echoes scalars of 1..8 bytes */
+    cube_kernel *reverse[4];     /* reverse within a cube: dims 1,4,256,1024 */
+    cube_kernel *reduce[3];      /* tree sum per cube: dims 4,256,1024 */
+    cube_kernel *atomic_int;     /* u32 / i32 atomics */
+    cube_kernel *atomic_f32;     /* f32 atomic add */
+    cube_kernel *write_count;    /* writes a cube count (n, 1, 1) */
+    cube_kernel *count_probe;    /* y[i] = CUBE_COUNT_X * 1000 + CUBE_POS_X */
+    cube_kernel *oob_write;      /* CUBE_AT(y, i) = v for every unit */
+    cube_kernel *oob_read;       /* y[i] = CUBE_AT(x, i + off) */
+    cube_kernel *math;           /* math functions and a device helper */
+    cube_kernel *two_entries;    /* second entry of a two-kernel source */
+    cube_kernel *broken;         /* does not compile (IN, OUT, OUT) */
+    cube_kernel *missing_entry;  /* its name is not in its source */
+    cube_kernel *mark;           /* OUT u8, cube dim over the limit */
+    cube_kernel *too_many_units; /* (IN, OUT), units over the limit */
+    cube_kernel *dim_z_over;     /* (IN, OUT), cube_dim z over the limit */
+    cube_kernel *shared_over;    /* shared memory one byte over the limit */
+    cube_kernel *shared_at;      /* shared memory exactly at the limit */
+    cube_kernel *skip_probe;     /* launched only by the Skip test */
+} conf_kernels;
+
+typedef struct conf_state {
+    const char *backend; /* argv[1] */
+    cube_client *client;
+    cube_properties props;
+    cube_handle sentinel;
+    unsigned char sentinel_bytes[CONF_SENTINEL_BYTES];
+    uint64_t buffers_at_setup; /* live buffers when the test began */
+    int finished;              /* the test body returned (did not fail) */
+    conf_kernels k;
+} conf_state;
+
+extern conf_state conf;
+
+/* --- helpers (util.c) ---------------------------------------------------- */
+
+/* Fails the test (printing the whole error) unless err is NULL. */
+void conf_ok_at(cube_error *err, const char *expr, const char *file, int line);
+/* Fails unless err has `code` (and, when `needle` is not NULL, a message
+ * containing it); frees err. */
+void conf_expect_at(cube_error *err, cube_code code, const char *needle,
+                    const char *expr, const char *file, int line);
+/* Like conf_expect_at but keeps err for further checks. */
+void conf_code_at(const cube_error *err, cube_code code, const char *expr,
+                  const char *file, int line);
+
+#define CONF_OK(expr) conf_ok_at((expr), #expr, __FILE__, __LINE__)
+#define CONF_EXPECT(expr, code)                                                \
+    conf_expect_at((expr), (code), NULL, #expr, __FILE__, __LINE__)
+#define CONF_EXPECT_MSG(expr, code, needle)                                    \
+    conf_expect_at((expr), (code), (needle), #expr, __FILE__, __LINE__)
+#define CONF_CODE(err, code)                                                   \
+    conf_code_at((err), (code), #err, __FILE__, __LINE__)
+
+/* Like conf_expect_at, but a message that does not name `needle` only
+ * counts in *misses (so one test can report every such message). */
+void conf_expect_named_at(cube_error *err, cube_code code, const char *needle,
+                          int *misses, const char *expr, const char *file,
+                          int line);
+#define CONF_EXPECT_NAMED(expr, code, needle, misses)                          \
+    conf_expect_named_at((expr), (code), (needle), (misses), #expr, __FILE__,  \
+                         __LINE__)
+
+/* Whether err or any cause below it (at any depth) has `code`. */
+int conf_error_has_code(const cube_error *err, cube_code code);
+
+/* Buffers on conf.client; each asserts success. */
+cube_handle conf_create(const void *bytes, uint64_t size);
+cube_handle conf_empty(uint64_t size);
+cube_handle conf_slice(cube_handle h, uint64_t offset, uint64_t size);
+void conf_release(cube_handle h);
+/* Contiguous whole-range transfers; return the library's answer. */
+cube_error *conf_read(cube_handle h, void *dst, uint64_t size);
+cube_error *conf_write(cube_handle h, const void *src, uint64_t size);
+#define CONF_READ_OK(h, dst, size) CONF_OK(conf_read((h), (dst), (size)))
+#define CONF_WRITE_OK(h, src, size) CONF_OK(conf_write((h), (src), (size)))
+
+cube_error *conf_launch(cube_kernel *k, cube_count count, const cube_arg *args,
+                        size_t nargs, uint32_t mode);
+/* Makes `h`'s allocation carry a launch failure (a RESOURCE_LIMIT launch
+ * that would have written it). */
+void conf_mark_failed(cube_handle h);
+/* Asserts that reading h is refused with SEVERAL whose causes include
+ * `cause` somewhere, and that the destination was not touched. */
+void conf_expect_refused_at(cube_handle h, uint64_t size, cube_code cause,
+                            const char *file, int line);
+#define CONF_EXPECT_REFUSED(h, size, cause)                                    \
+    conf_expect_refused_at((h), (size), (cause), __FILE__, __LINE__)
+
+cube_kernel *conf_kernel(const char *name, const char *source, uint32_t dx,
+                         uint32_t dy, uint32_t dz);
+int conf_is_cpu(void);
+uint32_t conf_div_up(uint64_t n, uint32_t d);
+
+/* Fills `n` bytes with a pattern that depends on `seed`. */
+void conf_pattern(void *dst, size_t n, uint32_t seed);
+
+/* --- the tests ---------------------------------------------------------------
+ */
+
+/* clang-format off */
+#define CONF_TESTS(X)                                                          \
+    /* clients (test_client.c) */                                              \
+    X(client_open_named_backend_and_cpu_succeed)                               \
+    X(client_open_null_device_uses_default)                                    \
+    X(client_open_malformed_device_is_invalid_argument)                        \
+    X(client_open_unknown_backend_or_index_is_not_found)                       \
+    X(client_open_bad_options_struct_size_is_invalid_argument)                 \
+    X(client_open_with_options_works)                                          \
+    X(client_close_frees_what_the_caller_did_not_release)                      \
+    X(client_properties_are_sane)                                              \
+    X(client_backend_names_lists_cpu_and_is_terminated)                        \
+    X(error_accessors_tolerate_null_and_format_whole_error)                    \
+    X(error_code_names_are_distinct_and_non_empty)                             \
+    X(log_level_parse_and_sink_receive_messages)                               \
+    /* buffers (test_buffers.c) */                                             \
+    X(buffer_create_read_round_trip_many_sizes)                                \
+    X(buffer_empty_write_read_round_trip)                                      \
+    X(buffer_handle_size_reports_the_range)                                    \
+    X(buffer_slice_write_changes_only_its_range)                               \
+    X(buffer_slice_read_returns_its_range)                                     \
+    X(buffer_slice_of_slice_composes_offsets)                                  \
+    X(buffer_slice_out_of_range_is_invalid_argument)                           \
+    X(buffer_slice_keeps_buffer_alive_after_parent_release)                    \
+    X(buffer_retained_twice_needs_three_releases)                              \
+    X(buffer_released_handle_is_not_found_everywhere)                          \
+    X(buffer_handle_of_another_client_is_not_found)                            \
+    X(buffer_zero_handle_is_not_found)                                         \
+    X(buffer_size_zero_is_invalid_argument)                                    \
+    X(buffer_size_near_uint64_max_is_buffer_too_big)                           \
+    X(api_null_pointers_are_invalid_argument_naming_the_argument)              \
+    /* copy descriptors, async reads, staging (test_copy.c) */                 \
+    X(copy_rank2_column_read_matches_reference)                                \
+    X(copy_rank2_column_write_changes_only_the_column)                         \
+    X(copy_rank2_subblock_read_matches_reference)                              \
+    X(copy_rank2_subblock_write_changes_only_the_block)                        \
+    X(copy_transposing_strides_read_matches_reference)                         \
+    X(copy_zero_strides_mean_contiguous_row_major)                             \
+    X(copy_rank8_and_wide_elements_round_trip)                                 \
+    X(copy_batch_read_and_write_of_several_descriptors)                        \
+    X(copy_descriptor_past_end_is_invalid_and_changes_nothing)                 \
+    X(copy_host_size_mismatch_is_invalid_and_changes_nothing)                  \
+    X(copy_rank_0_and_9_are_invalid_argument)                                  \
+    X(copy_elem_size_0_and_65_are_invalid_argument)                            \
+    X(copy_zero_extent_and_zero_stride_are_invalid_argument)                   \
+    X(copy_overflowing_shape_is_invalid_argument)                              \
+    X(copy_batch_with_one_bad_descriptor_writes_nothing)                       \
+    X(read_async_wait_returns_data_and_future_becomes_ready)                   \
+    X(read_async_waiting_twice_returns_null_the_second_time)                   \
+    X(read_async_freeing_unwaited_future_is_safe)                              \
+    X(read_async_argument_error_returns_no_future)                             \
+    X(read_async_of_failed_buffer_reports_at_wait_untouched)                   \
+    X(read_async_observes_stream_order)                                        \
+    X(staging_buffers_feed_create_and_write)                                   \
+    X(staging_free_of_foreign_pointer_is_not_found)                            \
+    X(staging_zero_sizes_and_counts_are_invalid_argument)                      \
+    /* kernels (test_kernels.c) */                                             \
+    X(kernel_scale_add_elementwise_for_uneven_sizes)                           \
+    X(kernel_launches_on_one_stream_run_in_order)                              \
+    X(kernel_on_slices_writes_only_the_slice)                                  \
+    X(kernel_2d_positions_match_reference)                                     \
+    X(kernel_3d_positions_match_reference)                                     \
+    X(kernel_scalars_of_every_size_arrive_intact)                              \
+    X(kernel_shared_memory_reverse_with_cube_dims_1_4_256_1024)                \
+    X(kernel_shared_memory_tree_reduction_with_cube_sync)                      \
+    X(kernel_atomic_u32_and_i32_adds_are_exact)                                \
+    X(kernel_atomic_f32_add_is_exact)                                          \
+    X(kernel_dynamic_count_sees_count_written_by_previous_kernel)              \
+    X(kernel_dynamic_count_buffer_under_12_bytes_is_invalid)                   \
+    X(kernel_checked_write_past_end_leaves_neighbours_intact)                  \
+    X(kernel_checked_read_past_end_gives_zero)                                 \
+    X(kernel_math_functions_and_device_helpers)                                \
+    X(kernel_source_with_two_entries_runs_the_named_one)                       \
+    X(kernel_object_is_usable_on_two_clients)                                  \
+    X(kernel_create_rejects_bad_descriptors)                                   \
+    X(kernel_id_is_stable_and_distinguishes_kernels)                           \
+    X(kernel_retain_release_keeps_kernel_alive)                                \
+    /* launch failures and the failure store (test_failures.c) */             \
+    X(launch_compile_error_returns_compile_with_compiler_log)                  \
+    X(launch_compile_error_is_recorded_on_bound_buffers)                       \
+    X(read_of_buffer_whose_writer_failed_returns_several)                      \
+    X(read_refusal_leaves_every_destination_untouched)                         \
+    X(read_several_has_one_cause_per_failed_buffer)                            \
+    X(read_refuses_failed_buffer_whichever_stream_ran_the_launch)              \
+    X(read_of_slice_of_failed_buffer_is_refused)                               \
+    X(check_answers_launch_failure_instantly)                                  \
+    X(check_of_trusted_buffers_or_no_handles_is_null)                          \
+    X(sync_drains_then_reports_failed_buffers)                                 \
+    X(sync_with_no_handles_is_the_plain_barrier)                               \
+    X(check_and_sync_refuse_released_handles)                                  \
+    X(flush_does_not_report_launch_failure)                                    \
+    X(full_write_clears_failure)                                               \
+    X(partial_write_keeps_failure)                                             \
+    X(failed_input_carries_forward_to_outputs)                                 \
+    X(failed_inout_buffer_refuses_launch)                                      \
+    X(failed_dynamic_count_buffer_carries_forward)                             \
+    X(successful_launch_clears_output_failure)                                 \
+    X(launch_over_unit_limit_is_resource_limit_on_outputs)                     \
+    X(launch_over_cube_dim_limit_is_resource_limit)                            \
+    X(launch_over_shared_memory_limit_is_resource_limit)                       \
+    X(launch_at_shared_memory_limit_runs)                                      \
+    X(launch_cube_count_over_limit_is_resource_limit)                          \
+    X(launch_argument_count_mismatch_is_invalid_and_marks_outputs)             \
+    X(launch_scalar_for_buffer_is_invalid_and_marks_outputs)                   \
+    X(launch_buffer_for_scalar_is_invalid_and_marks_outputs)                   \
+    X(launch_wrong_scalar_size_is_invalid_and_marks_outputs)                   \
+    X(launch_zero_static_count_is_invalid_and_records_nothing)                 \
+    X(launch_unknown_mode_bits_are_invalid_and_record_nothing)                 \
+    X(launch_null_kernel_args_and_bad_arg_kind_are_invalid)                    \
+    X(launch_released_or_foreign_handle_is_not_found_records_nothing)          \
+    X(launch_kernel_name_not_in_source_is_compile_error)                       \
+    X(skip_launch_leaves_buffers_unchanged)                                    \
+    X(skip_launch_still_reports_compile_error)                                 \
+    X(skip_launch_still_validates_limits_and_arguments)                        \
+    X(skip_then_execute_runs_the_kernel)                                       \
+    /* threads, streams, memory (test_threads.c) */                            \
+    X(threads_four_share_one_client_for_200_rounds)                            \
+    X(stream_ids_lists_every_stream_used)                                      \
+    X(stream_use_switches_and_restores_the_stream)                             \
+    X(stream_work_written_on_one_stream_is_read_on_another)                    \
+    X(memory_usage_grows_and_shrinks_with_buffers)                             \
+    X(memory_cleanup_keeps_live_buffers_readable)
+
+/* clang-format on */
+
+#define CONF_DECLARE(name) void name(void **state);
+CONF_TESTS(CONF_DECLARE)
+#undef CONF_DECLARE
+
+/* Defines test `name` with a body that takes no arguments. */
+#define CONF_TEST(name)                                                        \
+    static void name##__body(void);                                            \
+    void name(void **state)                                                    \
+    {                                                                          \
+        (void)state;                                                           \
+        name##__body();                                                        \
+        conf.finished = 1;                                                     \
+    }                                                                          \
+    static void name##__body(void)
+
+#endif /* CUBE_CONFORMANCE_H */

@@ -1,0 +1,218 @@
+/* Helpers shared by the conformance tests. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conformance.h"
+
+static void print_whole(const char *what, const cube_error *err)
+{
+    char *text = cube_error_format(err);
+    print_error("%s%s", what, text ? text : "(unformattable error)\n");
+    free(text);
+}
+
+void conf_ok_at(cube_error *err, const char *expr, const char *file, int line)
+{
+    if (!err)
+        return;
+    print_error("%s:%d: %s failed:\n", file, line, expr);
+    print_whole("  ", err);
+    cube_error_free(err);
+    _fail(file, line);
+}
+
+void conf_code_at(const cube_error *err, cube_code code, const char *expr,
+                  const char *file, int line)
+{
+    if (!err) {
+        print_error("%s:%d: %s succeeded; expected [%s]\n", file, line, expr,
+                    cube_code_name(code));
+        _fail(file, line);
+    }
+    if (cube_error_code(err) != code) {
+        print_error("%s:%d: %s: expected [%s], got:\n", file, line, expr,
+                    cube_code_name(code));
+        print_whole("  ", err);
+        _fail(file, line);
+    }
+    if (cube_error_message(err)[0] == '\0') {
+        print_error("%s:%d: %s: [%s] with an empty message\n", file, line, expr,
+                    cube_code_name(code));
+        _fail(file, line);
+    }
+}
+
+void conf_expect_at(cube_error *err, cube_code code, const char *needle,
+                    const char *expr, const char *file, int line)
+{
+    if (err && cube_error_code(err) != code) {
+        print_error("%s:%d: %s: expected [%s], got:\n", file, line, expr,
+                    cube_code_name(code));
+        print_whole("  ", err);
+        cube_error_free(err);
+        _fail(file, line);
+    }
+    conf_code_at(err, code, expr, file, line);
+    if (needle && !strstr(cube_error_message(err), needle)) {
+        print_error("%s:%d: %s: the message does not name '%s': %s\n", file,
+                    line, expr, needle, cube_error_message(err));
+        cube_error_free(err);
+        _fail(file, line);
+    }
+    cube_error_free((cube_error *)err);
+}
+
+void conf_expect_named_at(cube_error *err, cube_code code, const char *needle,
+                          int *misses, const char *expr, const char *file,
+                          int line)
+{
+    conf_code_at(err, code, expr, file, line);
+    if (!strstr(cube_error_message(err), needle)) {
+        print_error("%s:%d: %s: the message does not name '%s': %s\n", file,
+                    line, expr, needle, cube_error_message(err));
+        (*misses)++;
+    }
+    cube_error_free(err);
+}
+
+int conf_error_has_code(const cube_error *err, cube_code code)
+{
+    if (!err)
+        return 0;
+    if (cube_error_code(err) == code)
+        return 1;
+    for (size_t i = 0; i < cube_error_cause_count(err); i++)
+        if (conf_error_has_code(cube_error_cause(err, i), code))
+            return 1;
+    return 0;
+}
+
+cube_handle conf_create(const void *bytes, uint64_t size)
+{
+    cube_handle h = {0};
+    CONF_OK(cube_create(conf.client, bytes, size, &h));
+    assert_true(h.bits != 0);
+    return h;
+}
+
+cube_handle conf_empty(uint64_t size)
+{
+    cube_handle h = {0};
+    CONF_OK(cube_empty(conf.client, size, &h));
+    assert_true(h.bits != 0);
+    return h;
+}
+
+cube_handle conf_slice(cube_handle h, uint64_t offset, uint64_t size)
+{
+    cube_handle s = {0};
+    CONF_OK(cube_handle_slice(conf.client, h, offset, size, &s));
+    assert_true(s.bits != 0);
+    return s;
+}
+
+void conf_release(cube_handle h)
+{
+    CONF_OK(cube_handle_release(conf.client, h));
+}
+
+cube_error *conf_read(cube_handle h, void *dst, uint64_t size)
+{
+    cube_copy_desc d = cube_copy_desc_contiguous(h, size, 1);
+    void *dsts[1] = {dst};
+    uint64_t sizes[1] = {size};
+    return cube_read(conf.client, &d, dsts, sizes, 1);
+}
+
+cube_error *conf_write(cube_handle h, const void *src, uint64_t size)
+{
+    cube_copy_desc d = cube_copy_desc_contiguous(h, size, 1);
+    const void *srcs[1] = {src};
+    uint64_t sizes[1] = {size};
+    return cube_write(conf.client, &d, srcs, sizes, 1);
+}
+
+cube_error *conf_launch(cube_kernel *k, cube_count count, const cube_arg *args,
+                        size_t nargs, uint32_t mode)
+{
+    return cube_launch(conf.client, k, count, args, nargs, mode);
+}
+
+void conf_mark_failed(cube_handle h)
+{
+    cube_arg a = cube_arg_buffer(h);
+    CONF_EXPECT(conf_launch(conf.k.mark, cube_count_static(1, 1, 1), &a, 1,
+                            CUBE_LAUNCH_EXECUTE),
+                CUBE_ERR_RESOURCE_LIMIT);
+}
+
+void conf_expect_refused_at(cube_handle h, uint64_t size, cube_code cause,
+                            const char *file, int line)
+{
+    unsigned char *dst = malloc(size);
+    assert_non_null(dst);
+    memset(dst, 0xCD, size);
+    cube_error *err = conf_read(h, dst, size);
+    int touched = 0;
+    for (uint64_t i = 0; i < size; i++)
+        touched |= dst[i] != 0xCD;
+    free(dst);
+    if (!err) {
+        print_error("%s:%d: the read of a buffer whose writer failed "
+                    "succeeded; expected [%s] with a [%s] cause\n",
+                    file, line, cube_code_name(CUBE_ERR_SEVERAL),
+                    cube_code_name(cause));
+        _fail(file, line);
+    }
+    int ok = cube_error_code(err) == CUBE_ERR_SEVERAL &&
+             cube_error_cause_count(err) >= 1 &&
+             conf_error_has_code(err, cause) &&
+             cube_error_message(err)[0] != '\0';
+    if (!ok) {
+        print_error("%s:%d: expected [%s] with a [%s] cause, got:\n", file,
+                    line, cube_code_name(CUBE_ERR_SEVERAL),
+                    cube_code_name(cause));
+        print_whole("  ", err);
+    }
+    cube_error_free(err);
+    if (!ok)
+        _fail(file, line);
+    if (touched) {
+        print_error("%s:%d: a refused read wrote into its destination\n", file,
+                    line);
+        _fail(file, line);
+    }
+}
+
+cube_kernel *conf_kernel(const char *name, const char *source, uint32_t dx,
+                         uint32_t dy, uint32_t dz)
+{
+    cube_kernel_desc d = {name, source, {dx, dy, dz}};
+    cube_kernel *k = NULL;
+    CONF_OK(cube_kernel_create(&d, &k));
+    assert_non_null(k);
+    return k;
+}
+
+int conf_is_cpu(void)
+{
+    return strcmp(conf.props.backend, "cpu") == 0;
+}
+
+uint32_t conf_div_up(uint64_t n, uint32_t d)
+{
+    return (uint32_t)((n + d - 1) / d);
+}
+
+void conf_pattern(void *dst, size_t n, uint32_t seed)
+{
+    unsigned char *p = dst;
+    uint32_t x = seed * 2654435761u + 12345u;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        p[i] = (unsigned char)(x >> 7);
+    }
+}
