@@ -28,7 +28,8 @@ extern "C" {
 
 #define CUBE_MAX_RANK 8
 
-/* --- handles --------------------------------------------------------------- */
+/* --- handles ---------------------------------------------------------------
+ */
 
 /* A new buffer of `size` bytes, contents undefined.
  * Errors: CUBE_ERR_INVALID_ARGUMENT (client or out NULL, size 0),
@@ -41,8 +42,8 @@ CUBE_API CUBE_MUST_USE cube_error *cube_empty(cube_client *client,
  * the call only. Errors: as cube_empty, plus CUBE_ERR_INVALID_ARGUMENT for
  * bytes NULL. */
 CUBE_API CUBE_MUST_USE cube_error *cube_create(cube_client *client,
-                                               const void *bytes,
-                                               uint64_t size, cube_handle *out);
+                                               const void *bytes, uint64_t size,
+                                               cube_handle *out);
 
 /* Adds a reference. Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL),
  * CUBE_ERR_NOT_FOUND (released or foreign handle). */
@@ -59,27 +60,25 @@ CUBE_API CUBE_MUST_USE cube_error *cube_handle_release(cube_client *client,
  * [offset, offset + size) of `handle`'s range. It keeps the buffer alive.
  * Errors: CUBE_ERR_INVALID_ARGUMENT (range empty or past the end, overflow),
  * CUBE_ERR_NOT_FOUND. */
-CUBE_API CUBE_MUST_USE cube_error *cube_handle_slice(cube_client *client,
-                                                     cube_handle handle,
-                                                     uint64_t offset,
-                                                     uint64_t size,
-                                                     cube_handle *out);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_handle_slice(cube_client *client, cube_handle handle, uint64_t offset,
+                  uint64_t size, cube_handle *out);
 
 /* The size in bytes of the range `handle` names.
  * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_NOT_FOUND. */
-CUBE_API CUBE_MUST_USE cube_error *cube_handle_size(cube_client *client,
-                                                    cube_handle handle,
-                                                    uint64_t *out);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_handle_size(cube_client *client, cube_handle handle, uint64_t *out);
 
-/* --- copy descriptors ------------------------------------------------------- */
+/* --- copy descriptors -------------------------------------------------------
+ */
 
 typedef struct cube_copy_desc {
     cube_handle handle;
-    uint32_t rank;            /* 1..CUBE_MAX_RANK */
+    uint32_t rank; /* 1..CUBE_MAX_RANK */
     uint64_t shape[CUBE_MAX_RANK];
     /* Element strides per dimension; all zero means contiguous row-major. */
     uint64_t strides[CUBE_MAX_RANK];
-    uint32_t elem_size;       /* bytes per element, 1..64 */
+    uint32_t elem_size; /* bytes per element, 1..64 */
 } cube_copy_desc;
 
 /* A contiguous descriptor over the whole of `handle` range: rank 1,
@@ -88,7 +87,8 @@ CUBE_API cube_copy_desc cube_copy_desc_contiguous(cube_handle handle,
                                                   uint64_t bytes,
                                                   uint32_t elem_size);
 
-/* --- writes and reads ---------------------------------------------------------
+/* --- writes and reads
+ * ---------------------------------------------------------
  *
  * cube_write copies host data into buffers in stream order and returns once
  * the host memory may be reused. A failure while executing lands on the
@@ -101,11 +101,9 @@ CUBE_API cube_copy_desc cube_copy_desc_contiguous(cube_handle handle,
  * range, a source size that differs from the descriptor's bytes),
  * CUBE_ERR_NOT_FOUND (released or foreign handle),
  * CUBE_ERR_DEVICE_FAULT. */
-CUBE_API CUBE_MUST_USE cube_error *cube_write(cube_client *client,
-                                              const cube_copy_desc *descs,
-                                              const void *const *sources,
-                                              const uint64_t *source_sizes,
-                                              size_t n);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_write(cube_client *client, const cube_copy_desc *descs,
+           const void *const *sources, const uint64_t *source_sizes, size_t n);
 
 /* Copies each descriptor's elements, packed, into destinations[i] (capacity
  * destination_sizes[i] bytes; must equal the descriptor's bytes). Waits for
@@ -128,10 +126,10 @@ typedef struct cube_future cube_future;
  * later is returned by cube_future_wait. Ownership: the caller frees the
  * future with cube_future_free (after or without waiting; freeing an
  * unwaited future waits first). */
-CUBE_API CUBE_MUST_USE cube_error *cube_read_async(
-    cube_client *client, const cube_copy_desc *descs,
-    void *const *destinations, const uint64_t *destination_sizes, size_t n,
-    cube_future **out);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_read_async(cube_client *client, const cube_copy_desc *descs,
+                void *const *destinations, const uint64_t *destination_sizes,
+                size_t n, cube_future **out);
 
 /* Waits for the read; returns its result (as cube_read would). Waiting a
  * second time returns NULL. Errors: CUBE_ERR_INVALID_ARGUMENT (NULL). */
@@ -150,9 +148,8 @@ CUBE_API void cube_future_free(cube_future *future);
  * out[i] receives a buffer of sizes[i] bytes; the caller frees each with
  * cube_staging_free. Errors: CUBE_ERR_INVALID_ARGUMENT (NULL, n 0, a zero
  * size), CUBE_ERR_OUT_OF_MEMORY (then nothing is allocated). */
-CUBE_API CUBE_MUST_USE cube_error *cube_staging(cube_client *client,
-                                                const uint64_t *sizes,
-                                                size_t n, void **out);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_staging(cube_client *client, const uint64_t *sizes, size_t n, void **out);
 
 /* Frees a staging buffer. NULL is a no-op. Errors: CUBE_ERR_INVALID_ARGUMENT
  * (client NULL), CUBE_ERR_NOT_FOUND (not a staging buffer of this

@@ -53,8 +53,9 @@ CUBE_API cube_client_options cube_client_options_default(void);
  * options), CUBE_ERR_NOT_FOUND (unknown backend, device index out of range),
  * CUBE_ERR_UNAVAILABLE (the backend cannot run here; the message says why),
  * CUBE_ERR_OUT_OF_MEMORY. */
-CUBE_API CUBE_MUST_USE cube_error *cube_client_open(
-    const char *device, const cube_client_options *options, cube_client **out);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_client_open(const char *device, const cube_client_options *options,
+                 cube_client **out);
 
 /* Waits for all work, then frees the client and everything it owns: buffers
  * the caller did not release are freed too. NULL is a no-op. Blocks. */
@@ -81,9 +82,9 @@ enum {
 };
 
 typedef struct cube_properties {
-    char backend[16];        /* "cpu", "cuda" */
-    char name[128];          /* device name */
-    char architecture[64];   /* "x86_64", "aarch64", "sm_90" */
+    char backend[16];      /* "cpu", "cuda" */
+    char name[128];        /* device name */
+    char architecture[64]; /* "x86_64", "aarch64", "sm_90" */
     uint32_t max_cube_dim[3];
     uint32_t max_units_per_cube;
     uint32_t max_cube_count[3];
@@ -97,10 +98,11 @@ typedef struct cube_properties {
 } cube_properties;
 
 /* Fills *out. Never blocks. Errors: CUBE_ERR_INVALID_ARGUMENT. */
-CUBE_API CUBE_MUST_USE cube_error *cube_client_properties(
-    cube_client *client, cube_properties *out);
+CUBE_API CUBE_MUST_USE cube_error *cube_client_properties(cube_client *client,
+                                                          cube_properties *out);
 
-/* --- streams --------------------------------------------------------------- */
+/* --- streams ---------------------------------------------------------------
+ */
 
 /* The stream the calling thread works on for `client`: its own by default.
  * Returns 0 when client is NULL. */
@@ -123,7 +125,8 @@ CUBE_API CUBE_MUST_USE cube_error *cube_stream_ids(cube_client *client,
                                                    size_t capacity,
                                                    size_t *count);
 
-/* --- barriers and checks ------------------------------------------------------
+/* --- barriers and checks
+ * ------------------------------------------------------
  *
  * These follow the server contract word for word:
  * - cube_check: can the bytes of these handles be trusted right now? No
@@ -139,15 +142,14 @@ CUBE_API CUBE_MUST_USE cube_error *cube_stream_ids(cube_client *client,
  *   completion.
  * Other errors: CUBE_ERR_INVALID_ARGUMENT (client NULL, handles NULL with
  * n > 0), CUBE_ERR_NOT_FOUND (a released or foreign handle). */
-CUBE_API CUBE_MUST_USE cube_error *cube_check(cube_client *client,
-                                              const cube_handle *handles,
-                                              size_t n);
-CUBE_API CUBE_MUST_USE cube_error *cube_sync(cube_client *client,
-                                             const cube_handle *handles,
-                                             size_t n);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_check(cube_client *client, const cube_handle *handles, size_t n);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_sync(cube_client *client, const cube_handle *handles, size_t n);
 CUBE_API CUBE_MUST_USE cube_error *cube_flush(cube_client *client);
 
-/* --- memory statistics ----------------------------------------------------- */
+/* --- memory statistics -----------------------------------------------------
+ */
 
 typedef struct cube_memory_usage {
     uint64_t buffers;        /* live allocations */
@@ -157,8 +159,8 @@ typedef struct cube_memory_usage {
 } cube_memory_usage;
 
 /* The calling stream's usage. Errors: CUBE_ERR_INVALID_ARGUMENT. */
-CUBE_API CUBE_MUST_USE cube_error *cube_memory_usage_get(
-    cube_client *client, cube_memory_usage *out);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_memory_usage_get(cube_client *client, cube_memory_usage *out);
 
 /* Releases memory the calling stream holds but no buffer uses. Never frees
  * a live buffer. Errors: CUBE_ERR_INVALID_ARGUMENT. */

@@ -11,7 +11,8 @@
 #define CUBE_VERSION_PATCH 0
 /* 0xMMmmpp: compare with >= in preprocessor checks. */
 #define CUBE_VERSION_HEX                                                       \
-    ((CUBE_VERSION_MAJOR << 16) | (CUBE_VERSION_MINOR << 8) | CUBE_VERSION_PATCH)
+    ((CUBE_VERSION_MAJOR << 16) | (CUBE_VERSION_MINOR << 8) |                  \
+     CUBE_VERSION_PATCH)
 
 #if defined(CUBE_BUILDING_SHARED) && defined(CUBE_USING_STATIC)
 #error "CUBE_BUILDING_SHARED and CUBE_USING_STATIC cannot both be defined"

@@ -37,8 +37,8 @@ typedef struct cube_kernel_desc {
  * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL desc/out/name/source, a name that
  * is not a C identifier, a cube dimension whose product overflows 32 bits),
  * CUBE_ERR_OUT_OF_MEMORY. */
-CUBE_API CUBE_MUST_USE cube_error *cube_kernel_create(
-    const cube_kernel_desc *desc, cube_kernel **out);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_kernel_create(const cube_kernel_desc *desc, cube_kernel **out);
 CUBE_API void cube_kernel_retain(cube_kernel *kernel);
 /* Drops a reference; the last frees the kernel. NULL is a no-op. */
 CUBE_API void cube_kernel_release(cube_kernel *kernel);
@@ -49,7 +49,8 @@ CUBE_API uint64_t cube_kernel_id(const cube_kernel *kernel);
 /* Borrowed; "" for NULL. */
 CUBE_API const char *cube_kernel_name(const cube_kernel *kernel);
 
-/* --- cube counts ------------------------------------------------------------ */
+/* --- cube counts ------------------------------------------------------------
+ */
 
 /* How many cubes to run: static (x, y, z), or dynamic: read at execution,
  * in stream order, from the first 12 bytes of a buffer (three uint32_t). */
@@ -70,7 +71,8 @@ static inline cube_count cube_count_dynamic(cube_handle buffer)
     return c;
 }
 
-/* --- arguments --------------------------------------------------------------- */
+/* --- arguments ---------------------------------------------------------------
+ */
 
 typedef enum cube_arg_kind {
     CUBE_ARG_BUFFER = 1,
@@ -109,14 +111,33 @@ static inline cube_arg cube_arg_scalar(const void *value, uint32_t size)
     return a;
 }
 
-static inline cube_arg cube_arg_f32(float v) { return cube_arg_scalar(&v, 4); }
-static inline cube_arg cube_arg_f64(double v) { return cube_arg_scalar(&v, 8); }
-static inline cube_arg cube_arg_i32(int32_t v) { return cube_arg_scalar(&v, 4); }
-static inline cube_arg cube_arg_u32(uint32_t v) { return cube_arg_scalar(&v, 4); }
-static inline cube_arg cube_arg_i64(int64_t v) { return cube_arg_scalar(&v, 8); }
-static inline cube_arg cube_arg_u64(uint64_t v) { return cube_arg_scalar(&v, 8); }
+static inline cube_arg cube_arg_f32(float v)
+{
+    return cube_arg_scalar(&v, 4);
+}
+static inline cube_arg cube_arg_f64(double v)
+{
+    return cube_arg_scalar(&v, 8);
+}
+static inline cube_arg cube_arg_i32(int32_t v)
+{
+    return cube_arg_scalar(&v, 4);
+}
+static inline cube_arg cube_arg_u32(uint32_t v)
+{
+    return cube_arg_scalar(&v, 4);
+}
+static inline cube_arg cube_arg_i64(int64_t v)
+{
+    return cube_arg_scalar(&v, 8);
+}
+static inline cube_arg cube_arg_u64(uint64_t v)
+{
+    return cube_arg_scalar(&v, 8);
+}
 
-/* --- launch -------------------------------------------------------------------- */
+/* --- launch
+ * -------------------------------------------------------------------- */
 
 enum {
     /* Run the kernel (the default). */
@@ -147,11 +168,9 @@ enum {
  * with nargs > 0, unknown flag, a zero static count component),
  * CUBE_ERR_NOT_FOUND (released or foreign handle), CUBE_ERR_COMPILE,
  * CUBE_ERR_RESOURCE_LIMIT, CUBE_ERR_DEVICE_FAULT. Caller frees the error. */
-CUBE_API CUBE_MUST_USE cube_error *cube_launch(cube_client *client,
-                                               cube_kernel *kernel,
-                                               cube_count count,
-                                               const cube_arg *args,
-                                               size_t nargs, uint32_t mode);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_launch(cube_client *client, cube_kernel *kernel, cube_count count,
+            const cube_arg *args, size_t nargs, uint32_t mode);
 
 #ifdef __cplusplus
 }

@@ -116,9 +116,8 @@ cube_error *cube_stream_ids(cube_client *c, cube_stream_id *ids,
                             size_t capacity, size_t *count)
 {
     if (!c || !count || (capacity && !ids))
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_stream_ids: %s",
-                              !c ? "client is NULL"
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "cube_stream_ids: %s",
+                              !c       ? "client is NULL"
                               : !count ? "count is NULL"
                                        : "ids is NULL with capacity > 0");
     pthread_mutex_lock(&c->streams_lock);
@@ -287,8 +286,7 @@ cube_error *cube_client_properties(cube_client *c, cube_properties *out)
 /* Resolves `n` handles for a check or sync; on error nothing stays
  * pinned. */
 static cube_error *resolve_all(cube_client *c, const cube_handle *handles,
-                               size_t n, const char *what,
-                               core_resolved **out)
+                               size_t n, const char *what, core_resolved **out)
 {
     *out = NULL;
     if (n == 0)

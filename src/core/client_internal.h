@@ -63,7 +63,7 @@ struct cube_client {
     pthread_mutex_t handles_lock;
     core_slot **chunks;
     uint32_t chunk_count, chunk_cap;
-    uint32_t slot_count;          /* slots ever used */
+    uint32_t slot_count;           /* slots ever used */
     uint32_t free_head, free_tail; /* FIFO of free slots, UINT32_MAX: none */
 
     pthread_mutex_t failure_lock;

@@ -312,12 +312,12 @@ cube_error *cube_handle_slice(cube_client *c, cube_handle h, uint64_t offset,
     if (!s) {
         err = not_found(c, h, "cube_handle_slice");
     } else if (size == 0 || offset > s->size || size > s->size - offset) {
-        err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                             "cube_handle_slice: range [%llu, +%llu) is empty "
-                             "or runs past the handle's %llu bytes",
-                             (unsigned long long)offset,
-                             (unsigned long long)size,
-                             (unsigned long long)s->size);
+        err =
+            cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                           "cube_handle_slice: range [%llu, +%llu) is empty "
+                           "or runs past the handle's %llu bytes",
+                           (unsigned long long)offset, (unsigned long long)size,
+                           (unsigned long long)s->size);
     } else {
         err = publish(c, s->alloc, s->offset + offset, size, out);
     }

@@ -14,8 +14,8 @@ static uint32_t compile_mode(uint32_t mode)
 
 static uint64_t cache_key(const cube_kernel *k, uint32_t mode)
 {
-    return cube_kernel_id(k) ^ ((uint64_t)compile_mode(mode) *
-                                0x9E3779B97F4A7C15ull);
+    return cube_kernel_id(k) ^
+           ((uint64_t)compile_mode(mode) * 0x9E3779B97F4A7C15ull);
 }
 
 /* Finds or compiles the kernel. The returned pointer lives as long as the
@@ -33,8 +33,7 @@ static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
         if (e->key == key && e->mode == cmode &&
             cube_kernel_id(e->kernel) == cube_kernel_id(k) &&
             strcmp(cube_kernel_name(e->kernel), name) == 0 &&
-            strcmp(cube_kernel_source(e->kernel), cube_kernel_source(k)) ==
-                0) {
+            strcmp(cube_kernel_source(e->kernel), cube_kernel_source(k)) == 0) {
             *out = &e->compiled;
             pthread_mutex_unlock(&c->cache_lock);
             return NULL;
@@ -195,8 +194,7 @@ static void record_failure(cube_client *c, const cube_compiled *cc,
         return;
     }
     for (uint32_t p = 0; p < cc->param_count; p++)
-        if (param_is_written(cc->params[p].kind) &&
-            r[arg_of_param[p]].alloc)
+        if (param_is_written(cc->params[p].kind) && r[arg_of_param[p]].alloc)
             core_failure_record(c, r[arg_of_param[p]].alloc, err);
 }
 
@@ -343,12 +341,12 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
             continue;
         cube_error *f = core_failure_get(c, r[arg_of_param[p]].alloc);
         if (f)
-            err = cube_error_wrap(f, CUBE_ERR_SEVERAL,
-                                  "cube_launch(%s): input args[%u] (buffer "
-                                  "0x%016llx) cannot be trusted",
-                                  cube_kernel_name(k), arg_of_param[p],
-                                  (unsigned long long)r[arg_of_param[p]]
-                                      .handle.bits);
+            err = cube_error_wrap(
+                f, CUBE_ERR_SEVERAL,
+                "cube_launch(%s): input args[%u] (buffer "
+                "0x%016llx) cannot be trusted",
+                cube_kernel_name(k), arg_of_param[p],
+                (unsigned long long)r[arg_of_param[p]].handle.bits);
     }
     if (!err && dynamic) {
         cube_error *f = core_failure_get(c, count_res.alloc);

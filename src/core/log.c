@@ -20,10 +20,10 @@ static FILE *sink_file;
 
 static const char *level_name(cube_log_level level)
 {
-    static const char *names[] = {"trace", "debug", "info", "warn", "error",
-                                  "off"};
+    static const char *names[] = {"trace", "debug", "info",
+                                  "warn",  "error", "off"};
     return (level >= CUBE_LOG_TRACE && level <= CUBE_LOG_OFF) ? names[level]
-                                                               : "?";
+                                                              : "?";
 }
 
 void cube_log_set_level(cube_log_level level)
@@ -83,10 +83,10 @@ int cube_log_level_parse(const char *name, cube_log_level *out)
     static const struct {
         const char *name;
         cube_log_level level;
-    } table[] = {{"trace", CUBE_LOG_TRACE}, {"debug", CUBE_LOG_DEBUG},
-                 {"info", CUBE_LOG_INFO},   {"warn", CUBE_LOG_WARN},
+    } table[] = {{"trace", CUBE_LOG_TRACE},  {"debug", CUBE_LOG_DEBUG},
+                 {"info", CUBE_LOG_INFO},    {"warn", CUBE_LOG_WARN},
                  {"warning", CUBE_LOG_WARN}, {"error", CUBE_LOG_ERROR},
-                 {"off", CUBE_LOG_OFF},     {"none", CUBE_LOG_OFF}};
+                 {"off", CUBE_LOG_OFF},      {"none", CUBE_LOG_OFF}};
     if (!name || !out)
         return -1;
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
@@ -98,8 +98,8 @@ int cube_log_level_parse(const char *name, cube_log_level *out)
     return -1;
 }
 
-void cube_log_write(cube_log_level level, const char *category,
-                    const char *fmt, ...)
+void cube_log_write(cube_log_level level, const char *category, const char *fmt,
+                    ...)
 {
     if (!cube_log_enabled(level))
         return;

@@ -32,8 +32,8 @@ static cube_error *make_op(const char *fn, size_t i, const cube_copy_desc *d,
                               d->rank, CUBE_MAX_RANK);
     if (d->elem_size == 0 || d->elem_size > 64)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "%s: descs[%zu].elem_size %u is not in 1..64",
-                              fn, i, d->elem_size);
+                              "%s: descs[%zu].elem_size %u is not in 1..64", fn,
+                              i, d->elem_size);
     int strided = 0;
     for (uint32_t k = 0; k < d->rank; k++)
         strided |= d->strides[k] != 0;
@@ -65,8 +65,8 @@ static cube_error *make_op(const char *fn, size_t i, const cube_copy_desc *d,
         op->shape[k] = extent;
         if (mul_overflows(stride, d->elem_size, &op->byte_strides[k]))
             return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                  "%s: descs[%zu].strides[%d] overflows", fn,
-                                  i, k);
+                                  "%s: descs[%zu].strides[%d] overflows", fn, i,
+                                  k);
     }
     uint64_t bytes, last_byte;
     if (mul_overflows(elems, d->elem_size, &bytes) ||
@@ -94,8 +94,8 @@ static cube_error *make_op(const char *fn, size_t i, const cube_copy_desc *d,
 static cube_error *prepare(cube_client *c, const char *fn,
                            const char *buffers_name, const char *sizes_name,
                            const cube_copy_desc *descs, const void *buffers,
-                           const uint64_t *sizes, size_t n,
-                           core_resolved **res, cube_copy_op **ops)
+                           const uint64_t *sizes, size_t n, core_resolved **res,
+                           cube_copy_op **ops)
 {
     *res = NULL;
     *ops = NULL;
@@ -130,12 +130,12 @@ static cube_error *prepare(cube_client *c, const char *fn,
         pinned++;
         err = make_op(fn, i, &descs[i], &r[i], &o[i]);
         if (!err && o[i].bytes != sizes[i])
-            err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                 "%s: %s[%zu] is %llu bytes but descs[%zu] "
-                                 "covers %llu",
-                                 fn, sizes_name, i,
-                                 (unsigned long long)sizes[i], i,
-                                 (unsigned long long)o[i].bytes);
+            err =
+                cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                               "%s: %s[%zu] is %llu bytes but descs[%zu] "
+                               "covers %llu",
+                               fn, sizes_name, i, (unsigned long long)sizes[i],
+                               i, (unsigned long long)o[i].bytes);
     }
     if (err) {
         for (size_t j = 0; j < pinned; j++)
@@ -164,8 +164,7 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
     core_resolved *r;
     cube_copy_op *ops;
     cube_error *err = prepare(c, "cube_write", "sources", "source_sizes", descs,
-                              sources, sizes, n, &r,
-                              &ops);
+                              sources, sizes, n, &r, &ops);
     if (err)
         return err;
     core_stream *st;
@@ -210,10 +209,9 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
     CORE_CHECK_CLIENT(c, "cube_read");
     core_resolved *r;
     cube_copy_op *ops;
-    cube_error *err = prepare(c, "cube_read", "destinations",
-                              "destination_sizes", descs, destinations, sizes,
-                              n,
-                              &r, &ops);
+    cube_error *err =
+        prepare(c, "cube_read", "destinations", "destination_sizes", descs,
+                destinations, sizes, n, &r, &ops);
     if (err)
         return err;
     cube_future *f = calloc(1, sizeof *f);
@@ -321,7 +319,7 @@ cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
     CORE_CHECK_CLIENT(c, "cube_staging");
     if (!sizes || !out || n == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "cube_staging: %s",
-                              n == 0 ? "n is 0"
+                              n == 0   ? "n is 0"
                               : !sizes ? "sizes is NULL"
                                        : "out is NULL");
     for (size_t i = 0; i < n; i++) {
@@ -340,8 +338,8 @@ cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
         err = c->vt->staging(c->server, sizes, n, out);
     } else {
         for (size_t i = 0; i < n && !err; i++) {
-            uint64_t rounded = (sizes[i] + STAGING_ALIGN - 1) &
-                               ~(uint64_t)(STAGING_ALIGN - 1);
+            uint64_t rounded =
+                (sizes[i] + STAGING_ALIGN - 1) & ~(uint64_t)(STAGING_ALIGN - 1);
             out[i] = aligned_alloc(STAGING_ALIGN, rounded);
             if (!out[i]) {
                 err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,

@@ -33,16 +33,17 @@ typedef struct cube__param_sig {
     unsigned long long extent;
 } cube__param_sig;
 
-/* --- preprocessor machinery --------------------------------------------------- */
+/* --- preprocessor machinery
+ * --------------------------------------------------- */
 #define CUBE__CAT(a, b) CUBE__CAT_(a, b)
 #define CUBE__CAT_(a, b) a##b
 #define CUBE__UNPAREN(...) __VA_ARGS__
-#define CUBE__NARGS(...)                                                        \
+#define CUBE__NARGS(...)                                                       \
     CUBE__NARGS_(__VA_ARGS__, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,  \
                  12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
 #define CUBE__NARGS_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13,   \
-                     _14, _15, _16, _17, _18, _19, _20, _21, _22, _23, _24, N,  \
-                     ...)                                                       \
+                     _14, _15, _16, _17, _18, _19, _20, _21, _22, _23, _24, N, \
+                     ...)                                                      \
     N
 
 #define CUBE__APPLY(v, i, p) CUBE__APPLY_(v, i, CUBE__UNPAREN p)
@@ -52,42 +53,70 @@ typedef struct cube__param_sig {
 
 /* CUBE__EACH(view, total, params...) applies view to each parameter in
  * order with its position (total - remaining). */
-#define CUBE__EACH(v, t, ...)                                                   \
+#define CUBE__EACH(v, t, ...)                                                  \
     CUBE__CAT(CUBE__EACH_, CUBE__NARGS(__VA_ARGS__))(v, t, __VA_ARGS__)
 #define CUBE__EACH_1(v, t, p) CUBE__APPLY(v, (t - 1), p)
-#define CUBE__EACH_2(v, t, p, ...) CUBE__APPLY(v, (t - 2), p) CUBE__EACH_1(v, t, __VA_ARGS__)
-#define CUBE__EACH_3(v, t, p, ...) CUBE__APPLY(v, (t - 3), p) CUBE__EACH_2(v, t, __VA_ARGS__)
-#define CUBE__EACH_4(v, t, p, ...) CUBE__APPLY(v, (t - 4), p) CUBE__EACH_3(v, t, __VA_ARGS__)
-#define CUBE__EACH_5(v, t, p, ...) CUBE__APPLY(v, (t - 5), p) CUBE__EACH_4(v, t, __VA_ARGS__)
-#define CUBE__EACH_6(v, t, p, ...) CUBE__APPLY(v, (t - 6), p) CUBE__EACH_5(v, t, __VA_ARGS__)
-#define CUBE__EACH_7(v, t, p, ...) CUBE__APPLY(v, (t - 7), p) CUBE__EACH_6(v, t, __VA_ARGS__)
-#define CUBE__EACH_8(v, t, p, ...) CUBE__APPLY(v, (t - 8), p) CUBE__EACH_7(v, t, __VA_ARGS__)
-#define CUBE__EACH_9(v, t, p, ...) CUBE__APPLY(v, (t - 9), p) CUBE__EACH_8(v, t, __VA_ARGS__)
-#define CUBE__EACH_10(v, t, p, ...) CUBE__APPLY(v, (t - 10), p) CUBE__EACH_9(v, t, __VA_ARGS__)
-#define CUBE__EACH_11(v, t, p, ...) CUBE__APPLY(v, (t - 11), p) CUBE__EACH_10(v, t, __VA_ARGS__)
-#define CUBE__EACH_12(v, t, p, ...) CUBE__APPLY(v, (t - 12), p) CUBE__EACH_11(v, t, __VA_ARGS__)
-#define CUBE__EACH_13(v, t, p, ...) CUBE__APPLY(v, (t - 13), p) CUBE__EACH_12(v, t, __VA_ARGS__)
-#define CUBE__EACH_14(v, t, p, ...) CUBE__APPLY(v, (t - 14), p) CUBE__EACH_13(v, t, __VA_ARGS__)
-#define CUBE__EACH_15(v, t, p, ...) CUBE__APPLY(v, (t - 15), p) CUBE__EACH_14(v, t, __VA_ARGS__)
-#define CUBE__EACH_16(v, t, p, ...) CUBE__APPLY(v, (t - 16), p) CUBE__EACH_15(v, t, __VA_ARGS__)
-#define CUBE__EACH_17(v, t, p, ...) CUBE__APPLY(v, (t - 17), p) CUBE__EACH_16(v, t, __VA_ARGS__)
-#define CUBE__EACH_18(v, t, p, ...) CUBE__APPLY(v, (t - 18), p) CUBE__EACH_17(v, t, __VA_ARGS__)
-#define CUBE__EACH_19(v, t, p, ...) CUBE__APPLY(v, (t - 19), p) CUBE__EACH_18(v, t, __VA_ARGS__)
-#define CUBE__EACH_20(v, t, p, ...) CUBE__APPLY(v, (t - 20), p) CUBE__EACH_19(v, t, __VA_ARGS__)
-#define CUBE__EACH_21(v, t, p, ...) CUBE__APPLY(v, (t - 21), p) CUBE__EACH_20(v, t, __VA_ARGS__)
-#define CUBE__EACH_22(v, t, p, ...) CUBE__APPLY(v, (t - 22), p) CUBE__EACH_21(v, t, __VA_ARGS__)
-#define CUBE__EACH_23(v, t, p, ...) CUBE__APPLY(v, (t - 23), p) CUBE__EACH_22(v, t, __VA_ARGS__)
-#define CUBE__EACH_24(v, t, p, ...) CUBE__APPLY(v, (t - 24), p) CUBE__EACH_23(v, t, __VA_ARGS__)
+#define CUBE__EACH_2(v, t, p, ...)                                             \
+    CUBE__APPLY(v, (t - 2), p) CUBE__EACH_1(v, t, __VA_ARGS__)
+#define CUBE__EACH_3(v, t, p, ...)                                             \
+    CUBE__APPLY(v, (t - 3), p) CUBE__EACH_2(v, t, __VA_ARGS__)
+#define CUBE__EACH_4(v, t, p, ...)                                             \
+    CUBE__APPLY(v, (t - 4), p) CUBE__EACH_3(v, t, __VA_ARGS__)
+#define CUBE__EACH_5(v, t, p, ...)                                             \
+    CUBE__APPLY(v, (t - 5), p) CUBE__EACH_4(v, t, __VA_ARGS__)
+#define CUBE__EACH_6(v, t, p, ...)                                             \
+    CUBE__APPLY(v, (t - 6), p) CUBE__EACH_5(v, t, __VA_ARGS__)
+#define CUBE__EACH_7(v, t, p, ...)                                             \
+    CUBE__APPLY(v, (t - 7), p) CUBE__EACH_6(v, t, __VA_ARGS__)
+#define CUBE__EACH_8(v, t, p, ...)                                             \
+    CUBE__APPLY(v, (t - 8), p) CUBE__EACH_7(v, t, __VA_ARGS__)
+#define CUBE__EACH_9(v, t, p, ...)                                             \
+    CUBE__APPLY(v, (t - 9), p) CUBE__EACH_8(v, t, __VA_ARGS__)
+#define CUBE__EACH_10(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 10), p) CUBE__EACH_9(v, t, __VA_ARGS__)
+#define CUBE__EACH_11(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 11), p) CUBE__EACH_10(v, t, __VA_ARGS__)
+#define CUBE__EACH_12(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 12), p) CUBE__EACH_11(v, t, __VA_ARGS__)
+#define CUBE__EACH_13(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 13), p) CUBE__EACH_12(v, t, __VA_ARGS__)
+#define CUBE__EACH_14(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 14), p) CUBE__EACH_13(v, t, __VA_ARGS__)
+#define CUBE__EACH_15(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 15), p) CUBE__EACH_14(v, t, __VA_ARGS__)
+#define CUBE__EACH_16(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 16), p) CUBE__EACH_15(v, t, __VA_ARGS__)
+#define CUBE__EACH_17(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 17), p) CUBE__EACH_16(v, t, __VA_ARGS__)
+#define CUBE__EACH_18(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 18), p) CUBE__EACH_17(v, t, __VA_ARGS__)
+#define CUBE__EACH_19(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 19), p) CUBE__EACH_18(v, t, __VA_ARGS__)
+#define CUBE__EACH_20(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 20), p) CUBE__EACH_19(v, t, __VA_ARGS__)
+#define CUBE__EACH_21(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 21), p) CUBE__EACH_20(v, t, __VA_ARGS__)
+#define CUBE__EACH_22(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 22), p) CUBE__EACH_21(v, t, __VA_ARGS__)
+#define CUBE__EACH_23(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 23), p) CUBE__EACH_22(v, t, __VA_ARGS__)
+#define CUBE__EACH_24(v, t, p, ...)                                            \
+    CUBE__APPLY(v, (t - 24), p) CUBE__EACH_23(v, t, __VA_ARGS__)
 
-/* --- view: the body's parameter list (each item starts with a comma) --------- */
-#define CUBE__PARAM_cube__in(i, T, n, e) , const T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
-#define CUBE__PARAM_cube__out(i, T, n, e) , T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
-#define CUBE__PARAM_cube__inout(i, T, n, e) , T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
+/* --- view: the body's parameter list (each item starts with a comma) ---------
+ */
+#define CUBE__PARAM_cube__in(i, T, n, e)                                       \
+    , const T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
+#define CUBE__PARAM_cube__out(i, T, n, e)                                      \
+    , T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
+#define CUBE__PARAM_cube__inout(i, T, n, e)                                    \
+    , T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
 #define CUBE__PARAM_cube__scalar(i, T, n, e) , const T n
 #define CUBE__PARAM_cube__shared(i, T, n, e) , T *CUBE__RESTRICT n
 
-/* --- view: the arguments an entry passes (from ptr[], len[], shared) --------- */
-#define CUBE__ARG_BUF(i, T, n)                                                  \
+/* --- view: the arguments an entry passes (from ptr[], len[], shared) ---------
+ */
+#define CUBE__ARG_BUF(i, T, n)                                                 \
     , (T *)cube__ptr[i], (unsigned long long)(cube__len[i] / sizeof(T))
 #define CUBE__ARG_cube__in(i, T, n, e) CUBE__ARG_BUF(i, T, n)
 #define CUBE__ARG_cube__out(i, T, n, e) CUBE__ARG_BUF(i, T, n)
@@ -95,21 +124,25 @@ typedef struct cube__param_sig {
 #define CUBE__ARG_cube__scalar(i, T, n, e) , *(const T *)cube__ptr[i]
 #define CUBE__ARG_cube__shared(i, T, n, e) , cube__shared->n
 
-/* --- view: the parameter names, as the body's arguments ----------------------- */
+/* --- view: the parameter names, as the body's arguments
+ * ----------------------- */
 #define CUBE__NAME_cube__in(i, T, n, e) , n, n##__len
 #define CUBE__NAME_cube__out(i, T, n, e) , n, n##__len
 #define CUBE__NAME_cube__inout(i, T, n, e) , n, n##__len
 #define CUBE__NAME_cube__scalar(i, T, n, e) , n
 #define CUBE__NAME_cube__shared(i, T, n, e) , n
 
-/* --- view: the signature table ------------------------------------------------ */
+/* --- view: the signature table
+ * ------------------------------------------------ */
 #define CUBE__SIG_cube__in(i, T, n, e) {CUBE__SIG_BUFFER_IN, sizeof(T), 0},
 #define CUBE__SIG_cube__out(i, T, n, e) {CUBE__SIG_BUFFER_OUT, sizeof(T), 0},
-#define CUBE__SIG_cube__inout(i, T, n, e) {CUBE__SIG_BUFFER_INOUT, sizeof(T), 0},
+#define CUBE__SIG_cube__inout(i, T, n, e)                                      \
+    {CUBE__SIG_BUFFER_INOUT, sizeof(T), 0},
 #define CUBE__SIG_cube__scalar(i, T, n, e) {CUBE__SIG_SCALAR, sizeof(T), 0},
 #define CUBE__SIG_cube__shared(i, T, n, e) {CUBE__SIG_SHARED, sizeof(T), (e)},
 
-/* --- view: the shared-memory struct fields ------------------------------------ */
+/* --- view: the shared-memory struct fields
+ * ------------------------------------ */
 #define CUBE__SHF_cube__in(i, T, n, e)
 #define CUBE__SHF_cube__out(i, T, n, e)
 #define CUBE__SHF_cube__inout(i, T, n, e)
@@ -121,24 +154,28 @@ typedef struct cube__param_sig {
 #define CUBE__SHN_cube__scalar(i, T, n, e)
 #define CUBE__SHN_cube__shared(i, T, n, e) +1
 
-/* --- the kernel header ----------------------------------------------------------
- * CUBE_KERNEL(name, params...) { body }
- * Declares the body, lets the backend emit its entries, then opens the body.
+/* --- the kernel header
+ * ---------------------------------------------------------- CUBE_KERNEL(name,
+ * params...) { body } Declares the body, lets the backend emit its entries,
+ * then opens the body.
  */
-#define CUBE_KERNEL(name, ...)                                                  \
-    typedef struct name##__shared_t {                                           \
-        char cube__unused;                                                      \
-        CUBE__EACH(CUBE__SHF, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__)            \
-    } name##__shared_t;                                                         \
-    static CUBE__INLINE void name##__body(                                      \
-        const cube__unit cube__u, CUBE__UNUSED void *cube__sinkp CUBE__EACH(    \
-            CUBE__PARAM, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__));               \
-    CUBE__ENTRY(name, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__)                    \
-    static CUBE__INLINE void name##__body(                                      \
-        const cube__unit cube__u, CUBE__UNUSED void *cube__sinkp CUBE__EACH(    \
+#define CUBE_KERNEL(name, ...)                                                 \
+    typedef struct name##__shared_t {                                          \
+        char cube__unused;                                                     \
+        CUBE__EACH(CUBE__SHF, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__)           \
+    } name##__shared_t;                                                        \
+    static CUBE__INLINE void name##__body(                                     \
+        const cube__unit cube__u,                                              \
+        CUBE__UNUSED void *cube__sinkp CUBE__EACH(                             \
+            CUBE__PARAM, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__));              \
+    CUBE__ENTRY(name, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__)                   \
+    static CUBE__INLINE void name##__body(                                     \
+        const cube__unit cube__u,                                              \
+        CUBE__UNUSED void *cube__sinkp CUBE__EACH(                             \
             CUBE__PARAM, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__))
 
-/* --- positions ---------------------------------------------------------------- */
+/* --- positions
+ * ---------------------------------------------------------------- */
 #define UNIT_POS_X (cube__u.ux)
 #define UNIT_POS_Y (cube__u.uy)
 #define UNIT_POS_Z (cube__u.uz)
@@ -155,15 +192,19 @@ typedef struct cube__param_sig {
 #define ABSOLUTE_POS_Y (cube__u.ay)
 #define ABSOLUTE_POS_Z (cube__u.az)
 /* Linear positions, x fastest. */
-#define UNIT_POS (UNIT_POS_X + CUBE_DIM_X * (UNIT_POS_Y + CUBE_DIM_Y * UNIT_POS_Z))
+#define UNIT_POS                                                               \
+    (UNIT_POS_X + CUBE_DIM_X * (UNIT_POS_Y + CUBE_DIM_Y * UNIT_POS_Z))
 #define CUBE_DIM (CUBE_DIM_X * CUBE_DIM_Y * CUBE_DIM_Z)
-#define CUBE_POS (CUBE_POS_X + CUBE_COUNT_X * (CUBE_POS_Y + CUBE_COUNT_Y * CUBE_POS_Z))
+#define CUBE_POS                                                               \
+    (CUBE_POS_X + CUBE_COUNT_X * (CUBE_POS_Y + CUBE_COUNT_Y * CUBE_POS_Z))
 #define CUBE_COUNT (CUBE_COUNT_X * CUBE_COUNT_Y * CUBE_COUNT_Z)
-#define ABSOLUTE_POS                                                            \
-    (ABSOLUTE_POS_X + CUBE_COUNT_X * CUBE_DIM_X *                               \
-                          (ABSOLUTE_POS_Y + CUBE_COUNT_Y * CUBE_DIM_Y * ABSOLUTE_POS_Z))
+#define ABSOLUTE_POS                                                           \
+    (ABSOLUTE_POS_X +                                                          \
+     CUBE_COUNT_X * CUBE_DIM_X *                                               \
+         (ABSOLUTE_POS_Y + CUBE_COUNT_Y * CUBE_DIM_Y * ABSOLUTE_POS_Z))
 
-/* --- buffer access -------------------------------------------------------------- */
+/* --- buffer access
+ * -------------------------------------------------------------- */
 /* Number of elements a buffer parameter holds. */
 #define CUBE_LEN(buf) (buf##__len)
 
@@ -172,9 +213,9 @@ typedef struct cube__param_sig {
  * dropped: it lands in a zeroed per-unit scratch slot, never in memory out of
  * range. Without, it is plain indexing. */
 #if CUBE_CHECKED
-#define CUBE_AT(buf, i)                                                         \
-    (*(((unsigned long long)(i) < buf##__len)                                   \
-           ? &(buf)[i]                                                          \
+#define CUBE_AT(buf, i)                                                        \
+    (*(((unsigned long long)(i) < buf##__len)                                  \
+           ? &(buf)[i]                                                         \
            : (CUBE__TYPEOF(&(buf)[0]))cube__zero_sink(cube__sinkp)))
 #else
 #define CUBE_AT(buf, i) ((buf)[i])

@@ -29,8 +29,8 @@
 typedef struct cube_cpu_launch {
     unsigned int dim[3];
     unsigned int count[3];
-    void *const *ptr;               /* per parameter position */
-    const unsigned long long *len;  /* bytes, per parameter position */
+    void *const *ptr;              /* per parameter position */
+    const unsigned long long *len; /* bytes, per parameter position */
 } cube_cpu_launch;
 
 /* ax, ay, az: absolute positions, kept as fields so the unit loop's
@@ -47,181 +47,180 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
 /* Barrier across the units of a cube. */
 #define cube_sync() cube__sync_fn()
 
-#define CUBE__ENTRY(name, N, ...)                                               \
-    CUBE__EXPORT const cube__param_sig cube__sig_##name[] = {                   \
-        CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                 \
-    CUBE__EXPORT const unsigned int cube__nparams_##name = N;                   \
-    CUBE__EXPORT const unsigned long long cube__shared_##name =                 \
-        (0 CUBE__EACH(CUBE__SHN, N, __VA_ARGS__)) ? sizeof(name##__shared_t)    \
-                                                  : 0;                          \
-    /* The unit loop takes the unpacked arguments as parameters, so they are \
-     * loop invariants the compiler can see (and vectorize around). */      \
-    static void name##__loop(const cube_cpu_launch *cube__l,                   \
-                             unsigned int cube__begin, unsigned int cube__end, \
-                             void *cube__sinkp CUBE__EACH(CUBE__PARAM, N,      \
-                                                          __VA_ARGS__))        \
-    {                                                                           \
-        cube__unit cube__v;                                                     \
-        cube__v.dx = cube__l->dim[0];                                           \
-        cube__v.dy = cube__l->dim[1];                                           \
-        cube__v.dz = cube__l->dim[2];                                           \
-        cube__v.nx = cube__l->count[0];                                         \
-        cube__v.ny = cube__l->count[1];                                         \
-        cube__v.nz = cube__l->count[2];                                         \
-        if (cube__v.dy == 1 && cube__v.dz == 1 && cube__v.ny == 1 &&            \
-            cube__v.nz == 1 &&                                                  \
-            (unsigned long long)cube__end * cube__v.dx <= 0xFFFFFFFFull) {      \
-            /* A 1-D launch: one flat loop over the absolute position. The  \
-             * unit and cube positions are derived per element, and vanish  \
-             * when the body does not use them. */                           \
-            cube__unit cube__w = cube__v;                                       \
-            cube__w.uy = cube__w.uz = cube__w.cy = cube__w.cz = 0;              \
-            cube__w.ay = cube__w.az = 0;                                        \
-            const unsigned int cube__lo = cube__begin * cube__v.dx;             \
-            const unsigned int cube__hi = cube__end * cube__v.dx;               \
-            for (unsigned int cube__a = cube__lo; cube__a < cube__hi;           \
-                 cube__a++) {                                                   \
-                cube__w.ax = cube__a;                                           \
-                cube__w.ux = cube__a % cube__v.dx;                              \
-                cube__w.cx = cube__a / cube__v.dx;                              \
-                name##__body(cube__w, cube__sinkp CUBE__EACH(CUBE__NAME, N,     \
-                                                             __VA_ARGS__));     \
-            }                                                                   \
-            return;                                                             \
-        }                                                                       \
-        for (unsigned int cube__c = cube__begin; cube__c < cube__end;           \
-             cube__c++) {                                                       \
-            cube__v.cx = cube__c % cube__v.nx;                                  \
-            cube__v.cy = (cube__c / cube__v.nx) % cube__v.ny;                   \
-            cube__v.cz = cube__c / (cube__v.nx * cube__v.ny);                   \
-            const unsigned int cube__bx = cube__v.cx * cube__v.dx;              \
-            const unsigned int cube__ex = cube__bx + cube__v.dx;                \
-            for (unsigned int cube__z = 0; cube__z < cube__v.dz; cube__z++)     \
-                for (unsigned int cube__y = 0; cube__y < cube__v.dy;            \
-                     cube__y++) {                                               \
-                    cube__unit cube__w = cube__v;                               \
-                    cube__w.uy = cube__y;                                       \
-                    cube__w.uz = cube__z;                                       \
-                    cube__w.ay = cube__v.cy * cube__v.dy + cube__y;             \
-                    cube__w.az = cube__v.cz * cube__v.dz + cube__z;             \
-                    for (unsigned int cube__a = cube__bx; cube__a < cube__ex;   \
-                         cube__a++) {                                           \
-                        cube__w.ax = cube__a;                                   \
-                        cube__w.ux = cube__a - cube__bx;                        \
-                        name##__body(cube__w, cube__sinkp CUBE__EACH(           \
-                                                  CUBE__NAME, N, __VA_ARGS__)); \
-                    }                                                           \
-                }                                                               \
-        }                                                                       \
-    }                                                                           \
-    CUBE__EXPORT void cube__run_##name(const cube_cpu_launch *cube__l,          \
-                                       unsigned int cube__begin,                \
-                                       unsigned int cube__end,                  \
-                                       void *cube__shmem);                      \
-    void cube__run_##name(const cube_cpu_launch *cube__l,                       \
-                          unsigned int cube__begin, unsigned int cube__end,     \
-                          void *cube__shmem)                                    \
-    {                                                                           \
-        void *const *cube__ptr = cube__l->ptr;                                  \
-        const unsigned long long *cube__len = cube__l->len;                     \
-        name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;       \
-        (void)cube__shared;                                                     \
-        (void)cube__len;                                                        \
-        cube__sink_t cube__sink;                                                \
-        name##__loop(cube__l, cube__begin, cube__end,                           \
-                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));        \
-    }                                                                           \
-    CUBE__EXPORT void cube__unit_##name(const cube_cpu_launch *cube__l,         \
-                                        unsigned int cube__c,                   \
-                                        unsigned int cube__unitpos,             \
-                                        void *cube__shmem);                     \
-    void cube__unit_##name(const cube_cpu_launch *cube__l,                      \
-                           unsigned int cube__c, unsigned int cube__unitpos,    \
-                           void *cube__shmem)                                   \
-    {                                                                           \
-        void *const *cube__ptr = cube__l->ptr;                                  \
-        const unsigned long long *cube__len = cube__l->len;                     \
-        name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;       \
-        (void)cube__shared;                                                     \
-        (void)cube__len;                                                        \
-        cube__sink_t cube__sink;                                                \
-        cube__unit cube__w;                                                     \
-        cube__w.dx = cube__l->dim[0];                                           \
-        cube__w.dy = cube__l->dim[1];                                           \
-        cube__w.dz = cube__l->dim[2];                                           \
-        cube__w.nx = cube__l->count[0];                                         \
-        cube__w.ny = cube__l->count[1];                                         \
-        cube__w.nz = cube__l->count[2];                                         \
-        cube__w.cx = cube__c % cube__w.nx;                                      \
-        cube__w.cy = (cube__c / cube__w.nx) % cube__w.ny;                       \
-        cube__w.cz = cube__c / (cube__w.nx * cube__w.ny);                       \
-        cube__w.ux = cube__unitpos % cube__w.dx;                                \
-        cube__w.uy = (cube__unitpos / cube__w.dx) % cube__w.dy;                 \
-        cube__w.uz = cube__unitpos / (cube__w.dx * cube__w.dy);                 \
-        cube__w.ax = cube__w.cx * cube__w.dx + cube__w.ux;                      \
-        cube__w.ay = cube__w.cy * cube__w.dy + cube__w.uy;                      \
-        cube__w.az = cube__w.cz * cube__w.dz + cube__w.uz;                      \
-        name##__body(cube__w,                                                   \
-                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));        \
+#define CUBE__ENTRY(name, N, ...)                                              \
+    CUBE__EXPORT const cube__param_sig cube__sig_##name[] = {                  \
+        CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                \
+    CUBE__EXPORT const unsigned int cube__nparams_##name = N;                  \
+    CUBE__EXPORT const unsigned long long cube__shared_##name =                \
+        (0 CUBE__EACH(CUBE__SHN, N, __VA_ARGS__)) ? sizeof(name##__shared_t)   \
+                                                  : 0;                         \
+    /* The unit loop takes the unpacked arguments as parameters, so they are   \
+     * loop invariants the compiler can see (and vectorize around). */         \
+    static void name##__loop(                                                  \
+        const cube_cpu_launch *cube__l, unsigned int cube__begin,              \
+        unsigned int cube__end,                                                \
+        void *cube__sinkp CUBE__EACH(CUBE__PARAM, N, __VA_ARGS__))             \
+    {                                                                          \
+        cube__unit cube__v;                                                    \
+        cube__v.dx = cube__l->dim[0];                                          \
+        cube__v.dy = cube__l->dim[1];                                          \
+        cube__v.dz = cube__l->dim[2];                                          \
+        cube__v.nx = cube__l->count[0];                                        \
+        cube__v.ny = cube__l->count[1];                                        \
+        cube__v.nz = cube__l->count[2];                                        \
+        if (cube__v.dy == 1 && cube__v.dz == 1 && cube__v.ny == 1 &&           \
+            cube__v.nz == 1 &&                                                 \
+            (unsigned long long)cube__end * cube__v.dx <= 0xFFFFFFFFull) {     \
+            /* A 1-D launch: one flat loop over the absolute position. The     \
+             * unit and cube positions are derived per element, and vanish     \
+             * when the body does not use them. */                             \
+            cube__unit cube__w = cube__v;                                      \
+            cube__w.uy = cube__w.uz = cube__w.cy = cube__w.cz = 0;             \
+            cube__w.ay = cube__w.az = 0;                                       \
+            const unsigned int cube__lo = cube__begin * cube__v.dx;            \
+            const unsigned int cube__hi = cube__end * cube__v.dx;              \
+            for (unsigned int cube__a = cube__lo; cube__a < cube__hi;          \
+                 cube__a++) {                                                  \
+                cube__w.ax = cube__a;                                          \
+                cube__w.ux = cube__a % cube__v.dx;                             \
+                cube__w.cx = cube__a / cube__v.dx;                             \
+                name##__body(cube__w, cube__sinkp CUBE__EACH(CUBE__NAME, N,    \
+                                                             __VA_ARGS__));    \
+            }                                                                  \
+            return;                                                            \
+        }                                                                      \
+        for (unsigned int cube__c = cube__begin; cube__c < cube__end;          \
+             cube__c++) {                                                      \
+            cube__v.cx = cube__c % cube__v.nx;                                 \
+            cube__v.cy = (cube__c / cube__v.nx) % cube__v.ny;                  \
+            cube__v.cz = cube__c / (cube__v.nx * cube__v.ny);                  \
+            const unsigned int cube__bx = cube__v.cx * cube__v.dx;             \
+            const unsigned int cube__ex = cube__bx + cube__v.dx;               \
+            for (unsigned int cube__z = 0; cube__z < cube__v.dz; cube__z++)    \
+                for (unsigned int cube__y = 0; cube__y < cube__v.dy;           \
+                     cube__y++) {                                              \
+                    cube__unit cube__w = cube__v;                              \
+                    cube__w.uy = cube__y;                                      \
+                    cube__w.uz = cube__z;                                      \
+                    cube__w.ay = cube__v.cy * cube__v.dy + cube__y;            \
+                    cube__w.az = cube__v.cz * cube__v.dz + cube__z;            \
+                    for (unsigned int cube__a = cube__bx; cube__a < cube__ex;  \
+                         cube__a++) {                                          \
+                        cube__w.ax = cube__a;                                  \
+                        cube__w.ux = cube__a - cube__bx;                       \
+                        name##__body(cube__w,                                  \
+                                     cube__sinkp CUBE__EACH(CUBE__NAME, N,     \
+                                                            __VA_ARGS__));     \
+                    }                                                          \
+                }                                                              \
+        }                                                                      \
+    }                                                                          \
+    CUBE__EXPORT void cube__run_##name(                                        \
+        const cube_cpu_launch *cube__l, unsigned int cube__begin,              \
+        unsigned int cube__end, void *cube__shmem);                            \
+    void cube__run_##name(const cube_cpu_launch *cube__l,                      \
+                          unsigned int cube__begin, unsigned int cube__end,    \
+                          void *cube__shmem)                                   \
+    {                                                                          \
+        void *const *cube__ptr = cube__l->ptr;                                 \
+        const unsigned long long *cube__len = cube__l->len;                    \
+        name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;      \
+        (void)cube__shared;                                                    \
+        (void)cube__len;                                                       \
+        cube__sink_t cube__sink;                                               \
+        name##__loop(cube__l, cube__begin, cube__end,                          \
+                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));       \
+    }                                                                          \
+    CUBE__EXPORT void cube__unit_##name(                                       \
+        const cube_cpu_launch *cube__l, unsigned int cube__c,                  \
+        unsigned int cube__unitpos, void *cube__shmem);                        \
+    void cube__unit_##name(const cube_cpu_launch *cube__l,                     \
+                           unsigned int cube__c, unsigned int cube__unitpos,   \
+                           void *cube__shmem)                                  \
+    {                                                                          \
+        void *const *cube__ptr = cube__l->ptr;                                 \
+        const unsigned long long *cube__len = cube__l->len;                    \
+        name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;      \
+        (void)cube__shared;                                                    \
+        (void)cube__len;                                                       \
+        cube__sink_t cube__sink;                                               \
+        cube__unit cube__w;                                                    \
+        cube__w.dx = cube__l->dim[0];                                          \
+        cube__w.dy = cube__l->dim[1];                                          \
+        cube__w.dz = cube__l->dim[2];                                          \
+        cube__w.nx = cube__l->count[0];                                        \
+        cube__w.ny = cube__l->count[1];                                        \
+        cube__w.nz = cube__l->count[2];                                        \
+        cube__w.cx = cube__c % cube__w.nx;                                     \
+        cube__w.cy = (cube__c / cube__w.nx) % cube__w.ny;                      \
+        cube__w.cz = cube__c / (cube__w.nx * cube__w.ny);                      \
+        cube__w.ux = cube__unitpos % cube__w.dx;                               \
+        cube__w.uy = (cube__unitpos / cube__w.dx) % cube__w.dy;                \
+        cube__w.uz = cube__unitpos / (cube__w.dx * cube__w.dy);                \
+        cube__w.ax = cube__w.cx * cube__w.dx + cube__w.ux;                     \
+        cube__w.ay = cube__w.cy * cube__w.dy + cube__w.uy;                     \
+        cube__w.az = cube__w.cz * cube__w.dz + cube__w.uz;                     \
+        name##__body(cube__w,                                                  \
+                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));       \
     }
 
-/* --- atomics (relaxed; they return the old value) ---------------------------- */
-#define CUBE__ATOMIC_INT(suffix, T)                                             \
-    static inline T cube_atomic_add_##suffix(T *p, T v)                         \
-    {                                                                           \
-        return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);                      \
-    }                                                                           \
-    static inline T cube_atomic_sub_##suffix(T *p, T v)                         \
-    {                                                                           \
-        return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED);                      \
-    }                                                                           \
-    static inline T cube_atomic_exchange_##suffix(T *p, T v)                    \
-    {                                                                           \
-        return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);                     \
-    }                                                                           \
-    static inline T cube_atomic_cas_##suffix(T *p, T expected, T desired)       \
-    {                                                                           \
-        __atomic_compare_exchange_n(p, &expected, desired, 0,                   \
-                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED);        \
-        return expected;                                                        \
-    }                                                                           \
-    static inline T cube_atomic_max_##suffix(T *p, T v)                         \
-    {                                                                           \
-        T old = __atomic_load_n(p, __ATOMIC_RELAXED);                           \
-        while (old < v && !__atomic_compare_exchange_n(                         \
-                              p, &old, v, 1, __ATOMIC_RELAXED,                  \
-                              __ATOMIC_RELAXED)) {                              \
-        }                                                                       \
-        return old;                                                             \
-    }                                                                           \
-    static inline T cube_atomic_min_##suffix(T *p, T v)                         \
-    {                                                                           \
-        T old = __atomic_load_n(p, __ATOMIC_RELAXED);                           \
-        while (old > v && !__atomic_compare_exchange_n(                         \
-                              p, &old, v, 1, __ATOMIC_RELAXED,                  \
-                              __ATOMIC_RELAXED)) {                              \
-        }                                                                       \
-        return old;                                                             \
+/* --- atomics (relaxed; they return the old value) ----------------------------
+ */
+#define CUBE__ATOMIC_INT(suffix, T)                                            \
+    static inline T cube_atomic_add_##suffix(T *p, T v)                        \
+    {                                                                          \
+        return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);                     \
+    }                                                                          \
+    static inline T cube_atomic_sub_##suffix(T *p, T v)                        \
+    {                                                                          \
+        return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED);                     \
+    }                                                                          \
+    static inline T cube_atomic_exchange_##suffix(T *p, T v)                   \
+    {                                                                          \
+        return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);                    \
+    }                                                                          \
+    static inline T cube_atomic_cas_##suffix(T *p, T expected, T desired)      \
+    {                                                                          \
+        __atomic_compare_exchange_n(p, &expected, desired, 0,                  \
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED);       \
+        return expected;                                                       \
+    }                                                                          \
+    static inline T cube_atomic_max_##suffix(T *p, T v)                        \
+    {                                                                          \
+        T old = __atomic_load_n(p, __ATOMIC_RELAXED);                          \
+        while (old < v &&                                                      \
+               !__atomic_compare_exchange_n(p, &old, v, 1, __ATOMIC_RELAXED,   \
+                                            __ATOMIC_RELAXED)) {               \
+        }                                                                      \
+        return old;                                                            \
+    }                                                                          \
+    static inline T cube_atomic_min_##suffix(T *p, T v)                        \
+    {                                                                          \
+        T old = __atomic_load_n(p, __ATOMIC_RELAXED);                          \
+        while (old > v &&                                                      \
+               !__atomic_compare_exchange_n(p, &old, v, 1, __ATOMIC_RELAXED,   \
+                                            __ATOMIC_RELAXED)) {               \
+        }                                                                      \
+        return old;                                                            \
     }
 CUBE__ATOMIC_INT(i32, int32_t)
 CUBE__ATOMIC_INT(u32, uint32_t)
 CUBE__ATOMIC_INT(i64, int64_t)
 CUBE__ATOMIC_INT(u64, uint64_t)
 
-#define CUBE__ATOMIC_FLOAT(suffix, T, U)                                        \
-    static inline T cube_atomic_add_##suffix(T *p, T v)                         \
-    {                                                                           \
-        union {                                                                 \
-            T f;                                                                \
-            U u;                                                                \
-        } old, next;                                                            \
-        old.u = __atomic_load_n((U *)p, __ATOMIC_RELAXED);                      \
-        do {                                                                    \
-            next.f = old.f + v;                                                 \
-        } while (!__atomic_compare_exchange_n((U *)p, &old.u, next.u, 1,        \
-                                              __ATOMIC_RELAXED,                 \
-                                              __ATOMIC_RELAXED));               \
-        return old.f;                                                           \
+#define CUBE__ATOMIC_FLOAT(suffix, T, U)                                       \
+    static inline T cube_atomic_add_##suffix(T *p, T v)                        \
+    {                                                                          \
+        union {                                                                \
+            T f;                                                               \
+            U u;                                                               \
+        } old, next;                                                           \
+        old.u = __atomic_load_n((U *)p, __ATOMIC_RELAXED);                     \
+        do {                                                                   \
+            next.f = old.f + v;                                                \
+        } while (!__atomic_compare_exchange_n(                                 \
+            (U *)p, &old.u, next.u, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));   \
+        return old.f;                                                          \
     }
 CUBE__ATOMIC_FLOAT(f32, float, uint32_t)
 CUBE__ATOMIC_FLOAT(f64, double, uint64_t)

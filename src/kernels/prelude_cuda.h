@@ -31,60 +31,60 @@ struct cube__unit {
 
 #define cube_sync() __syncthreads()
 
-#define CUBE__ENTRY(name, N, ...)                                               \
-    extern "C" __device__ const cube__param_sig cube__sig_##name[] = {          \
-        CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                 \
-    extern "C" __global__ void cube__kernel_##name(                             \
-        void *const *cube__ptr, const unsigned long long *cube__len)            \
-    {                                                                           \
-        __shared__ name##__shared_t cube__shared_store;                         \
-        name##__shared_t *cube__shared = &cube__shared_store;                   \
-        cube__sink_t cube__sink;                                                \
-        cube__unit cube__w;                                                     \
-        cube__w.ux = threadIdx.x;                                               \
-        cube__w.uy = threadIdx.y;                                               \
-        cube__w.uz = threadIdx.z;                                               \
-        cube__w.cx = blockIdx.x;                                                \
-        cube__w.cy = blockIdx.y;                                                \
-        cube__w.cz = blockIdx.z;                                                \
-        cube__w.dx = blockDim.x;                                                \
-        cube__w.dy = blockDim.y;                                                \
-        cube__w.dz = blockDim.z;                                                \
-        cube__w.nx = gridDim.x;                                                 \
-        cube__w.ny = gridDim.y;                                                 \
-        cube__w.nz = gridDim.z;                                                 \
-        cube__w.ax = blockIdx.x * blockDim.x + threadIdx.x;                     \
-        cube__w.ay = blockIdx.y * blockDim.y + threadIdx.y;                     \
-        cube__w.az = blockIdx.z * blockDim.z + threadIdx.z;                     \
-        (void)cube__shared;                                                     \
-        name##__body(cube__w,                                                   \
-                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));        \
+#define CUBE__ENTRY(name, N, ...)                                              \
+    extern "C" __device__ const cube__param_sig cube__sig_##name[] = {         \
+        CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                \
+    extern "C" __global__ void cube__kernel_##name(                            \
+        void *const *cube__ptr, const unsigned long long *cube__len)           \
+    {                                                                          \
+        __shared__ name##__shared_t cube__shared_store;                        \
+        name##__shared_t *cube__shared = &cube__shared_store;                  \
+        cube__sink_t cube__sink;                                               \
+        cube__unit cube__w;                                                    \
+        cube__w.ux = threadIdx.x;                                              \
+        cube__w.uy = threadIdx.y;                                              \
+        cube__w.uz = threadIdx.z;                                              \
+        cube__w.cx = blockIdx.x;                                               \
+        cube__w.cy = blockIdx.y;                                               \
+        cube__w.cz = blockIdx.z;                                               \
+        cube__w.dx = blockDim.x;                                               \
+        cube__w.dy = blockDim.y;                                               \
+        cube__w.dz = blockDim.z;                                               \
+        cube__w.nx = gridDim.x;                                                \
+        cube__w.ny = gridDim.y;                                                \
+        cube__w.nz = gridDim.z;                                                \
+        cube__w.ax = blockIdx.x * blockDim.x + threadIdx.x;                    \
+        cube__w.ay = blockIdx.y * blockDim.y + threadIdx.y;                    \
+        cube__w.az = blockIdx.z * blockDim.z + threadIdx.z;                    \
+        (void)cube__shared;                                                    \
+        name##__body(cube__w,                                                  \
+                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));       \
     }
 
-#define CUBE__ATOMIC_CUDA(suffix, T, CT)                                        \
-    __device__ static inline T cube_atomic_add_##suffix(T *p, T v)              \
-    {                                                                           \
-        return (T)atomicAdd((CT *)p, (CT)v);                                    \
-    }                                                                           \
-    __device__ static inline T cube_atomic_exchange_##suffix(T *p, T v)         \
-    {                                                                           \
-        return (T)atomicExch((CT *)p, (CT)v);                                   \
-    }                                                                           \
-    __device__ static inline T cube_atomic_cas_##suffix(T *p, T e, T d)         \
-    {                                                                           \
-        return (T)atomicCAS((CT *)p, (CT)e, (CT)d);                             \
-    }                                                                           \
-    __device__ static inline T cube_atomic_max_##suffix(T *p, T v)              \
-    {                                                                           \
-        return (T)atomicMax((CT *)p, (CT)v);                                    \
-    }                                                                           \
-    __device__ static inline T cube_atomic_min_##suffix(T *p, T v)              \
-    {                                                                           \
-        return (T)atomicMin((CT *)p, (CT)v);                                    \
-    }                                                                           \
-    __device__ static inline T cube_atomic_sub_##suffix(T *p, T v)              \
-    {                                                                           \
-        return (T)atomicAdd((CT *)p, (CT)(0 - v));                              \
+#define CUBE__ATOMIC_CUDA(suffix, T, CT)                                       \
+    __device__ static inline T cube_atomic_add_##suffix(T *p, T v)             \
+    {                                                                          \
+        return (T)atomicAdd((CT *)p, (CT)v);                                   \
+    }                                                                          \
+    __device__ static inline T cube_atomic_exchange_##suffix(T *p, T v)        \
+    {                                                                          \
+        return (T)atomicExch((CT *)p, (CT)v);                                  \
+    }                                                                          \
+    __device__ static inline T cube_atomic_cas_##suffix(T *p, T e, T d)        \
+    {                                                                          \
+        return (T)atomicCAS((CT *)p, (CT)e, (CT)d);                            \
+    }                                                                          \
+    __device__ static inline T cube_atomic_max_##suffix(T *p, T v)             \
+    {                                                                          \
+        return (T)atomicMax((CT *)p, (CT)v);                                   \
+    }                                                                          \
+    __device__ static inline T cube_atomic_min_##suffix(T *p, T v)             \
+    {                                                                          \
+        return (T)atomicMin((CT *)p, (CT)v);                                   \
+    }                                                                          \
+    __device__ static inline T cube_atomic_sub_##suffix(T *p, T v)             \
+    {                                                                          \
+        return (T)atomicAdd((CT *)p, (CT)(0 - v));                             \
     }
 CUBE__ATOMIC_CUDA(i32, int32_t, int)
 CUBE__ATOMIC_CUDA(u32, uint32_t, unsigned int)

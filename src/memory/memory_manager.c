@@ -161,14 +161,13 @@ cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out)
             }
         }
         uint64_t address = 0;
-        cube_error *err = m->ops.alloc(m->ops.self, class_size, m->alignment,
-                                       &address);
+        cube_error *err =
+            m->ops.alloc(m->ops.self, class_size, m->alignment, &address);
         if (err && m->cached_reserved > 0) {
             /* Retryable: give back what is cached, then try once more. */
             cube_error_free(err);
             release_cached_locked(m);
-            err = m->ops.alloc(m->ops.self, class_size, m->alignment,
-                               &address);
+            err = m->ops.alloc(m->ops.self, class_size, m->alignment, &address);
         }
         if (err) {
             b->next = m->spare_records;

@@ -20,8 +20,7 @@
 #include "backends/cpu/cpu_jit.h"
 #include "cubert/log.h"
 
-static const char *const ADD_SRC =
-    "int add(int a, int b) { return a + b; }\n";
+static const char *const ADD_SRC = "int add(int a, int b) { return a + b; }\n";
 static const char *const DELTA_SRC = "#ifndef DELTA\n#define DELTA 0\n#endif\n"
                                      "int add(int a, int b) "
                                      "{ return a + b + DELTA; }\n";
@@ -36,8 +35,8 @@ static int capture_trace_source;
 static int capture_debug_compiled;
 static char capture_last_warn[1024];
 
-static void capture_sink(void *user, cube_log_level level,
-                         const char *category, const char *message)
+static void capture_sink(void *user, cube_log_level level, const char *category,
+                         const char *message)
 {
     (void)user;
     pthread_mutex_lock(&capture_lock);
@@ -124,8 +123,8 @@ static int file_exists(const char *path)
 
 static cpu_jit *make_jit(const char *cache_dir, const char *cflags)
 {
-    cpu_jit_options opts = {.cc = NULL, .cflags = cflags,
-                            .cache_dir = cache_dir};
+    cpu_jit_options opts = {
+        .cc = NULL, .cflags = cflags, .cache_dir = cache_dir};
     cpu_jit *jit = NULL;
     cube_error *err = cpu_jit_create(&opts, &jit);
     assert_null(err);
@@ -471,8 +470,8 @@ static void test_missing_compiler(void **state)
 {
     (void)state;
     char *dir = make_tmpdir();
-    cpu_jit_options opts = {.cc = "/nonexistent/cc", .cflags = NULL,
-                            .cache_dir = dir};
+    cpu_jit_options opts = {
+        .cc = "/nonexistent/cc", .cflags = NULL, .cache_dir = dir};
     cpu_jit *jit = NULL;
     assert_null(cpu_jit_create(&opts, &jit));
     assert_non_null(jit);
@@ -729,8 +728,8 @@ static void *thread_load(void *p)
     thread_arg *arg = p;
     cpu_jit *jit = arg->jit;
     if (arg->dir) {
-        cpu_jit_options opts = {.cc = NULL, .cflags = NULL,
-                                .cache_dir = arg->dir};
+        cpu_jit_options opts = {
+            .cc = NULL, .cflags = NULL, .cache_dir = arg->dir};
         cube_error *err = cpu_jit_create(&opts, &jit);
         if (err) {
             cube_error_free(err);
@@ -757,8 +756,8 @@ static void run_threads(cpu_jit *jit, const char *dir, thread_arg *args)
 {
     pthread_t threads[THREADS];
     for (int i = 0; i < THREADS; i++) {
-        args[i] = (thread_arg){.jit = jit, .dir = dir, .ok = 0,
-                               .origin = (cpu_jit_origin)-1};
+        args[i] = (thread_arg){
+            .jit = jit, .dir = dir, .ok = 0, .origin = (cpu_jit_origin)-1};
         assert_int_equal(
             pthread_create(&threads[i], NULL, thread_load, &args[i]), 0);
     }

@@ -210,8 +210,8 @@ static void test_multi_phase(void **state)
 typedef struct order_ctx {
     cpu_fibers *f;
     uint32_t n;
-    uint32_t *rounds;  /* yields fiber i makes before returning */
-    uint64_t *log;     /* (round << 32 | index) in execution order */
+    uint32_t *rounds; /* yields fiber i makes before returning */
+    uint64_t *log;    /* (round << 32 | index) in execution order */
     size_t log_len;
     uint32_t *finished;
 } order_ctx;
@@ -235,8 +235,8 @@ static void test_early_return(void **state)
     (void)state;
     cpu_fibers *f = make_fibers(STACK);
     const uint32_t n = 97;
-    order_ctx c = {f, n, calloc(n, sizeof(uint32_t)), NULL, 0,
-                   calloc(n, sizeof(uint32_t))};
+    order_ctx c = {f,    n, calloc(n, sizeof(uint32_t)),
+                   NULL, 0, calloc(n, sizeof(uint32_t))};
     assert_non_null(c.rounds);
     assert_non_null(c.finished);
     size_t total = 0;
@@ -362,8 +362,7 @@ static void test_floating_point(void **state)
     for (uint32_t i = 0; i < n; i++) {
         assert_int_equal(c.round_seen[i], FE_TOWARDZERO);
 #if defined(__x86_64__)
-        assert_int_equal(c.round_after[i],
-                         i == 1 ? FE_UPWARD : FE_TOWARDZERO);
+        assert_int_equal(c.round_after[i], i == 1 ? FE_UPWARD : FE_TOWARDZERO);
 #endif
     }
     /* Same computation on the thread's own stack and rounding mode. */
@@ -567,8 +566,7 @@ static void test_invalid_arguments(void **state)
     unsigned count = 0;
     expect_code(cpu_fibers_run(f, 0, count_fn, &count),
                 CUBE_ERR_INVALID_ARGUMENT);
-    expect_code(cpu_fibers_run(f, 4, NULL, &count),
-                CUBE_ERR_INVALID_ARGUMENT);
+    expect_code(cpu_fibers_run(f, 4, NULL, &count), CUBE_ERR_INVALID_ARGUMENT);
     expect_code(cpu_fibers_run(NULL, 4, count_fn, &count),
                 CUBE_ERR_INVALID_ARGUMENT);
     assert_int_equal(count, 0);
@@ -620,8 +618,7 @@ static void nest_fn(void *arg, uint32_t i)
 static void test_nested_run(void **state)
 {
     (void)state;
-    nest_ctx c = {make_fibers(STACK), make_fibers(STACK), CUBE_OK, CUBE_OK,
-                  0};
+    nest_ctx c = {make_fibers(STACK), make_fibers(STACK), CUBE_OK, CUBE_OK, 0};
     expect_ok(cpu_fibers_run(c.f, 3, nest_fn, &c));
     assert_int_equal(c.same_code, CUBE_ERR_INVALID_ARGUMENT);
     assert_int_equal(c.other_code, CUBE_ERR_INVALID_ARGUMENT);
@@ -685,10 +682,10 @@ static void test_yield_outside_run(void **state)
 {
     (void)state;
     cpu_fibers *f = make_fibers(STACK);
-    cpu_fibers_yield(f);    /* before any run */
+    cpu_fibers_yield(f); /* before any run */
     cpu_fibers_yield(NULL);
     run_barrier(f, 4);
-    cpu_fibers_yield(f);    /* after a run */
+    cpu_fibers_yield(f); /* after a run */
 
     /* Yield on another set from inside a fiber: ignored, so the fiber runs
      * to the end before the next one starts. */

@@ -177,8 +177,9 @@ static void test_randomized_model(void **state)
     for (int step = 0; step < STEPS; step++) {
         int op = rand() % 10;
         if (op < 5 && n < MAX_LIVE) {
-            uint64_t size = (uint64_t)(rand() % 3 == 0 ? rand() % 200000
-                                                       : rand() % 2000) + 1;
+            uint64_t size =
+                (uint64_t)(rand() % 3 == 0 ? rand() % 200000 : rand() % 2000) +
+                1;
             assert_null(mem_alloc(m, size, &lv[n].st));
             lv[n].size = size;
             assert_int_equal(lv[n].st.address % 64, 0);

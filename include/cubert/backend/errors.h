@@ -22,8 +22,7 @@ CUBE_API CUBE_MUST_USE cube_error *cube_error_new(cube_code code,
                                                   const char *fmt, ...)
     CUBE_PRINTF(2, 3);
 CUBE_API CUBE_MUST_USE cube_error *cube_error_newv(cube_code code,
-                                                   const char *fmt,
-                                                   va_list ap);
+                                                   const char *fmt, va_list ap);
 
 /* Attaches a copy of `log` (for example a compiler's output) to `err` and
  * returns `err`. */
@@ -36,9 +35,8 @@ CUBE_API cube_error *cube_error_add_cause(cube_error *parent,
 
 /* A new error of `code` whose single cause is `cause` (ownership
  * transfers); the message is printf-formatted. */
-CUBE_API CUBE_MUST_USE cube_error *cube_error_wrap(cube_error *cause,
-                                                   cube_code code,
-                                                   const char *fmt, ...)
+CUBE_API CUBE_MUST_USE cube_error *
+cube_error_wrap(cube_error *cause, cube_code code, const char *fmt, ...)
     CUBE_PRINTF(3, 4);
 
 /* A deep copy of `err` (NULL for NULL). Caller owns it. */

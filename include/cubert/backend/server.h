@@ -88,9 +88,9 @@ typedef struct cube_param {
 typedef struct cube_compiled {
     uint32_t param_count;
     cube_param params[CUBE_MAX_PARAMS];
-    uint64_t shared_bytes;  /* per cube */
+    uint64_t shared_bytes; /* per cube */
     int uses_cube_sync;
-    double compile_ms;      /* time spent compiling (0 for a cache hit) */
+    double compile_ms; /* time spent compiling (0 for a cache hit) */
     int from_disk_cache;
     void *impl;
 } cube_compiled;
@@ -101,7 +101,7 @@ typedef struct cube_compiled {
 typedef struct cube_dispatch {
     const cube_compiled *compiled;
     uint32_t cube_dim[3];
-    uint32_t cube_count[3];          /* static count */
+    uint32_t cube_count[3];           /* static count */
     const cube_binding *count_buffer; /* non-NULL: dynamic count */
     cube_binding bindings[CUBE_MAX_PARAMS];
     unsigned char scalars[CUBE_MAX_PARAMS][8];
@@ -123,9 +123,8 @@ struct cube_server_vtable {
     /* initialize_memory: backs a new buffer of `size` bytes for `stream`.
      * Errors: CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_BUFFER_TOO_BIG,
      * CUBE_ERR_POOL_CAPACITY_EXCEEDED. */
-    cube_error *(*initialize_memory)(cube_server *server,
-                                     cube_stream_id stream, uint64_t size,
-                                     cube_storage *out);
+    cube_error *(*initialize_memory)(cube_server *server, cube_stream_id stream,
+                                     uint64_t size, cube_storage *out);
     /* Returns memory of a buffer no handle names any more. The client calls
      * this only once no queued work of the client uses it. */
     void (*release_memory)(cube_server *server, cube_stream_id stream,
@@ -179,8 +178,8 @@ struct cube_server_vtable {
 
     /* (optional) staging: host buffers for uploads. Default: aligned host
      * memory from the client. */
-    cube_error *(*staging)(cube_server *server, const uint64_t *sizes,
-                           size_t n, void **out);
+    cube_error *(*staging)(cube_server *server, const uint64_t *sizes, size_t n,
+                           void **out);
     void (*staging_free)(cube_server *server, void *buffer);
 
     /* (optional) The following follow the contract's defaults when NULL:

@@ -317,8 +317,8 @@ static cube_error *cpu_jit_run(const char *const *argv, char **output,
     if (rc == 0)
         rc = posix_spawnattr_setsigdefault(&attr, &defaults);
     if (rc == 0)
-        rc = posix_spawnattr_setflags(
-            &attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+        rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK |
+                                                 POSIX_SPAWN_SETSIGDEF);
     pid_t pid = -1;
     if (rc == 0)
         rc = posix_spawnp(&pid, argv[0], &fa, &attr, (char *const *)argv,
@@ -414,8 +414,7 @@ static cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
                                    const char *hex, const char *src_path,
                                    const char *so_path)
 {
-    size_t max_args = 1 + CPU_JIT_FIXED_COUNT + 3 +
-                      cpu_jit_count_words(flags) +
+    size_t max_args = 1 + CPU_JIT_FIXED_COUNT + 3 + cpu_jit_count_words(flags) +
                       cpu_jit_count_words(jit->cflags) + 2;
     const char **argv = calloc(max_args, sizeof *argv);
     char *flags_copy = strdup(flags ? flags : "");
@@ -732,9 +731,9 @@ static int cpu_jit_create_temp_at(int dirfd, const char *prefix, char *name,
                             (uint64_t)atomic_fetch_add(&counter, 1)};
         snprintf(name, size, "%s%016" PRIx64, prefix,
                  XXH3_64bits(seed, sizeof seed));
-        int fd = openat(dirfd, name,
-                        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                        0600);
+        int fd =
+            openat(dirfd, name,
+                   O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd >= 0 || errno != EEXIST)
             return fd;
     }
@@ -784,8 +783,7 @@ static void cpu_jit_cache_store(const cpu_jit *jit, const cpu_jit_keyinfo *ki,
 
     const char *step = "write the object";
     snprintf(prefix, sizeof prefix, ".%s.so.tmp-", ki->hex);
-    if (cpu_jit_write_temp(jit, prefix, bytes, len, so_tmp, sizeof so_tmp) !=
-        0)
+    if (cpu_jit_write_temp(jit, prefix, bytes, len, so_tmp, sizeof so_tmp) != 0)
         goto fail;
     step = "write the record";
     snprintf(prefix, sizeof prefix, ".%s.meta.tmp-", ki->hex);
@@ -902,7 +900,9 @@ cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
     if (!jit || !source || !out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cpu_jit_load: %s is NULL",
-                              !jit ? "jit" : !source ? "source" : "out");
+                              !jit      ? "jit"
+                              : !source ? "source"
+                                        : "out");
     cpu_jit_keyinfo ki;
     cpu_jit_keyinfo_make(jit, source, flags, &ki);
 
@@ -1178,8 +1178,7 @@ cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out)
     }
     cube_log_write(CUBE_LOG_DEBUG, "compile",
                    "cpu jit: compiler '%s' (%s), disk cache %s", jit->cc,
-                   jit->cc_identity,
-                   jit->cache_path ? jit->cache_path : "off");
+                   jit->cc_identity, jit->cache_path ? jit->cache_path : "off");
     *out = jit;
     return NULL;
 oom:

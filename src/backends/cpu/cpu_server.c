@@ -36,8 +36,7 @@ typedef struct cpu_launch_abi {
 } cpu_launch_abi;
 
 typedef void (*cpu_run_fn)(const cpu_launch_abi *, unsigned, unsigned, void *);
-typedef void (*cpu_unit_fn)(const cpu_launch_abi *, unsigned, unsigned,
-                            void *);
+typedef void (*cpu_unit_fn)(const cpu_launch_abi *, unsigned, unsigned, void *);
 
 typedef struct cpu_kernel_impl {
     cpu_module *module;
@@ -132,9 +131,8 @@ static void fill_properties(cpu_server *s)
     p->max_cube_count[2] = 65535;
     p->max_shared_memory = CPU_MAX_SHARED;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    p->memory_total = (pages > 0 && page > 0)
-                          ? (uint64_t)pages * (uint64_t)page
-                          : (uint64_t)1 << 32;
+    p->memory_total = (pages > 0 && page > 0) ? (uint64_t)pages * (uint64_t)page
+                                              : (uint64_t)1 << 32;
     p->memory_alignment = CPU_ALIGNMENT;
     p->max_buffer_size = p->memory_total;
     p->compute_units = cpu_workers_threads(s->workers);
@@ -234,8 +232,8 @@ static void strided_copy(const cube_copy_op *op, unsigned char *host,
 }
 
 static cube_error *cpu_read(cube_server *server, cube_stream_id stream,
-                            const cube_copy_op *ops, size_t n,
-                            void *const *dst, cube_pending **pending)
+                            const cube_copy_op *ops, size_t n, void *const *dst,
+                            cube_pending **pending)
 {
     (void)server;
     (void)stream;
@@ -316,8 +314,8 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     /* #line makes compiler messages point into the user's source. */
     snprintf(source, cap, "%s\n%s\n#line 1 \"%s.cube.c\"\n%s\n",
              cube_prelude_cpu, cube_prelude_common, name, user);
-    const char *flags = (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
-                                                      : "-DCUBE_CHECKED=0";
+    const char *flags =
+        (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1" : "-DCUBE_CHECKED=0";
     double t0 = now_ms();
     cpu_module *m = NULL;
     cpu_jit_origin origin = CPU_JIT_COMPILED;
@@ -489,11 +487,8 @@ static cube_error *cpu_launch(cube_server *server, cube_stream_id stream,
             ptr[p] = (void *)d->scalars[p];
             len[p] = cc->params[p].elem_size;
             break;
-        case CUBE_PARAM_SHARED:
-            break;
-        default:
-            ptr[p] = addr(&d->bindings[p]);
-            len[p] = d->bindings[p].size;
+        case CUBE_PARAM_SHARED: break;
+        default: ptr[p] = addr(&d->bindings[p]); len[p] = d->bindings[p].size;
         }
     }
     for (int i = 0; i < 3; i++) {
@@ -508,11 +503,10 @@ static cube_error *cpu_launch(cube_server *server, cube_stream_id stream,
     uint32_t threads = cpu_workers_threads(s->workers);
     uint64_t work = total * ctx.units;
     /* Small launches stay on the caller: waking workers costs more. */
-    uint32_t chunk = work < 16384 ? (uint32_t)total
-                                  : (uint32_t)((total + threads * 4 - 1) /
-                                               (threads * 4));
-    return cpu_workers_run(s->workers, (uint32_t)total, chunk, run_range,
-                           &ctx);
+    uint32_t chunk =
+        work < 16384 ? (uint32_t)total
+                     : (uint32_t)((total + threads * 4 - 1) / (threads * 4));
+    return cpu_workers_run(s->workers, (uint32_t)total, chunk, run_range, &ctx);
 }
 
 /* --- lifetime --- */

@@ -14,9 +14,9 @@ typedef struct cpu_job {
     cpu_range_fn fn;
     void *ctx;
     uint32_t total, chunk;
-    atomic_uint next;     /* first cube not yet claimed */
-    atomic_uint done;     /* cubes finished */
-    uint32_t helpers;     /* workers inside the job, under the pool lock */
+    atomic_uint next; /* first cube not yet claimed */
+    atomic_uint done; /* cubes finished */
+    uint32_t helpers; /* workers inside the job, under the pool lock */
     _Atomic(cube_error *) error;
     struct cpu_job *next_job;
 } cpu_job;
@@ -69,7 +69,8 @@ static void work_on(cpu_job *j, cpu_thread_local *local)
         uint32_t begin = atomic_fetch_add(&j->next, j->chunk);
         if (begin >= j->total)
             return;
-        uint32_t end = j->total - begin < j->chunk ? j->total : begin + j->chunk;
+        uint32_t end =
+            j->total - begin < j->chunk ? j->total : begin + j->chunk;
         cube_error *err = local ? j->fn(j->ctx, begin, end, local)
                                 : cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                                                  "worker scratch memory");
@@ -137,9 +138,8 @@ cube_error *cpu_workers_create(uint32_t threads, cpu_workers **out)
     for (uint32_t i = 0; i < n; i++) {
         if (pthread_create(&w->threads[i], NULL, worker_main, w) != 0) {
             cpu_workers_destroy(w);
-            return cube_error_new(CUBE_ERR_IO,
-                                  "could not start worker thread %u of %u", i,
-                                  n);
+            return cube_error_new(
+                CUBE_ERR_IO, "could not start worker thread %u of %u", i, n);
         }
         w->count++;
     }

@@ -80,10 +80,9 @@
  * no_sanitize("thread") still records function entry and exit, so clang
  * gets the attribute that turns off everything. */
 #if defined(__clang__) && __has_attribute(disable_sanitizer_instrumentation)
-#define CPU_FIBER_NO_SANITIZE \
-    __attribute__((disable_sanitizer_instrumentation))
+#define CPU_FIBER_NO_SANITIZE __attribute__((disable_sanitizer_instrumentation))
 #elif defined(CPU_FIBER_ASAN) && defined(CPU_FIBER_TSAN)
-#define CPU_FIBER_NO_SANITIZE \
+#define CPU_FIBER_NO_SANITIZE                                                  \
     __attribute__((no_sanitize_address, no_sanitize_thread))
 #elif defined(CPU_FIBER_ASAN)
 #define CPU_FIBER_NO_SANITIZE __attribute__((no_sanitize_address))
@@ -219,15 +218,15 @@ typedef struct cpu_fiber_ctx {
 /* ------------------------------------------------------------------------ */
 
 typedef struct cpu_fiber {
-    cpu_fiber_ctx ctx;        /* where a suspended fiber resumes */
-    unsigned char *stack_lo;  /* lowest usable byte, just above the guard */
-    uint32_t next;            /* next live fiber in index order (circular) */
-    uint32_t prev;            /* previous live fiber */
+    cpu_fiber_ctx ctx;       /* where a suspended fiber resumes */
+    unsigned char *stack_lo; /* lowest usable byte, just above the guard */
+    uint32_t next;           /* next live fiber in index order (circular) */
+    uint32_t prev;           /* previous live fiber */
 #if defined(CPU_FIBER_ASAN)
-    void *asan_fake;          /* ASan's fake stack while suspended */
+    void *asan_fake; /* ASan's fake stack while suspended */
 #endif
 #if defined(CPU_FIBER_TSAN)
-    void *tsan_fiber;         /* TSan's per-fiber state, kept across runs */
+    void *tsan_fiber; /* TSan's per-fiber state, kept across runs */
 #endif
 } cpu_fiber;
 
@@ -238,29 +237,29 @@ typedef struct cpu_fiber_map {
 } cpu_fiber_map;
 
 struct cpu_fibers {
-    size_t stack_size;   /* usable bytes per stack, a page multiple */
-    size_t page;         /* page size, also the guard size */
-    cpu_fiber *fib;      /* one per stack */
-    uint32_t cap;        /* stacks mapped so far */
+    size_t stack_size; /* usable bytes per stack, a page multiple */
+    size_t page;       /* page size, also the guard size */
+    cpu_fiber *fib;    /* one per stack */
+    uint32_t cap;      /* stacks mapped so far */
     cpu_fiber_map *maps;
     size_t map_count;
 
     /* State of the run in progress. */
     cpu_fiber_fn fn;
     void *arg;
-    uint32_t cur;        /* the fiber running, or being switched to */
-    uint32_t live;       /* fibers whose function has not returned */
+    uint32_t cur;  /* the fiber running, or being switched to */
+    uint32_t live; /* fibers whose function has not returned */
     int running;
     cpu_fiber_ctx sched; /* the scheduler loop in cpu_fibers_run */
 #if defined(CPU_FIBER_X86_64)
-    uint32_t mxcsr;      /* the caller's FP control state, inherited by */
-    uint16_t fpcw;       /* every fiber of the run */
+    uint32_t mxcsr; /* the caller's FP control state, inherited by */
+    uint16_t fpcw;  /* every fiber of the run */
 #endif
 #if defined(CPU_FIBER_ASAN)
     void *sched_fake;
     const void *sched_bottom; /* the scheduler's stack, learnt on arrival */
     size_t sched_size;
-    int from_sched;           /* the switch in flight left the scheduler */
+    int from_sched; /* the switch in flight left the scheduler */
 #endif
 #if defined(CPU_FIBER_TSAN)
     void *sched_tsan;
@@ -279,9 +278,10 @@ static _Thread_local cpu_fibers *cpu_fibers_tls;
  * loop; `from_dies` says the context being left will never resume. ASan
  * learns which stack comes next and where to park the fake stack of the one
  * being left. */
-CPU_FIBER_NO_SANITIZE static inline void
-cpu_fiber_leave(cpu_fibers *f, cpu_fiber *from, int from_dies,
-                const cpu_fiber *to)
+CPU_FIBER_NO_SANITIZE static inline void cpu_fiber_leave(cpu_fibers *f,
+                                                         cpu_fiber *from,
+                                                         int from_dies,
+                                                         const cpu_fiber *to)
 {
 #if defined(CPU_FIBER_ASAN)
     void **save = from_dies ? NULL : from ? &from->asan_fake : &f->sched_fake;
@@ -373,9 +373,8 @@ static void cpu_fiber_prepare(cpu_fibers *f, cpu_fiber *fb)
     makecontext(&fb->ctx.uc, cpu_fiber_entry, 0);
 #else
     /* The stack top is page-aligned, so 16-aligned as both ABIs require. */
-    uintptr_t *frame =
-        (uintptr_t *)(void *)(fb->stack_lo + f->stack_size) -
-        CPU_FIBER_FRAME_WORDS;
+    uintptr_t *frame = (uintptr_t *)(void *)(fb->stack_lo + f->stack_size) -
+                       CPU_FIBER_FRAME_WORDS;
     memset(frame, 0, CPU_FIBER_FRAME_WORDS * sizeof *frame);
 #if defined(CPU_FIBER_X86_64)
     /* cpu_fiber_switch pops the FP controls and six zeroed registers (rbp
@@ -442,8 +441,7 @@ static cube_error *cpu_fibers_reserve(cpu_fibers *f, uint32_t n)
                               (unsigned)n, f->stack_size);
     size_t len = (size_t)add * per;
 
-    cpu_fiber_map *maps =
-        realloc(f->maps, (f->map_count + 1) * sizeof *maps);
+    cpu_fiber_map *maps = realloc(f->maps, (f->map_count + 1) * sizeof *maps);
     if (!maps)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "cpu fibers: no memory for the stack table");
