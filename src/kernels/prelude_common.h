@@ -132,27 +132,6 @@ typedef struct cube__param_sig {
 #define CUBE__NAME_cube__scalar(i, T, n, e) , n
 #define CUBE__NAME_cube__shared(i, T, n, e) , n
 
-/* --- view: the smallest element count of the buffer parameters -------------
- */
-#define CUBE__MINLEN_BUF(n)                                                    \
-    if (n##__len < cube__minlen)                                               \
-        cube__minlen = n##__len;
-#define CUBE__MINLEN_cube__in(i, T, n, e) CUBE__MINLEN_BUF(n)
-#define CUBE__MINLEN_cube__out(i, T, n, e) CUBE__MINLEN_BUF(n)
-#define CUBE__MINLEN_cube__inout(i, T, n, e) CUBE__MINLEN_BUF(n)
-#define CUBE__MINLEN_cube__scalar(i, T, n, e)
-#define CUBE__MINLEN_cube__shared(i, T, n, e)
-
-/* --- view: tell the compiler index `cube__a` is inside every buffer ------- */
-#define CUBE__INSIDE_BUF(n)                                                    \
-    if ((unsigned long long)cube__a >= n##__len)                               \
-        __builtin_unreachable();
-#define CUBE__INSIDE_cube__in(i, T, n, e) CUBE__INSIDE_BUF(n)
-#define CUBE__INSIDE_cube__out(i, T, n, e) CUBE__INSIDE_BUF(n)
-#define CUBE__INSIDE_cube__inout(i, T, n, e) CUBE__INSIDE_BUF(n)
-#define CUBE__INSIDE_cube__scalar(i, T, n, e)
-#define CUBE__INSIDE_cube__shared(i, T, n, e)
-
 /* --- view: the signature table
  * ------------------------------------------------ */
 #define CUBE__SIG_cube__in(i, T, n, e) {CUBE__SIG_BUFFER_IN, sizeof(T), 0},

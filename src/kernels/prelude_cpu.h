@@ -79,28 +79,7 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
             cube__w.ay = cube__w.az = 0;                                       \
             const unsigned int cube__lo = cube__begin * cube__v.dx;            \
             const unsigned int cube__hi = cube__end * cube__v.dx;              \
-            /* Below the smallest buffer's length every index is in range:     \
-             * the compiler is told so, and drops the guards kernels write     \
-             * (`if (i < CUBE_LEN(y))`), which would otherwise become slow     \
-             * masked vector code. The tail runs the same body unhelped.       \
-             */                                                                \
-            unsigned long long cube__minlen = 0xFFFFFFFFull;                   \
-            CUBE__EACH(CUBE__MINLEN, N, __VA_ARGS__)                           \
-            const unsigned int cube__mid =                                     \
-                cube__minlen < cube__lo                                        \
-                    ? cube__lo                                                 \
-                    : (cube__minlen < cube__hi ? (unsigned int)cube__minlen    \
-                                               : cube__hi);                    \
-            for (unsigned int cube__a = cube__lo; cube__a < cube__mid;         \
-                 cube__a++) {                                                  \
-                CUBE__EACH(CUBE__INSIDE, N, __VA_ARGS__)                       \
-                cube__w.ax = cube__a;                                          \
-                cube__w.ux = cube__a % cube__v.dx;                             \
-                cube__w.cx = cube__a / cube__v.dx;                             \
-                name##__body(cube__w, cube__sinkp CUBE__EACH(CUBE__NAME, N,    \
-                                                             __VA_ARGS__));    \
-            }                                                                  \
-            for (unsigned int cube__a = cube__mid; cube__a < cube__hi;         \
+            for (unsigned int cube__a = cube__lo; cube__a < cube__hi;          \
                  cube__a++) {                                                  \
                 cube__w.ax = cube__a;                                          \
                 cube__w.ux = cube__a % cube__v.dx;                             \
