@@ -9,8 +9,8 @@ static const char *source =
     "CUBE_KERNEL(scale_add, CUBE_IN(float, x), CUBE_INOUT(float, y),\n"
     "            CUBE_SCALAR(float, a))\n"
     "{\n"
-    "    uint32_t i = ABSOLUTE_POS_X;\n"
-    "    if (i < CUBE_LEN(y))\n"
+    "    int i = (int)ABSOLUTE_POS_X;\n"
+    "    if (i < (int)CUBE_LEN(y))\n"
     "        CUBE_AT(y, i) = a * CUBE_AT(x, i) + CUBE_AT(y, i);\n"
     "}\n";
 

@@ -54,6 +54,32 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
     CUBE__EXPORT const unsigned long long cube__shared_##name =                \
         (0 CUBE__EACH(CUBE__SHN, N, __VA_ARGS__)) ? sizeof(name##__shared_t)   \
                                                   : 0;                         \
+    /* A 1-D launch as one flat loop over the absolute position, in a          \
+     * function of its own so the loop is analyzed alone. The index is         \
+     * signed: it cannot wrap, so gcc may split the loop at a kernel's         \
+     * `if (i < n)` guard instead of masking every vector. Unit and cube       \
+     * positions are derived per element and vanish when unused. */            \
+    static __attribute__((noinline)) void name##__flat(                        \
+        unsigned int cube__dx, unsigned int cube__nx, int cube__lo,            \
+        int cube__hi,                                                          \
+        void *cube__sinkp CUBE__EACH(CUBE__PARAM, N, __VA_ARGS__))             \
+    {                                                                          \
+        cube__unit cube__w;                                                    \
+        cube__w.dx = cube__dx;                                                 \
+        cube__w.dy = cube__w.dz = cube__w.ny = cube__w.nz = 1;                 \
+        cube__w.nx = cube__nx;                                                 \
+        cube__w.uy = cube__w.uz = cube__w.cy = cube__w.cz = 0;                 \
+        cube__w.ay = cube__w.az = 0;                                           \
+        if (cube__lo < 0)                                                      \
+            __builtin_unreachable(); /* the caller checked the range */        \
+        for (int cube__a = cube__lo; cube__a < cube__hi; cube__a++) {          \
+            cube__w.ax = (unsigned int)cube__a;                                \
+            cube__w.ux = (unsigned int)cube__a % cube__dx;                     \
+            cube__w.cx = (unsigned int)cube__a / cube__dx;                     \
+            name##__body(cube__w,                                              \
+                         cube__sinkp CUBE__EACH(CUBE__NAME, N, __VA_ARGS__));  \
+        }                                                                      \
+    }                                                                          \
     /* The unit loop takes the unpacked arguments as parameters, so they are   \
      * loop invariants the compiler can see (and vectorize around). */         \
     static void name##__loop(                                                  \
@@ -70,23 +96,14 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
         cube__v.nz = cube__l->count[2];                                        \
         if (cube__v.dy == 1 && cube__v.dz == 1 && cube__v.ny == 1 &&           \
             cube__v.nz == 1 &&                                                 \
-            (unsigned long long)cube__end * cube__v.dx <= 0xFFFFFFFFull) {     \
+            (unsigned long long)cube__end * cube__v.dx <= 0x7FFFFFFFull) {     \
             /* A 1-D launch: one flat loop over the absolute position. The     \
              * unit and cube positions are derived per element, and vanish     \
              * when the body does not use them. */                             \
-            cube__unit cube__w = cube__v;                                      \
-            cube__w.uy = cube__w.uz = cube__w.cy = cube__w.cz = 0;             \
-            cube__w.ay = cube__w.az = 0;                                       \
-            const unsigned int cube__lo = cube__begin * cube__v.dx;            \
-            const unsigned int cube__hi = cube__end * cube__v.dx;              \
-            for (unsigned int cube__a = cube__lo; cube__a < cube__hi;          \
-                 cube__a++) {                                                  \
-                cube__w.ax = cube__a;                                          \
-                cube__w.ux = cube__a % cube__v.dx;                             \
-                cube__w.cx = cube__a / cube__v.dx;                             \
-                name##__body(cube__w, cube__sinkp CUBE__EACH(CUBE__NAME, N,    \
-                                                             __VA_ARGS__));    \
-            }                                                                  \
+            name##__flat(cube__v.dx, cube__v.nx,                               \
+                         (int)(cube__begin * cube__v.dx),                      \
+                         (int)(cube__end * cube__v.dx),                        \
+                         cube__sinkp CUBE__EACH(CUBE__NAME, N, __VA_ARGS__));  \
             return;                                                            \
         }                                                                      \
         for (unsigned int cube__c = cube__begin; cube__c < cube__end;          \
