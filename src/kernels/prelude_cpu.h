@@ -47,6 +47,15 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
 /* Barrier across the units of a cube. */
 #define cube_sync() cube__sync_fn()
 
+/* The locals every entry reads its arguments from (see CUBE__ARG). */
+#define CUBE__UNPACK(name)                                                     \
+    void *const *cube__ptr = cube__l->ptr;                                     \
+    const unsigned long long *cube__len = cube__l->len;                        \
+    name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;          \
+    (void)cube__shared;                                                        \
+    (void)cube__len;                                                           \
+    cube__sink_t cube__sink;
+
 #define CUBE__ENTRY(name, N, ...)                                              \
     CUBE__EXPORT const cube__param_sig cube__sig_##name[] = {                  \
         CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                \
@@ -139,12 +148,7 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
                           unsigned int cube__begin, unsigned int cube__end,    \
                           void *cube__shmem)                                   \
     {                                                                          \
-        void *const *cube__ptr = cube__l->ptr;                                 \
-        const unsigned long long *cube__len = cube__l->len;                    \
-        name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;      \
-        (void)cube__shared;                                                    \
-        (void)cube__len;                                                       \
-        cube__sink_t cube__sink;                                               \
+        CUBE__UNPACK(name)                                                     \
         name##__loop(cube__l, cube__begin, cube__end,                          \
                      &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));       \
     }                                                                          \
@@ -155,12 +159,7 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
                            unsigned int cube__c, unsigned int cube__unitpos,   \
                            void *cube__shmem)                                  \
     {                                                                          \
-        void *const *cube__ptr = cube__l->ptr;                                 \
-        const unsigned long long *cube__len = cube__l->len;                    \
-        name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;      \
-        (void)cube__shared;                                                    \
-        (void)cube__len;                                                       \
-        cube__sink_t cube__sink;                                               \
+        CUBE__UNPACK(name)                                                     \
         cube__unit cube__w;                                                    \
         cube__w.dx = cube__l->dim[0];                                          \
         cube__w.dy = cube__l->dim[1];                                          \
