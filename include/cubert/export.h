@@ -28,7 +28,9 @@
 #if defined(__GNUC__)
 #define CUBE_MUST_USE __attribute__((warn_unused_result))
 #define CUBE_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#define CUBE_RETURNS_NONNULL __attribute__((returns_nonnull))
 #else
+#define CUBE_RETURNS_NONNULL
 #define CUBE_MUST_USE
 #define CUBE_PRINTF(fmt, args)
 #endif

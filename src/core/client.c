@@ -84,7 +84,8 @@ cube_error *core_stream_enter(cube_client *c, core_stream **out)
     if (!s) {
         if (c->stream_count == c->stream_cap) {
             size_t cap = c->stream_cap ? c->stream_cap * 2 : 8;
-            core_stream **grown = realloc(c->streams, cap * sizeof *grown);
+            core_stream **grown =
+                realloc(c->streams, cap * sizeof(core_stream *));
             if (!grown) {
                 pthread_mutex_unlock(&c->streams_lock);
                 return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream table");
@@ -192,7 +193,7 @@ cube_error *cube_client_open(const char *device,
         device = cfg->device[0] ? cfg->device : "cpu";
 
     char name[32];
-    uint32_t index;
+    uint32_t index = 0;
     cube_error *err = parse_device(device, name, sizeof name, &index);
     if (err)
         return err;
@@ -360,7 +361,7 @@ cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
     }
     for (size_t i = 0; i < n; i++)
         b[i] = core_binding(&r[i]);
-    core_stream *st;
+    core_stream *st = NULL;
     err = core_stream_enter(c, &st);
     if (!err) {
         /* The barrier first, so a device fault counts... */
@@ -379,7 +380,7 @@ cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
 cube_error *cube_flush(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_flush");
-    core_stream *st;
+    core_stream *st = NULL;
     cube_error *err = core_stream_enter(c, &st);
     if (err)
         return err;
@@ -411,7 +412,7 @@ cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
 cube_error *cube_memory_cleanup(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_cleanup");
-    core_stream *st;
+    core_stream *st = NULL;
     cube_error *err = core_stream_enter(c, &st);
     if (err)
         return err;

@@ -82,7 +82,8 @@ cube_error *cube_error_add_cause(cube_error *parent, cube_error *cause)
     }
     if (parent->cause_count == parent->cause_cap) {
         size_t cap = parent->cause_cap ? parent->cause_cap * 2 : 4;
-        cube_error **grown = realloc(parent->causes, cap * sizeof *grown);
+        cube_error **grown =
+            realloc(parent->causes, cap * sizeof(cube_error *));
         if (!grown) {
             cube_error_free(cause);
             return parent;

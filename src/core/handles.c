@@ -71,7 +71,7 @@ static cube_error *take_slot(cube_client *c, uint32_t *out)
     if (c->slot_count % CORE_CHUNK_SLOTS == 0) {
         if (c->chunk_count == c->chunk_cap) {
             uint32_t cap = c->chunk_cap ? c->chunk_cap * 2 : 16;
-            core_slot **grown = realloc(c->chunks, cap * sizeof *grown);
+            core_slot **grown = realloc(c->chunks, cap * sizeof(core_slot *));
             if (!grown)
                 return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "handle table");
             c->chunks = grown;
@@ -201,7 +201,7 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
     core_alloc *a = calloc(1, sizeof *a);
     if (!a)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_empty");
-    core_stream *st;
+    core_stream *st = NULL;
     cube_error *err = core_stream_enter(c, &st);
     if (err) {
         free(a);
@@ -235,7 +235,7 @@ cube_error *cube_create(cube_client *c, const void *bytes, uint64_t size,
     if (!bytes)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_create: bytes is NULL");
-    cube_handle h;
+    cube_handle h = {0};
     cube_error *err = cube_empty(c, size, &h);
     if (err)
         return cube_error_prefix(err, "cube_create");

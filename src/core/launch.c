@@ -229,7 +229,7 @@ static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
         else
             d.bindings[p] = core_binding(&r[arg_of_param[p]]);
     }
-    core_stream *st;
+    core_stream *st = NULL;
     cube_error *err = core_stream_enter(c, &st);
     if (err)
         return err;
@@ -322,6 +322,8 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
     const cube_compiled *cc = NULL;
     uint32_t arg_of_param[CUBE_MAX_PARAMS] = {0};
     err = get_compiled(c, k, mode, &cc);
+    if (!err && !cc)
+        err = cube_error_new(CUBE_ERR_INTERNAL, "compiled kernel missing");
     if (!err) {
         err = bind_args(k, cc, args, nargs, arg_of_param);
         /* Arguments that do not fit the signature cannot say which

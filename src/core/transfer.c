@@ -161,13 +161,13 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
                        size_t n)
 {
     CORE_CHECK_CLIENT(c, "cube_write");
-    core_resolved *r;
-    cube_copy_op *ops;
+    core_resolved *r = NULL;
+    cube_copy_op *ops = NULL;
     cube_error *err = prepare(c, "cube_write", "sources", "source_sizes", descs,
                               sources, sizes, n, &r, &ops);
     if (err)
         return err;
-    core_stream *st;
+    core_stream *st = NULL;
     err = core_stream_enter(c, &st);
     if (!err) {
         err = c->vt->write(c->server, st->id, ops, n, sources);
@@ -207,8 +207,8 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
                               "cube_read_async: out is NULL");
     *out = NULL;
     CORE_CHECK_CLIENT(c, "cube_read");
-    core_resolved *r;
-    cube_copy_op *ops;
+    core_resolved *r = NULL;
+    cube_copy_op *ops = NULL;
     cube_error *err =
         prepare(c, "cube_read", "destinations", "destination_sizes", descs,
                 destinations, sizes, n, &r, &ops);
@@ -226,7 +226,7 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
     /* The claim check comes before any byte is copied. */
     f->result = core_failure_claim_check(c, r, n, "cube_read");
     if (!f->result) {
-        core_stream *st;
+        core_stream *st = NULL;
         f->result = core_stream_enter(c, &st);
         if (!f->result) {
             f->result = c->vt->read(c->server, st->id, ops, n, destinations,

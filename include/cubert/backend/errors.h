@@ -18,11 +18,10 @@ extern "C" {
 #endif
 
 /* A new error with a printf-formatted message. Caller owns it. */
-CUBE_API CUBE_MUST_USE cube_error *cube_error_new(cube_code code,
-                                                  const char *fmt, ...)
-    CUBE_PRINTF(2, 3);
-CUBE_API CUBE_MUST_USE cube_error *cube_error_newv(cube_code code,
-                                                   const char *fmt, va_list ap);
+CUBE_API CUBE_MUST_USE CUBE_RETURNS_NONNULL cube_error *
+cube_error_new(cube_code code, const char *fmt, ...) CUBE_PRINTF(2, 3);
+CUBE_API CUBE_MUST_USE CUBE_RETURNS_NONNULL cube_error *
+cube_error_newv(cube_code code, const char *fmt, va_list ap);
 
 /* Attaches a copy of `log` (for example a compiler's output) to `err` and
  * returns `err`. */

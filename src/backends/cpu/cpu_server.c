@@ -24,8 +24,8 @@ extern const char cube_prelude_cpu[];
 #define CPU_ABI 1
 #define CPU_ALIGNMENT 64
 #define CPU_MAX_UNITS 1024
-#define CPU_MAX_SHARED (64u * 1024u)
-#define CPU_FIBER_STACK (128u * 1024u)
+#define CPU_MAX_SHARED ((uint64_t)64 * 1024)
+#define CPU_FIBER_STACK ((size_t)128 * 1024)
 
 /* Must match cube_cpu_launch in src/kernels/prelude_cpu.h. */
 typedef struct cpu_launch_abi {
@@ -503,9 +503,10 @@ static cube_error *cpu_launch(cube_server *server, cube_stream_id stream,
     uint32_t threads = cpu_workers_threads(s->workers);
     uint64_t work = total * ctx.units;
     /* Small launches stay on the caller: waking workers costs more. */
-    uint32_t chunk =
-        work < 16384 ? (uint32_t)total
-                     : (uint32_t)((total + threads * 4 - 1) / (threads * 4));
+    uint32_t chunk = work < 16384
+                         ? (uint32_t)total
+                         : (uint32_t)((total + (uint64_t)threads * 4 - 1) /
+                                      ((uint64_t)threads * 4));
     return cpu_workers_run(s->workers, (uint32_t)total, chunk, run_range, &ctx);
 }
 
