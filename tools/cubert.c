@@ -20,7 +20,7 @@
 
 #define EXIT_USAGE 2
 
-/* --- small helpers -------------------------------------------------------- */
+/* --- small helpers --- */
 
 static void usage(FILE *f)
 {
@@ -99,7 +99,7 @@ static void format_bytes(uint64_t b, char *out, size_t cap)
         snprintf(out, cap, "%llu B", (unsigned long long)b);
 }
 
-/* --- info ----------------------------------------------------------------- */
+/* --- info --- */
 
 static void print_features(uint32_t f)
 {
@@ -219,7 +219,7 @@ static int cmd_info(int argc, char **argv)
     return 0;
 }
 
-/* --- demo: kernels -------------------------------------------------------- */
+/* --- demo: kernels --- */
 
 #define TILE 16
 #define RED_DIM 256
@@ -324,7 +324,7 @@ static const char softmax_src[] =
     "        CUBE_AT(y, base + j) *= inv;\n"
     "}\n";
 
-/* --- demo: plumbing ------------------------------------------------------- */
+/* --- demo: plumbing --- */
 
 typedef struct timing {
     const char *kernel;
@@ -430,7 +430,7 @@ static void note_memory(demo *d)
 #define STEADY_MIN 3
 #define STEADY_MAX 20
 
-/* --- demo: (a) tiled matrix product --------------------------------------- */
+/* --- demo: (a) tiled matrix product --- */
 
 static int demo_matmul(demo *d, uint32_t n)
 {
@@ -542,7 +542,7 @@ done:
     return rc;
 }
 
-/* --- demo: (b) reduction -------------------------------------------------- */
+/* --- demo: (b) reduction --- */
 
 static int demo_reduce(demo *d, uint32_t n)
 {
@@ -632,7 +632,7 @@ done:
     return rc;
 }
 
-/* --- demo: (c) softmax ---------------------------------------------------- */
+/* --- demo: (c) softmax --- */
 
 static int demo_softmax(demo *d, uint32_t rows, uint32_t cols)
 {
@@ -740,7 +740,7 @@ done:
     return rc;
 }
 
-/* --- demo ----------------------------------------------------------------- */
+/* --- demo --- */
 
 static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 {

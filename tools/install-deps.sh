@@ -3,7 +3,7 @@
 # As root it runs apt-get; otherwise it prints the exact command to run.
 set -eu
 
-PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev"
+PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev"
 
 missing=""
 for p in $PACKAGES; do

@@ -28,8 +28,7 @@ extern "C" {
 
 #define CUBE_MAX_RANK 8
 
-/* --- handles ---------------------------------------------------------------
- */
+/* --- handles --- */
 
 /* A new buffer of `size` bytes, contents undefined.
  * Errors: CUBE_ERR_INVALID_ARGUMENT (client or out NULL, size 0),
@@ -69,8 +68,7 @@ cube_handle_slice(cube_client *client, cube_handle handle, uint64_t offset,
 CUBE_API CUBE_MUST_USE cube_error *
 cube_handle_size(cube_client *client, cube_handle handle, uint64_t *out);
 
-/* --- copy descriptors -------------------------------------------------------
- */
+/* --- copy descriptors --- */
 
 typedef struct cube_copy_desc {
     cube_handle handle;

@@ -101,8 +101,36 @@ typedef struct cube_properties {
 CUBE_API CUBE_MUST_USE cube_error *cube_client_properties(cube_client *client,
                                                           cube_properties *out);
 
-/* --- streams ---------------------------------------------------------------
- */
+/* How launches are bounds-checked: as each launch asks
+ * (CUBE_LAUNCH_CHECKED), or always (CUBERT_BOUNDS_CHECK=always). */
+typedef enum cube_bounds_policy {
+    CUBE_BOUNDS_PER_LAUNCH = 0,
+    CUBE_BOUNDS_ALWAYS = 1
+} cube_bounds_policy;
+
+/* How the device lays out 2-D data: densely, or with padded (pitched)
+ * rows where that makes copies and accesses faster. */
+typedef enum cube_layout_policy {
+    CUBE_LAYOUT_CONTIGUOUS = 0,
+    CUBE_LAYOUT_PITCHED = 1
+} cube_layout_policy;
+
+/* What the server shares with its users, immutable for the client's life:
+ * the contract's `utilities`. */
+typedef struct cube_utilities {
+    cube_properties properties;
+    cube_bounds_policy bounds;
+    cube_layout_policy layout;
+    /* Nonzero when graphs are recorded by the client (software graphs,
+     * replay linear in launches) rather than by the device. */
+    int software_graphs;
+} cube_utilities;
+
+/* Fills *out. Never blocks. Errors: CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_client_utilities(cube_client *client,
+                                                         cube_utilities *out);
+
+/* --- streams --- */
 
 /* The stream the calling thread works on for `client`: its own by default.
  * Returns 0 when client is NULL. */
@@ -148,8 +176,7 @@ CUBE_API CUBE_MUST_USE cube_error *
 cube_sync(cube_client *client, const cube_handle *handles, size_t n);
 CUBE_API CUBE_MUST_USE cube_error *cube_flush(cube_client *client);
 
-/* --- memory statistics -----------------------------------------------------
- */
+/* --- memory statistics --- */
 
 typedef struct cube_memory_usage {
     uint64_t buffers;        /* live allocations */

@@ -8,5 +8,7 @@
 #include "cubert/client.h"
 #include "cubert/buffer.h"
 #include "cubert/kernel.h"
+#include "cubert/profile.h"
+#include "cubert/graph.h"
 
 #endif /* CUBERT_CUBERT_H */

@@ -49,8 +49,7 @@ CUBE_API uint64_t cube_kernel_id(const cube_kernel *kernel);
 /* Borrowed; "" for NULL. */
 CUBE_API const char *cube_kernel_name(const cube_kernel *kernel);
 
-/* --- cube counts ------------------------------------------------------------
- */
+/* --- cube counts --- */
 
 /* How many cubes to run: static (x, y, z), or dynamic: read at execution,
  * in stream order, from the first 12 bytes of a buffer (three uint32_t). */
@@ -71,8 +70,7 @@ static inline cube_count cube_count_dynamic(cube_handle buffer)
     return c;
 }
 
-/* --- arguments ---------------------------------------------------------------
- */
+/* --- arguments --- */
 
 typedef enum cube_arg_kind {
     CUBE_ARG_BUFFER = 1,

@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "core/client_internal.h"
+#include "core/config.h"
+#include "core/trace.h"
 
 static atomic_uint_fast64_t next_client_serial = 1;
 static atomic_uint_fast64_t next_thread_stream = 1;
@@ -111,6 +113,42 @@ cube_error *core_stream_enter(cube_client *c, core_stream **out)
 void core_stream_leave(core_stream *s)
 {
     pthread_mutex_unlock(&s->lock);
+}
+
+cube_error *core_stream_refuse_in_capture(const core_stream *s,
+                                          const char *operation)
+{
+    if (!s->capture)
+        return NULL;
+    return cube_error_new(CUBE_ERR_GRAPH_STATE,
+                          "%s: stream 0x%016llx is capturing a graph; a "
+                          "capture cannot record this, so it is refused "
+                          "until cube_graph_end",
+                          operation, (unsigned long long)s->id);
+}
+
+void core_stream_note_failure(core_stream *s, const cube_error *err)
+{
+    if (!err)
+        return;
+    s->failures++;
+    if (s->window_count) {
+        /* Kept only for open windows, which report it as their cause. */
+        cube_error_free(s->last_failure);
+        s->last_failure = cube_error_clone(err);
+    }
+}
+
+void core_stream_note_failure_now(cube_client *c, const cube_error *err)
+{
+    core_stream *s = NULL;
+    cube_error *e = core_stream_enter(c, &s);
+    if (e) {
+        cube_error_free(e);
+        return;
+    }
+    core_stream_note_failure(s, err);
+    core_stream_leave(s);
 }
 
 cube_error *cube_stream_ids(cube_client *c, cube_stream_id *ids,
@@ -236,7 +274,13 @@ cube_error *cube_client_open(const char *device,
     pthread_mutex_init(&c->streams_lock, NULL);
     pthread_mutex_init(&c->cache_lock, NULL);
     pthread_mutex_init(&c->staging_lock, NULL);
+    pthread_mutex_init(&c->graphs_lock, NULL);
     atomic_init(&c->faulted, 0);
+    core_trace_from_env();
+    /* Launch timing for the per-kernel summary costs two clock reads per
+     * launch: only when someone will read it. */
+    c->stats = cube_log_enabled(CUBE_LOG_INFO);
+    c->bounds_always = core_config_bounds_always();
     err = c->vt->properties(c->server, &c->props);
     if (err) {
         cube_client_close(c);
@@ -257,13 +301,24 @@ void cube_client_close(cube_client *c)
         cube_error *err = c->vt->sync(c->server, c->streams[i]->id, NULL, 0);
         cube_error_free(err);
     }
+    core_cache_log_summary(c);
+    for (size_t i = 0; i < c->stream_count; i++) {
+        core_stream *s = c->streams[i];
+        if (s->capture)
+            core_graph_abort(c, s->capture);
+        s->capture = NULL;
+    }
+    core_graphs_destroy(c);
     core_cache_destroy(c);
     core_staging_destroy(c);
     core_handles_destroy(c);
     c->vt->destroy(c->server);
     for (size_t i = 0; i < c->stream_count; i++) {
-        pthread_mutex_destroy(&c->streams[i]->lock);
-        free(c->streams[i]);
+        core_stream *s = c->streams[i];
+        pthread_mutex_destroy(&s->lock);
+        free(s->windows);
+        cube_error_free(s->last_failure);
+        free(s);
     }
     free(c->streams);
     cube_error_free(c->fault);
@@ -271,6 +326,7 @@ void cube_client_close(cube_client *c)
     pthread_mutex_destroy(&c->streams_lock);
     pthread_mutex_destroy(&c->cache_lock);
     pthread_mutex_destroy(&c->staging_lock);
+    pthread_mutex_destroy(&c->graphs_lock);
     free(c);
 }
 
@@ -281,6 +337,21 @@ cube_error *cube_client_properties(cube_client *c, cube_properties *out)
                               "cube_client_properties: %s is NULL",
                               c ? "out" : "client");
     *out = c->props;
+    return NULL;
+}
+
+cube_error *cube_client_utilities(cube_client *c, cube_utilities *out)
+{
+    if (!c || !out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_client_utilities: %s is NULL",
+                              c ? "out" : "client");
+    memset(out, 0, sizeof *out);
+    out->properties = c->props;
+    out->bounds =
+        c->bounds_always ? CUBE_BOUNDS_ALWAYS : CUBE_BOUNDS_PER_LAUNCH;
+    out->layout = CUBE_LAYOUT_CONTIGUOUS;
+    out->software_graphs = c->vt->begin_capture == NULL;
     return NULL;
 }
 
@@ -364,8 +435,13 @@ cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
     core_stream *st = NULL;
     err = core_stream_enter(c, &st);
     if (!err) {
+        err = core_stream_refuse_in_capture(st, "cube_sync");
+        uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         /* The barrier first, so a device fault counts... */
-        err = c->vt->sync(c->server, st->id, b, n);
+        if (!err)
+            err = c->vt->sync(c->server, st->id, b, n);
+        if (t0)
+            core_trace_span("sync", "sync", st->id, t0, core_clock_ns(), NULL);
         core_stream_leave(st);
         core_fault_note(c, err);
     }

@@ -36,9 +36,28 @@ typedef struct core_resolved {
     uint64_t offset, size;
 } core_resolved;
 
+/* An open profiling window. */
+typedef struct core_window {
+    uint64_t token;
+    uint64_t start_ns;
+    uint64_t launches_at_start;
+    uint64_t failures_at_start;
+} core_window;
+
+typedef struct core_graph core_graph;
+
+/* A stream and its state. Every field is under `lock`, which also
+ * serializes the backend calls of the stream. */
 typedef struct core_stream {
     cube_stream_id id;
-    pthread_mutex_t lock; /* serializes the backend calls of this stream */
+    pthread_mutex_t lock;
+    int prepared;         /* cube_graph_prepare called, capture not begun */
+    core_graph *capture;  /* the graph being recorded, or NULL */
+    core_window *windows; /* open profiling windows */
+    size_t window_count, window_cap;
+    uint64_t launches;        /* dispatches run on this stream */
+    uint64_t failures;        /* launches, writes, replays that failed */
+    cube_error *last_failure; /* the latest of those */
 } core_stream;
 
 typedef struct core_cache_entry {
@@ -46,6 +65,8 @@ typedef struct core_cache_entry {
     const cube_kernel *kernel; /* retained, to tell collisions apart */
     uint32_t mode;
     cube_compiled compiled;
+    /* Per-kernel statistics, kept when the client's stats are on. */
+    atomic_uint_fast64_t launches, total_ns;
     struct core_cache_entry *next;
 } core_cache_entry;
 
@@ -80,6 +101,12 @@ struct cube_client {
     pthread_mutex_t staging_lock;
     void **staging;
     size_t staging_count, staging_cap;
+
+    pthread_mutex_t graphs_lock;
+    core_graph *graphs; /* live graphs, a list */
+
+    int stats;         /* time every launch for the summary at close */
+    int bounds_always; /* every launch bounds-checked (configuration) */
 };
 
 /* --- handles.c --- */
@@ -104,13 +131,42 @@ cube_error *core_fault_get(cube_client *c);
 /* Makes `err` the client's terminal fault when it is a device fault. */
 void core_fault_note(cube_client *c, const cube_error *err);
 
+/* Pins an allocation for as long as a graph needs it (a reference). */
+void core_alloc_pin(cube_client *c, core_alloc *a);
+void core_alloc_unpin(cube_client *c, core_alloc *a);
+
 /* --- streams (client.c) --- */
 /* The calling thread's stream, locked. Errors: CUBE_ERR_OUT_OF_MEMORY. */
 cube_error *core_stream_enter(cube_client *c, core_stream **out);
 void core_stream_leave(core_stream *s);
+/* CUBE_ERR_GRAPH_STATE when `s` is capturing (for operations a capture
+ * cannot record), else NULL. Call with the stream entered. */
+cube_error *core_stream_refuse_in_capture(const core_stream *s,
+                                          const char *operation);
+/* Counts a failure of work on `s` for its profiling windows. Call with the
+ * stream entered. */
+void core_stream_note_failure(core_stream *s, const cube_error *err);
+/* The same, entering the stream itself. */
+void core_stream_note_failure_now(cube_client *c, const cube_error *err);
+
+/* --- graph.c --- */
+/* Records a validated dispatch into the stream's capture. `written` and
+ * `cleared` list the allocations the launch writes (OUT and INOUT) and
+ * fully rewrites (OUT); `read` those it reads. Call with the stream
+ * entered. */
+cube_error *core_graph_record(cube_client *c, core_stream *s,
+                              const cube_dispatch *d, core_alloc *const *read,
+                              size_t nread, core_alloc *const *written,
+                              size_t nwritten, core_alloc *const *cleared,
+                              size_t ncleared);
+/* Frees a capture that never ended (stream teardown). */
+void core_graph_abort(cube_client *c, core_graph *g);
+void core_graphs_destroy(cube_client *c);
 
 /* --- launch.c --- */
 void core_cache_destroy(cube_client *c);
+/* Logs the per-kernel summary table (when stats were on). */
+void core_cache_log_summary(cube_client *c);
 
 /* --- transfer.c --- */
 void core_staging_destroy(cube_client *c);

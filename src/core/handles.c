@@ -1,10 +1,12 @@
 /* The handle table: generation-checked slots, so a released or foreign
  * handle is refused instead of dereferenced. Handle bits: tag (12) |
  * generation (20) | slot index (32). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client_internal.h"
+#include "core/trace.h"
 
 #define GEN_MASK 0xFFFFFu
 #define NO_SLOT UINT32_MAX
@@ -29,6 +31,15 @@ void core_handles_init(cube_client *c)
 
 static void release_storage(cube_client *c, core_alloc *a)
 {
+    if (core_trace_on()) {
+        char args[64];
+        snprintf(args, sizeof args, "{\"bytes\":%llu}",
+                 (unsigned long long)a->storage.size);
+        core_trace_instant("memory", "release", a->stream, core_clock_ns(),
+                           args);
+    }
+    cube_log_write(CUBE_LOG_TRACE, "memory", "release %llu bytes",
+                   (unsigned long long)a->storage.size);
     c->vt->release_memory(c->server, a->stream, &a->storage);
     cube_error_free(a->failure);
     free(a);
@@ -164,6 +175,22 @@ void core_resolved_drop(cube_client *c, core_resolved *r)
     r->alloc = NULL;
 }
 
+void core_alloc_pin(cube_client *c, core_alloc *a)
+{
+    pthread_mutex_lock(&c->handles_lock);
+    a->refs++;
+    pthread_mutex_unlock(&c->handles_lock);
+}
+
+void core_alloc_unpin(cube_client *c, core_alloc *a)
+{
+    pthread_mutex_lock(&c->handles_lock);
+    int last = --a->refs == 0;
+    pthread_mutex_unlock(&c->handles_lock);
+    if (last)
+        release_storage(c, a);
+}
+
 cube_binding core_binding(const core_resolved *r)
 {
     cube_binding b = {&r->alloc->storage, r->offset, r->size};
@@ -219,9 +246,19 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
     pthread_mutex_lock(&c->handles_lock);
     err = publish(c, a, 0, size, out);
     pthread_mutex_unlock(&c->handles_lock);
-    if (err)
+    if (err) {
         release_storage(c, a);
-    return err;
+        return err;
+    }
+    if (core_trace_on()) {
+        char args[64];
+        snprintf(args, sizeof args, "{\"bytes\":%llu}",
+                 (unsigned long long)size);
+        core_trace_instant("memory", "alloc", a->stream, core_clock_ns(), args);
+    }
+    cube_log_write(CUBE_LOG_TRACE, "memory", "alloc %llu bytes -> 0x%016llx",
+                   (unsigned long long)size, (unsigned long long)out->bits);
+    return NULL;
 }
 
 cube_error *cube_create(cube_client *c, const void *bytes, uint64_t size,

@@ -2,7 +2,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <stddef.h>
+#include <stdio.h>
+
 #include "core/client_internal.h"
+#include "core/trace.h"
 
 #define LAUNCH_FLAGS (CUBE_LAUNCH_SKIP | CUBE_LAUNCH_CHECKED)
 
@@ -74,6 +78,36 @@ static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
     *out = &fresh->compiled;
     pthread_mutex_unlock(&c->cache_lock);
     return NULL;
+}
+
+void core_cache_log_summary(cube_client *c)
+{
+    if (!c->stats || !cube_log_enabled(CUBE_LOG_INFO))
+        return;
+    int any = 0;
+    for (size_t b = 0; b < CORE_CACHE_BUCKETS; b++)
+        for (core_cache_entry *e = c->cache[b]; e; e = e->next)
+            any |= atomic_load(&e->launches) != 0;
+    if (!any)
+        return;
+    cube_log_write(
+        CUBE_LOG_INFO, "profile",
+        "kernel summary for %s (host clock, launch to return):", c->device);
+    cube_log_write(CUBE_LOG_INFO, "profile", "%-32s %10s %12s %12s", "kernel",
+                   "launches", "total ms", "mean us");
+    for (size_t b = 0; b < CORE_CACHE_BUCKETS; b++) {
+        for (core_cache_entry *e = c->cache[b]; e; e = e->next) {
+            uint64_t n = atomic_load(&e->launches);
+            if (!n)
+                continue;
+            double total = (double)atomic_load(&e->total_ns);
+            cube_log_write(CUBE_LOG_INFO, "profile",
+                           "%-32s %10llu %12.3f %12.3f%s",
+                           cube_kernel_name(e->kernel), (unsigned long long)n,
+                           total / 1e6, total / 1e3 / (double)n,
+                           e->mode & CUBE_LAUNCH_CHECKED ? " (checked)" : "");
+        }
+    }
 }
 
 void core_cache_destroy(cube_client *c)
@@ -198,7 +232,60 @@ static void record_failure(cube_client *c, const cube_compiled *cc,
             core_failure_record(c, r[arg_of_param[p]].alloc, err);
 }
 
-/* Builds the backend's dispatch and runs it on the calling stream. */
+/* Times a launch for the per-kernel summary and the trace. */
+static void account(const cube_kernel *k, const cube_compiled *cc,
+                    const cube_dispatch *d, cube_stream_id stream, uint64_t t0)
+{
+    uint64_t t1 = core_clock_ns();
+    core_cache_entry *e =
+        (core_cache_entry *)((char *)(uintptr_t)cc -
+                             offsetof(core_cache_entry, compiled));
+    atomic_fetch_add_explicit(&e->launches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->total_ns, t1 - t0, memory_order_relaxed);
+    if (core_trace_on()) {
+        char args[160];
+        if (d->count_buffer)
+            snprintf(args, sizeof args,
+                     "{\"cube_count\":\"dynamic\",\"cube_dim\":[%u,%u,%u]}",
+                     d->cube_dim[0], d->cube_dim[1], d->cube_dim[2]);
+        else
+            snprintf(args, sizeof args,
+                     "{\"cube_count\":[%u,%u,%u],\"cube_dim\":[%u,%u,%u]}",
+                     d->cube_count[0], d->cube_count[1], d->cube_count[2],
+                     d->cube_dim[0], d->cube_dim[1], d->cube_dim[2]);
+        core_trace_span("launch", cube_kernel_name(k), stream, t0, t1, args);
+    }
+}
+
+/* Records a dispatch into the stream's capture, with the allocations it
+ * reads and writes. */
+static cube_error *record(cube_client *c, core_stream *st,
+                          const cube_compiled *cc, const cube_dispatch *d,
+                          const uint32_t *arg_of_param, const core_resolved *r,
+                          const core_resolved *count_res)
+{
+    core_alloc *read[CUBE_MAX_PARAMS + 1], *written[CUBE_MAX_PARAMS],
+        *cleared[CUBE_MAX_PARAMS];
+    size_t nr = 0, nw = 0, nc = 0;
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        cube_param_kind kind = cc->params[p].kind;
+        if (kind == CUBE_PARAM_SCALAR || kind == CUBE_PARAM_SHARED)
+            continue;
+        core_alloc *a = r[arg_of_param[p]].alloc;
+        if (param_is_read(kind))
+            read[nr++] = a;
+        if (param_is_written(kind))
+            written[nw++] = a;
+        if (kind == CUBE_PARAM_BUFFER_OUT)
+            cleared[nc++] = a;
+    }
+    if (count_res)
+        read[nr++] = count_res->alloc;
+    return core_graph_record(c, st, d, read, nr, written, nw, cleared, nc);
+}
+
+/* Builds the backend's dispatch and runs it on the calling stream (or
+ * records it, when the stream is capturing). */
 static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
                                 const cube_compiled *cc, cube_count count,
                                 const core_resolved *count_res,
@@ -233,9 +320,28 @@ static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
     cube_error *err = core_stream_enter(c, &st);
     if (err)
         return err;
+    if (st->capture) {
+        err = record(c, st, cc, &d, arg_of_param, r, count_res);
+        core_stream_leave(st);
+        /* Recorded, not run: no buffer changes state. */
+        return err;
+    }
+    int timed = c->stats || core_trace_on();
+    uint64_t t0 = timed ? core_clock_ns() : 0;
     err = c->vt->launch(c->server, st->id, &d);
+    if (timed)
+        account(k, cc, &d, st->id, t0);
+    if (!err)
+        st->launches++;
     core_stream_leave(st);
     core_fault_note(c, err);
+    if (cube_log_enabled(CUBE_LOG_DEBUG))
+        cube_log_write(CUBE_LOG_DEBUG, "launch",
+                       "%s: (%u, %u, %u) cubes of (%u, %u, %u)%s%s",
+                       cube_kernel_name(k), d.cube_count[0], d.cube_count[1],
+                       d.cube_count[2], d.cube_dim[0], d.cube_dim[1],
+                       d.cube_dim[2], d.count_buffer ? ", dynamic count" : "",
+                       err ? ", failed" : "");
     if (!err) {
         /* The outputs now hold what this launch computed. */
         for (uint32_t p = 0; p < cc->param_count; p++)
@@ -267,6 +373,11 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
                               "cube_launch(%s): unknown mode bits 0x%x",
                               cube_kernel_name(k),
                               mode & ~(uint32_t)LAUNCH_FLAGS);
+    if (c->bounds_always)
+        mode |= CUBE_LAUNCH_CHECKED;
+    /* Inside a dry-run scope every launch is a Skip. */
+    if (cube_dry_run_active())
+        mode |= CUBE_LAUNCH_SKIP;
     int dynamic = count.dynamic.bits != 0;
     if (!dynamic) {
         if (!count.x || !count.y || !count.z)
@@ -364,6 +475,7 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
     /* A dry run changes no buffer's state, failed or not. */
     if (err && !(mode & CUBE_LAUNCH_SKIP)) {
         record_failure(c, cc, arg_of_param, r, nargs, err);
+        core_stream_note_failure_now(c, err);
         cube_log_write(CUBE_LOG_DEBUG, "launch", "%s failed: %s",
                        cube_kernel_name(k), cube_error_message(err));
     }

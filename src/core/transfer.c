@@ -1,8 +1,10 @@
 /* Writes, reads (blocking and asynchronous) and staging buffers. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client_internal.h"
+#include "core/trace.h"
 
 cube_copy_desc cube_copy_desc_contiguous(cube_handle handle, uint64_t bytes,
                                          uint32_t elem_size)
@@ -149,6 +151,19 @@ static cube_error *prepare(cube_client *c, const char *fn,
     return NULL;
 }
 
+/* One trace span for a batch of copies: its byte count and size. */
+static void trace_copy(const char *name, cube_stream_id stream, uint64_t t0,
+                       const cube_copy_op *ops, size_t n)
+{
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        bytes += ops[i].bytes;
+    char args[96];
+    snprintf(args, sizeof args, "{\"bytes\":%llu,\"descriptors\":%zu}",
+             (unsigned long long)bytes, n);
+    core_trace_span("copy", name, stream, t0, core_clock_ns(), args);
+}
+
 static void unpin(cube_client *c, core_resolved *r, size_t n)
 {
     for (size_t i = 0; r && i < n; i++)
@@ -170,7 +185,20 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
     core_stream *st = NULL;
     err = core_stream_enter(c, &st);
     if (!err) {
+        err = core_stream_refuse_in_capture(st, "cube_write");
+        if (err) {
+            /* Refused, not failed: nothing was written and no buffer
+             * changes state. */
+            core_stream_leave(st);
+            unpin(c, r, n);
+            free(ops);
+            return err;
+        }
+        uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         err = c->vt->write(c->server, st->id, ops, n, sources);
+        if (t0)
+            trace_copy("write", st->id, t0, ops, n);
+        core_stream_note_failure(st, err);
         core_stream_leave(st);
     }
     for (size_t i = 0; i < n; i++) {
@@ -229,8 +257,13 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
         core_stream *st = NULL;
         f->result = core_stream_enter(c, &st);
         if (!f->result) {
-            f->result = c->vt->read(c->server, st->id, ops, n, destinations,
-                                    &f->pending);
+            f->result = core_stream_refuse_in_capture(st, "cube_read");
+            uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
+            if (!f->result)
+                f->result = c->vt->read(c->server, st->id, ops, n, destinations,
+                                        &f->pending);
+            if (t0)
+                trace_copy("read", st->id, t0, ops, n);
             core_stream_leave(st);
             core_fault_note(c, f->result);
         }

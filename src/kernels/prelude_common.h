@@ -13,7 +13,7 @@
  * arguments an entry passes, the signature table, the shared-memory struct.
  */
 
-/* --- parameter kinds ------------------------------------------------------ */
+/* --- parameter kinds --- */
 #define CUBE_IN(T, name) (cube__in, T, name, 1)
 #define CUBE_OUT(T, name) (cube__out, T, name, 1)
 #define CUBE_INOUT(T, name) (cube__inout, T, name, 1)
@@ -103,8 +103,7 @@ typedef struct cube__param_sig {
 #define CUBE__EACH_24(v, t, p, ...)                                            \
     CUBE__APPLY(v, (t - 24), p) CUBE__EACH_23(v, t, __VA_ARGS__)
 
-/* --- view: the body's parameter list (each item starts with a comma) ---------
- */
+/* --- view: the body's parameter list (each item starts with a comma) --- */
 #define CUBE__PARAM_cube__in(i, T, n, e)                                       \
     , const T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
 #define CUBE__PARAM_cube__out(i, T, n, e)                                      \
@@ -114,8 +113,7 @@ typedef struct cube__param_sig {
 #define CUBE__PARAM_cube__scalar(i, T, n, e) , const T n
 #define CUBE__PARAM_cube__shared(i, T, n, e) , T *CUBE__RESTRICT n
 
-/* --- view: the arguments an entry passes (from ptr[], len[], shared) ---------
- */
+/* --- view: the arguments an entry passes (from ptr[], len[], shared) --- */
 #define CUBE__ARG_BUF(i, T, n)                                                 \
     , (T *)cube__ptr[i], (unsigned long long)(cube__len[i] / sizeof(T))
 #define CUBE__ARG_cube__in(i, T, n, e) CUBE__ARG_BUF(i, T, n)

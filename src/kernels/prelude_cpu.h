@@ -180,8 +180,7 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
                      &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));       \
     }
 
-/* --- atomics (relaxed; they return the old value) ----------------------------
- */
+/* --- atomics (relaxed; they return the old value) --- */
 #define CUBE__ATOMIC_INT(suffix, T)                                            \
     static inline T cube_atomic_add_##suffix(T *p, T v)                        \
     {                                                                          \

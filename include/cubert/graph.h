@@ -1,0 +1,84 @@
+/* cubert — graphs: record a sequence of launches once, replay it cheaply.
+ *
+ * The lifecycle, per stream (the calling thread's):
+ *   cube_graph_prepare  arms the stream for a capture;
+ *   (warm up: run the sequence once, so its buffers exist)
+ *   cube_graph_begin    from here launches are recorded, not run;
+ *   cube_graph_end      stops recording and returns the graph's id;
+ *   cube_graph_replay   re-runs the recorded launches against the same
+ *                       buffers, on the calling stream, as often as wanted;
+ *   cube_graph_destroy  releases the graph and the buffers it pinned.
+ *
+ * A recorded launch is fully resolved: compiled kernel, buffers, scalars,
+ * cube count. Replay skips the launch path (no cache lookup, no validation,
+ * no argument packing). A graph keeps every buffer it records alive until
+ * it is destroyed; change their contents between replays with cube_write.
+ * Backends without hardware graphs (the CPU) record a software graph in
+ * the client; its replay stays linear in the number of launches.
+ *
+ * Inside a capture window a read, a write, a sync or a profile on that
+ * stream is refused with CUBE_ERR_GRAPH_STATE (it cannot be recorded, and
+ * running it would break the sequence); allocating is allowed, and the
+ * graph then pins the new buffer. Launches that fail validation inside the
+ * window are returned as usual and not recorded.
+ *
+ * Failures: a replay checks the graph's inputs first; an input that carries
+ * a failure, or a launch that fails while replaying, stops the replay and
+ * records the error on every buffer the graph writes, so reads of them fail
+ * until a replay lands.
+ *
+ * Thread safety: all calls may be made from any thread; capture state is
+ * per stream, so two threads on two streams may capture at once. A graph
+ * may be replayed from several threads; cube_graph_destroy frees it only
+ * after replays in progress have finished.
+ */
+#ifndef CUBERT_GRAPH_H
+#define CUBERT_GRAPH_H
+
+#include <stdint.h>
+
+#include "cubert/client.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint64_t cube_graph_id;
+
+/* Arms the calling stream for a capture. Calling it again before the
+ * capture is harmless. Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL),
+ * CUBE_ERR_GRAPH_STATE (the stream is capturing), CUBE_ERR_DEVICE_FAULT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_graph_prepare(cube_client *client);
+
+/* Starts recording. Errors: CUBE_ERR_INVALID_ARGUMENT,
+ * CUBE_ERR_GRAPH_STATE (not prepared, or already capturing),
+ * CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_DEVICE_FAULT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_graph_begin(cube_client *client);
+
+/* Stops recording and stores the graph; *out receives its id (never 0).
+ * The stream is no longer prepared: prepare again for the next capture.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_GRAPH_STATE (not capturing),
+ * CUBE_ERR_OUT_OF_MEMORY (the capture is dropped). */
+CUBE_API CUBE_MUST_USE cube_error *cube_graph_end(cube_client *client,
+                                                  cube_graph_id *out);
+
+/* Replays the graph on the calling stream. What it reports is the enqueue:
+ * an unknown or destroyed id, a replay from a capturing stream
+ * (CUBE_ERR_GRAPH_STATE), or a failure as described above (which is also
+ * recorded on the graph's outputs). Inside a dry-run scope it does nothing.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_GRAPH_STATE,
+ * CUBE_ERR_SEVERAL (an input cannot be trusted), the error of a failed
+ * launch, CUBE_ERR_DEVICE_FAULT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_graph_replay(cube_client *client,
+                                                     cube_graph_id graph);
+
+/* Destroys the graph once no replay of it runs, and unpins its buffers. An
+ * unknown id is a no-op. Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL). */
+CUBE_API CUBE_MUST_USE cube_error *cube_graph_destroy(cube_client *client,
+                                                      cube_graph_id graph);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUBERT_GRAPH_H */

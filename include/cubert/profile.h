@@ -1,0 +1,86 @@
+/* cubert — profiling windows, tracing and dry runs.
+ *
+ * Profiling: cube_profile_start opens a window on the calling thread's
+ * stream and hands back a token; cube_profile_end closes it and reports how
+ * long the work issued in the window took and how that was measured
+ * (device timestamps where the device has them, else the host clock).
+ * Windows nest and overlap freely: each token is independent.
+ * cube_profile_abandon drops a window without measuring it, with no sync
+ * and no flush.
+ *
+ * Tracing: while a trace runs, cubert writes Chrome trace-event JSON
+ * (launches with kernel and cube count, copies, allocations, releases,
+ * syncs; one track per stream) that Perfetto opens. Setting CUBERT_TRACE to
+ * a path starts one at the first cube_client_open.
+ *
+ * Dry run: between cube_dry_run_begin and the matching cube_dry_run_end,
+ * every launch in the process, from any thread, behaves as
+ * CUBE_LAUNCH_SKIP: compiled, validated and cached, then dropped. Scopes
+ * nest (a counter), also across threads.
+ *
+ * Thread safety: all functions may be called from any thread.
+ */
+#ifndef CUBERT_PROFILE_H
+#define CUBERT_PROFILE_H
+
+#include <stdint.h>
+
+#include "cubert/client.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint64_t cube_profile_token;
+
+typedef struct cube_profile_result {
+    double seconds;            /* the duration of the window's work */
+    cube_timing_method method; /* how it was measured */
+    uint64_t launches;         /* launches issued in the window */
+} cube_profile_result;
+
+/* Opens a window on the calling thread's stream.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL), CUBE_ERR_GRAPH_STATE (the
+ * stream is capturing a graph), CUBE_ERR_OUT_OF_MEMORY,
+ * CUBE_ERR_DEVICE_FAULT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_profile_start(cube_client *client,
+                                                      cube_profile_token *out);
+
+/* Closes the window: waits for the work issued in it, then fills *out.
+ * A launch, write or replay that failed on the stream inside the window
+ * fails the window's result: CUBE_ERR_PROFILE with that failure as cause
+ * (the window is closed either way). Errors: CUBE_ERR_INVALID_ARGUMENT,
+ * CUBE_ERR_PROFILE (unknown, already closed, or another stream's token; or
+ * a failure inside the window), CUBE_ERR_GRAPH_STATE (the stream is
+ * capturing; the window stays open), CUBE_ERR_DEVICE_FAULT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_profile_end(cube_client *client,
+                                                    cube_profile_token token,
+                                                    cube_profile_result *out);
+
+/* Drops the window without measuring it: no sync, no flush. An unknown
+ * token is ignored. */
+CUBE_API void cube_profile_abandon(cube_client *client,
+                                   cube_profile_token token);
+
+/* Starts writing a trace to `path` (created or truncated, mode 0600).
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL or empty path, or a trace is
+ * already running), CUBE_ERR_IO (cannot open). */
+CUBE_API CUBE_MUST_USE cube_error *cube_trace_start(const char *path);
+
+/* Finishes the trace file (valid JSON from then on) and stops tracing.
+ * Errors: CUBE_ERR_IO (the file could not be completed). Without a running
+ * trace it does nothing. */
+CUBE_API CUBE_MUST_USE cube_error *cube_trace_stop(void);
+
+/* Enters and leaves the process-wide dry-run scope. Leaving more often than
+ * entering is ignored. */
+CUBE_API void cube_dry_run_begin(void);
+CUBE_API void cube_dry_run_end(void);
+/* Nonzero inside a dry-run scope. */
+CUBE_API int cube_dry_run_active(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUBERT_PROFILE_H */

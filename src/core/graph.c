@@ -1,0 +1,315 @@
+/* Software graphs: a capture records fully resolved dispatches; a replay
+ * hands them to the backend again without the launch path. The graph pins
+ * every allocation it names until it is destroyed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client_internal.h"
+#include "core/trace.h"
+
+typedef struct graph_entry {
+    cube_dispatch dispatch;
+    cube_binding count_binding; /* dispatch.count_buffer points here */
+} graph_entry;
+
+/* A set of allocations, each named once. */
+typedef struct alloc_set {
+    core_alloc **items;
+    size_t count, cap;
+} alloc_set;
+
+struct core_graph {
+    cube_graph_id id;
+    uint32_t refs; /* the registry's, plus one per replay running; under
+                      graphs_lock */
+    graph_entry *entries;
+    size_t count, cap;
+    alloc_set pinned; /* every allocation named: one pin each */
+    alloc_set reads;  /* inputs, checked before a replay */
+    alloc_set writes; /* OUT and INOUT: marked when a replay fails */
+    alloc_set clears; /* OUT: trusted again when a replay lands */
+    core_graph *next;
+};
+
+static atomic_uint_fast64_t next_graph_id = 1;
+
+static int set_add(alloc_set *s, core_alloc *a)
+{
+    for (size_t i = 0; i < s->count; i++)
+        if (s->items[i] == a)
+            return 0;
+    if (s->count == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 8;
+        core_alloc **grown = realloc(s->items, cap * sizeof(core_alloc *));
+        if (!grown)
+            return -1;
+        s->items = grown;
+        s->cap = cap;
+    }
+    s->items[s->count++] = a;
+    return 1;
+}
+
+static void graph_free(cube_client *c, core_graph *g)
+{
+    for (size_t i = 0; i < g->pinned.count; i++)
+        core_alloc_unpin(c, g->pinned.items[i]);
+    free(g->pinned.items);
+    free(g->reads.items);
+    free(g->writes.items);
+    free(g->clears.items);
+    free(g->entries);
+    free(g);
+}
+
+void core_graph_abort(cube_client *c, core_graph *g)
+{
+    if (g)
+        graph_free(c, g);
+}
+
+/* Pins `a` into the graph (once). */
+static cube_error *pin(cube_client *c, core_graph *g, core_alloc *a)
+{
+    int added = set_add(&g->pinned, a);
+    if (added < 0)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    if (added)
+        core_alloc_pin(c, a);
+    return NULL;
+}
+
+cube_error *core_graph_record(cube_client *c, core_stream *s,
+                              const cube_dispatch *d, core_alloc *const *read,
+                              size_t nread, core_alloc *const *written,
+                              size_t nwritten, core_alloc *const *cleared,
+                              size_t ncleared)
+{
+    core_graph *g = s->capture;
+    if (g->count == g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 16;
+        graph_entry *grown = realloc(g->entries, cap * sizeof *grown);
+        if (!grown)
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+        g->entries = grown;
+        g->cap = cap;
+    }
+    cube_error *err = NULL;
+    for (size_t i = 0; i < nread && !err; i++)
+        err = pin(c, g, read[i]);
+    for (size_t i = 0; i < nwritten && !err; i++)
+        err = pin(c, g, written[i]);
+    for (size_t i = 0; i < nread && !err; i++)
+        if (set_add(&g->reads, read[i]) < 0)
+            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    for (size_t i = 0; i < nwritten && !err; i++)
+        if (set_add(&g->writes, written[i]) < 0)
+            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    for (size_t i = 0; i < ncleared && !err; i++)
+        if (set_add(&g->clears, cleared[i]) < 0)
+            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    if (err)
+        return err;
+    graph_entry *e = &g->entries[g->count++];
+    e->dispatch = *d;
+    if (d->count_buffer) {
+        e->count_binding = *d->count_buffer;
+        e->dispatch.count_buffer = &e->count_binding;
+    }
+    return NULL;
+}
+
+cube_error *cube_graph_prepare(cube_client *c)
+{
+    CORE_CHECK_CLIENT(c, "cube_graph_prepare");
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    err = core_stream_refuse_in_capture(s, "cube_graph_prepare");
+    if (!err && c->vt->graph_prepare)
+        err = c->vt->graph_prepare(c->server, s->id);
+    if (!err)
+        s->prepared = 1;
+    core_stream_leave(s);
+    return err;
+}
+
+cube_error *cube_graph_begin(cube_client *c)
+{
+    CORE_CHECK_CLIENT(c, "cube_graph_begin");
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    if (s->capture)
+        err = cube_error_new(CUBE_ERR_GRAPH_STATE,
+                             "cube_graph_begin: stream 0x%016llx is already "
+                             "capturing; end that capture first",
+                             (unsigned long long)s->id);
+    else if (!s->prepared)
+        err = cube_error_new(CUBE_ERR_GRAPH_STATE,
+                             "cube_graph_begin: stream 0x%016llx was not "
+                             "prepared; call cube_graph_prepare (and warm "
+                             "up) first",
+                             (unsigned long long)s->id);
+    if (!err) {
+        s->capture = calloc(1, sizeof *s->capture);
+        if (!s->capture)
+            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_begin");
+    }
+    core_stream_leave(s);
+    return err;
+}
+
+cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
+{
+    if (!c || !out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_graph_end: %s is NULL",
+                              c ? "out" : "client");
+    *out = 0;
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    core_graph *g = s->capture;
+    s->capture = NULL;
+    s->prepared = 0;
+    core_stream_leave(s);
+    if (!g)
+        return cube_error_new(CUBE_ERR_GRAPH_STATE,
+                              "cube_graph_end: the calling stream is not "
+                              "capturing");
+    g->id = atomic_fetch_add(&next_graph_id, 1);
+    g->refs = 1;
+    pthread_mutex_lock(&c->graphs_lock);
+    g->next = c->graphs;
+    c->graphs = g;
+    pthread_mutex_unlock(&c->graphs_lock);
+    cube_log_write(CUBE_LOG_DEBUG, "launch",
+                   "graph %llu: %zu launches, %zu buffers pinned",
+                   (unsigned long long)g->id, g->count, g->pinned.count);
+    *out = g->id;
+    return NULL;
+}
+
+/* The live graph `id`, with a reference taken; NULL when there is none. */
+static core_graph *acquire(cube_client *c, cube_graph_id id)
+{
+    pthread_mutex_lock(&c->graphs_lock);
+    core_graph *g = c->graphs;
+    while (g && g->id != id)
+        g = g->next;
+    if (g)
+        g->refs++;
+    pthread_mutex_unlock(&c->graphs_lock);
+    return g;
+}
+
+static void release(cube_client *c, core_graph *g)
+{
+    pthread_mutex_lock(&c->graphs_lock);
+    int last = --g->refs == 0;
+    pthread_mutex_unlock(&c->graphs_lock);
+    if (last)
+        graph_free(c, g);
+}
+
+cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
+{
+    CORE_CHECK_CLIENT(c, "cube_graph_replay");
+    core_graph *g = acquire(c, id);
+    if (!g)
+        return cube_error_new(CUBE_ERR_GRAPH_STATE,
+                              "cube_graph_replay: graph %llu does not exist "
+                              "(never ended, or destroyed)",
+                              (unsigned long long)id);
+    if (cube_dry_run_active()) {
+        release(c, g);
+        return NULL;
+    }
+    /* Inputs first: a replay over bytes that cannot be trusted would hand
+     * its outputs the same problem. */
+    cube_error *err = NULL;
+    for (size_t i = 0; i < g->reads.count && !err; i++) {
+        cube_error *f = core_failure_get(c, g->reads.items[i]);
+        if (f)
+            err = cube_error_wrap(f, CUBE_ERR_SEVERAL,
+                                  "cube_graph_replay(%llu): an input "
+                                  "buffer cannot be trusted",
+                                  (unsigned long long)id);
+    }
+    core_stream *s = NULL;
+    if (!err)
+        err = core_stream_enter(c, &s);
+    else
+        s = NULL;
+    if (s) {
+        if (s->capture)
+            err = cube_error_new(CUBE_ERR_GRAPH_STATE,
+                                 "cube_graph_replay: the calling stream is "
+                                 "capturing; replay after cube_graph_end");
+        uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
+        size_t done = 0;
+        for (; done < g->count && !err; done++)
+            err = c->vt->launch(c->server, s->id, &g->entries[done].dispatch);
+        if (!err)
+            s->launches += g->count;
+        if (t0) {
+            char args[64];
+            snprintf(args, sizeof args, "{\"graph\":%llu,\"launches\":%zu}",
+                     (unsigned long long)id, done);
+            core_trace_span("launch", "graph replay", s->id, t0,
+                            core_clock_ns(), args);
+        }
+        core_stream_note_failure(s, err);
+        core_stream_leave(s);
+        core_fault_note(c, err);
+    } else if (err) {
+        core_stream_note_failure_now(c, err);
+    }
+    if (err && cube_error_code(err) != CUBE_ERR_GRAPH_STATE) {
+        for (size_t i = 0; i < g->writes.count; i++)
+            core_failure_record(c, g->writes.items[i], err);
+    } else if (!err) {
+        for (size_t i = 0; i < g->clears.count; i++)
+            core_failure_clear(c, g->clears.items[i]);
+    }
+    release(c, g);
+    return err;
+}
+
+cube_error *cube_graph_destroy(cube_client *c, cube_graph_id id)
+{
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_graph_destroy: client is NULL");
+    pthread_mutex_lock(&c->graphs_lock);
+    core_graph **p = &c->graphs;
+    while (*p && (*p)->id != id)
+        p = &(*p)->next;
+    core_graph *g = *p;
+    int last = 0;
+    if (g) {
+        *p = g->next;
+        /* Replays in progress hold references: the last one frees it. */
+        last = --g->refs == 0;
+    }
+    pthread_mutex_unlock(&c->graphs_lock);
+    if (last)
+        graph_free(c, g);
+    return NULL;
+}
+
+void core_graphs_destroy(cube_client *c)
+{
+    core_graph *g = c->graphs;
+    c->graphs = NULL;
+    while (g) {
+        core_graph *next = g->next;
+        graph_free(c, g);
+        g = next;
+    }
+}

@@ -1,0 +1,165 @@
+/* Profiling windows (host clock unless the backend times on the device)
+ * and the process-wide dry-run scope. */
+#include <stdlib.h>
+
+#include "core/client_internal.h"
+#include "core/trace.h"
+
+static atomic_uint_fast64_t next_token = 1;
+static atomic_int dry_run_depth;
+
+void cube_dry_run_begin(void)
+{
+    atomic_fetch_add(&dry_run_depth, 1);
+}
+
+void cube_dry_run_end(void)
+{
+    /* Leaving more often than entering is ignored, never negative. */
+    int depth = atomic_load(&dry_run_depth);
+    while (depth > 0 &&
+           !atomic_compare_exchange_weak(&dry_run_depth, &depth, depth - 1)) {
+    }
+}
+
+int cube_dry_run_active(void)
+{
+    return atomic_load_explicit(&dry_run_depth, memory_order_relaxed) > 0;
+}
+
+cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
+{
+    CORE_CHECK_CLIENT(c, "cube_profile_start");
+    if (!out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_profile_start: out is NULL");
+    *out = 0;
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    err = core_stream_refuse_in_capture(s, "cube_profile_start");
+    if (!err && s->window_count == s->window_cap) {
+        size_t cap = s->window_cap ? s->window_cap * 2 : 4;
+        core_window *grown = realloc(s->windows, cap * sizeof *grown);
+        if (!grown)
+            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_profile_start");
+        else {
+            s->windows = grown;
+            s->window_cap = cap;
+        }
+    }
+    uint64_t token = 0;
+    if (!err && c->vt->start_profile)
+        err = c->vt->start_profile(c->server, s->id, &token);
+    if (!err) {
+        core_window *w = &s->windows[s->window_count++];
+        w->token =
+            c->vt->start_profile ? token : atomic_fetch_add(&next_token, 1);
+        w->launches_at_start = s->launches;
+        w->failures_at_start = s->failures;
+        /* Work issued before the window has completed on return on
+         * synchronous backends; the window starts now. */
+        w->start_ns = core_clock_ns();
+        *out = w->token;
+    }
+    core_stream_leave(s);
+    return err;
+}
+
+/* The index of `token` among the stream's windows, or -1. */
+static long find_window(const core_stream *s, cube_profile_token token)
+{
+    for (size_t i = 0; i < s->window_count; i++)
+        if (s->windows[i].token == token)
+            return (long)i;
+    return -1;
+}
+
+static void remove_window(core_stream *s, long i)
+{
+    s->windows[i] = s->windows[--s->window_count];
+    if (s->window_count == 0) {
+        /* No window can report it any more. */
+        cube_error_free(s->last_failure);
+        s->last_failure = NULL;
+    }
+}
+
+cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
+                             cube_profile_result *out)
+{
+    CORE_CHECK_CLIENT(c, "cube_profile_end");
+    if (!out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_profile_end: out is NULL");
+    out->seconds = 0;
+    out->method = CUBE_TIMING_HOST_CLOCK;
+    out->launches = 0;
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    long i = find_window(s, token);
+    if (i < 0) {
+        core_stream_leave(s);
+        return cube_error_new(CUBE_ERR_PROFILE,
+                              "cube_profile_end: token %llu is not an open "
+                              "window of the calling stream (unknown, "
+                              "already closed, or another stream's)",
+                              (unsigned long long)token);
+    }
+    /* The window stays open: the caller can end it after the capture. */
+    err = core_stream_refuse_in_capture(s, "cube_profile_end");
+    if (err) {
+        core_stream_leave(s);
+        return err;
+    }
+    core_window w = s->windows[i];
+    double seconds = 0;
+    cube_timing_method method = CUBE_TIMING_HOST_CLOCK;
+    if (c->vt->end_profile) {
+        err = c->vt->end_profile(c->server, s->id, token, &seconds, &method);
+    } else {
+        /* Drain the work issued in the window, then read the clock. */
+        err = c->vt->sync(c->server, s->id, NULL, 0);
+        seconds = (double)(core_clock_ns() - w.start_ns) * 1e-9;
+    }
+    core_fault_note(c, err);
+    if (!err && s->failures != w.failures_at_start) {
+        err = cube_error_new(
+            CUBE_ERR_PROFILE,
+            "cube_profile_end: %llu launch(es), write(s) or "
+            "replay(s) failed inside the window; its "
+            "duration would not measure the work asked for",
+            (unsigned long long)(s->failures - w.failures_at_start));
+        cube_error_add_cause(err, cube_error_clone(s->last_failure));
+    }
+    if (!err) {
+        out->seconds = seconds;
+        out->method = method;
+        out->launches = s->launches - w.launches_at_start;
+    }
+    remove_window(s, i);
+    core_stream_leave(s);
+    return err;
+}
+
+void cube_profile_abandon(cube_client *c, cube_profile_token token)
+{
+    if (!c)
+        return;
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err) {
+        cube_error_free(err);
+        return;
+    }
+    long i = find_window(s, token);
+    if (i >= 0) {
+        if (c->vt->abandon_profile)
+            c->vt->abandon_profile(c->server, s->id, token);
+        remove_window(s, i);
+    }
+    core_stream_leave(s);
+}

@@ -1,0 +1,490 @@
+/* Unit tests of configuration: the file parser directly, the file reader,
+ * the file's location, and (in one test, since it happens once per process)
+ * the one-time read that merges the file with the environment. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/client_internal.h"
+#include "core/config.h"
+#include "core/trace.h"
+
+static char tmp_dir[256];
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[4][512];
+    static int next;
+    char *p = buf[next++ % 4];
+    snprintf(p, sizeof buf[0], "%s/%s", tmp_dir, name);
+    return p;
+}
+
+static void write_file(const char *path, const char *text, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* --- captured warnings ---------------------------------------------------- */
+
+#define MAX_CAPTURED 32
+
+typedef struct captured {
+    int count;
+    char text[MAX_CAPTURED][1024];
+} captured;
+
+static captured cap;
+
+static void capture_sink(void *user, cube_log_level level, const char *category,
+                         const char *message)
+{
+    (void)user;
+    if (level < CUBE_LOG_WARN)
+        return;
+    if (cap.count < MAX_CAPTURED)
+        snprintf(cap.text[cap.count], sizeof cap.text[0], "%s: %s", category,
+                 message);
+    cap.count++;
+}
+
+static int setup_capture(void **state)
+{
+    (void)state;
+    memset(&cap, 0, sizeof cap);
+    cube_log_set_sink(capture_sink, NULL);
+    return 0;
+}
+
+static int teardown_capture(void **state)
+{
+    (void)state;
+    cube_log_set_sink(NULL, NULL);
+    return 0;
+}
+
+/* Nonzero when some captured warning holds a, b and c (c may be NULL). */
+static int warned(const char *a, const char *b, const char *c)
+{
+    for (int i = 0; i < cap.count && i < MAX_CAPTURED; i++)
+        if (strstr(cap.text[i], a) && strstr(cap.text[i], b) &&
+            (!c || strstr(cap.text[i], c)))
+            return 1;
+    return 0;
+}
+
+/* core_config_file is large: keep it off the stack. */
+static core_config_file fc;
+
+/* --- the parser ----------------------------------------------------------- */
+
+static void test_parse_good(void **state)
+{
+    (void)state;
+    const char *text = "\xEF\xBB\xBF# cubert settings\n"
+                       "\n"
+                       "   \t\n"
+                       "  # an indented comment = with an equals sign\n"
+                       "   log_level   =   debug   \n"
+                       "log_file = \"/tmp/with space/log.txt\"\n"
+                       "cpu_threads=8 # eight\n"
+                       "cache_dir = /tmp/a#b\n"
+                       "device = cuda:1\r\n"
+                       "TRACE = \"/tmp/t # not a comment.json\"   # a comment\n"
+                       "bounds_check = Always";
+    core_config_parse_text("good.conf", text, &fc);
+    assert_int_equal(cap.count, 0);
+    assert_int_equal(fc.set,
+                     CORE_CONFIG_HAS_LOG_LEVEL | CORE_CONFIG_HAS_LOG_FILE |
+                         CORE_CONFIG_HAS_CPU_THREADS |
+                         CORE_CONFIG_HAS_CACHE_DIR | CORE_CONFIG_HAS_DEVICE |
+                         CORE_CONFIG_HAS_TRACE | CORE_CONFIG_HAS_BOUNDS_CHECK);
+    assert_int_equal(fc.log_level, CUBE_LOG_DEBUG);
+    assert_string_equal(fc.log_file, "/tmp/with space/log.txt");
+    assert_int_equal(fc.cpu_threads, 8);
+    assert_string_equal(fc.cache_dir, "/tmp/a#b");
+    assert_string_equal(fc.device, "cuda:1");
+    assert_string_equal(fc.trace, "/tmp/t # not a comment.json");
+    assert_int_equal(fc.bounds_always, 1);
+
+    core_config_parse_text("b.conf", "bounds_check = launch\n", &fc);
+    assert_int_equal(fc.set, CORE_CONFIG_HAS_BOUNDS_CHECK);
+    assert_int_equal(fc.bounds_always, 0);
+    assert_int_equal(cap.count, 0);
+}
+
+static void test_parse_empty_and_repeated(void **state)
+{
+    (void)state;
+    core_config_parse_text("e.conf", "", &fc);
+    assert_int_equal(fc.set, 0);
+    core_config_parse_text("e.conf", NULL, &fc);
+    assert_int_equal(fc.set, 0);
+    core_config_parse_text(NULL, "device = cpu\n", &fc);
+    assert_string_equal(fc.device, "cpu");
+    core_config_parse_text("e.conf", "\n\n# only comments\n\n", &fc);
+    assert_int_equal(fc.set, 0);
+    core_config_parse_text("e.conf", NULL, NULL);
+
+    /* The last line for a key wins; an empty value unsets the key. */
+    core_config_parse_text("e.conf",
+                           "cpu_threads = 4\ncpu_threads = 6\n"
+                           "device = cpu\ndevice =\ntrace = \"\"\n",
+                           &fc);
+    assert_int_equal(fc.set, CORE_CONFIG_HAS_CPU_THREADS);
+    assert_int_equal(fc.cpu_threads, 6);
+
+    /* An empty cache_dir turns the disk cache off. */
+    core_config_parse_text("e.conf", "cache_dir =\n", &fc);
+    assert_int_equal(fc.set, CORE_CONFIG_HAS_CACHE_DIR);
+    assert_string_equal(fc.cache_dir, "");
+    core_config_parse_text("e.conf", "cache_dir = \"\"  # off\n", &fc);
+    assert_int_equal(fc.set, CORE_CONFIG_HAS_CACHE_DIR);
+    assert_string_equal(fc.cache_dir, "");
+
+    /* A '#' right after '=' starts a comment: an empty value. */
+    core_config_parse_text("e.conf", "device =# nothing\n", &fc);
+    assert_int_equal(fc.set, 0);
+    assert_int_equal(cap.count, 0);
+}
+
+/* One malformed line: a warning naming the file, the line and the key, and
+ * the line has no effect while the good lines around it still count. */
+typedef struct bad_case {
+    const char *line;
+    const char *key; /* the text the warning must show */
+} bad_case;
+
+static void test_parse_malformed(void **state)
+{
+    (void)state;
+    static const bad_case cases[] = {
+        {"log_level debug", "log_level debug"},
+        {"colour = red", "colour"},
+        {"log_levels = info", "log_levels"},
+        {"= cpu", "''"},
+        {"log_level = loud", "log_level"},
+        {"cpu_threads = 0", "cpu_threads"},
+        {"cpu_threads = 4097", "cpu_threads"},
+        {"cpu_threads = -1", "cpu_threads"},
+        {"cpu_threads = +4", "cpu_threads"},
+        {"cpu_threads = 3x", "cpu_threads"},
+        {"cpu_threads = four", "cpu_threads"},
+        {"cpu_threads = 99999999999999999999999", "cpu_threads"},
+        {"bounds_check = sometimes", "bounds_check"},
+        {"bounds_check = \"\"always", "bounds_check"},
+        {"log_file = \"/tmp/unterminated", "log_file"},
+        {"log_file = \"/tmp/a\" b", "log_file"},
+        {"device = 0123456789012345678901234567890123456789012345678901234567"
+         "890123456789",
+         "device"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "cpu_threads = 2\n%s\nbounds_check = "
+                 "always\n",
+                 cases[i].line);
+        cap.count = 0;
+        core_config_parse_text("bad.conf", text, &fc);
+        if (cap.count != 1 || !warned("bad.conf:2:", cases[i].key, NULL))
+            fail_msg("line '%s': %d warning(s), first '%s'", cases[i].line,
+                     cap.count, cap.count ? cap.text[0] : "");
+        assert_non_null(strstr(cap.text[0], "config: "));
+        /* Lines 1 and 3 still apply; line 2 does not. */
+        assert_int_equal(fc.set, CORE_CONFIG_HAS_CPU_THREADS |
+                                     CORE_CONFIG_HAS_BOUNDS_CHECK);
+        assert_int_equal(fc.cpu_threads, 2);
+        assert_int_equal(fc.bounds_always, 1);
+    }
+}
+
+static void test_parse_too_long(void **state)
+{
+    (void)state;
+    /* A line over the limit. */
+    size_t n = CORE_CONFIG_LINE_MAX + 100;
+    char *text = malloc(n + 64);
+    assert_non_null(text);
+    int off = snprintf(text, n + 64, "device = cpu\ntrace = ");
+    memset(text + off, 'x', n);
+    snprintf(text + off + n, 64, "\ndevice = cuda\n");
+    core_config_parse_text("long.conf", text, &fc);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned("long.conf:2:", "trace", "longer"));
+    assert_int_equal(fc.set, CORE_CONFIG_HAS_DEVICE);
+    assert_string_equal(fc.device, "cuda");
+
+    /* A path value over CORE_CONFIG_PATH_MAX on a line within the limit. */
+    cap.count = 0;
+    off = snprintf(text, n + 64, "cache_dir = ");
+    memset(text + off, 'd', CORE_CONFIG_PATH_MAX);
+    text[off + CORE_CONFIG_PATH_MAX] = '\0';
+    core_config_parse_text("long.conf", text, &fc);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned("long.conf:1:", "cache_dir", NULL));
+    assert_int_equal(fc.set, 0);
+
+    /* The longest path that fits is kept. */
+    cap.count = 0;
+    text[off + CORE_CONFIG_PATH_MAX - 1] = '\0';
+    core_config_parse_text("long.conf", text, &fc);
+    assert_int_equal(cap.count, 0);
+    assert_int_equal(strlen(fc.cache_dir), CORE_CONFIG_PATH_MAX - 1);
+    free(text);
+}
+
+/* Random bytes never crash the parser (the sanitizer builds check the
+ * memory accesses). */
+static void test_parse_garbage(void **state)
+{
+    (void)state;
+    static const char alphabet[] = "=\"#\n\r\t ab_zKEYlog_levelcpu_threads"
+                                   "0123456789\xff\xef\xbb\xbf";
+    unsigned seed = 12345;
+    char text[600];
+    for (int round = 0; round < 3000; round++) {
+        size_t n = (size_t)(round % (int)(sizeof text - 1));
+        for (size_t i = 0; i < n; i++) {
+            seed = seed * 1103515245u + 12345u;
+            text[i] = alphabet[(seed >> 16) % (sizeof alphabet - 1)];
+        }
+        text[n] = '\0';
+        core_config_parse_text("garbage.conf", text, &fc);
+        if (fc.set & CORE_CONFIG_HAS_CPU_THREADS)
+            assert_in_range(fc.cpu_threads, 1, 4096);
+        assert_true(strlen(fc.device) < sizeof fc.device);
+    }
+}
+
+/* --- reading a file ------------------------------------------------------- */
+
+static void test_load_file(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("load.conf");
+    const char good[] = "device = cpu\ncpu_threads = 5\nnope = 1\n";
+    write_file(path, good, sizeof good - 1);
+    assert_int_equal(core_config_load_file(path, NULL, &fc), 0);
+    assert_int_equal(fc.cpu_threads, 5);
+    assert_string_equal(fc.device, "cpu");
+    assert_int_equal(cap.count, 1);
+    assert_true(warned(path, ":3:", "nope"));
+
+    /* A missing default file is silent; a missing named one is not. */
+    cap.count = 0;
+    const char *missing = tmp_path("missing.conf");
+    assert_int_equal(core_config_load_file(missing, NULL, &fc), -1);
+    assert_int_equal(cap.count, 0);
+    assert_int_equal(fc.set, 0);
+    assert_int_equal(core_config_load_file(missing, "CUBERT_CONFIG", &fc), -1);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned("CUBERT_CONFIG", missing, NULL));
+
+    /* A directory cannot be read. */
+    cap.count = 0;
+    assert_int_equal(core_config_load_file(tmp_dir, "CUBERT_CONFIG", &fc), -1);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned("CUBERT_CONFIG", tmp_dir, NULL));
+
+    /* A NUL byte: the file is not used at all. */
+    cap.count = 0;
+    const char nul[] = "device = cpu\n\0cpu_threads = 2\n";
+    write_file(path, nul, sizeof nul - 1);
+    assert_int_equal(core_config_load_file(path, NULL, &fc), -1);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned(path, "NUL", NULL));
+    assert_int_equal(fc.set, 0);
+
+    /* Too large. */
+    cap.count = 0;
+    size_t big = CORE_CONFIG_FILE_MAX + 10;
+    char *text = malloc(big);
+    assert_non_null(text);
+    memset(text, '#', big);
+    write_file(path, text, big);
+    free(text);
+    assert_int_equal(core_config_load_file(path, NULL, &fc), -1);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned(path, "too large", NULL));
+
+    /* Exactly the limit is fine. */
+    cap.count = 0;
+    text = malloc(CORE_CONFIG_FILE_MAX);
+    assert_non_null(text);
+    memset(text, '#', CORE_CONFIG_FILE_MAX);
+    static const char head[] = "device=cpu\n";
+    for (size_t i = 0; head[i]; i++)
+        text[i] = head[i];
+    write_file(path, text, CORE_CONFIG_FILE_MAX);
+    free(text);
+    assert_int_equal(core_config_load_file(path, NULL, &fc), 0);
+    assert_int_equal(cap.count, 0);
+    assert_string_equal(fc.device, "cpu");
+
+    /* An empty file. */
+    write_file(path, "", 0);
+    assert_int_equal(core_config_load_file(path, NULL, &fc), 0);
+    assert_int_equal(fc.set, 0);
+    assert_int_equal(core_config_load_file(NULL, NULL, &fc), -1);
+    unlink(path);
+}
+
+/* --- where the file is ---------------------------------------------------- */
+
+static void test_locate(void **state)
+{
+    (void)state;
+    char buf[512];
+    int explicit_path = -1;
+
+    setenv("CUBERT_CONFIG", "/etc/elsewhere.conf", 1);
+    setenv("XDG_CONFIG_HOME", "/xdg", 1);
+    setenv("HOME", "/home/someone", 1);
+    assert_string_equal(core_config_locate(buf, sizeof buf, &explicit_path),
+                        "/etc/elsewhere.conf");
+    assert_int_equal(explicit_path, 1);
+
+    setenv("CUBERT_CONFIG", "", 1);
+    assert_null(core_config_locate(buf, sizeof buf, &explicit_path));
+    assert_int_equal(explicit_path, 1);
+
+    unsetenv("CUBERT_CONFIG");
+    assert_string_equal(core_config_locate(buf, sizeof buf, &explicit_path),
+                        "/xdg/cubert/config");
+    assert_int_equal(explicit_path, 0);
+
+    setenv("XDG_CONFIG_HOME", "relative/dir", 1);
+    assert_string_equal(core_config_locate(buf, sizeof buf, NULL),
+                        "/home/someone/.config/cubert/config");
+    unsetenv("XDG_CONFIG_HOME");
+    assert_string_equal(core_config_locate(buf, sizeof buf, NULL),
+                        "/home/someone/.config/cubert/config");
+
+    unsetenv("HOME");
+    assert_null(core_config_locate(buf, sizeof buf, &explicit_path));
+    assert_int_equal(explicit_path, 0);
+
+    /* Too long for the buffer. */
+    setenv("HOME", "/home/someone", 1);
+    assert_null(core_config_locate(buf, 10, NULL));
+    assert_null(core_config_locate(NULL, 0, NULL));
+}
+
+/* --- the one-time read ---------------------------------------------------- */
+
+/* The only test that triggers the one-time read: the file gives every key,
+ * the environment overrides some, a malformed variable falls back to the
+ * file, and later changes to either have no effect. */
+static void test_read_once(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("once.conf");
+    const char *trace_file = tmp_path("from-file.json");
+    char text[1024];
+    int n = snprintf(text, sizeof text,
+                     "# every key\n"
+                     "log_level = error\n"
+                     "cpu_threads = 3\n"
+                     "device = cpu\n"
+                     "cache_dir = %s/cache-from-file\n"
+                     "trace = \"%s\"\n"
+                     "bogus = 1\n"
+                     "bounds_check = always\n",
+                     tmp_dir, trace_file);
+    write_file(path, text, (size_t)n);
+    char env_cache[512];
+    snprintf(env_cache, sizeof env_cache, "%s/cache-from-env", tmp_dir);
+
+    setenv("CUBERT_CONFIG", path, 1);
+    setenv("CUBERT_LOG_LEVEL", "info", 1); /* wins over the file */
+    unsetenv("CUBERT_LOG_FILE");
+    setenv("CUBERT_CPU_THREADS", "abc", 1); /* malformed: the file's 3 */
+    setenv("CUBERT_CACHE_DIR", env_cache, 1);
+    unsetenv("CUBERT_DEVICE");
+    unsetenv("CUBERT_TRACE");
+    setenv("CUBERT_BOUNDS_CHECK", "launch", 1); /* wins over "always" */
+
+    /* Any accessor triggers the read. */
+    assert_int_equal(core_config_bounds_always(), 0);
+    const core_config *cfg = core_config_get();
+    assert_int_equal(cube_log_get_level(), CUBE_LOG_INFO);
+    assert_int_equal(cfg->cpu_threads, 3);
+    assert_int_equal(cfg->cache_dir_set, 1);
+    assert_string_equal(cfg->cache_dir, env_cache);
+    assert_string_equal(cfg->device, "cpu");
+    assert_non_null(core_config_trace_path());
+    assert_string_equal(core_config_trace_path(), trace_file);
+    assert_non_null(strstr(core_config_trace_origin(), path));
+    assert_non_null(core_config_file_path());
+    assert_string_equal(core_config_file_path(), path);
+
+    assert_true(warned(path, ":7:", "bogus"));
+    assert_true(warned("CUBERT_CPU_THREADS", "abc", NULL));
+    assert_int_equal(cap.count, 2);
+
+    /* Read once: changes now are not seen. */
+    setenv("CUBERT_BOUNDS_CHECK", "always", 1);
+    setenv("CUBERT_CPU_THREADS", "9", 1);
+    setenv("CUBERT_TRACE", "/elsewhere.json", 1);
+    assert_int_equal(core_config_bounds_always(), 0);
+    assert_int_equal(core_config_get()->cpu_threads, 3);
+    assert_string_equal(core_config_trace_path(), trace_file);
+
+    /* The trace named by the file starts from there. */
+    assert_false(core_trace_on());
+    core_trace_from_env();
+    assert_true(core_trace_on());
+    assert_null(cube_trace_stop());
+    assert_false(core_trace_on());
+    struct stat st;
+    assert_int_equal(stat(trace_file, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+
+    cube_log_set_level(CUBE_LOG_WARN);
+    unlink(trace_file);
+    unlink(path);
+}
+
+int main(void)
+{
+    const char *base = getenv("TMPDIR");
+    if (!base || base[0] != '/')
+        base = "/tmp";
+    snprintf(tmp_dir, sizeof tmp_dir, "%s/cubert-config-XXXXXX", base);
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_parse_good, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_parse_empty_and_repeated,
+                                        setup_capture, teardown_capture),
+        cmocka_unit_test_setup_teardown(test_parse_malformed, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_parse_too_long, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_parse_garbage, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_load_file, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_locate, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_read_once, setup_capture,
+                                        teardown_capture),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    rmdir(tmp_dir);
+    return failed;
+}

@@ -1,0 +1,592 @@
+/* Unit tests of tracing: the trace file is read back with a JSON parser. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/trace.h"
+#include "cubert/backend/errors.h"
+#include "cubert/cubert.h"
+
+#define OWN_BIT (1ull << 63)
+
+static char tmp_dir[256];
+
+/* A path inside the test's scratch directory. */
+static const char *tmp_path(const char *name)
+{
+    static char buf[4][512];
+    static int next;
+    char *p = buf[next++ % 4];
+    snprintf(p, sizeof buf[0], "%s/%s", tmp_dir, name);
+    return p;
+}
+
+/* --- captured log messages ------------------------------------------------ */
+
+typedef struct captured {
+    int count;
+    char text[16][512];
+} captured;
+
+static void capture_sink(void *user, cube_log_level level, const char *category,
+                         const char *message)
+{
+    captured *c = user;
+    if (level < CUBE_LOG_WARN)
+        return;
+    if (c->count < 16)
+        snprintf(c->text[c->count], sizeof c->text[0], "%s: %s", category,
+                 message);
+    c->count++;
+}
+
+/* --- reading a trace back ------------------------------------------------- */
+
+/* Loads `path`, checks the top-level shape and returns the events array
+ * (borrowed from *root, which the caller frees). */
+static json_t *load_events(const char *path, json_t **root)
+{
+    json_error_t jerr;
+    *root = json_load_file(path, 0, &jerr);
+    if (!*root)
+        fail_msg("%s is not valid JSON: line %d: %s", path, jerr.line,
+                 jerr.text);
+    assert_true(json_is_object(*root));
+    json_t *events = json_object_get(*root, "traceEvents");
+    assert_non_null(events);
+    assert_true(json_is_array(events));
+    json_t *unit = json_object_get(*root, "displayTimeUnit");
+    assert_non_null(unit);
+    assert_string_equal(json_string_value(unit), "ms");
+    return events;
+}
+
+static const char *str_field(json_t *ev, const char *key)
+{
+    json_t *v = json_object_get(ev, key);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static int count_phase(json_t *events, const char *ph)
+{
+    int n = 0;
+    size_t i;
+    for (i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        const char *p = str_field(ev, "ph");
+        if (p && strcmp(p, ph) == 0)
+            n++;
+    }
+    return n;
+}
+
+/* The "stream 0x..." name the trace gave `tid`, or NULL. Fails when a tid
+ * is named twice. */
+static const char *thread_name(json_t *events, json_int_t tid)
+{
+    const char *found = NULL;
+    size_t i;
+    for (i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        const char *ph = str_field(ev, "ph");
+        const char *name = str_field(ev, "name");
+        if (!ph || strcmp(ph, "M") != 0 || !name ||
+            strcmp(name, "thread_name") != 0)
+            continue;
+        if (json_integer_value(json_object_get(ev, "tid")) != tid)
+            continue;
+        assert_null(found);
+        json_t *args = json_object_get(ev, "args");
+        assert_true(json_is_object(args));
+        found = str_field(args, "name");
+        assert_non_null(found);
+    }
+    return found;
+}
+
+/* Checks the fields every span and instant carries. */
+static void check_event_fields(json_t *ev)
+{
+    const char *ph = str_field(ev, "ph");
+    assert_non_null(ph);
+    assert_true(json_is_integer(json_object_get(ev, "pid")));
+    assert_int_equal(json_integer_value(json_object_get(ev, "pid")),
+                     (json_int_t)getpid());
+    assert_true(json_is_integer(json_object_get(ev, "tid")));
+    assert_non_null(str_field(ev, "name"));
+    if (strcmp(ph, "M") == 0)
+        return;
+    assert_non_null(str_field(ev, "cat"));
+    json_t *ts = json_object_get(ev, "ts");
+    assert_true(json_is_number(ts));
+    assert_true(json_number_value(ts) >= 0.0);
+    if (strcmp(ph, "X") == 0) {
+        json_t *dur = json_object_get(ev, "dur");
+        assert_true(json_is_number(dur));
+        assert_true(json_number_value(dur) >= 0.0);
+    } else {
+        assert_string_equal(ph, "i");
+        assert_string_equal(str_field(ev, "s"), "t");
+    }
+}
+
+/* --- tests ---------------------------------------------------------------- */
+
+/* Runs first: CUBERT_TRACE (set by main) names a path that cannot be
+ * opened, so the start from the environment logs a warning naming it. */
+static void test_from_env_failure_warns(void **state)
+{
+    (void)state;
+    captured cap = {0};
+    cube_log_set_sink(capture_sink, &cap);
+    core_trace_from_env();
+    cube_log_set_sink(NULL, NULL);
+    assert_false(core_trace_on());
+    int named = 0;
+    for (int i = 0; i < cap.count && i < 16; i++)
+        if (strstr(cap.text[i], "CUBERT_TRACE"))
+            named = 1;
+    assert_true(named);
+    /* Once per process: a second call does nothing. */
+    cap.count = 0;
+    cube_log_set_sink(capture_sink, &cap);
+    core_trace_from_env();
+    cube_log_set_sink(NULL, NULL);
+    assert_int_equal(cap.count, 0);
+}
+
+static void test_clock(void **state)
+{
+    (void)state;
+    uint64_t a = core_clock_ns();
+    uint64_t b = core_clock_ns();
+    assert_true(a > 0);
+    assert_true(b >= a);
+}
+
+static void test_argument_errors(void **state)
+{
+    (void)state;
+    cube_error *err = cube_trace_start(NULL);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_INVALID_ARGUMENT);
+    cube_error_free(err);
+    err = cube_trace_start("");
+    assert_int_equal(cube_error_code(err), CUBE_ERR_INVALID_ARGUMENT);
+    cube_error_free(err);
+    err = cube_trace_start("/nonexistent-cubert-dir/sub/trace.json");
+    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+    assert_non_null(strstr(cube_error_message(err), "nonexistent-cubert-dir"));
+    cube_error_free(err);
+    err = cube_trace_start(tmp_dir); /* a directory */
+    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+    cube_error_free(err);
+    assert_false(core_trace_on());
+    /* Stop without a trace: nothing to do. */
+    assert_null(cube_trace_stop());
+    assert_null(cube_trace_stop());
+    /* Events without a trace go nowhere and do not crash. */
+    core_trace_span("launch", "k", 1, 0, 10, NULL);
+    core_trace_instant("sync", "s", 1, 0, NULL);
+}
+
+static void test_twice_and_state(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("twice.json");
+    assert_false(core_trace_on());
+    assert_null(cube_trace_start(path));
+    assert_true(core_trace_on());
+    cube_error *err = cube_trace_start(tmp_path("other.json"));
+    assert_int_equal(cube_error_code(err), CUBE_ERR_INVALID_ARGUMENT);
+    cube_error_free(err);
+    err = cube_trace_start(path);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_INVALID_ARGUMENT);
+    cube_error_free(err);
+    assert_true(core_trace_on());
+    assert_null(cube_trace_stop());
+    assert_false(core_trace_on());
+    assert_null(cube_trace_stop());
+    /* The refused start did not create its file. */
+    assert_int_equal(access(tmp_path("other.json"), F_OK), -1);
+    json_t *root;
+    load_events(path, &root);
+    json_decref(root);
+}
+
+static void test_zero_events_is_valid(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("empty.json");
+    assert_null(cube_trace_start(path));
+    assert_null(cube_trace_stop());
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    assert_int_equal(count_phase(events, "X"), 0);
+    assert_int_equal(count_phase(events, "i"), 0);
+    /* The process is named. */
+    int named = 0;
+    size_t i;
+    for (i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        check_event_fields(ev);
+        const char *name = str_field(ev, "name");
+        if (name && strcmp(name, "process_name") == 0) {
+            json_t *args = json_object_get(ev, "args");
+            assert_string_equal(str_field(args, "name"), "cubert");
+            named++;
+        }
+    }
+    assert_int_equal(named, 1);
+    json_decref(root);
+}
+
+/* --- many threads, many streams ------------------------------------------- */
+
+enum { THREADS = 8, SPANS = 300, INSTANTS = 50 };
+
+/* Stream k of thread t: a thread's own stream (top bit set) and an
+ * application-chosen one. */
+static cube_stream_id stream_of(int t, int k)
+{
+    return k == 0 ? OWN_BIT | (uint64_t)(0x1000 + t) : (uint64_t)(7 + t);
+}
+
+/* Every span name needs escaping. */
+static void span_name(char *buf, size_t size, int t, int i)
+{
+    snprintf(buf, size, "k\"%d\\%d\n\ttab\x01", t, i);
+}
+
+static void *emit_thread(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    char name[64], args[128];
+    for (int i = 0; i < SPANS; i++) {
+        span_name(name, sizeof name, t, i);
+        snprintf(args, sizeof args,
+                 "{\"thread\":%d,\"i\":%d,\"k\":%d,\"q\":\"a\\\"b\"}", t, i,
+                 i % 2);
+        uint64_t start = core_clock_ns();
+        uint64_t end = core_clock_ns() + (uint64_t)i;
+        core_trace_span(i % 3 ? "launch" : "co\"py", name, stream_of(t, i % 2),
+                        start, end, args);
+    }
+    for (int i = 0; i < INSTANTS; i++) {
+        snprintf(args, sizeof args, "{\"thread\":%d,\"k\":%d}", t, i % 2);
+        core_trace_instant("sync", "barrier", stream_of(t, i % 2),
+                           core_clock_ns(), i % 5 ? args : NULL);
+    }
+    return NULL;
+}
+
+static void test_threads_and_streams(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("threads.json");
+    assert_null(cube_trace_start(path));
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        assert_int_equal(
+            pthread_create(&th[t], NULL, emit_thread, (void *)(intptr_t)t), 0);
+    for (int t = 0; t < THREADS; t++)
+        pthread_join(th[t], NULL);
+    /* A span that began before the trace did starts at 0; one that ends
+     * before it begins has no length. */
+    core_trace_span("memory", "early", 5, 1, core_clock_ns(), NULL);
+    core_trace_span("memory", "backwards", 5, core_clock_ns(), 1,
+                    "{\"ok\":true}");
+    core_trace_span(NULL, NULL, 5, core_clock_ns(), core_clock_ns(), "");
+    assert_null(cube_trace_stop());
+
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    assert_int_equal(count_phase(events, "X"), THREADS * SPANS + 3);
+    assert_int_equal(count_phase(events, "i"), THREADS * INSTANTS);
+    int metadata = count_phase(events, "M");
+    /* process_name plus one thread_name per stream. */
+    assert_int_equal(metadata, 1 + 2 * THREADS + 1);
+
+    int seen[THREADS][SPANS] = {{0}};
+    size_t i;
+    for (i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        check_event_fields(ev);
+        const char *ph = str_field(ev, "ph");
+        if (strcmp(ph, "M") == 0)
+            continue;
+        json_int_t tid = json_integer_value(json_object_get(ev, "tid"));
+        assert_true(tid >= 1);
+        const char *tname = thread_name(events, tid);
+        assert_non_null(tname);
+        json_t *args = json_object_get(ev, "args");
+        const char *name = str_field(ev, "name");
+        if (strcmp(name, "early") == 0 || strcmp(name, "backwards") == 0 ||
+            strcmp(name, "") == 0) {
+            assert_string_equal(tname, "stream 0x5");
+            if (strcmp(name, "early") == 0)
+                assert_true(json_number_value(json_object_get(ev, "ts")) ==
+                            0.0);
+            if (strcmp(name, "backwards") == 0) {
+                assert_true(json_number_value(json_object_get(ev, "dur")) ==
+                            0.0);
+                assert_true(json_is_true(json_object_get(args, "ok")));
+            }
+            if (strcmp(name, "") == 0) {
+                assert_string_equal(str_field(ev, "cat"), "");
+                assert_null(args);
+            }
+            continue;
+        }
+        if (strcmp(ph, "i") == 0) {
+            assert_string_equal(name, "barrier");
+            assert_string_equal(str_field(ev, "cat"), "sync");
+            if (!args)
+                continue;
+        }
+        assert_true(json_is_object(args));
+        int t = (int)json_integer_value(json_object_get(args, "thread"));
+        int k = (int)json_integer_value(json_object_get(args, "k"));
+        assert_in_range(t, 0, THREADS - 1);
+        char expect[64];
+        snprintf(expect, sizeof expect, "stream 0x%" PRIx64, stream_of(t, k));
+        assert_string_equal(tname, expect);
+        if (strcmp(ph, "X") == 0) {
+            int n = (int)json_integer_value(json_object_get(args, "i"));
+            assert_in_range(n, 0, SPANS - 1);
+            char want[64];
+            span_name(want, sizeof want, t, n);
+            assert_string_equal(name, want);
+            assert_string_equal(str_field(ev, "cat"),
+                                n % 3 ? "launch" : "co\"py");
+            assert_string_equal(str_field(args, "q"), "a\"b");
+            seen[t][n]++;
+        }
+    }
+    for (int t = 0; t < THREADS; t++)
+        for (int n = 0; n < SPANS; n++)
+            assert_int_equal(seen[t][n], 1);
+    json_decref(root);
+}
+
+/* Bytes that are not UTF-8 still make valid JSON. */
+static void test_bad_utf8(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("utf8.json");
+    assert_null(cube_trace_start(path));
+    core_trace_instant("c\xff",
+                       "\xc3\xa9t\xc3\xa9 \xe2\x82\xac \xed\xa0\x80\xc3", 3,
+                       core_clock_ns(), NULL);
+    assert_null(cube_trace_stop());
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    int found = 0;
+    size_t i;
+    for (i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        if (strcmp(str_field(ev, "ph"), "i") != 0)
+            continue;
+        found++;
+        assert_string_equal(str_field(ev, "cat"), "c\xef\xbf\xbd");
+        assert_non_null(
+            strstr(str_field(ev, "name"), "\xc3\xa9t\xc3\xa9 \xe2\x82\xac"));
+    }
+    assert_int_equal(found, 1);
+    json_decref(root);
+}
+
+/* A trace whose writes fail is reported by cube_trace_stop. */
+static void test_write_failure(void **state)
+{
+    (void)state;
+    if (access("/dev/full", W_OK) != 0)
+        skip();
+    captured cap = {0};
+    cube_log_set_sink(capture_sink, &cap);
+    assert_null(cube_trace_start("/dev/full"));
+    for (int i = 0; i < 2000; i++)
+        core_trace_span("launch", "fill", 1, core_clock_ns(), core_clock_ns(),
+                        "{\"padding\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}");
+    cube_error *err = cube_trace_stop();
+    cube_log_set_sink(NULL, NULL);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+    assert_non_null(strstr(cube_error_message(err), "/dev/full"));
+    cube_error_free(err);
+    /* The failure was also logged while the trace ran, once. */
+    assert_int_equal(cap.count, 1);
+    assert_non_null(strstr(cap.text[0], "/dev/full"));
+    assert_false(core_trace_on());
+    /* The writer recovers for the next trace. */
+    const char *path = tmp_path("after-failure.json");
+    assert_null(cube_trace_start(path));
+    core_trace_instant("sync", "ok", 1, core_clock_ns(), NULL);
+    assert_null(cube_trace_stop());
+    json_t *root;
+    assert_int_equal(count_phase(load_events(path, &root), "i"), 1);
+    json_decref(root);
+}
+
+/* Starting and stopping while other threads emit. */
+static atomic_int racing;
+
+static void *race_thread(void *arg)
+{
+    cube_stream_id s = (cube_stream_id)(intptr_t)arg;
+    while (atomic_load(&racing)) {
+        core_trace_span("launch", "race", s, core_clock_ns(), core_clock_ns(),
+                        "{\"n\":1}");
+        core_trace_instant("sync", "race", s | OWN_BIT, core_clock_ns(), NULL);
+    }
+    return NULL;
+}
+
+static void test_start_stop_while_emitting(void **state)
+{
+    (void)state;
+    atomic_store(&racing, 1);
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++)
+        assert_int_equal(pthread_create(&th[t], NULL, race_thread,
+                                        (void *)(intptr_t)(t + 1)),
+                         0);
+    for (int round = 0; round < 20; round++) {
+        char name[32];
+        snprintf(name, sizeof name, "race-%d.json", round % 2);
+        const char *path = tmp_path(name);
+        assert_null(cube_trace_start(path));
+        usleep(1000);
+        assert_null(cube_trace_stop());
+        json_t *root;
+        load_events(path, &root);
+        json_decref(root);
+    }
+    atomic_store(&racing, 0);
+    for (int t = 0; t < 4; t++)
+        pthread_join(th[t], NULL);
+}
+
+/* --- through the public API ----------------------------------------------- */
+
+static const char *scale_add_source =
+    "CUBE_KERNEL(scale_add, CUBE_IN(float, x), CUBE_INOUT(float, y),\n"
+    "            CUBE_SCALAR(float, a))\n"
+    "{\n"
+    "    int i = (int)ABSOLUTE_POS_X;\n"
+    "    if (i < (int)CUBE_LEN(y))\n"
+    "        CUBE_AT(y, i) = a * CUBE_AT(x, i) + CUBE_AT(y, i);\n"
+    "}\n";
+
+static void check(cube_error *err)
+{
+    if (err) {
+        char *text = cube_error_format(err);
+        cube_error_free(err);
+        fail_msg("%s", text ? text : "out of memory");
+    }
+}
+
+static void test_end_to_end(void **state)
+{
+    (void)state;
+    enum { N = 1000 };
+    static float x[N], y[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)i;
+        y[i] = 1.0f;
+    }
+    const char *path = tmp_path("client.json");
+    assert_null(cube_trace_start(path));
+
+    cube_client *client;
+    cube_kernel *kernel;
+    cube_handle hx, hy;
+    cube_kernel_desc desc = {"scale_add", scale_add_source, {256, 1, 1}};
+    check(cube_client_open("cpu", NULL, &client));
+    check(cube_kernel_create(&desc, &kernel));
+    check(cube_create(client, x, sizeof x, &hx));
+    check(cube_empty(client, sizeof y, &hy));
+    cube_copy_desc dy = cube_copy_desc_contiguous(hy, sizeof y, sizeof(float));
+    const void *src[] = {y};
+    uint64_t size[] = {sizeof y};
+    check(cube_write(client, &dy, src, size, 1));
+    cube_arg args[] = {cube_arg_buffer(hx), cube_arg_buffer(hy),
+                       cube_arg_f32(2.0f)};
+    check(cube_launch(client, kernel, cube_count_static((N + 255) / 256, 1, 1),
+                      args, 3, CUBE_LAUNCH_EXECUTE));
+    check(cube_sync(client, &hy, 1));
+    void *dst[] = {y};
+    check(cube_read(client, &dy, dst, size, 1));
+    assert_true(y[10] == 21.0f);
+    check(cube_handle_release(client, hx));
+    check(cube_handle_release(client, hy));
+    cube_kernel_release(kernel);
+    cube_client_close(client);
+    assert_null(cube_trace_stop());
+
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    static const char *const cats[] = {"launch", "copy", "memory", "sync"};
+    for (size_t c = 0; c < sizeof cats / sizeof cats[0]; c++) {
+        int n = 0;
+        size_t i;
+        for (i = 0; i < json_array_size(events); i++) {
+            json_t *ev = json_array_get(events, i);
+            check_event_fields(ev);
+            const char *cat = str_field(ev, "cat");
+            if (cat && strcmp(cat, cats[c]) == 0)
+                n++;
+        }
+        if (n == 0)
+            fail_msg("no event of category '%s' in %s", cats[c], path);
+    }
+    json_decref(root);
+}
+
+int main(void)
+{
+    /* No configuration file from the user's home, and a CUBERT_TRACE that
+     * cannot be opened, for test_from_env_failure_warns. */
+    setenv("CUBERT_CONFIG", "", 1);
+    unsetenv("CUBERT_LOG_FILE");
+    const char *base = getenv("TMPDIR");
+    if (!base || base[0] != '/')
+        base = "/tmp";
+    snprintf(tmp_dir, sizeof tmp_dir, "%s/cubert-trace-XXXXXX", base);
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    setenv("CUBERT_TRACE", "/nonexistent-cubert-dir/env-trace.json", 1);
+
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_from_env_failure_warns),
+        cmocka_unit_test(test_clock),
+        cmocka_unit_test(test_argument_errors),
+        cmocka_unit_test(test_twice_and_state),
+        cmocka_unit_test(test_zero_events_is_valid),
+        cmocka_unit_test(test_threads_and_streams),
+        cmocka_unit_test(test_bad_utf8),
+        cmocka_unit_test(test_write_failure),
+        cmocka_unit_test(test_start_stop_while_emitting),
+        cmocka_unit_test(test_end_to_end),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+
+    static const char *const files[] = {
+        "twice.json",         "empty.json",  "threads.json", "utf8.json",
+        "after-failure.json", "race-0.json", "race-1.json",  "client.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        unlink(tmp_path(files[i]));
+    rmdir(tmp_dir);
+    return failed;
+}
