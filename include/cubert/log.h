@@ -3,8 +3,9 @@
  * cubert never prints on its own: everything it has to say goes through this
  * process-wide logger, which drops messages below its level and hands the
  * rest to one sink. The default sink writes to stderr at level WARN.
- * CUBERT_LOG_LEVEL and CUBERT_LOG_FILE are read once, at the first
- * cube_client_open, and then override earlier cube_log_set_* calls.
+ * CUBERT_LOG_LEVEL and CUBERT_LOG_FILE (or the configuration file's
+ * log_level and log_file) are read once, at the first cube_client_open,
+ * and then override earlier cube_log_set_* calls.
  *
  * Categories name where a message comes from: "compile", "launch", "memory",
  * "profile", "config", "client", "cpu", "cuda".
