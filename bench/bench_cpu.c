@@ -20,6 +20,14 @@
  *      (cold: runs the compiler); the first SKIP launch on a new client over
  *      the same directory (disk-cache hit); a second SKIP launch on that
  *      client (in-memory hit). Ratios are against the cold compile.
+ *  (d) graph replay: a tiny kernel (1 cube of 4 units) launched 100 times
+ *      into a graph; the time of a replay divided by the 100 launches it
+ *      runs, against 100 direct cube_launch calls divided by 100 (both
+ *      closed by one cube_sync), median over rounds that alternate the two.
+ *  (e) profiling overhead: launch + cube_sync of the tiny kernel of (b),
+ *      against cube_profile_start + launch + cube_profile_end (which waits
+ *      for the launch, as the sync does); and the same around 100 launches.
+ *      Medians; the two sides alternate iteration by iteration.
  *
  * Times use clock_gettime(CLOCK_MONOTONIC). The whole run takes well under
  * a minute.
@@ -55,7 +63,7 @@ static int omp_get_num_threads(void)
 
 #include "cubert/cubert.h"
 
-/* --- helpers -------------------------------------------------------------- */
+/* --- helpers --- */
 
 static double now_us(void)
 {
@@ -196,7 +204,7 @@ static void print_machine(const cube_properties *p, int threads)
     printf("\n");
 }
 
-/* --- kernels -------------------------------------------------------------- */
+/* --- kernels --- */
 
 /* The same kernel with a signed and with an unsigned index: on the CPU
  * backend gcc splits a guarded loop on a signed index and vectorizes it
@@ -224,7 +232,7 @@ static const char tiny_src[] = "CUBE_KERNEL(tiny, CUBE_INOUT(float, y))\n"
                                "    y[UNIT_POS_X] += 1.0f;\n"
                                "}\n";
 
-/* --- (a) bandwidth -------------------------------------------------------- */
+/* --- (a) bandwidth --- */
 
 #define BW_BYTES (64ull << 20)
 #define BW_N ((uint32_t)(BW_BYTES / sizeof(float)))
@@ -379,7 +387,7 @@ done:
     return rc;
 }
 
-/* --- (b) launch latency --------------------------------------------------- */
+/* --- (b) launch latency --- */
 
 #define LAT_ITERS 2000
 #define LAT_WARMUP 100
@@ -493,7 +501,7 @@ done:
     return rc;
 }
 
-/* --- (c) compile cache ---------------------------------------------------- */
+/* --- (c) compile cache --- */
 
 #define CACHE_REPS 3
 
@@ -607,7 +615,225 @@ done:
     return rc;
 }
 
-/* --- main ----------------------------------------------------------------- */
+/* --- (d) graph replay --- */
+
+#define GRAPH_LAUNCHES 100
+#define GRAPH_REPLAYS 20
+#define GRAPH_ROUNDS 60
+
+/* One timed block: GRAPH_REPLAYS replays of `g`, or as many rounds of
+ * GRAPH_LAUNCHES direct launches, closed by a barrier; µs per launch. */
+static int graph_block(cube_client *c, cube_graph_id g, cube_kernel *k,
+                       const cube_arg *args, int direct, double *us)
+{
+    double t0 = now_us();
+    cube_error *err = NULL;
+    for (int r = 0; r < GRAPH_REPLAYS && !err; r++) {
+        if (!direct) {
+            err = cube_graph_replay(c, g);
+            continue;
+        }
+        for (int i = 0; i < GRAPH_LAUNCHES && !err; i++)
+            err = cube_launch(c, k, cube_count_static(1, 1, 1), args, 1, 0);
+    }
+    if (!err)
+        err = cube_sync(c, NULL, 0);
+    double dt = now_us() - t0;
+    if (failed(err, direct ? "direct launches" : "graph replays"))
+        return 1;
+    *us = dt / (double)(GRAPH_REPLAYS * GRAPH_LAUNCHES);
+    return 0;
+}
+
+static int bench_graph(cube_client *c)
+{
+    enum { UNITS = 4 };
+    float host[UNITS] = {0};
+    cube_kernel *k = NULL;
+    cube_handle hy = {0};
+    cube_graph_id g = 0;
+    double tg[GRAPH_ROUNDS], td[GRAPH_ROUNDS];
+    int rc = 1;
+    if (failed(make_kernel("tiny", tiny_src, UNITS, &k),
+               "cube_kernel_create(tiny)") ||
+        failed(cube_create(c, host, sizeof host, &hy), "cube_create"))
+        goto done;
+    cube_arg args[1] = {cube_arg_buffer(hy)};
+    /* Prepare, warm up (compiles), capture. */
+    if (failed(cube_graph_prepare(c), "cube_graph_prepare"))
+        goto done;
+    for (int i = 0; i < GRAPH_LAUNCHES; i++)
+        if (failed(cube_launch(c, k, cube_count_static(1, 1, 1), args, 1, 0),
+                   "warm-up launch"))
+            goto done;
+    if (failed(cube_graph_begin(c), "cube_graph_begin"))
+        goto done;
+    cube_error *err = NULL;
+    for (int i = 0; i < GRAPH_LAUNCHES && !err; i++)
+        err = cube_launch(c, k, cube_count_static(1, 1, 1), args, 1, 0);
+    cube_error *end = cube_graph_end(c, &g);
+    if (failed(err, "captured launch") || failed(end, "cube_graph_end"))
+        goto done;
+    double runs = GRAPH_LAUNCHES; /* the warm-up */
+    pause_ms(50);
+    /* Two warm-up rounds, then rounds that alternate which side goes
+     * first. */
+    for (int r = -2; r < GRAPH_ROUNDS; r++) {
+        double d[2];
+        for (int turn = 0; turn < 2; turn++) {
+            int direct = (turn + r + 2) % 2;
+            if (graph_block(c, g, k, args, direct, &d[direct]))
+                goto done;
+            runs += GRAPH_REPLAYS * GRAPH_LAUNCHES;
+        }
+        if (r >= 0) {
+            tg[r] = d[0];
+            td[r] = d[1];
+        }
+    }
+    /* Sanity: every launch, recorded or direct, added 1. */
+    {
+        float back[UNITS];
+        cube_copy_desc d = cube_copy_desc_contiguous(hy, sizeof back, 4);
+        void *out = back;
+        uint64_t size = sizeof back;
+        if (failed(cube_read(c, &d, (void *const *)&out, &size, 1),
+                   "cube_read(y)"))
+            goto done;
+        for (int i = 0; i < UNITS; i++)
+            if (back[i] != (float)runs) {
+                fprintf(stderr,
+                        "bench_cpu: graph result is wrong: y[%d] = %g, "
+                        "expected %g\n",
+                        i, (double)back[i], runs);
+                goto done;
+            }
+    }
+    double g0 = median(tg, GRAPH_ROUNDS), d0 = median(td, GRAPH_ROUNDS);
+
+    printf("## (d) Graph replay: cost per recorded launch, %d launches per "
+           "graph, %d replays per round, median of %d rounds\n\n",
+           GRAPH_LAUNCHES, GRAPH_REPLAYS, GRAPH_ROUNDS);
+    table_header("replay ÷ direct");
+    char ours[64], theirs[64], note[64];
+    snprintf(ours, sizeof ours, "%.3f µs", g0);
+    snprintf(theirs, sizeof theirs, "%.3f µs", d0);
+    snprintf(note, sizeof note, " (aim ≤ 0.3; %.1fx cheaper)", d0 / g0);
+    row("graph replay, per launch (tiny kernel, 1 cube x 4 units)", ours,
+        "direct cube_launch, per launch", theirs, g0 / d0, note);
+    printf("\n");
+    rc = 0;
+
+done:
+    if (g)
+        rc |= failed(cube_graph_destroy(c, g), "cube_graph_destroy");
+    if (hy.bits)
+        rc |= failed(cube_handle_release(c, hy), "cube_handle_release");
+    cube_kernel_release(k);
+    return rc;
+}
+
+/* --- (e) profiling overhead --- */
+
+#define PROF_ITERS 2000
+#define PROF_WARMUP 100
+#define PROF_BATCH 100
+
+/* One iteration: `launches` launches closed by cube_sync (profiled == 0) or
+ * by cube_profile_end of a window opened before them; µs. */
+static int profile_iter(cube_client *c, cube_kernel *k, const cube_arg *args,
+                        int launches, int profiled, double *us)
+{
+    cube_profile_token t = 0;
+    cube_profile_result res;
+    memset(&res, 0, sizeof res);
+    double t0 = now_us();
+    cube_error *err = profiled ? cube_profile_start(c, &t) : NULL;
+    for (int i = 0; i < launches && !err; i++)
+        err = cube_launch(c, k, cube_count_static(1, 1, 1), args, 1, 0);
+    if (!err)
+        err = profiled ? cube_profile_end(c, t, &res) : cube_sync(c, NULL, 0);
+    *us = now_us() - t0;
+    if (failed(err, profiled ? "profiled launch" : "launch + cube_sync"))
+        return 1;
+    if (profiled &&
+        (res.launches != (uint64_t)launches || !(res.seconds > 0))) {
+        fprintf(stderr,
+                "bench_cpu: profile window reports %llu launches in %g s, "
+                "expected %d in a positive time\n",
+                (unsigned long long)res.launches, res.seconds, launches);
+        return 1;
+    }
+    return 0;
+}
+
+/* Medians of the plain and the profiled side, alternating. */
+static int profile_pair(cube_client *c, cube_kernel *k, const cube_arg *args,
+                        int launches, int iters, double *plain,
+                        double *profiled)
+{
+    static double tp[PROF_ITERS], tw[PROF_ITERS];
+    for (int r = -PROF_WARMUP; r < iters; r++) {
+        double d[2];
+        for (int turn = 0; turn < 2; turn++) {
+            int prof = (turn + r + PROF_WARMUP) % 2;
+            if (profile_iter(c, k, args, launches, prof, &d[prof]))
+                return 1;
+        }
+        if (r >= 0) {
+            tp[r] = d[0];
+            tw[r] = d[1];
+        }
+    }
+    *plain = median(tp, (size_t)iters);
+    *profiled = median(tw, (size_t)iters);
+    return 0;
+}
+
+static int bench_profile(cube_client *c)
+{
+    float host[64] = {0};
+    cube_kernel *k = NULL;
+    cube_handle hy = {0};
+    int rc = 1;
+    if (failed(make_kernel("tiny", tiny_src, 64, &k),
+               "cube_kernel_create(tiny)") ||
+        failed(cube_create(c, host, sizeof host, &hy), "cube_create"))
+        goto done;
+    cube_arg args[1] = {cube_arg_buffer(hy)};
+    double p1, w1, p100, w100;
+    pause_ms(50);
+    if (profile_pair(c, k, args, 1, PROF_ITERS, &p1, &w1) ||
+        profile_pair(c, k, args, PROF_BATCH, PROF_ITERS / 10, &p100, &w100))
+        goto done;
+
+    printf("## (e) Profiling overhead: a profile window around the work, "
+           "median of %d (1 launch) and %d (%d launches), after %d warm-up\n\n",
+           PROF_ITERS, PROF_ITERS / 10, PROF_BATCH, PROF_WARMUP);
+    table_header("profiled ÷ plain");
+    char ours[64], theirs[64], note[64];
+    snprintf(ours, sizeof ours, "%.2f µs", w1);
+    snprintf(theirs, sizeof theirs, "%.2f µs", p1);
+    snprintf(note, sizeof note, " (%+.2f µs)", w1 - p1);
+    row("profile_start + launch + profile_end (tiny kernel, 1 cube x 64 "
+        "units)",
+        ours, "launch + cube_sync", theirs, w1 / p1, note);
+    snprintf(ours, sizeof ours, "%.2f µs", w100);
+    snprintf(theirs, sizeof theirs, "%.2f µs", p100);
+    snprintf(note, sizeof note, " (%+.2f µs)", w100 - p100);
+    row("profile_start + 100 launches + profile_end", ours,
+        "100 launches + cube_sync", theirs, w100 / p100, note);
+    printf("\n");
+    rc = 0;
+
+done:
+    if (hy.bits)
+        rc |= failed(cube_handle_release(c, hy), "cube_handle_release");
+    cube_kernel_release(k);
+    return rc;
+}
+
+/* --- main --- */
 
 int main(void)
 {
@@ -650,14 +876,27 @@ int main(void)
     cube_client_close(c);
     if (!rc)
         rc = bench_cache();
+    /* (d) and (e) on a client of their own, after the compile-cache runs. */
+    if (!rc) {
+        cube_client *g = NULL;
+        rc = failed(cube_client_open("cpu", NULL, &g), "cube_client_open");
+        if (!rc)
+            rc = bench_graph(g);
+        if (!rc)
+            rc = bench_profile(g);
+        cube_client_close(g);
+    }
 
-    printf("Notes: the peers are compiled with the bench (-O2); the kernels "
-           "by the CPU backend's JIT (-O3 -march=native). Bandwidth runs the "
-           "three contenders in turn, one run each per round, with 5 ms "
-           "pauses; latency runs each side as one block after a 50 ms "
-           "pause, so neither side's idle spinning threads compete with the "
-           "other. OpenMP keeps its default wait policy. Times: "
-           "clock_gettime(CLOCK_MONOTONIC).\n");
+    printf(
+        "Notes: the peers are compiled with the bench (-O2); the kernels "
+        "by the CPU backend's JIT (-O3 -march=native). Bandwidth runs the "
+        "three contenders in turn, one run each per round, with 5 ms "
+        "pauses; latency runs each side as one block after a 50 ms "
+        "pause, so neither side's idle spinning threads compete with the "
+        "other. Graph replay (d) alternates its two sides round by round and "
+        "profiling (e) iteration by iteration, on a client of their own. "
+        "OpenMP keeps its default wait policy. Times: "
+        "clock_gettime(CLOCK_MONOTONIC).\n");
     printf("\nbench_cpu: %s in %.1f s\n", rc ? "FAILED" : "done",
            (now_us() - start) * 1e-6);
     return rc ? 1 : 0;

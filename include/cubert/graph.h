@@ -16,11 +16,13 @@
  * Backends without hardware graphs (the CPU) record a software graph in
  * the client; its replay stays linear in the number of launches.
  *
- * Inside a capture window a read, a write, a sync or a profile on that
- * stream is refused with CUBE_ERR_GRAPH_STATE (it cannot be recorded, and
- * running it would break the sequence); allocating is allowed, and the
- * graph then pins the new buffer. Launches that fail validation inside the
- * window are returned as usual and not recorded.
+ * Inside a capture window a read, a write (cube_create writes), a sync or
+ * a profile on that stream is refused with CUBE_ERR_GRAPH_STATE (it cannot
+ * be recorded, and running it would break the sequence); for
+ * cube_read_async the refusal comes from cube_future_wait. Allocating with
+ * cube_empty is allowed; the graph pins every buffer a recorded launch
+ * names. Launches that fail validation inside the window are returned as
+ * usual and not recorded.
  *
  * Failures: a replay checks the graph's inputs first; an input that carries
  * a failure, or a launch that fails while replaying, stops the replay and

@@ -100,9 +100,16 @@ cube_error *core_graph_record(cube_client *c, core_stream *s,
         err = pin(c, g, read[i]);
     for (size_t i = 0; i < nwritten && !err; i++)
         err = pin(c, g, written[i]);
-    for (size_t i = 0; i < nread && !err; i++)
-        if (set_add(&g->reads, read[i]) < 0)
+    /* An input is what the graph reads before it rewrites it: a buffer an
+     * earlier recorded launch fully wrote (CUBE_OUT) holds the graph's own
+     * result by then, whatever the failure store said before the replay. */
+    for (size_t i = 0; i < nread && !err; i++) {
+        int own = 0;
+        for (size_t k = 0; k < g->clears.count; k++)
+            own |= g->clears.items[k] == read[i];
+        if (!own && set_add(&g->reads, read[i]) < 0)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    }
     for (size_t i = 0; i < nwritten && !err; i++)
         if (set_add(&g->writes, written[i]) < 0)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
@@ -175,8 +182,11 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
     if (err)
         return err;
     core_graph *g = s->capture;
-    s->capture = NULL;
-    s->prepared = 0;
+    if (g) {
+        /* A refused end changes nothing; a capture that ends disarms. */
+        s->capture = NULL;
+        s->prepared = 0;
+    }
     core_stream_leave(s);
     if (!g)
         return cube_error_new(CUBE_ERR_GRAPH_STATE,
@@ -264,7 +274,9 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
             core_trace_span("launch", "graph replay", s->id, t0,
                             core_clock_ns(), args);
         }
-        core_stream_note_failure(s, err);
+        /* A refusal ran nothing and failed nothing. */
+        if (cube_error_code(err) != CUBE_ERR_GRAPH_STATE)
+            core_stream_note_failure(s, err);
         core_stream_leave(s);
         core_fault_note(c, err);
     } else if (err) {

@@ -21,7 +21,7 @@
 
 #include <cubert/cubert.h>
 
-/* --- shared state (main.c) ------------------------------------------------ */
+/* --- shared state (main.c) --- */
 
 #define CONF_SENTINEL_BYTES 4096u
 
@@ -67,7 +67,7 @@ typedef struct conf_state {
 
 extern conf_state conf;
 
-/* --- helpers (util.c) ---------------------------------------------------- */
+/* --- helpers (util.c) --- */
 
 /* Fails the test (printing the whole error) unless err is NULL. */
 void conf_ok_at(cube_error *err, const char *expr, const char *file, int line);
@@ -130,8 +130,7 @@ uint32_t conf_div_up(uint64_t n, uint32_t d);
 /* Fills `n` bytes with a pattern that depends on `seed`. */
 void conf_pattern(void *dst, size_t n, uint32_t seed);
 
-/* --- the tests ---------------------------------------------------------------
- */
+/* --- the tests --- */
 
 /* clang-format off */
 #define CONF_TESTS(X)                                                          \
@@ -254,7 +253,57 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(stream_use_switches_and_restores_the_stream)                             \
     X(stream_work_written_on_one_stream_is_read_on_another)                    \
     X(memory_usage_grows_and_shrinks_with_buffers)                             \
-    X(memory_cleanup_keeps_live_buffers_readable)
+    X(memory_cleanup_keeps_live_buffers_readable)                              \
+    /* graphs (test_graphs.c) */                                               \
+    X(graph_capture_records_launches_without_running_them)                     \
+    X(graph_replays_equal_the_same_launches_made_directly)                     \
+    X(graph_replay_uses_inputs_rewritten_between_replays)                      \
+    X(graph_replay_reads_dynamic_count_from_its_buffer)                        \
+    X(graph_end_returns_distinct_nonzero_ids_and_unprepares_the_stream)        \
+    X(graph_prepare_twice_is_harmless_and_refused_while_capturing)             \
+    X(graph_begin_without_prepare_is_graph_state)                              \
+    X(graph_begin_while_capturing_is_graph_state_and_capture_continues)        \
+    X(graph_end_without_begin_is_graph_state)                                  \
+    X(graph_refused_end_leaves_the_stream_prepared)                            \
+    X(graph_replay_of_unknown_or_destroyed_id_is_graph_state)                  \
+    X(graph_replay_from_capturing_stream_is_graph_state)                       \
+    X(graph_capture_is_per_stream_other_streams_run_and_replay)                \
+    X(graph_capture_refuses_read_write_sync_and_profile_then_continues)        \
+    X(graph_capture_allows_check_and_allocation)                               \
+    X(graph_pins_buffer_allocated_in_window_until_destroy)                     \
+    X(graph_keeps_recorded_buffers_alive_after_their_handles_go)               \
+    X(graph_prepare_and_warm_up_leave_the_capture_nothing_to_allocate)         \
+    X(graph_launch_failing_validation_in_window_is_returned_not_recorded)      \
+    X(graph_destroy_of_unknown_id_is_a_noop)                                   \
+    X(graph_destroy_right_after_replay_leaves_its_results_intact)              \
+    X(graph_failed_input_fails_replay_and_outputs_until_a_replay_lands)        \
+    X(graph_recorded_launch_changes_no_failure_state_until_replay)             \
+    X(graph_buffer_written_before_read_is_not_a_replay_input)                  \
+    X(graph_buffer_read_before_written_stays_a_replay_input)                   \
+    X(graph_left_undestroyed_is_freed_by_client_close)                         \
+    X(graph_two_threads_capture_and_replay_their_own_graphs_at_once)           \
+    X(graph_replayed_from_several_threads_at_once)                             \
+    X(graph_destroyed_while_other_threads_replay_it_is_safe)                   \
+    X(graph_replay_inside_dry_run_does_nothing)                                \
+    X(graph_null_client_or_out_is_invalid_argument)                            \
+    /* profiling windows and dry runs (test_profile.c) */                      \
+    X(profile_window_reports_duration_method_and_launch_count)                 \
+    X(profile_windows_nest)                                                    \
+    X(profile_windows_overlap)                                                 \
+    X(profile_end_twice_is_profile_error)                                      \
+    X(profile_end_of_unknown_token_is_profile_error)                           \
+    X(profile_abandon_drops_the_window)                                        \
+    X(profile_failed_launch_in_window_fails_end_with_its_cause)                \
+    X(profile_failure_outside_the_window_does_not_fail_it)                     \
+    X(profile_failed_replay_in_window_fails_end)                               \
+    X(profile_refused_calls_do_not_fail_the_window)                            \
+    X(profile_window_counts_replayed_launches)                                 \
+    X(profile_token_of_another_threads_stream_is_profile_error)                \
+    X(profile_null_arguments_are_invalid_argument)                             \
+    X(dry_run_launches_compile_and_validate_but_change_no_buffer)              \
+    X(dry_run_scopes_nest_and_launches_run_after_the_last_end)                 \
+    X(dry_run_end_without_begin_is_ignored)                                    \
+    X(dry_run_scope_covers_launches_from_other_threads)
 
 /* clang-format on */
 

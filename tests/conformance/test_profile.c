@@ -1,0 +1,722 @@
+/* Profiling windows and the dry-run scope, sentence by sentence of the
+ * server contract:
+ *
+ * start_profile    "Enable collecting timestamps."
+ * end_profile      "Disable collecting timestamps." -> Result<ProfileDuration,
+ *                  ProfileError>
+ * abandon_profile  "Drop the window token opened without measuring it, for
+ *                  a caller that will never close it with end_profile ...
+ *                  this is the one call that needs none of [the syncing and
+ *                  flushing]."
+ * launch           "On LaunchMode::Skip the server must still do everything
+ *                  a first launch does short of dispatching — expand,
+ *                  compile, validate, fill its caches — and then drop the
+ *                  launch."
+ *
+ * and cubert/profile.h: each token is independent (windows nest and
+ * overlap), a token belongs to the stream that opened it, a failure inside
+ * a window fails its result with CUBE_ERR_PROFILE and that failure as
+ * cause; a dry-run scope makes every launch of the process a Skip, nests as
+ * a counter and ignores extra ends.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conformance.h"
+
+#define EXEC CUBE_LAUNCH_EXECUTE
+#define PN 4096u
+#define PBYTES (PN * 4ull)
+
+/* --- helpers --- */
+
+static cube_handle p_floats(float base, float step)
+{
+    float *v = malloc(PBYTES);
+    assert_non_null(v);
+    for (uint32_t i = 0; i < PN; i++)
+        v[i] = base + step * (float)i;
+    cube_handle h = conf_create(v, PBYTES);
+    free(v);
+    return h;
+}
+
+/* y = a * x + y over PN elements. */
+static cube_error *p_axpy(cube_handle x, cube_handle y, float a)
+{
+    cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
+                        cube_arg_f32(a)};
+    return conf_launch(conf.k.scale_add,
+                       cube_count_static(conf_div_up(PN, 64), 1, 1), args, 3,
+                       EXEC);
+}
+
+static void p_launches(cube_handle x, cube_handle y, int n)
+{
+    for (int i = 0; i < n; i++)
+        CONF_OK(p_axpy(x, y, 1));
+}
+
+static cube_error *p_broken(cube_handle x, cube_handle y, cube_handle z)
+{
+    cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
+                        cube_arg_buffer(z)};
+    return conf_launch(conf.k.broken, cube_count_static(1, 1, 1), args, 3,
+                       EXEC);
+}
+
+static cube_profile_token p_start(void)
+{
+    cube_profile_token t = 0;
+    CONF_OK(cube_profile_start(conf.client, &t));
+    return t;
+}
+
+static cube_profile_result p_end(cube_profile_token t)
+{
+    cube_profile_result r;
+    memset(&r, 0xAB, sizeof r);
+    CONF_OK(cube_profile_end(conf.client, t, &r));
+    return r;
+}
+
+/* The method a backend measures with: the host clock on the CPU. */
+static void p_expect_method(const cube_profile_result *r)
+{
+    if (conf_is_cpu())
+        assert_int_equal(r->method, CUBE_TIMING_HOST_CLOCK);
+    else
+        assert_true(r->method == CUBE_TIMING_HOST_CLOCK ||
+                    r->method == CUBE_TIMING_DEVICE);
+}
+
+/* Every element of h equals want(i) = base + step * i. */
+static void p_expect_floats(cube_handle h, float base, float step)
+{
+    float *v = malloc(PBYTES);
+    assert_non_null(v);
+    CONF_READ_OK(h, v, PBYTES);
+    for (uint32_t i = 0; i < PN; i++)
+        if (v[i] != base + step * (float)i) {
+            float got = v[i];
+            free(v);
+            fail_msg("element %u: %g, expected %g", i, (double)got,
+                     (double)(base + step * (float)i));
+        }
+    free(v);
+}
+
+/* --- profiling windows --- */
+
+CONF_TEST(profile_window_reports_duration_method_and_launch_count)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    /* Work before the window is not the window's. */
+    p_launches(x, y, 3);
+    cube_profile_token t = p_start();
+    p_launches(x, y, 5);
+    /* Copies are not launches. */
+    float v[16] = {0};
+    cube_handle small = conf_create(v, sizeof v);
+    CONF_READ_OK(small, v, sizeof v);
+    cube_profile_result r = p_end(t);
+    assert_true(r.seconds > 0);
+    assert_true(r.seconds < 60);
+    p_expect_method(&r);
+    assert_int_equal(r.launches, 5);
+    /* The work the window measured is done when end returns. */
+    p_expect_floats(y, 8, 8);
+    /* An empty window: no launches, a duration that is not negative. */
+    t = p_start();
+    r = p_end(t);
+    assert_int_equal(r.launches, 0);
+    assert_true(r.seconds >= 0);
+    p_expect_method(&r);
+    conf_release(small);
+    conf_release(x);
+    conf_release(y);
+}
+
+CONF_TEST(profile_windows_nest)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    cube_profile_token a = p_start();
+    p_launches(x, y, 2);
+    cube_profile_token b = p_start();
+    assert_true(a != b);
+    p_launches(x, y, 3);
+    cube_profile_result rb = p_end(b);
+    p_launches(x, y, 1);
+    cube_profile_result ra = p_end(a);
+    assert_int_equal(rb.launches, 3);
+    assert_int_equal(ra.launches, 6);
+    assert_true(ra.launches >= rb.launches);
+    assert_true(rb.seconds > 0);
+    assert_true(ra.seconds >= rb.seconds);
+    p_expect_method(&ra);
+    p_expect_method(&rb);
+    /* Deeper: three levels, closed inside out. */
+    cube_profile_token t[3];
+    for (int i = 0; i < 3; i++) {
+        t[i] = p_start();
+        p_launches(x, y, 1);
+    }
+    uint64_t want[3] = {3, 2, 1};
+    double prev = 0;
+    for (int i = 2; i >= 0; i--) {
+        cube_profile_result r = p_end(t[i]);
+        assert_int_equal(r.launches, want[i]);
+        assert_true(r.seconds >= prev);
+        prev = r.seconds;
+    }
+    conf_release(x);
+    conf_release(y);
+}
+
+CONF_TEST(profile_windows_overlap)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    cube_profile_token a = p_start();
+    p_launches(x, y, 2);
+    cube_profile_token b = p_start();
+    p_launches(x, y, 3);
+    /* A closes first, B stays open and keeps counting. */
+    cube_profile_result ra = p_end(a);
+    p_launches(x, y, 4);
+    cube_profile_result rb = p_end(b);
+    assert_int_equal(ra.launches, 5);
+    assert_int_equal(rb.launches, 7);
+    assert_true(ra.seconds > 0);
+    assert_true(rb.seconds > 0);
+    p_expect_method(&ra);
+    p_expect_method(&rb);
+    conf_release(x);
+    conf_release(y);
+}
+
+CONF_TEST(profile_end_twice_is_profile_error)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    cube_profile_token t = p_start();
+    p_launches(x, y, 1);
+    cube_profile_result r = p_end(t);
+    assert_int_equal(r.launches, 1);
+    memset(&r, 0xAB, sizeof r);
+    CONF_EXPECT(cube_profile_end(conf.client, t, &r), CUBE_ERR_PROFILE);
+    CONF_EXPECT(cube_profile_end(conf.client, t, &r), CUBE_ERR_PROFILE);
+    /* A new window gets a token of its own, never the closed one again. */
+    cube_profile_token u = p_start();
+    assert_true(u != t);
+    CONF_EXPECT(cube_profile_end(conf.client, t, &r), CUBE_ERR_PROFILE);
+    r = p_end(u);
+    assert_int_equal(r.launches, 0);
+    conf_release(x);
+    conf_release(y);
+}
+
+CONF_TEST(profile_end_of_unknown_token_is_profile_error)
+{
+    cube_profile_result r;
+    CONF_EXPECT(cube_profile_end(conf.client, 0, &r), CUBE_ERR_PROFILE);
+    CONF_EXPECT(cube_profile_end(conf.client, UINT64_MAX, &r),
+                CUBE_ERR_PROFILE);
+    /* An open window is not disturbed by the refusals. */
+    cube_profile_token t = p_start();
+    CONF_EXPECT(cube_profile_end(conf.client, t + 1000003, &r),
+                CUBE_ERR_PROFILE);
+    CONF_EXPECT(cube_profile_end(conf.client, ~t, &r), CUBE_ERR_PROFILE);
+    r = p_end(t);
+    assert_int_equal(r.launches, 0);
+}
+
+CONF_TEST(profile_abandon_drops_the_window)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    cube_profile_token keep = p_start();
+    cube_profile_token t = p_start();
+    p_launches(x, y, 2);
+    cube_profile_abandon(conf.client, t);
+    cube_profile_result r;
+    CONF_EXPECT(cube_profile_end(conf.client, t, &r), CUBE_ERR_PROFILE);
+    /* Unknown tokens, a second abandon, a NULL client: harmless. */
+    cube_profile_abandon(conf.client, t);
+    cube_profile_abandon(conf.client, 0);
+    cube_profile_abandon(conf.client, UINT64_MAX);
+    cube_profile_abandon(NULL, keep);
+    /* The other window was not touched. */
+    p_launches(x, y, 1);
+    r = p_end(keep);
+    assert_int_equal(r.launches, 3);
+    assert_true(r.seconds > 0);
+    /* The work issued in the abandoned window was not dropped with it. */
+    p_expect_floats(y, 3, 3);
+    /* Many abandoned windows leave the stream as it was. */
+    for (int i = 0; i < 100; i++)
+        cube_profile_abandon(conf.client, p_start());
+    t = p_start();
+    p_launches(x, y, 1);
+    r = p_end(t);
+    assert_int_equal(r.launches, 1);
+    conf_release(x);
+    conf_release(y);
+}
+
+CONF_TEST(profile_failed_launch_in_window_fails_end_with_its_cause)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    cube_handle a = conf_empty(16), b = conf_empty(16), c = conf_empty(16);
+    cube_profile_token t = p_start();
+    p_launches(x, y, 1);
+    CONF_EXPECT(p_broken(a, b, c), CUBE_ERR_COMPILE);
+    p_launches(x, y, 1);
+    cube_profile_result r;
+    memset(&r, 0, sizeof r);
+    cube_error *err = cube_profile_end(conf.client, t, &r);
+    CONF_CODE(err, CUBE_ERR_PROFILE);
+    assert_true(cube_error_cause_count(err) >= 1);
+    const cube_error *cause = cube_error_cause(err, 0);
+    if (cube_error_code(cause) != CUBE_ERR_COMPILE) {
+        char *text = cube_error_format(err);
+        print_error("the window's error does not carry the launch's failure "
+                    "as its cause:\n%s\n",
+                    text ? text : "?");
+        free(text);
+        cube_error_free(err);
+        fail();
+    }
+    cube_error_free(err);
+    /* The window is closed either way. */
+    CONF_EXPECT(cube_profile_end(conf.client, t, &r), CUBE_ERR_PROFILE);
+    /* The client stays usable and the next window measures again. */
+    t = p_start();
+    p_launches(x, y, 2);
+    r = p_end(t);
+    assert_int_equal(r.launches, 2);
+    assert_true(r.seconds > 0);
+    p_expect_floats(y, 4, 4);
+    conf_release(a);
+    conf_release(b);
+    conf_release(c);
+    conf_release(x);
+    conf_release(y);
+}
+
+CONF_TEST(profile_failure_outside_the_window_does_not_fail_it)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    cube_handle a = conf_empty(16), b = conf_empty(16), c = conf_empty(16);
+    /* Before the window opened. */
+    CONF_EXPECT(p_broken(a, b, c), CUBE_ERR_COMPILE);
+    cube_profile_token t = p_start();
+    p_launches(x, y, 1);
+    /* On another stream, while it is open. */
+    CONF_OK(cube_stream_use(conf.client, 0x9F0000000000001ull));
+    CONF_EXPECT(p_broken(a, b, c), CUBE_ERR_COMPILE);
+    conf_mark_failed(c);
+    CONF_OK(cube_stream_use(conf.client, 0));
+    cube_profile_result r = p_end(t);
+    assert_int_equal(r.launches, 1);
+    /* After it closed: a later window is not failed by it either. */
+    t = p_start();
+    r = p_end(t);
+    assert_int_equal(r.launches, 0);
+    conf_release(a);
+    conf_release(b);
+    conf_release(c);
+    conf_release(x);
+    conf_release(y);
+}
+
+CONF_TEST(profile_failed_replay_in_window_fails_end)
+{
+    cube_handle x = p_floats(1, 1), y = conf_empty(PBYTES);
+    cube_handle j1 = conf_empty(16), j2 = conf_empty(16);
+    cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
+                        cube_arg_f32(2)};
+    CONF_OK(cube_graph_prepare(conf.client));
+    CONF_OK(cube_graph_begin(conf.client));
+    cube_error *rec =
+        conf_launch(conf.k.scale, cube_count_static(conf_div_up(PN, 64), 1, 1),
+                    args, 3, EXEC);
+    cube_graph_id id = 0;
+    cube_error *end = cube_graph_end(conf.client, &id);
+    CONF_OK(rec);
+    CONF_OK(end);
+    /* The graph's input fails; a replay inside a window fails the window. */
+    CONF_EXPECT(p_broken(x, j1, j2), CUBE_ERR_COMPILE);
+    cube_profile_token t = p_start();
+    cube_error *rep = cube_graph_replay(conf.client, id);
+    cube_profile_result r;
+    cube_error *err = cube_profile_end(conf.client, t, &r);
+    CONF_EXPECT(rep, CUBE_ERR_SEVERAL);
+    CONF_CODE(err, CUBE_ERR_PROFILE);
+    assert_true(cube_error_cause_count(err) >= 1);
+    assert_true(conf_error_has_code(err, CUBE_ERR_COMPILE));
+    cube_error_free(err);
+    CONF_OK(cube_graph_destroy(conf.client, id));
+    conf_release(x);
+    conf_release(y);
+    conf_release(j1);
+    conf_release(j2);
+}
+
+CONF_TEST(profile_refused_calls_do_not_fail_the_window)
+{
+    /* A call refused for its lifecycle order ran no work and failed no
+     * work: the window around it measures the work that did run. */
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    cube_handle o = conf_empty(PBYTES);
+    cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(o),
+                        cube_arg_f32(2)};
+    cube_count n = cube_count_static(conf_div_up(PN, 64), 1, 1);
+    CONF_OK(cube_graph_prepare(conf.client));
+    CONF_OK(cube_graph_begin(conf.client));
+    cube_error *rec = conf_launch(conf.k.scale, n, args, 3, EXEC);
+    cube_graph_id id = 0;
+    cube_error *end = cube_graph_end(conf.client, &id);
+    CONF_OK(rec);
+    CONF_OK(end);
+
+    cube_profile_token t = p_start();
+    p_launches(x, y, 1);
+    /* Replay of an id that does not exist. */
+    CONF_EXPECT(cube_graph_replay(conf.client, id + 7777),
+                CUBE_ERR_GRAPH_STATE);
+    /* Inside a capture: a write and a replay, both refused. */
+    CONF_OK(cube_graph_prepare(conf.client));
+    CONF_OK(cube_graph_begin(conf.client));
+    float v[PN];
+    memset(v, 0, sizeof v);
+    cube_error *werr = conf_write(o, v, PBYTES);
+    cube_code w = cube_error_code(werr);
+    cube_error_free(werr);
+    cube_error *rep = cube_graph_replay(conf.client, id);
+    cube_graph_id id2 = 0;
+    end = cube_graph_end(conf.client, &id2);
+    cube_code r_code = cube_error_code(rep);
+    cube_error_free(rep);
+    CONF_OK(end);
+    assert_int_equal(w, CUBE_ERR_GRAPH_STATE);
+    assert_int_equal(r_code, CUBE_ERR_GRAPH_STATE);
+    CONF_OK(cube_graph_destroy(conf.client, id2));
+    /* The refusals left the graph's output trusted. */
+    CONF_OK(cube_check(conf.client, &o, 1));
+    cube_profile_result r;
+    cube_error *err = cube_profile_end(conf.client, t, &r);
+    CONF_OK(cube_graph_destroy(conf.client, id));
+    conf_release(x);
+    conf_release(y);
+    conf_release(o);
+    CONF_OK(err);
+    assert_int_equal(r.launches, 1);
+}
+
+CONF_TEST(profile_window_counts_replayed_launches)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    CONF_OK(cube_graph_prepare(conf.client));
+    CONF_OK(cube_graph_begin(conf.client));
+    cube_error *e[3];
+    for (int i = 0; i < 3; i++)
+        e[i] = p_axpy(x, y, 1);
+    cube_graph_id id = 0;
+    cube_error *end = cube_graph_end(conf.client, &id);
+    for (int i = 0; i < 3; i++)
+        CONF_OK(e[i]);
+    CONF_OK(end);
+    cube_profile_token t = p_start();
+    CONF_OK(cube_graph_replay(conf.client, id));
+    CONF_OK(cube_graph_replay(conf.client, id));
+    p_launches(x, y, 1);
+    cube_profile_result r = p_end(t);
+    assert_int_equal(r.launches, 7);
+    assert_true(r.seconds > 0);
+    p_expect_floats(y, 7, 7);
+    CONF_OK(cube_graph_destroy(conf.client, id));
+    conf_release(x);
+    conf_release(y);
+}
+
+typedef struct p_peer {
+    pthread_barrier_t barrier;
+    cube_handle x, y;
+    cube_profile_token token;
+    cube_error *start_err, *end_err;
+    cube_profile_result result;
+} p_peer;
+
+/* Opens a window on this thread's own stream, lets the main thread try to
+ * close it, then closes it itself. */
+static void *p_peer_main(void *arg)
+{
+    p_peer *p = arg;
+    p->start_err = cube_profile_start(conf.client, &p->token);
+    if (!p->start_err) {
+        cube_arg args[3] = {cube_arg_buffer(p->x), cube_arg_buffer(p->y),
+                            cube_arg_f32(1)};
+        for (int i = 0; i < 2; i++) {
+            cube_error *err = cube_launch(
+                conf.client, conf.k.scale_add,
+                cube_count_static(conf_div_up(PN, 64), 1, 1), args, 3, EXEC);
+            if (err && !p->start_err)
+                p->start_err = err;
+            else
+                cube_error_free(err);
+        }
+    }
+    pthread_barrier_wait(&p->barrier);
+    pthread_barrier_wait(&p->barrier);
+    if (!p->start_err)
+        p->end_err = cube_profile_end(conf.client, p->token, &p->result);
+    return NULL;
+}
+
+CONF_TEST(profile_token_of_another_threads_stream_is_profile_error)
+{
+    p_peer p;
+    memset(&p, 0, sizeof p);
+    p.x = p_floats(1, 1);
+    p.y = p_floats(0, 0);
+    assert_int_equal(pthread_barrier_init(&p.barrier, NULL, 2), 0);
+    /* This thread has a window of its own open meanwhile. */
+    cube_profile_token mine = p_start();
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, p_peer_main, &p), 0);
+    pthread_barrier_wait(&p.barrier);
+    cube_profile_result r;
+    cube_error *err = cube_profile_end(conf.client, p.token, &r);
+    cube_profile_abandon(conf.client, p.token); /* not ours: ignored */
+    pthread_barrier_wait(&p.barrier);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    pthread_barrier_destroy(&p.barrier);
+    CONF_OK(p.start_err);
+    CONF_EXPECT(err, CUBE_ERR_PROFILE);
+    /* Its own thread closes it fine, and it saw only its own launches. */
+    CONF_OK(p.end_err);
+    assert_int_equal(p.result.launches, 2);
+    assert_true(p.result.seconds > 0);
+    r = p_end(mine);
+    assert_int_equal(r.launches, 0);
+    /* The same holds for a stream named with cube_stream_use: a window of
+     * stream S is closed on S only. */
+    const cube_stream_id s = 0x9F0000000000002ull;
+    CONF_OK(cube_stream_use(conf.client, s));
+    cube_profile_token ts = p_start();
+    CONF_OK(cube_stream_use(conf.client, 0));
+    CONF_EXPECT(cube_profile_end(conf.client, ts, &r), CUBE_ERR_PROFILE);
+    CONF_OK(cube_stream_use(conf.client, s));
+    r = p_end(ts);
+    CONF_OK(cube_stream_use(conf.client, 0));
+    assert_int_equal(r.launches, 0);
+    conf_release(p.x);
+    conf_release(p.y);
+}
+
+CONF_TEST(profile_null_arguments_are_invalid_argument)
+{
+    cube_profile_token t = 0;
+    cube_profile_result r;
+    CONF_EXPECT(cube_profile_start(NULL, &t), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_profile_start(conf.client, NULL),
+                CUBE_ERR_INVALID_ARGUMENT);
+    t = p_start();
+    CONF_EXPECT(cube_profile_end(NULL, t, &r), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_profile_end(conf.client, t, NULL),
+                CUBE_ERR_INVALID_ARGUMENT);
+    /* The refusals left the window open. */
+    r = p_end(t);
+    assert_int_equal(r.launches, 0);
+}
+
+/* --- dry run --- */
+
+static const char SRC_DRY_PROBE[] =
+    "CUBE_KERNEL(dry_probe, CUBE_OUT(uint32_t, y), CUBE_SCALAR(uint32_t, v))\n"
+    "{\n"
+    "    uint32_t i = ABSOLUTE_POS_X;\n"
+    "    if (i < CUBE_LEN(y)) y[i] = v;\n"
+    "}\n";
+
+/* Leaves every dry-run scope this test may have left open. */
+static void p_dry_run_reset(void)
+{
+    for (int i = 0; i < 64 && cube_dry_run_active(); i++)
+        cube_dry_run_end();
+}
+
+CONF_TEST(dry_run_launches_compile_and_validate_but_change_no_buffer)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(5, 0);
+    cube_handle a = p_floats(0, 1), b = p_floats(0, 2), c = p_floats(0, 3);
+    cube_kernel *fresh = conf_kernel("dry_probe", SRC_DRY_PROBE, 16, 1, 1);
+    p_dry_run_reset();
+    assert_false(cube_dry_run_active());
+    cube_dry_run_begin();
+    int active = cube_dry_run_active();
+    cube_code codes[5];
+    cube_error *e[5];
+    e[0] = p_axpy(x, y, 1);
+    e[1] = p_broken(a, b, c);
+    cube_arg two[2] = {cube_arg_buffer(a), cube_arg_buffer(b)};
+    e[2] = conf_launch(conf.k.too_many_units, cube_count_static(1, 1, 1), two,
+                       2, EXEC);
+    e[3] =
+        conf_launch(conf.k.scale_add, cube_count_static(1, 1, 1), two, 2, EXEC);
+    /* A kernel no launch has compiled yet compiles in the dry run. */
+    cube_arg probe[2] = {cube_arg_buffer(c), cube_arg_u32(9)};
+    e[4] = conf_launch(fresh, cube_count_static(1, 1, 1), probe, 2, EXEC);
+    cube_dry_run_end();
+    for (int i = 0; i < 5; i++) {
+        codes[i] = cube_error_code(e[i]);
+        cube_error_free(e[i]);
+    }
+    assert_true(active);
+    assert_false(cube_dry_run_active());
+    assert_int_equal(codes[0], CUBE_OK);
+    assert_int_equal(codes[1], CUBE_ERR_COMPILE);
+    assert_int_equal(codes[2], CUBE_ERR_RESOURCE_LIMIT);
+    assert_int_equal(codes[3], CUBE_ERR_INVALID_ARGUMENT);
+    assert_int_equal(codes[4], CUBE_OK);
+    /* No buffer changed, and no failure was recorded on any. */
+    p_expect_floats(y, 5, 0);
+    p_expect_floats(a, 0, 1);
+    p_expect_floats(b, 0, 2);
+    p_expect_floats(c, 0, 3);
+    cube_handle all[5] = {x, y, a, b, c};
+    CONF_OK(cube_check(conf.client, all, 5));
+    /* Out of the scope the same launch runs. */
+    CONF_OK(p_axpy(x, y, 1));
+    p_expect_floats(y, 6, 1);
+    CONF_OK(conf_launch(fresh, cube_count_static(1, 1, 1), probe, 2, EXEC));
+    uint32_t got[4];
+    CONF_READ_OK(c, got, sizeof got);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(got[i], 9);
+    cube_kernel_release(fresh);
+    for (int i = 0; i < 5; i++)
+        conf_release(all[i]);
+}
+
+CONF_TEST(dry_run_scopes_nest_and_launches_run_after_the_last_end)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    p_dry_run_reset();
+    cube_dry_run_begin();
+    cube_dry_run_begin();
+    cube_dry_run_end();
+    int still = cube_dry_run_active();
+    cube_error *e1 = p_axpy(x, y, 1);
+    cube_dry_run_begin();
+    cube_dry_run_end();
+    int again = cube_dry_run_active();
+    cube_error *e2 = p_axpy(x, y, 1);
+    cube_dry_run_end();
+    int after = cube_dry_run_active();
+    p_dry_run_reset();
+    CONF_OK(e1);
+    CONF_OK(e2);
+    assert_true(still);
+    assert_true(again);
+    assert_false(after);
+    p_expect_floats(y, 0, 0);
+    CONF_OK(p_axpy(x, y, 1));
+    p_expect_floats(y, 1, 1);
+    conf_release(x);
+    conf_release(y);
+}
+
+CONF_TEST(dry_run_end_without_begin_is_ignored)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    p_dry_run_reset();
+    cube_dry_run_end();
+    cube_dry_run_end();
+    int after_ends = cube_dry_run_active();
+    CONF_OK(p_axpy(x, y, 1));
+    /* The extra ends did not bank a credit: one begin is active again. */
+    cube_dry_run_begin();
+    int active = cube_dry_run_active();
+    cube_error *e = p_axpy(x, y, 1);
+    cube_dry_run_end();
+    int ended = cube_dry_run_active();
+    p_dry_run_reset();
+    CONF_OK(e);
+    assert_false(after_ends);
+    assert_true(active);
+    assert_false(ended);
+    p_expect_floats(y, 1, 1);
+    conf_release(x);
+    conf_release(y);
+}
+
+static void *p_dry_begin_main(void *arg)
+{
+    (void)arg;
+    cube_dry_run_begin();
+    return NULL;
+}
+
+static void *p_dry_end_main(void *arg)
+{
+    (void)arg;
+    cube_dry_run_end();
+    return NULL;
+}
+
+typedef struct p_dry_launcher {
+    cube_handle x, y;
+    int active;
+    cube_error *err;
+} p_dry_launcher;
+
+static void *p_dry_launch_main(void *arg)
+{
+    p_dry_launcher *l = arg;
+    l->active = cube_dry_run_active();
+    l->err = p_axpy(l->x, l->y, 1);
+    return NULL;
+}
+
+CONF_TEST(dry_run_scope_covers_launches_from_other_threads)
+{
+    cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
+    p_dry_run_reset();
+    CONF_OK(p_axpy(x, y, 0)); /* compiled before the threads */
+    pthread_t t;
+    /* Opened on another thread, in force on this one. */
+    assert_int_equal(pthread_create(&t, NULL, p_dry_begin_main, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    int active = cube_dry_run_active();
+    cube_error *e1 = p_axpy(x, y, 1);
+    /* Opened here, in force on another thread's stream. */
+    p_dry_launcher l;
+    memset(&l, 0, sizeof l);
+    l.x = x;
+    l.y = y;
+    assert_int_equal(pthread_create(&t, NULL, p_dry_launch_main, &l), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    /* Closed on a third thread. */
+    assert_int_equal(pthread_create(&t, NULL, p_dry_end_main, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    int after = cube_dry_run_active();
+    p_dry_run_reset();
+    CONF_OK(e1);
+    CONF_OK(l.err);
+    assert_true(active);
+    assert_true(l.active);
+    assert_false(after);
+    p_expect_floats(y, 0, 0);
+    /* Scope closed: another thread's launch runs. */
+    memset(&l, 0, sizeof l);
+    l.x = x;
+    l.y = y;
+    assert_int_equal(pthread_create(&t, NULL, p_dry_launch_main, &l), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    CONF_OK(l.err);
+    assert_false(l.active);
+    p_expect_floats(y, 1, 1);
+    conf_release(x);
+    conf_release(y);
+}
