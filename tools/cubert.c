@@ -3,6 +3,8 @@
  *   cubert info                         backends, and each one's properties
  *   cubert demo [--device D] [--size N] a tiled matrix product, a reduction
  *                                       and a softmax, checked against C
+ *   cubert memory [--device D] [--json] [--demo]
+ *                                       the calling stream's memory report
  *
  * The demo is a small real workload: every kernel result is compared with a
  * plain C reference, and the exit status is 0 only when every check passes.
@@ -40,6 +42,19 @@ static void usage(FILE *f)
         "                            cpu), check each against plain C and\n"
         "                            time them; exit status 0 only if every\n"
         "                            check passes\n"
+        "  memory [--device D] [--json] [--demo]\n"
+        "                            open device D and print the memory\n"
+        "                            report of the calling stream for the\n"
+        "                            default layout: each pool's page and\n"
+        "                            size range, pages, buffers, bytes in\n"
+        "                            use and reserved with their high-water\n"
+        "                            marks, then the large tail and the\n"
+        "                            persistent pool; allocates nothing.\n"
+        "                            --json prints the report as JSON (one\n"
+        "                            object per line); --demo allocates\n"
+        "                            buffers of varied sizes, prints the\n"
+        "                            report, releases them, resets the\n"
+        "                            high-water marks and prints it again\n"
         "  help, --help, -h          this text\n"
         "  --version                 the library version\n");
 }
@@ -856,6 +871,161 @@ static int cmd_demo(int argc, char **argv)
     return ok ? 0 : 1;
 }
 
+/* --- memory --- */
+
+/* Prints the calling stream's report; `title` heads the table form (the
+ * JSON form is one object per line, nothing else). Returns 1 on error. */
+static int print_memory_report(cube_client *c, int json, const char *title)
+{
+    cube_memory_report r;
+    if (report(cube_memory_report_get(c, &r), "cube_memory_report_get"))
+        return 1;
+    char *text = cube_memory_report_format(&r, json ? CUBE_REPORT_JSON
+                                                    : CUBE_REPORT_TABLE);
+    if (!text) {
+        fprintf(stderr, "cubert memory: cannot format the report: out of "
+                        "memory\n");
+        return 1;
+    }
+    if (!json)
+        printf("\n%s\n", title);
+    fputs(text, stdout);
+    free(text);
+    return 0;
+}
+
+/* Allocates buffers of varied sizes up to an eighth of the device (one in
+ * a persistent window, one in the large tail when that fits in the same
+ * budget), prints the report, releases them, resets the high-water marks
+ * and prints it again. */
+static int memory_demo(cube_client *c, const cube_properties *p, int json)
+{
+    enum { MAX_BUFFERS = 16 };
+    uint64_t sizes[MAX_BUFFERS];
+    int persistent[MAX_BUFFERS];
+    size_t n = 0;
+    static const uint64_t varied[] = {64,      1000,        4096,
+                                      10000,   100000,      1ull << 20,
+                                      3000000, 16ull << 20, 40ull << 20};
+    uint64_t budget = p->memory_total / 8;
+    for (size_t i = 0; i < sizeof varied / sizeof varied[0]; i++) {
+        if (varied[i] <= budget) {
+            sizes[n] = varied[i];
+            persistent[n++] = 0;
+        }
+    }
+    if (budget >= 256 * 1024) {
+        sizes[n] = 256 * 1024;
+        persistent[n++] = 1;
+    }
+    /* One buffer above every pool's largest request, for the tail. */
+    cube_memory_report r;
+    if (report(cube_memory_report_get(c, &r), "cube_memory_report_get"))
+        return 1;
+    uint64_t widest = 0;
+    for (uint32_t i = 0; i + 2 < r.count; i++)
+        if (r.pools[i].config.max_size > widest)
+            widest = r.pools[i].config.max_size;
+    int tail = widest > 0 && widest < budget;
+    if (tail) {
+        sizes[n] = widest + 1;
+        persistent[n++] = 0;
+    }
+
+    cube_handle h[MAX_BUFFERS];
+    size_t made = 0;
+    uint64_t total = 0;
+    int errors = 0;
+    for (size_t i = 0; i < n && !errors; i++) {
+        if (persistent[i])
+            errors += report(cube_persistent_begin(c), "cube_persistent_begin");
+        if (!errors) {
+            errors += report(cube_empty(c, sizes[i], &h[made]), "cube_empty");
+            if (!errors) {
+                total += sizes[i];
+                made++;
+            }
+        }
+        if (persistent[i])
+            errors += report(cube_persistent_end(c), "cube_persistent_end");
+    }
+    char amount[32], title[160];
+    format_bytes(total, amount, sizeof amount);
+    snprintf(title, sizeof title,
+             "with %zu buffers live (%s in all, from %llu bytes up; one in "
+             "a persistent window%s)",
+             made, amount, (unsigned long long)sizes[0],
+             tail ? ", one above every pool, in the large tail" : "");
+    if (!errors)
+        errors += print_memory_report(c, json, title);
+    for (size_t i = 0; i < made; i++)
+        errors += report(cube_handle_release(c, h[i]), "cube_handle_release");
+    errors += report(cube_sync(c, NULL, 0), "cube_sync");
+    errors += report(cube_memory_reset_peaks(c), "cube_memory_reset_peaks");
+    if (!errors)
+        errors += print_memory_report(
+            c, json,
+            "after releasing them and resetting the high-water marks "
+            "(released memory may stay reserved in its pool until "
+            "cube_memory_cleanup)");
+    return errors ? 1 : 0;
+}
+
+static int cmd_memory(int argc, char **argv)
+{
+    const char *device = NULL;
+    int json = 0, demo_mode = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--device")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "cubert memory: --device needs a value\n");
+                usage(stderr);
+                return EXIT_USAGE;
+            }
+            device = argv[++i];
+        } else if (!strncmp(arg, "--device=", 9)) {
+            device = arg + 9;
+        } else if (!strcmp(arg, "--json")) {
+            json = 1;
+        } else if (!strcmp(arg, "--demo")) {
+            demo_mode = 1;
+        } else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "cubert memory: unknown option '%s'\n", arg);
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+
+    cube_client *c = NULL;
+    if (report(cube_client_open(device, NULL, &c), "cube_client_open"))
+        return 1;
+    cube_properties p;
+    if (report(cube_client_properties(c, &p), "cube_client_properties")) {
+        cube_client_close(c);
+        return 1;
+    }
+    if (!json) {
+        char total[32];
+        format_bytes(p.memory_total, total, sizeof total);
+        printf("cubert memory on %s: %s (%s, alignment %llu bytes)\n",
+               p.backend, p.name, total,
+               (unsigned long long)p.memory_alignment);
+    }
+    int rc;
+    if (demo_mode)
+        rc = memory_demo(c, &p, json);
+    else
+        rc = print_memory_report(c, json,
+                                 "default layout, nothing allocated "
+                                 "(the calling thread's stream)");
+    cube_client_close(c);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -876,6 +1046,8 @@ int main(int argc, char **argv)
         return cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "demo"))
         return cmd_demo(argc - 2, argv + 2);
+    if (!strcmp(cmd, "memory"))
+        return cmd_memory(argc - 2, argv + 2);
     fprintf(stderr, "cubert: unknown command '%s'\n", cmd);
     usage(stderr);
     return EXIT_USAGE;

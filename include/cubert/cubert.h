@@ -8,6 +8,7 @@
 #include "cubert/client.h"
 #include "cubert/buffer.h"
 #include "cubert/kernel.h"
+#include "cubert/memory.h"
 #include "cubert/profile.h"
 #include "cubert/graph.h"
 

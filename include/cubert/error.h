@@ -55,7 +55,12 @@ typedef enum cube_code {
     /* Deferred memory could not be backed at first use (dry run). */
     CUBE_ERR_STORAGE_MAPPING_FAILED = 15,
     /* A profiling token is unknown or was already closed. */
-    CUBE_ERR_PROFILE = 16
+    CUBE_ERR_PROFILE = 16,
+    /* A memory layout could not replace the calling stream's pools because
+     * buffers are still live in them (streams created later use it). */
+    CUBE_ERR_POOLS_IN_USE = 17,
+    /* The stream named cannot take the request (not initialized). */
+    CUBE_ERR_STREAM_UNAVAILABLE = 18
 } cube_code;
 
 typedef struct cube_error cube_error;

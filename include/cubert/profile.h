@@ -16,7 +16,11 @@
  * Dry run: between cube_dry_run_begin and the matching cube_dry_run_end,
  * every launch in the process, from any thread, behaves as
  * CUBE_LAUNCH_SKIP: compiled, validated and cached, then dropped. Scopes
- * nest (a counter), also across threads.
+ * nest (a counter), also across threads. Buffers made inside a scope are
+ * handed out without memory (a size that can never fit is still refused);
+ * they get memory at their first real use — a write, a read or a launch
+ * outside a scope — and if that fails, the call and later reads report
+ * CUBE_ERR_STORAGE_MAPPING_FAILED for them.
  *
  * Thread safety: all functions may be called from any thread.
  */

@@ -16,7 +16,9 @@ typedef struct core_alloc {
     uint32_t refs; /* under handles_lock */
     cube_storage storage;
     cube_stream_id stream; /* the stream whose memory it came from */
-    cube_error *failure;   /* under failure_lock; NULL when trusted */
+    int deferred;        /* made in a dry run: no storage until first real use;
+                            under defer_lock */
+    cube_error *failure; /* under failure_lock; NULL when trusted */
 } core_alloc;
 
 /* A handle's slot in the table. */
@@ -55,9 +57,12 @@ typedef struct core_stream {
     core_graph *capture;  /* the graph being recorded, or NULL */
     core_window *windows; /* open profiling windows */
     size_t window_count, window_cap;
-    uint64_t launches;        /* dispatches run on this stream */
-    uint64_t failures;        /* launches, writes, replays that failed */
-    cube_error *last_failure; /* the latest of those */
+    cube_allocation_mode alloc_mode; /* cube_allocation_mode_set */
+    uint32_t persistent_depth;       /* open persistent windows */
+    int persistent_sent;             /* what the backend was last told */
+    uint64_t launches;               /* dispatches run on this stream */
+    uint64_t failures;               /* launches, writes, replays that failed */
+    cube_error *last_failure;        /* the latest of those */
 } core_stream;
 
 typedef struct core_cache_entry {
@@ -86,6 +91,8 @@ struct cube_client {
     uint32_t chunk_count, chunk_cap;
     uint32_t slot_count;           /* slots ever used */
     uint32_t free_head, free_tail; /* FIFO of free slots, UINT32_MAX: none */
+
+    pthread_mutex_t defer_lock; /* backs deferred allocations, once */
 
     pthread_mutex_t failure_lock;
     atomic_int faulted;
@@ -117,6 +124,10 @@ cube_error *core_resolve(cube_client *c, cube_handle h, const char *what,
                          core_resolved *out);
 void core_resolved_drop(cube_client *c, core_resolved *r);
 cube_binding core_binding(const core_resolved *r);
+/* Backs every deferred allocation among `r` (made inside a dry run) now
+ * that it is used for real. A failure is CUBE_ERR_STORAGE_MAPPING_FAILED,
+ * recorded on that buffer too. */
+cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n);
 
 /* --- failure.c --- */
 void core_failure_record(cube_client *c, core_alloc *a, const cube_error *err);
@@ -148,6 +159,12 @@ cube_error *core_stream_refuse_in_capture(const core_stream *s,
 void core_stream_note_failure(core_stream *s, const cube_error *err);
 /* The same, entering the stream itself. */
 void core_stream_note_failure_now(cube_client *c, const cube_error *err);
+
+/* --- memory.c --- */
+/* Tells the backend whether the stream's allocations are persistent now
+ * (its mode, a persistent window, a graph being prepared) when that
+ * changed. Call with the stream entered. */
+cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s);
 
 /* --- graph.c --- */
 /* Records a validated dispatch into the stream's capture. `written` and

@@ -196,6 +196,8 @@ const char *cube_code_name(cube_code code)
     case CUBE_ERR_INTERNAL: return "internal error";
     case CUBE_ERR_STORAGE_MAPPING_FAILED: return "storage mapping failed";
     case CUBE_ERR_PROFILE: return "profile error";
+    case CUBE_ERR_POOLS_IN_USE: return "pools in use";
+    case CUBE_ERR_STREAM_UNAVAILABLE: return "stream unavailable";
     }
     return "unknown error";
 }

@@ -137,8 +137,14 @@ cube_error *cube_graph_prepare(cube_client *c)
     err = core_stream_refuse_in_capture(s, "cube_graph_prepare");
     if (!err && c->vt->graph_prepare)
         err = c->vt->graph_prepare(c->server, s->id);
-    if (!err)
+    if (!err) {
+        /* From here the stream allocates from its persistent pool, so the
+         * warm-up leaves there what the capture will reuse. */
         s->prepared = 1;
+        err = core_stream_sync_persistent(c, s);
+        if (err)
+            s->prepared = 0;
+    }
     core_stream_leave(s);
     return err;
 }
@@ -186,6 +192,14 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
         /* A refused end changes nothing; a capture that ends disarms. */
         s->capture = NULL;
         s->prepared = 0;
+        cube_error *mode = core_stream_sync_persistent(c, s);
+        if (mode) {
+            cube_log_write(CUBE_LOG_WARN, "memory",
+                           "cube_graph_end: could not leave persistent "
+                           "allocation: %s",
+                           cube_error_message(mode));
+            cube_error_free(mode);
+        }
     }
     core_stream_leave(s);
     if (!g)

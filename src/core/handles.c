@@ -26,6 +26,7 @@ static core_slot *slot_at(cube_client *c, uint32_t index)
 void core_handles_init(cube_client *c)
 {
     pthread_mutex_init(&c->handles_lock, NULL);
+    pthread_mutex_init(&c->defer_lock, NULL);
     c->free_head = c->free_tail = NO_SLOT;
 }
 
@@ -40,6 +41,12 @@ static void release_storage(cube_client *c, core_alloc *a)
     }
     cube_log_write(CUBE_LOG_TRACE, "memory", "release %llu bytes",
                    (unsigned long long)a->storage.size);
+    if (a->deferred) {
+        /* Never backed: nothing to give back. */
+        cube_error_free(a->failure);
+        free(a);
+        return;
+    }
     c->vt->release_memory(c->server, a->stream, &a->storage);
     cube_error_free(a->failure);
     free(a);
@@ -62,6 +69,7 @@ void core_handles_destroy(cube_client *c)
         free(c->chunks[k]);
     free(c->chunks);
     pthread_mutex_destroy(&c->handles_lock);
+    pthread_mutex_destroy(&c->defer_lock);
 }
 
 /* A free slot index, under handles_lock. */
@@ -191,6 +199,37 @@ void core_alloc_unpin(cube_client *c, core_alloc *a)
         release_storage(c, a);
 }
 
+cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n)
+{
+    cube_error *err = NULL;
+    for (size_t i = 0; i < n && !err; i++) {
+        core_alloc *a = r[i].alloc;
+        if (!a)
+            continue;
+        pthread_mutex_lock(&c->defer_lock);
+        if (a->deferred) {
+            cube_storage st;
+            cube_error *cause = c->vt->initialize_memory(c->server, a->stream,
+                                                         a->storage.size, &st);
+            if (cause) {
+                err = cube_error_wrap(cause, CUBE_ERR_STORAGE_MAPPING_FAILED,
+                                      "buffer 0x%016llx, made in a dry run, "
+                                      "could not be backed at its first "
+                                      "use (%llu bytes)",
+                                      (unsigned long long)r[i].handle.bits,
+                                      (unsigned long long)a->storage.size);
+            } else {
+                a->storage = st;
+                a->deferred = 0;
+            }
+        }
+        pthread_mutex_unlock(&c->defer_lock);
+        if (err)
+            core_failure_record(c, a, err);
+    }
+    return err;
+}
+
 cube_binding core_binding(const core_resolved *r)
 {
     cube_binding b = {&r->alloc->storage, r->offset, r->size};
@@ -235,7 +274,21 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
         return err;
     }
     a->stream = st->id;
-    err = c->vt->initialize_memory(c->server, st->id, size, &a->storage);
+    if (cube_dry_run_active()) {
+        /* A dry run hands out buffers without backing; they get memory at
+         * their first real use. A size that can never fit is still
+         * refused now. */
+        if (size > c->props.max_buffer_size)
+            err = cube_error_new(CUBE_ERR_BUFFER_TOO_BIG,
+                                 "a buffer of %llu bytes can never fit: the "
+                                 "largest this device holds is %llu bytes",
+                                 (unsigned long long)size,
+                                 (unsigned long long)c->props.max_buffer_size);
+        a->deferred = 1;
+        a->storage.size = size;
+    } else {
+        err = c->vt->initialize_memory(c->server, st->id, size, &a->storage);
+    }
     core_stream_leave(st);
     if (err) {
         free(a);

@@ -429,6 +429,15 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
     if (err)
         goto unpin;
 
+    /* A buffer made in a dry run gets its memory at its first real use. */
+    if (!(mode & CUBE_LAUNCH_SKIP)) {
+        err = core_materialize(c, r, nargs);
+        if (!err && dynamic)
+            err = core_materialize(c, &count_res, 1);
+        if (err)
+            goto unpin;
+    }
+
     /* From here on a failure is the launch's: it lands on the buffers. */
     const cube_compiled *cc = NULL;
     uint32_t arg_of_param[CUBE_MAX_PARAMS] = {0};

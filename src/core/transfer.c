@@ -182,6 +182,12 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
                               sources, sizes, n, &r, &ops);
     if (err)
         return err;
+    err = core_materialize(c, r, n);
+    if (err) {
+        unpin(c, r, n);
+        free(ops);
+        return err;
+    }
     core_stream *st = NULL;
     err = core_stream_enter(c, &st);
     if (!err) {
@@ -253,6 +259,8 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
     f->n = n;
     /* The claim check comes before any byte is copied. */
     f->result = core_failure_claim_check(c, r, n, "cube_read");
+    if (!f->result)
+        f->result = core_materialize(c, r, n);
     if (!f->result) {
         core_stream *st = NULL;
         f->result = core_stream_enter(c, &st);

@@ -1,100 +1,381 @@
-/* Size-class caching memory manager (see memory_manager.h). */
-#include <pthread.h>
+/* The memory manager: records, storage with out-of-memory retry, routing,
+ * the large tail, usage, reports and installing layouts (see
+ * memory_manager.h; accounting is defined in mem_internal.h). */
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
-#include "memory/memory_manager.h"
+#include "memory/mem_internal.h"
 
-/* Requests above this get an exact size and are not cached by class: big
- * buffers are rare and padding them by up to 25% would waste the most. */
-#define MEM_LARGE_THRESHOLD (256ull << 20)
-#define MEM_CLASS_COUNT 256
+#define MEM_SLAB_RECORDS 64
 
-typedef struct mem_block {
-    uint64_t address;
-    uint64_t size;      /* bytes reserved from the storage */
-    uint64_t requested; /* bytes asked for (while live) */
-    int cls;            /* class index, -1 for large */
-    struct mem_block *next;
-} mem_block;
-
-struct mem_manager {
-    mem_storage_ops ops;
-    uint64_t alignment;
-    uint64_t max_buffer;
-    pthread_mutex_t lock;
-    mem_block *free_lists[MEM_CLASS_COUNT];
-    mem_block *spare_records; /* block records to reuse */
-    uint64_t live_buffers, live_requested, live_reserved, cached_reserved;
+struct mem_slab {
+    mem_slab *next;
+    mem_block records[MEM_SLAB_RECORDS];
 };
 
-static unsigned floor_log2(uint64_t v)
+typedef unsigned long long ull;
+
+/* --- records --- */
+
+static int records_reserve(mem_manager *m)
 {
-    return 63u - (unsigned)__builtin_clzll(v);
+    if (m->spare_count >= MEM_SPARE_MIN)
+        return 0;
+    mem_slab *slab = malloc(sizeof *slab);
+    if (!slab)
+        return -1;
+    slab->next = m->slabs;
+    m->slabs = slab;
+    for (int i = 0; i < MEM_SLAB_RECORDS; i++)
+        mem_record_give(m, &slab->records[i]);
+    return 0;
 }
 
-/* Classes: below 4 * alignment, multiples of the alignment; above, four
- * steps per power of two. */
-static int class_index(uint64_t size, uint64_t alignment, uint64_t *class_size)
+mem_block *mem_record_take(mem_manager *m)
 {
-    uint64_t a = alignment;
-    uint64_t rounded = (size + a - 1) & ~(a - 1);
-    if (rounded <= 4 * a) {
-        *class_size = rounded;
-        return (int)(rounded / a) - 1; /* 0..3 */
+    mem_block *b = m->spare;
+    m->spare = b->next;
+    m->spare_count--;
+    memset(b, 0, sizeof *b);
+    return b;
+}
+
+void mem_record_give(mem_manager *m, mem_block *b)
+{
+    b->requested = 0;
+    b->pool = NULL;
+    b->next = m->spare;
+    m->spare = b;
+    m->spare_count++;
+}
+
+/* --- time, stats, lists --- */
+
+uint64_t mem_now_ms(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void mem_stats_page_add(mem_stats *st, uint64_t size)
+{
+    st->pages++;
+    st->reserved += size;
+    if (st->pages > st->pages_peak)
+        st->pages_peak = st->pages;
+    if (st->reserved > st->reserved_peak)
+        st->reserved_peak = st->reserved;
+}
+
+void mem_stats_page_remove(mem_stats *st, uint64_t size)
+{
+    st->pages--;
+    st->reserved -= size;
+}
+
+void mem_stats_live_add(mem_stats *st, uint64_t requested, uint64_t extent)
+{
+    st->buffers++;
+    st->in_use += requested;
+    st->padding += extent - requested;
+    if (st->buffers > st->buffers_peak)
+        st->buffers_peak = st->buffers;
+    if (st->in_use > st->in_use_peak)
+        st->in_use_peak = st->in_use;
+    if (requested > st->largest)
+        st->largest = requested;
+}
+
+void mem_stats_live_remove(mem_stats *st, uint64_t requested, uint64_t extent)
+{
+    st->buffers--;
+    st->in_use -= requested;
+    st->padding -= extent - requested;
+}
+
+void mem_pool_link(mem_pool *p, mem_block *b)
+{
+    b->prev = NULL;
+    b->next = p->blocks;
+    if (p->blocks)
+        p->blocks->prev = b;
+    p->blocks = b;
+}
+
+void mem_pool_unlink(mem_pool *p, mem_block *b)
+{
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        p->blocks = b->next;
+    if (b->next)
+        b->next->prev = b->prev;
+    b->prev = b->next = NULL;
+}
+
+void mem_pool_drop_all(mem_manager *m, mem_pool *p)
+{
+    while (p->blocks) {
+        mem_block *b = p->blocks;
+        if (b->requested)
+            mem_stats_live_remove(&p->st, b->requested, b->size);
+        mem_pool_unlink(p, b);
+        mem_storage_put(m, b->address, b->size);
+        mem_stats_page_remove(&p->st, b->size);
+        mem_record_give(m, b);
     }
-    unsigned p = floor_log2(rounded - 1); /* 2^p < rounded <= 2^(p+1) */
-    uint64_t step = (1ull << p) / 4;
-    uint64_t k = (rounded - (1ull << p) + step - 1) / step; /* 1..4 */
-    *class_size = (1ull << p) + k * step;
-    unsigned base = floor_log2(4 * a); /* first p with four steps */
-    return 4 + (int)((p - base) * 4 + (unsigned)(k - 1));
 }
 
-uint64_t mem_class_size(uint64_t size, uint64_t alignment)
+/* --- releasing what is unused --- */
+
+/* Gives back exclusive pages whose time has come and sets the next time
+ * to look. */
+static void expire(mem_manager *m, uint64_t now)
 {
-    uint64_t cs = 0;
-    if (size > MEM_LARGE_THRESHOLD)
-        return (size + alignment - 1) & ~(alignment - 1);
-    class_index(size, alignment, &cs);
-    return cs;
+    uint64_t next = UINT64_MAX;
+    for (uint32_t i = 0; i < m->count; i++) {
+        mem_pool *p = &m->pools[i];
+        uint64_t after = p->config.release_after_ms;
+        if (p->config.kind != CUBE_POOL_EXCLUSIVE || after == 0)
+            continue;
+        mem_exclusive_release(m, p, now);
+        if (p->lru_first && p->lru_first->freed_ms + after < next)
+            next = p->lru_first->freed_ms + after;
+    }
+    m->next_expiry_ms = next;
 }
 
-cube_error *mem_manager_create(const mem_storage_ops *ops, uint64_t alignment,
-                               uint64_t max_buffer, mem_manager **out)
+static void expire_if_due(mem_manager *m)
 {
-    if (!out || !ops || !ops->alloc || !ops->free)
+    if (m->next_expiry_ms == UINT64_MAX)
+        return;
+    uint64_t now = mem_now_ms();
+    if (now >= m->next_expiry_ms)
+        expire(m, now);
+}
+
+/* Everything held but unused: empty sliced pages, free exclusive pages,
+ * free persistent blocks. Returns the bytes given back. */
+static uint64_t release_unused(mem_manager *m)
+{
+    uint64_t released = 0;
+    for (uint32_t i = 0; i < m->count; i++) {
+        mem_pool *p = &m->pools[i];
+        if (p->config.kind == CUBE_POOL_SLICED)
+            released += mem_sliced_release(m, p);
+        else
+            released += mem_exclusive_release(m, p, UINT64_MAX);
+    }
+    released += mem_persistent_release(m, &m->pools[MEM_PERSISTENT]);
+    m->next_expiry_ms = UINT64_MAX;
+    return released;
+}
+
+cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
+{
+    cube_error *err =
+        m->ops.alloc(m->ops.self, size, m->dev.alignment, address);
+    if (!err)
+        return NULL;
+    uint64_t released = release_unused(m);
+    if (released > 0) {
+        cube_log_write(CUBE_LOG_INFO, "memory",
+                       "the storage refused %llu bytes (%s); released %llu "
+                       "unused bytes and retrying once",
+                       (ull)size, cube_error_message(err), (ull)released);
+        cube_error_free(err);
+        err = m->ops.alloc(m->ops.self, size, m->dev.alignment, address);
+        if (!err)
+            return NULL;
+    }
+    if (cube_error_code(err) != CUBE_ERR_OUT_OF_MEMORY)
+        return cube_error_wrap(err, CUBE_ERR_OUT_OF_MEMORY,
+                               "reserving %llu bytes of storage", (ull)size);
+    return cube_error_prefix(
+        err, "reserving %llu bytes of storage%s", (ull)size,
+        released ? " (after releasing unused memory)" : "");
+}
+
+void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size)
+{
+    m->ops.free(m->ops.self, address, size);
+}
+
+/* --- the large tail: one block of the rounded size per request --- */
+
+static cube_error *tail_alloc(mem_manager *m, uint64_t size, mem_block **out)
+{
+    mem_pool *p = &m->pools[MEM_TAIL];
+    uint64_t extent = mem_round(m, size);
+    uint64_t address = 0;
+    cube_error *err = mem_storage_get(m, extent, &address);
+    if (err)
+        return err;
+    mem_block *b = mem_record_take(m);
+    b->address = address;
+    b->size = extent;
+    b->requested = size;
+    b->pool = p;
+    mem_pool_link(p, b);
+    mem_stats_page_add(&p->st, extent);
+    mem_stats_live_add(&p->st, size, extent);
+    *out = b;
+    return NULL;
+}
+
+static void tail_free(mem_manager *m, mem_block *b)
+{
+    mem_pool *p = b->pool;
+    mem_stats_live_remove(&p->st, b->requested, b->size);
+    mem_stats_page_remove(&p->st, b->size);
+    mem_pool_unlink(p, b);
+    mem_storage_put(m, b->address, b->size);
+    mem_record_give(m, b);
+}
+
+/* --- building pools --- */
+
+/* The smallest request size no pool of the layout holds (above every
+ * pool's range when they hold every size). */
+static uint64_t smallest_unpooled(const cube_memory_layout *layout)
+{
+    uint64_t x = 1;
+    for (;;) {
+        int moved = 0;
+        for (uint32_t i = 0; i < layout->count; i++) {
+            const cube_pool_config *c = &layout->pools[i];
+            if (c->min_size <= x && x <= c->max_size) {
+                if (c->max_size == UINT64_MAX)
+                    return UINT64_MAX;
+                x = c->max_size + 1;
+                moved = 1;
+            }
+        }
+        if (!moved)
+            return x;
+    }
+}
+
+static void pool_fini(mem_manager *m, mem_pool *p)
+{
+    if (p->config.kind == CUBE_POOL_SLICED)
+        mem_sliced_fini(m, p);
+    else
+        mem_exclusive_fini(m, p);
+}
+
+/* Builds the layout's pools into `pools` (nothing else changes). */
+static cube_error *pools_build(mem_manager *m, const cube_memory_layout *layout,
+                               mem_pool *pools)
+{
+    for (uint32_t i = 0; i < layout->count; i++) {
+        mem_pool *p = &pools[i];
+        memset(p, 0, sizeof *p);
+        p->config = layout->pools[i];
+        p->index = i;
+        cube_error *err = p->config.kind == CUBE_POOL_SLICED
+                              ? mem_sliced_init(m, p)
+                              : mem_exclusive_init(m, p);
+        if (err) {
+            for (uint32_t j = 0; j < i; j++)
+                mem_bins_fini(&pools[j].bins);
+            return err;
+        }
+    }
+    return NULL;
+}
+
+/* Takes `layout`'s pools (built by pools_build) as the current ones. */
+static void pools_adopt(mem_manager *m, const cube_memory_layout *layout,
+                        const mem_pool *pools)
+{
+    memcpy(m->pools, pools, layout->count * sizeof *pools);
+    m->count = layout->count;
+    mem_pool *tail = &m->pools[MEM_TAIL];
+    memset(&tail->config, 0, sizeof tail->config);
+    tail->config.kind = CUBE_POOL_EXCLUSIVE;
+    tail->config.min_size = smallest_unpooled(layout);
+    tail->config.max_size = m->dev.memory_size;
+    tail->index = layout->count;
+    mem_pool *per = &m->pools[MEM_PERSISTENT];
+    memset(&per->config, 0, sizeof per->config);
+    per->config.kind = CUBE_POOL_PERSISTENT;
+    per->config.min_size = 1;
+    per->config.max_size = m->dev.memory_size;
+    per->index = layout->count + 1;
+    m->next_expiry_ms = UINT64_MAX;
+}
+
+/* --- the interface --- */
+
+cube_error *mem_manager_create(const mem_storage_ops *ops,
+                               const mem_device *dev,
+                               const cube_memory_layout *layout,
+                               mem_manager **out)
+{
+    if (!out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "mem_manager_create: missing storage or out");
+                              "mem_manager_create: out is NULL");
     *out = NULL;
-    if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+    if (!ops || !ops->alloc || !ops->free)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "mem_manager_create: alignment %llu is not a "
-                              "power of two",
-                              (unsigned long long)alignment);
+                              "mem_manager_create: the storage operations "
+                              "are missing");
+    cube_error *err = mem_device_check(dev);
+    if (err)
+        return err;
+    cube_memory_layout preset;
+    if (!layout) {
+        err = mem_layout_preset(CUBE_PRESET_SUBSLICES, dev, &preset);
+        if (err)
+            return err;
+        layout = &preset;
+    }
+    err = mem_layout_validate(layout, dev);
+    if (err)
+        return err;
+
     mem_manager *m = calloc(1, sizeof *m);
     if (!m)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "memory manager");
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "no host memory for a memory manager");
     m->ops = *ops;
-    m->alignment = alignment;
-    m->max_buffer = max_buffer;
-    pthread_mutex_init(&m->lock, NULL);
+    m->dev = *dev;
+    m->shift = (unsigned)__builtin_ctzll(dev->alignment);
+    mem_pool built[CUBE_MAX_POOLS];
+    err = pools_build(m, layout, built);
+    if (err) {
+        free(m);
+        return err;
+    }
+    if (pthread_mutex_init(&m->lock, NULL) != 0) {
+        for (uint32_t i = 0; i < layout->count; i++)
+            mem_bins_fini(&built[i].bins);
+        free(m);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "memory manager: cannot create its mutex");
+    }
+    pools_adopt(m, layout, built);
     *out = m;
     return NULL;
 }
 
-static void release_cached_locked(mem_manager *m)
+static void usage_locked(const mem_manager *m, cube_memory_usage *out)
 {
-    for (int c = 0; c < MEM_CLASS_COUNT; c++) {
-        while (m->free_lists[c]) {
-            mem_block *b = m->free_lists[c];
-            m->free_lists[c] = b->next;
-            m->ops.free(m->ops.self, b->address, b->size);
-            m->cached_reserved -= b->size;
-            b->next = m->spare_records;
-            m->spare_records = b;
-        }
+    memset(out, 0, sizeof *out);
+    for (uint32_t i = 0; i < MEM_POOL_SLOTS; i++) {
+        if (i >= m->count && i < MEM_TAIL)
+            continue;
+        const mem_stats *st = &m->pools[i].st;
+        out->buffers += st->buffers;
+        out->bytes_in_use += st->in_use;
+        out->bytes_padding += st->padding;
+        out->bytes_reserved += st->reserved;
     }
 }
 
@@ -103,89 +384,94 @@ void mem_manager_destroy(mem_manager *m)
     if (!m)
         return;
     pthread_mutex_lock(&m->lock);
-    release_cached_locked(m);
-    pthread_mutex_unlock(&m->lock);
-    if (m->live_buffers)
+    cube_memory_usage u;
+    usage_locked(m, &u);
+    if (u.buffers)
         cube_log_write(CUBE_LOG_DEBUG, "memory",
-                       "%llu buffers still live at shutdown (%llu bytes); "
-                       "their owner returns them",
-                       (unsigned long long)m->live_buffers,
-                       (unsigned long long)m->live_requested);
-    while (m->spare_records) {
-        mem_block *b = m->spare_records;
-        m->spare_records = b->next;
-        free(b);
+                       "%llu buffers (%llu bytes) still live when their "
+                       "memory manager closes; their storage is given back",
+                       (ull)u.buffers, (ull)u.bytes_in_use);
+    for (uint32_t i = 0; i < m->count; i++)
+        pool_fini(m, &m->pools[i]);
+    mem_pool_drop_all(m, &m->pools[MEM_TAIL]);
+    mem_persistent_fini(m, &m->pools[MEM_PERSISTENT]);
+    pthread_mutex_unlock(&m->lock);
+    while (m->slabs) {
+        mem_slab *slab = m->slabs;
+        m->slabs = slab->next;
+        free(slab);
     }
     pthread_mutex_destroy(&m->lock);
     free(m);
 }
 
+/* Routes a request (see memory.h): the persistent pool while the mode is
+ * persistent; else the first pool holding the size, spilling over to the
+ * next ones while pools are at their cap; else the large tail. */
+static cube_error *route(mem_manager *m, uint64_t size, mem_block **out)
+{
+    *out = NULL;
+    if (m->persistent)
+        return mem_persistent_alloc(m, &m->pools[MEM_PERSISTENT], size, out);
+    mem_pool *capped = NULL;
+    uint32_t capped_count = 0;
+    for (uint32_t i = 0; i < m->count; i++) {
+        mem_pool *p = &m->pools[i];
+        if (size < p->config.min_size || size > p->config.max_size)
+            continue;
+        cube_error *err = p->config.kind == CUBE_POOL_SLICED
+                              ? mem_sliced_alloc(m, p, size, out)
+                              : mem_exclusive_alloc(m, p, size, out);
+        if (err || *out)
+            return err;
+        if (!p->cap_warned) {
+            p->cap_warned = 1;
+            cube_log_write(CUBE_LOG_WARN, "memory",
+                           "pool %u reached its cap of %llu bytes; requests "
+                           "it holds go to the next pool that holds them",
+                           (unsigned)i, (ull)p->config.cap);
+        }
+        if (!capped)
+            capped = p;
+        capped_count++;
+    }
+    if (capped)
+        return cube_error_new(
+            CUBE_ERR_POOL_CAPACITY_EXCEEDED,
+            "a buffer of %llu bytes does not fit: pool %u is at its cap of "
+            "%llu bytes (%llu bytes in use, %llu reserved)%s",
+            (ull)size, (unsigned)capped->index, (ull)capped->config.cap,
+            (ull)capped->st.in_use, (ull)capped->st.reserved,
+            capped_count > 1 ? ", and so is every later pool holding that size"
+                             : "");
+    return tail_alloc(m, size, out);
+}
+
 cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out)
 {
-    if (!m || !out || size == 0)
+    if (!m || !out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "mem_alloc: size is 0 or arguments are NULL");
-    if (size > m->max_buffer)
+                              "mem_alloc: the manager or out is NULL");
+    if (size == 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "mem_alloc: a buffer of 0 bytes");
+    if (size > m->dev.memory_size || size > UINT64_MAX - (m->dev.alignment - 1))
         return cube_error_new(CUBE_ERR_BUFFER_TOO_BIG,
                               "a buffer of %llu bytes can never fit: the "
-                              "largest buffer this device holds is %llu bytes",
-                              (unsigned long long)size,
-                              (unsigned long long)m->max_buffer);
-    uint64_t class_size;
-    int cls = -1;
-    if (size <= MEM_LARGE_THRESHOLD)
-        cls = class_index(size, m->alignment, &class_size);
-    else
-        class_size = (size + m->alignment - 1) & ~(m->alignment - 1);
-    if (class_size < size) /* rounding overflowed */
-        return cube_error_new(CUBE_ERR_BUFFER_TOO_BIG,
-                              "a buffer of %llu bytes can never fit",
-                              (unsigned long long)size);
-
+                              "device holds %llu bytes",
+                              (ull)size, (ull)m->dev.memory_size);
     pthread_mutex_lock(&m->lock);
-    mem_block *b = NULL;
-    if (cls >= 0 && m->free_lists[cls]) {
-        b = m->free_lists[cls];
-        m->free_lists[cls] = b->next;
-        m->cached_reserved -= b->size;
-    } else {
-        if (m->spare_records) {
-            b = m->spare_records;
-            m->spare_records = b->next;
-        } else {
-            b = malloc(sizeof *b);
-            if (!b) {
-                pthread_mutex_unlock(&m->lock);
-                return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                                      "no host memory for a block record");
-            }
-        }
-        uint64_t address = 0;
-        cube_error *err =
-            m->ops.alloc(m->ops.self, class_size, m->alignment, &address);
-        if (err && m->cached_reserved > 0) {
-            /* Retryable: give back what is cached, then try once more. */
-            cube_error_free(err);
-            release_cached_locked(m);
-            err = m->ops.alloc(m->ops.self, class_size, m->alignment, &address);
-        }
-        if (err) {
-            b->next = m->spare_records;
-            m->spare_records = b;
-            pthread_mutex_unlock(&m->lock);
-            return cube_error_prefix(err, "allocating %llu bytes",
-                                     (unsigned long long)size);
-        }
-        b->address = address;
-        b->size = class_size;
-        b->cls = cls;
+    expire_if_due(m);
+    if (records_reserve(m) != 0) {
+        pthread_mutex_unlock(&m->lock);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "no host memory for block records");
     }
-    b->requested = size;
-    b->next = NULL;
-    m->live_buffers++;
-    m->live_requested += size;
-    m->live_reserved += b->size;
+    mem_block *b = NULL;
+    cube_error *err = route(m, size, &b);
     pthread_mutex_unlock(&m->lock);
+    if (err)
+        return err;
     out->address = b->address;
     out->size = size;
     out->cookie = b;
@@ -197,36 +483,145 @@ void mem_free(mem_manager *m, cube_storage *storage)
     if (!m || !storage || !storage->cookie)
         return;
     mem_block *b = storage->cookie;
+    uintptr_t pool = (uintptr_t)b->pool;
+    uintptr_t first = (uintptr_t)&m->pools[0];
+    uintptr_t end = (uintptr_t)&m->pools[MEM_POOL_SLOTS];
     pthread_mutex_lock(&m->lock);
-    m->live_buffers--;
-    m->live_requested -= b->requested;
-    m->live_reserved -= b->size;
-    if (b->cls >= 0) {
-        b->next = m->free_lists[b->cls];
-        m->free_lists[b->cls] = b;
-        m->cached_reserved += b->size;
-    } else {
-        m->ops.free(m->ops.self, b->address, b->size);
-        b->next = m->spare_records;
-        m->spare_records = b;
+    if (pool < first || pool >= end || !b->requested ||
+        b->address != storage->address) {
+        pthread_mutex_unlock(&m->lock);
+        cube_log_write(CUBE_LOG_ERROR, "memory",
+                       "mem_free: the storage at 0x%llx is not a live block "
+                       "of this manager; ignored",
+                       (ull)storage->address);
+        return;
     }
+    expire_if_due(m);
+    mem_pool *p = b->pool;
+    if (p == &m->pools[MEM_TAIL])
+        tail_free(m, b);
+    else if (p == &m->pools[MEM_PERSISTENT])
+        mem_persistent_free(m, b);
+    else if (p->config.kind == CUBE_POOL_SLICED)
+        mem_sliced_free(m, b);
+    else
+        mem_exclusive_free(m, b);
     pthread_mutex_unlock(&m->lock);
     storage->cookie = NULL;
 }
 
 void mem_usage(mem_manager *m, cube_memory_usage *out)
 {
+    if (!m || !out)
+        return;
     pthread_mutex_lock(&m->lock);
-    out->buffers = m->live_buffers;
-    out->bytes_in_use = m->live_requested;
-    out->bytes_padding = m->live_reserved - m->live_requested;
-    out->bytes_reserved = m->live_reserved + m->cached_reserved;
+    usage_locked(m, out);
+    pthread_mutex_unlock(&m->lock);
+}
+
+static void pool_report(const mem_pool *p, cube_pool_report *r)
+{
+    r->config = p->config;
+    r->pages = p->st.pages;
+    r->pages_peak = p->st.pages_peak;
+    r->buffers = p->st.buffers;
+    r->buffers_peak = p->st.buffers_peak;
+    r->bytes_in_use = p->st.in_use;
+    r->bytes_in_use_peak = p->st.in_use_peak;
+    r->bytes_reserved = p->st.reserved;
+    r->bytes_reserved_peak = p->st.reserved_peak;
+    r->largest_buffer = p->st.largest;
+}
+
+void mem_report(mem_manager *m, cube_memory_report *out)
+{
+    if (!m || !out)
+        return;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&m->lock);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->count; i++)
+        pool_report(&m->pools[i], &out->pools[n++]);
+    pool_report(&m->pools[MEM_TAIL], &out->pools[n++]);
+    pool_report(&m->pools[MEM_PERSISTENT], &out->pools[n++]);
+    out->count = n;
+    usage_locked(m, &out->usage);
+    pthread_mutex_unlock(&m->lock);
+}
+
+static void stats_reset_peaks(mem_stats *st)
+{
+    st->pages_peak = st->pages;
+    st->buffers_peak = st->buffers;
+    st->in_use_peak = st->in_use;
+    st->reserved_peak = st->reserved;
+}
+
+void mem_reset_peaks(mem_manager *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->lock);
+    for (uint32_t i = 0; i < m->count; i++)
+        stats_reset_peaks(&m->pools[i].st);
+    stats_reset_peaks(&m->pools[MEM_TAIL].st);
+    stats_reset_peaks(&m->pools[MEM_PERSISTENT].st);
     pthread_mutex_unlock(&m->lock);
 }
 
 void mem_cleanup(mem_manager *m)
 {
+    if (!m)
+        return;
     pthread_mutex_lock(&m->lock);
-    release_cached_locked(m);
+    uint64_t released = release_unused(m);
+    mem_persistent_prune(&m->pools[MEM_PERSISTENT]);
+    pthread_mutex_unlock(&m->lock);
+    if (released)
+        cube_log_write(CUBE_LOG_DEBUG, "memory",
+                       "cleanup gave back %llu unused bytes", (ull)released);
+}
+
+cube_error *mem_install(mem_manager *m, const cube_memory_layout *layout)
+{
+    if (!m)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "mem_install: the manager is NULL");
+    cube_error *err = mem_layout_validate(layout, &m->dev);
+    if (err)
+        return err;
+    pthread_mutex_lock(&m->lock);
+    cube_memory_usage u;
+    usage_locked(m, &u);
+    if (u.buffers) {
+        pthread_mutex_unlock(&m->lock);
+        return cube_error_new(CUBE_ERR_POOLS_IN_USE,
+                              "the pools cannot be rebuilt while %llu "
+                              "buffers (%llu bytes) are live in them; the "
+                              "old layout stays",
+                              (ull)u.buffers, (ull)u.bytes_in_use);
+    }
+    mem_pool built[CUBE_MAX_POOLS];
+    err = pools_build(m, layout, built);
+    if (err) {
+        pthread_mutex_unlock(&m->lock);
+        return err;
+    }
+    /* Nothing is live: finishing the old pools releases all they hold. */
+    for (uint32_t i = 0; i < m->count; i++)
+        pool_fini(m, &m->pools[i]);
+    mem_persistent_release(m, &m->pools[MEM_PERSISTENT]);
+    mem_persistent_prune(&m->pools[MEM_PERSISTENT]);
+    pools_adopt(m, layout, built);
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+void mem_set_persistent(mem_manager *m, int persistent)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->lock);
+    m->persistent = persistent != 0;
     pthread_mutex_unlock(&m->lock);
 }

@@ -1,17 +1,16 @@
-/* The memory manager: hands out aligned blocks of a backend's storage and
- * keeps released blocks for reuse, by size class.
+/* The memory manager of one stream: routes each request to a pool of the
+ * installed layout (include/cubert/memory.h describes the pools, routing,
+ * spill-over, the large tail and the persistent pool), keeps usage, a
+ * per-pool report with high-water marks, and answers out-of-memory by
+ * releasing what it holds unused and retrying once.
  *
- * Sizes are rounded up to a class: four classes per power of two (so at
- * most 25% padding), up to the large threshold; larger requests get their
- * exact (aligned) size. A released block goes to its class's free list and
- * serves the next request of that class without touching the storage: the
- * hot path is a lock, a pop and an unlock, independent of how many buffers
- * are live. mem_cleanup() returns cached blocks to the storage.
+ * Costs: a request that a pool can serve from memory it already holds
+ * ("a pool hit") takes a lock, a lookup by size class and an unlock — no
+ * scan over pages or live buffers. Indices are 64-bit; a live buffer's
+ * storage never moves or gets renumbered.
  *
- * Out of memory: when the storage refuses, the manager releases its cached
- * blocks and tries once more before it reports CUBE_ERR_OUT_OF_MEMORY.
- *
- * Thread safety: all functions may be called from any thread.
+ * Thread safety: all functions may be called from any thread (one mutex
+ * per manager).
  */
 #ifndef CUBE_MEMORY_MANAGER_H
 #define CUBE_MEMORY_MANAGER_H
@@ -19,6 +18,7 @@
 #include <stdint.h>
 
 #include "cubert/backend/server.h"
+#include "cubert/memory.h"
 
 /* What a backend's storage provides. */
 typedef struct mem_storage_ops {
@@ -30,27 +30,56 @@ typedef struct mem_storage_ops {
     void (*free)(void *self, uint64_t address, uint64_t size);
 } mem_storage_ops;
 
+/* The device the pools are built for. */
+typedef struct mem_device {
+    uint64_t alignment;   /* a power of two; every address is a multiple */
+    uint64_t memory_size; /* requests above it can never fit */
+} mem_device;
+
 typedef struct mem_manager mem_manager;
 
-/* `alignment`: a power of two every address is a multiple of.
- * `max_buffer`: requests above it can never fit (CUBE_ERR_BUFFER_TOO_BIG).
- * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_OUT_OF_MEMORY. */
-cube_error *mem_manager_create(const mem_storage_ops *ops, uint64_t alignment,
-                               uint64_t max_buffer, mem_manager **out);
-/* Returns every block to the storage, live or cached. */
-void mem_manager_destroy(mem_manager *manager);
+/* The preset layouts, derived from the device (see memory.h).
+ * Errors: CUBE_ERR_INVALID_ARGUMENT. */
+cube_error *mem_layout_preset(cube_layout_preset preset, const mem_device *dev,
+                              cube_memory_layout *out);
 
-/* A block of at least `size` bytes. Errors: CUBE_ERR_INVALID_ARGUMENT (size
- * 0), CUBE_ERR_BUFFER_TOO_BIG, CUBE_ERR_OUT_OF_MEMORY. */
-cube_error *mem_alloc(mem_manager *manager, uint64_t size, cube_storage *out);
-/* Gives a block back (to its class's cache). */
-void mem_free(mem_manager *manager, cube_storage *storage);
+/* The checks cube_memory_layout_validate documents, one message per
+ * mistake naming the pool index and field. */
+cube_error *mem_layout_validate(const cube_memory_layout *layout,
+                                const mem_device *dev);
 
-void mem_usage(mem_manager *manager, cube_memory_usage *out);
-/* Returns cached blocks to the storage; live blocks are never touched. */
-void mem_cleanup(mem_manager *manager);
+/* A manager over `ops` with `layout` (NULL: the subslices preset; the
+ * layout is validated and copied). Errors: CUBE_ERR_INVALID_ARGUMENT,
+ * CUBE_ERR_OUT_OF_MEMORY. */
+cube_error *mem_manager_create(const mem_storage_ops *ops,
+                               const mem_device *dev,
+                               const cube_memory_layout *layout,
+                               mem_manager **out);
+/* Returns every block to the storage, live or not. */
+void mem_manager_destroy(mem_manager *m);
 
-/* The class size a request of `size` is rounded to (exposed for tests). */
-uint64_t mem_class_size(uint64_t size, uint64_t alignment);
+/* A block of at least `size` bytes, aligned. storage->size is `size`;
+ * storage->cookie is the manager's record, needed by mem_free.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (size 0), CUBE_ERR_BUFFER_TOO_BIG,
+ * CUBE_ERR_POOL_CAPACITY_EXCEEDED, CUBE_ERR_OUT_OF_MEMORY. */
+cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out);
+/* Gives a block back to its pool. */
+void mem_free(mem_manager *m, cube_storage *storage);
+
+void mem_usage(mem_manager *m, cube_memory_usage *out);
+void mem_report(mem_manager *m, cube_memory_report *out);
+void mem_reset_peaks(mem_manager *m);
+
+/* Releases what can be released: empty pages of sliced pools, unused
+ * exclusive pages, unused persistent buffers. Never a live block. */
+void mem_cleanup(mem_manager *m);
+
+/* Rebuilds the pools with `layout` (validated first) when no block is
+ * live. Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_POOLS_IN_USE (the old
+ * layout stays), CUBE_ERR_OUT_OF_MEMORY. */
+cube_error *mem_install(mem_manager *m, const cube_memory_layout *layout);
+
+/* Routes requests to the persistent pool while `persistent` is nonzero. */
+void mem_set_persistent(mem_manager *m, int persistent);
 
 #endif /* CUBE_MEMORY_MANAGER_H */

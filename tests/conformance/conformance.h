@@ -303,7 +303,42 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(dry_run_launches_compile_and_validate_but_change_no_buffer)              \
     X(dry_run_scopes_nest_and_launches_run_after_the_last_end)                 \
     X(dry_run_end_without_begin_is_ignored)                                    \
-    X(dry_run_scope_covers_launches_from_other_threads)
+    X(dry_run_scope_covers_launches_from_other_threads)                        \
+    /* memory pools, layouts, reports, modes (test_memory.c) */                \
+    X(memory_preset_layouts_validate_and_install_on_an_empty_stream)           \
+    X(memory_validation_rejects_each_mistake_naming_pool_and_field)            \
+    X(memory_install_with_live_buffers_is_pools_in_use_keeping_old_layout)     \
+    X(memory_install_refused_for_live_buffers_applies_to_later_streams)        \
+    X(memory_install_retried_after_release_rebuilds_the_calling_stream)        \
+    X(memory_install_leaves_other_existing_streams_alone)                      \
+    X(memory_install_before_a_streams_first_allocation_stays_its_layout)       \
+    X(memory_install_of_a_bad_layout_changes_nothing)                          \
+    X(memory_install_is_unsupported_only_without_configurable_pools)           \
+    X(memory_calls_on_a_stream_named_for_the_first_time_succeed)               \
+    X(memory_report_lists_pools_in_routing_order_then_tail_then_persistent)    \
+    X(memory_usage_and_report_are_per_stream)                                  \
+    X(memory_report_usage_equals_usage_get_and_pools_sum_to_it)                \
+    X(memory_high_water_marks_rise_stay_after_release_and_reset_to_now)        \
+    X(memory_largest_buffer_is_the_largest_request_each_pool_served)           \
+    X(memory_buffer_above_every_pool_goes_to_the_tail_at_about_its_size)       \
+    X(memory_half_of_device_memory_is_never_buffer_too_big)                    \
+    X(memory_buffer_above_device_memory_is_buffer_too_big)                     \
+    X(memory_padding_is_what_alignment_adds_to_live_buffers)                   \
+    X(memory_buffer_released_on_another_stream_returns_to_its_own_pools)       \
+    X(memory_sliced_pool_merges_neighbouring_free_slices)                      \
+    X(memory_exclusive_pages_unused_for_release_after_ms_are_given_back)       \
+    X(memory_full_capped_pool_spills_over_to_the_next_pool)                    \
+    X(memory_every_able_pool_at_its_cap_is_pool_capacity_exceeded)             \
+    X(memory_cleanup_releases_what_nothing_uses_and_never_a_live_buffer)       \
+    X(memory_persistent_mode_routes_to_the_persistent_pool_auto_routes_back)   \
+    X(memory_persistent_pool_reuses_a_released_buffer_of_the_same_size)        \
+    X(memory_persistent_windows_nest_and_end_without_begin_is_invalid)         \
+    X(memory_graph_prepare_allocates_persistently_until_graph_end)             \
+    X(memory_report_format_table_names_every_pool_kind)                        \
+    X(memory_report_format_json_parses_with_pools_and_usage)                   \
+    X(memory_layout_strides_contiguous_and_pitched)                            \
+    X(memory_layout_strides_bad_inputs_are_invalid_argument)                   \
+    X(memory_null_arguments_are_invalid_argument_naming_the_argument)
 
 /* clang-format on */
 

@@ -9,9 +9,7 @@
  * share.
  *
  * There is one slot per method of the server contract (docs/
- * server-contract.md maps each to its public function), except
- * memory_report, whose slot arrives with the pooled memory manager and
- * its report type. Slots marked
+ * server-contract.md maps each to its public function). Slots marked
  * (optional) may be NULL; the client then applies the contract's default.
  * Every slot that can fail returns `cube_error *` (NULL on success) which
  * the client owns.
@@ -25,6 +23,7 @@
 #include "cubert/buffer.h"
 #include "cubert/client.h"
 #include "cubert/kernel.h"
+#include "cubert/memory.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -175,6 +174,13 @@ struct cube_server_vtable {
     cube_error *(*memory_usage)(cube_server *server, cube_stream_id stream,
                                 cube_memory_usage *out);
     cube_error *(*memory_cleanup)(cube_server *server, cube_stream_id stream);
+    /* (optional) memory_report: the stream's per-pool report, and the
+     * reset of its high-water marks. Default: a report without pools,
+     * holding memory_usage's totals; resetting does nothing. */
+    cube_error *(*memory_report)(cube_server *server, cube_stream_id stream,
+                                 cube_memory_report *out);
+    cube_error *(*memory_reset_peaks)(cube_server *server,
+                                      cube_stream_id stream);
 
     /* (optional) staging: host buffers for uploads. Default: aligned host
      * memory from the client. */
@@ -183,11 +189,13 @@ struct cube_server_vtable {
     void (*staging_free)(cube_server *server, void *buffer);
 
     /* (optional) The following follow the contract's defaults when NULL:
-     * allocation_mode and graph_prepare are no-ops; begin_capture,
-     * end_capture, replay, start_profile, end_profile and
-     * install_memory_pools are CUBE_ERR_UNSUPPORTED; graph_destroy and
-     * abandon_profile are no-ops. Their public entry points arrive with
-     * the memory, profiling and graph layers. */
+     * allocation_mode and graph_prepare are no-ops; install_memory_pools
+     * is CUBE_ERR_UNSUPPORTED. Without begin_capture the client records
+     * software graphs itself (and end_capture, replay, graph_destroy are
+     * unused); without start_profile/end_profile the client times
+     * profiling windows on the host clock. `persistent` is nonzero while
+     * the stream's allocations should go to the persistent pool (its mode,
+     * a persistent window or a graph being prepared). */
     cube_error *(*allocation_mode)(cube_server *server, cube_stream_id stream,
                                    int persistent);
     cube_error *(*graph_prepare)(cube_server *server, cube_stream_id stream);
@@ -200,7 +208,7 @@ struct cube_server_vtable {
                           uint64_t graph);
     cube_error *(*install_memory_pools)(cube_server *server,
                                         cube_stream_id stream,
-                                        const void *config);
+                                        const cube_memory_layout *layout);
     cube_error *(*start_profile)(cube_server *server, cube_stream_id stream,
                                  uint64_t *token);
     cube_error *(*end_profile)(cube_server *server, cube_stream_id stream,

@@ -16,7 +16,7 @@
 #include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
 #include "cubert/log.h"
-#include "memory/memory_manager.h"
+#include "backends/cpu/cpu_memory.h"
 
 extern const char cube_prelude_common[];
 extern const char cube_prelude_cpu[];
@@ -48,36 +48,9 @@ typedef struct cpu_server {
     cube_server base;
     cpu_jit *jit;
     cpu_workers *workers;
-    mem_manager *memory;
+    cpu_memory *memory;
     cube_properties props;
 } cpu_server;
-
-/* --- storage: aligned host memory --- */
-
-static cube_error *host_alloc(void *self, uint64_t size, uint64_t align,
-                              uint64_t *address)
-{
-    (void)self;
-    uint64_t rounded = (size + align - 1) & ~(align - 1);
-    if (rounded < size || rounded > SIZE_MAX)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "%llu bytes do not fit the address space",
-                              (unsigned long long)size);
-    void *p = aligned_alloc((size_t)align, (size_t)rounded);
-    if (!p)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "the host refused %llu bytes",
-                              (unsigned long long)size);
-    *address = (uint64_t)(uintptr_t)p;
-    return NULL;
-}
-
-static void host_free(void *self, uint64_t address, uint64_t size)
-{
-    (void)self;
-    (void)size;
-    free((void *)(uintptr_t)address);
-}
 
 static void *addr(const cube_binding *b)
 {
@@ -154,31 +127,80 @@ static cube_error *cpu_initialize_memory(cube_server *server,
                                          cube_stream_id stream, uint64_t size,
                                          cube_storage *out)
 {
-    (void)stream;
-    return mem_alloc(((cpu_server *)server)->memory, size, out);
+    mem_manager *m = NULL;
+    cube_error *err =
+        cpu_memory_stream(((cpu_server *)server)->memory, stream, 1, &m);
+    return err ? err : mem_alloc(m, size, out);
 }
 
 static void cpu_release_memory(cube_server *server, cube_stream_id stream,
                                cube_storage *storage)
 {
-    (void)stream;
-    mem_free(((cpu_server *)server)->memory, storage);
+    mem_manager *m = NULL;
+    cube_error *err =
+        cpu_memory_stream(((cpu_server *)server)->memory, stream, 0, &m);
+    cube_error_free(err);
+    if (m)
+        mem_free(m, storage);
 }
 
 static cube_error *cpu_memory_usage(cube_server *server, cube_stream_id stream,
                                     cube_memory_usage *out)
 {
-    (void)stream;
-    mem_usage(((cpu_server *)server)->memory, out);
-    return NULL;
+    mem_manager *m = NULL;
+    cube_error *err =
+        cpu_memory_stream(((cpu_server *)server)->memory, stream, 0, &m);
+    if (m)
+        mem_usage(m, out);
+    return err;
+}
+
+static cube_error *cpu_memory_report(cube_server *server, cube_stream_id stream,
+                                     cube_memory_report *out)
+{
+    /* A stream that never allocated reports the pools it would get. */
+    mem_manager *m = NULL;
+    cube_error *err =
+        cpu_memory_stream(((cpu_server *)server)->memory, stream, 1, &m);
+    if (m)
+        mem_report(m, out);
+    return err;
+}
+
+static cube_error *cpu_memory_reset_peaks(cube_server *server,
+                                          cube_stream_id stream)
+{
+    mem_manager *m = NULL;
+    cube_error *err =
+        cpu_memory_stream(((cpu_server *)server)->memory, stream, 0, &m);
+    if (m)
+        mem_reset_peaks(m);
+    return err;
 }
 
 static cube_error *cpu_memory_cleanup(cube_server *server,
                                       cube_stream_id stream)
 {
-    (void)stream;
-    mem_cleanup(((cpu_server *)server)->memory);
-    return NULL;
+    mem_manager *m = NULL;
+    cube_error *err =
+        cpu_memory_stream(((cpu_server *)server)->memory, stream, 0, &m);
+    if (m)
+        mem_cleanup(m);
+    return err;
+}
+
+static cube_error *cpu_install_memory_pools(cube_server *server,
+                                            cube_stream_id stream,
+                                            const cube_memory_layout *layout)
+{
+    return cpu_memory_install(((cpu_server *)server)->memory, stream, layout);
+}
+
+static cube_error *cpu_allocation_mode(cube_server *server,
+                                       cube_stream_id stream, int persistent)
+{
+    return cpu_memory_persistent(((cpu_server *)server)->memory, stream,
+                                 persistent);
 }
 
 /* --- copies --- */
@@ -516,7 +538,7 @@ static void cpu_destroy(cube_server *server)
 {
     cpu_server *s = (cpu_server *)server;
     cpu_workers_destroy(s->workers);
-    mem_manager_destroy(s->memory);
+    cpu_memory_destroy(s->memory);
     cpu_jit_destroy(s->jit);
     free(s);
 }
@@ -536,6 +558,10 @@ static const cube_server_vtable cpu_vtable = {
     .flush = cpu_flush,
     .memory_usage = cpu_memory_usage,
     .memory_cleanup = cpu_memory_cleanup,
+    .memory_report = cpu_memory_report,
+    .memory_reset_peaks = cpu_memory_reset_peaks,
+    .install_memory_pools = cpu_install_memory_pools,
+    .allocation_mode = cpu_allocation_mode,
 };
 
 static cube_error *cpu_device_count(uint32_t *out)
@@ -574,12 +600,11 @@ static cube_error *cpu_open(uint32_t index, const cube_client_options *options,
         err = cpu_workers_create(threads, &s->workers);
     }
     if (!err) {
-        mem_storage_ops ops = {s, host_alloc, host_free};
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        uint64_t total = (pages > 0 && page > 0)
-                             ? (uint64_t)pages * (uint64_t)page
-                             : (uint64_t)1 << 32;
-        err = mem_manager_create(&ops, CPU_ALIGNMENT, total, &s->memory);
+        mem_device dev = {CPU_ALIGNMENT, (pages > 0 && page > 0)
+                                             ? (uint64_t)pages * (uint64_t)page
+                                             : (uint64_t)1 << 32};
+        err = cpu_memory_create(&dev, &s->memory);
     }
     if (err) {
         cpu_workers_destroy(s->workers);

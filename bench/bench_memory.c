@@ -1,0 +1,971 @@
+/* cubert memory benchmarks.
+ *
+ * Every cubert figure is printed beside a peer measured in the same run on
+ * the same machine, with the ratio, as markdown table rows that can be
+ * pasted into docs/BENCHMARKS.md:
+ *
+ *  (a) allocation hot path: an allocate + release pair that a pool serves
+ *      from memory it already holds (a pool hit), for 256 B, 64 KiB and
+ *      1 MiB:
+ *       - manager level: mem_alloc + mem_free on a memory manager with the
+ *         default (subslices) preset for the CPU device, over host storage
+ *         from aligned_alloc/free;
+ *       - public API: cube_empty + cube_handle_release on a "cpu" client;
+ *      each against malloc + free of the same size. Nanoseconds per pair:
+ *      the median over rounds of PAIR_BATCH pairs; the sides take turns
+ *      round by round and the order alternates.
+ *  (b) scaling: the manager-level pair of (a) with 10, 1,000 and 100,000
+ *      other buffers live in the same manager. They are allocated first,
+ *      with mixed sizes (log-uniform over 64 B .. 64 KiB, one in a hundred
+ *      256 KiB .. 1 MiB), half as many again being allocated and a random
+ *      third of all freed, so the pools hold holes as well as live
+ *      buffers. Ratios are against the 10-live figure of the same size.
+ *  (c) fragmentation: bench/traces/training_step.trace (or the file named
+ *      by the first argument) replayed through a manager with the default
+ *      preset for a GPU-like device (REPLAY_ALIGNMENT-byte alignment,
+ *      REPLAY_MEMORY bytes), over a storage that hands out addresses from a
+ *      bump counter and only counts bytes (no memory is touched or even
+ *      reserved). Figure: peak bytes reserved from the storage ÷ peak bytes
+ *      live (the sum of the requested sizes of live buffers). Peers: the
+ *      same trace through glibc malloc/free (real calls, the memory is
+ *      never written), counting (1) the peak sum of malloc_usable_size over
+ *      live buffers — rounding and headers only, no fragmentation — and (2)
+ *      the peak of heap plus mmapped bytes held by malloc (mallinfo2
+ *      arena + hblkhd, after a malloc_trim before the replay, less the
+ *      bytes the process had live then) — what malloc really takes from
+ *      the system. The replay takes well under a second, so pages that the
+ *      layout releases only after some time unused (release_after_ms) stay
+ *      reserved throughout, as in a training loop whose steps come faster
+ *      than that. The exclusive preset's figure is printed beside the
+ *      default's, as is each replay's time per operation (for malloc, with
+ *      the mallinfo2 calls outside the timed part). The manager's
+ *      per-pool report (mem_report, printed with cube_memory_report_format)
+ *      is taken at the moment reserved bytes peak. The replay checks, every
+ *      CHECK_EVERY operations, that live blocks are aligned and disjoint
+ *      and that the manager's usage agrees with the trace.
+ *
+ * Times use clock_gettime(CLOCK_MONOTONIC). The whole run takes a few
+ * seconds on two cores.
+ */
+#include <malloc.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cubert/backend/errors.h"
+#include "cubert/cubert.h"
+#include "memory/memory_manager.h"
+
+#ifndef BENCH_TRACE_DEFAULT
+#define BENCH_TRACE_DEFAULT "bench/traces/training_step.trace"
+#endif
+
+/* --- timing, statistics, output --- */
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Prints the error in full and frees it; the bench then exits 1. */
+static int failed(cube_error *err, const char *what)
+{
+    if (!err)
+        return 0;
+    char *text = cube_error_format(err);
+    fprintf(stderr, "bench_memory: %s failed:\n%s\n", what,
+            text ? text : cube_error_message(err));
+    free(text);
+    cube_error_free(err);
+    return 1;
+}
+
+static void row(const char *what, const char *ours, const char *peer,
+                const char *theirs, double ratio, const char *note)
+{
+    printf("| %s | %s | %s | %s | %.3g%s |\n", what, ours, peer, theirs, ratio,
+           note ? note : "");
+}
+
+static void table_header(const char *ratio_label)
+{
+    printf("| Benchmark | cubert | Peer | Peer value | %s |\n", ratio_label);
+    printf("|---|---:|---|---:|---:|\n");
+}
+
+static const char *size_name(uint64_t size, char *buf, size_t cap)
+{
+    if (size >= (1u << 20) && size % (1u << 20) == 0)
+        snprintf(buf, cap, "%llu MiB", (unsigned long long)(size >> 20));
+    else if (size >= 1024 && size % 1024 == 0)
+        snprintf(buf, cap, "%llu KiB", (unsigned long long)(size >> 10));
+    else
+        snprintf(buf, cap, "%llu B", (unsigned long long)size);
+    return buf;
+}
+
+/* A small deterministic generator (xorshift64*). */
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+/* Uniform in [0, 1). */
+static double rng_unit(uint64_t *s)
+{
+    return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void print_machine(const cube_properties *p)
+{
+    long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+    char model[256] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f)) {
+            if (!strncmp(line, "model name", 10)) {
+                char *colon = strchr(line, ':');
+                if (colon) {
+                    colon++;
+                    while (*colon == ' ' || *colon == '\t')
+                        colon++;
+                    snprintf(model, sizeof model, "%s", colon);
+                    model[strcspn(model, "\n")] = '\0';
+                }
+                break;
+            }
+        }
+        fclose(f);
+    }
+    printf("# cubert memory benchmarks\n\n");
+    printf("- machine: %ld online CPUs, %s\n", nproc, model);
+    printf("- cubert %d.%d.%d, device: %s (%s), %.1f GiB, alignment %llu B\n",
+           CUBE_VERSION_MAJOR, CUBE_VERSION_MINOR, CUBE_VERSION_PATCH, p->name,
+           p->architecture, (double)p->memory_total / (double)(1ull << 30),
+           (unsigned long long)p->memory_alignment);
+#ifdef __GLIBC__
+    printf("- peers: glibc %d.%d malloc/free (gcc %s, -O2)\n", __GLIBC__,
+           __GLIBC_MINOR__, __VERSION__);
+#else
+    printf("- peers: the C library's malloc/free (-O2)\n");
+#endif
+    printf("\n");
+}
+
+/* --- storages --- */
+
+/* Host memory from aligned_alloc, as the CPU backend's. */
+static cube_error *host_alloc(void *self, uint64_t size, uint64_t align,
+                              uint64_t *address)
+{
+    (void)self;
+    if (align < sizeof(void *))
+        align = sizeof(void *);
+    uint64_t rounded = (size + align - 1) & ~(align - 1);
+    if (rounded < size || rounded > SIZE_MAX)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "%llu bytes do not fit the address space",
+                              (unsigned long long)size);
+    void *p = aligned_alloc((size_t)align, (size_t)rounded);
+    if (!p)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "the host refused %llu bytes",
+                              (unsigned long long)size);
+    *address = (uint64_t)(uintptr_t)p;
+    return NULL;
+}
+
+static void host_free(void *self, uint64_t address, uint64_t size)
+{
+    (void)self;
+    (void)size;
+    free((void *)(uintptr_t)address);
+}
+
+/* Fake memory: addresses from a bump counter, bytes counted. */
+typedef struct count_storage {
+    uint64_t next;  /* the next free address */
+    uint64_t limit; /* the device's size */
+    uint64_t reserved, reserved_peak;
+    uint64_t allocs, frees;
+} count_storage;
+
+static cube_error *count_alloc(void *self, uint64_t size, uint64_t align,
+                               uint64_t *address)
+{
+    count_storage *s = self;
+    if (size > s->limit || s->reserved > s->limit - size)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "the counted device refused %llu bytes "
+                              "(%llu reserved)",
+                              (unsigned long long)size,
+                              (unsigned long long)s->reserved);
+    uint64_t a = (s->next + align - 1) & ~(align - 1);
+    *address = a;
+    s->next = a + size;
+    s->reserved += size;
+    if (s->reserved > s->reserved_peak)
+        s->reserved_peak = s->reserved;
+    s->allocs++;
+    return NULL;
+}
+
+static void count_free(void *self, uint64_t address, uint64_t size)
+{
+    count_storage *s = self;
+    (void)address;
+    s->reserved -= size;
+    s->frees++;
+}
+
+/* --- (a) allocation hot path --- */
+
+#define PAIR_BATCH 1000
+#define PAIR_ROUNDS 301
+#define PAIR_WARMUP 20
+
+/* Keeps malloc's result observable so the pair is not optimized away. */
+static void *volatile sink;
+
+/* `n` mem_alloc + mem_free pairs; ns per pair. */
+static int manager_pairs(mem_manager *m, uint64_t size, int n, double *ns)
+{
+    double t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        cube_storage st;
+        cube_error *err = mem_alloc(m, size, &st);
+        if (err)
+            return failed(err, "mem_alloc");
+        mem_free(m, &st);
+    }
+    *ns = (now_ns() - t0) / n;
+    return 0;
+}
+
+static void malloc_pairs(uint64_t size, int n, double *ns)
+{
+    double t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        void *p = malloc((size_t)size);
+        sink = p;
+        free(p);
+    }
+    *ns = (now_ns() - t0) / n;
+}
+
+static int api_pairs(cube_client *c, uint64_t size, int n, double *ns)
+{
+    double t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        cube_handle h;
+        cube_error *err = cube_empty(c, size, &h);
+        if (err)
+            return failed(err, "cube_empty");
+        err = cube_handle_release(c, h);
+        if (err)
+            return failed(err, "cube_handle_release");
+    }
+    *ns = (now_ns() - t0) / n;
+    return 0;
+}
+
+/* Medians of one side (a manager or a client) and malloc, alternating
+ * round by round. */
+static int pair_medians(mem_manager *m, cube_client *c, uint64_t size,
+                        double *ours, double *peer)
+{
+    static double to[PAIR_ROUNDS], tp[PAIR_ROUNDS];
+    for (int r = -PAIR_WARMUP; r < PAIR_ROUNDS; r++) {
+        double d[2];
+        for (int turn = 0; turn < 2; turn++) {
+            int who = (turn + r + PAIR_WARMUP) % 2;
+            if (who == 1)
+                malloc_pairs(size, PAIR_BATCH, &d[1]);
+            else if (m ? manager_pairs(m, size, PAIR_BATCH, &d[0])
+                       : api_pairs(c, size, PAIR_BATCH, &d[0]))
+                return 1;
+        }
+        if (r >= 0) {
+            to[r] = d[0];
+            tp[r] = d[1];
+        }
+    }
+    *ours = median(to, PAIR_ROUNDS);
+    *peer = median(tp, PAIR_ROUNDS);
+    return 0;
+}
+
+static const uint64_t pair_sizes[3] = {256, 64 << 10, 1 << 20};
+
+static int bench_hot_path(cube_client *c, const mem_device *dev)
+{
+    mem_storage_ops ops = {NULL, host_alloc, host_free};
+    mem_manager *m = NULL;
+    cube_memory_layout layout;
+    if (failed(mem_layout_preset(CUBE_PRESET_SUBSLICES, dev, &layout),
+               "mem_layout_preset") ||
+        failed(mem_manager_create(&ops, dev, &layout, &m),
+               "mem_manager_create"))
+        return 1;
+    double mo[3], mp[3], ao[3], ap[3];
+    int rc = 1;
+    for (int i = 0; i < 3; i++)
+        if (pair_medians(m, NULL, pair_sizes[i], &mo[i], &mp[i]) ||
+            pair_medians(NULL, c, pair_sizes[i], &ao[i], &ap[i]))
+            goto done;
+
+    printf("## (a) Allocation hot path: allocate + release on a pool hit, "
+           "ns per pair, median of %d rounds of %d pairs (after %d warm-up "
+           "rounds)\n\n",
+           PAIR_ROUNDS, PAIR_BATCH, PAIR_WARMUP);
+    table_header("cubert ÷ peer");
+    char what[128], ours[64], peer[64], theirs[64], note[64], sz[32];
+    for (int i = 0; i < 3; i++) {
+        size_name(pair_sizes[i], sz, sizeof sz);
+        snprintf(what, sizeof what, "mem_alloc + mem_free, %s (manager)", sz);
+        snprintf(ours, sizeof ours, "%.1f ns", mo[i]);
+        snprintf(peer, sizeof peer, "malloc + free, %s", sz);
+        snprintf(theirs, sizeof theirs, "%.1f ns", mp[i]);
+        snprintf(note, sizeof note, " (aim: pair < 100 ns; %s)",
+                 mo[i] < 100.0 ? "met" : "missed");
+        row(what, ours, peer, theirs, mo[i] / mp[i], note);
+    }
+    for (int i = 0; i < 3; i++) {
+        size_name(pair_sizes[i], sz, sizeof sz);
+        snprintf(what, sizeof what,
+                 "cube_empty + cube_handle_release, %s (cpu client)", sz);
+        snprintf(ours, sizeof ours, "%.1f ns", ao[i]);
+        snprintf(peer, sizeof peer, "malloc + free, %s", sz);
+        snprintf(theirs, sizeof theirs, "%.1f ns", ap[i]);
+        row(what, ours, peer, theirs, ao[i] / ap[i], NULL);
+    }
+    printf("\n");
+    rc = 0;
+done:
+    mem_manager_destroy(m);
+    return rc;
+}
+
+/* --- (b) scaling with live buffers --- */
+
+static uint64_t mixed_size(uint64_t *rng)
+{
+    double lo = 64.0, hi = 65536.0;
+    if (rng_unit(rng) < 0.01) {
+        lo = 262144.0;
+        hi = 1048576.0;
+    }
+    /* log-uniform in [lo, hi) */
+    uint64_t size = (uint64_t)(lo * exp2(rng_unit(rng) * log2(hi / lo)));
+    return size ? size : 1;
+}
+
+/* Buffers held in a manager: st[i] is live when alive[i]. */
+typedef struct held_set {
+    cube_storage *st;
+    uint8_t *alive;
+    size_t total;
+} held_set;
+
+static void held_release(mem_manager *m, held_set *h)
+{
+    for (size_t i = 0; h->alive && i < h->total; i++)
+        if (h->alive[i])
+            mem_free(m, &h->st[i]);
+    free(h->st);
+    free(h->alive);
+    memset(h, 0, sizeof *h);
+}
+
+/* Makes `m` hold `live` buffers of mixed sizes, and holes: half as many
+ * again are allocated, then a random third of all freed. */
+static int held_fill(mem_manager *m, size_t live, held_set *h)
+{
+    h->total = live + live / 2;
+    h->st = calloc(h->total, sizeof *h->st);
+    h->alive = calloc(h->total, 1);
+    size_t *order = malloc(h->total * sizeof *order);
+    uint64_t rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)live;
+    int rc = 1;
+    if (!h->st || !h->alive || !order) {
+        fprintf(stderr, "bench_memory: out of host memory\n");
+        goto done;
+    }
+    for (size_t i = 0; i < h->total; i++) {
+        if (failed(mem_alloc(m, mixed_size(&rng), &h->st[i]), "mem_alloc"))
+            goto done;
+        h->alive[i] = 1;
+        order[i] = i;
+    }
+    /* Shuffle the indices and free the first total - live of them. */
+    for (size_t i = h->total - 1; i > 0; i--) {
+        size_t j = (size_t)(rng_next(&rng) % (i + 1));
+        size_t tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+    for (size_t i = 0; i < h->total - live; i++) {
+        mem_free(m, &h->st[order[i]]);
+        h->alive[order[i]] = 0;
+    }
+    rc = 0;
+done:
+    free(order);
+    if (rc)
+        held_release(m, h);
+    return rc;
+}
+
+#define SCALE_ROUNDS 201
+
+static int bench_scaling(const mem_device *dev)
+{
+    static const size_t lives[3] = {10, 1000, 100000};
+    static double t[SCALE_ROUNDS];
+    double ns[3][3];
+    mem_storage_ops ops = {NULL, host_alloc, host_free};
+    for (int k = 0; k < 3; k++) {
+        mem_manager *m = NULL;
+        held_set held = {NULL, NULL, 0};
+        if (failed(mem_manager_create(&ops, dev, NULL, &m),
+                   "mem_manager_create"))
+            return 1;
+        if (held_fill(m, lives[k], &held)) {
+            mem_manager_destroy(m);
+            return 1;
+        }
+        int bad = 0;
+        for (int i = 0; i < 3 && !bad; i++) {
+            for (int r = -PAIR_WARMUP; r < SCALE_ROUNDS && !bad; r++) {
+                double d;
+                bad = manager_pairs(m, pair_sizes[i], PAIR_BATCH, &d);
+                if (r >= 0)
+                    t[r] = d;
+            }
+            if (!bad)
+                ns[k][i] = median(t, SCALE_ROUNDS);
+        }
+        held_release(m, &held);
+        mem_manager_destroy(m);
+        if (bad)
+            return 1;
+    }
+
+    printf("## (b) Scaling: the manager-level pair of (a) with other buffers "
+           "live (mixed sizes, with holes), ns per pair, median of %d "
+           "rounds of %d pairs\n\n",
+           SCALE_ROUNDS, PAIR_BATCH);
+    table_header("cubert ÷ 10 live");
+    char what[128], ours[64], peer[64], theirs[64], note[64], sz[32];
+    for (int i = 0; i < 3; i++) {
+        size_name(pair_sizes[i], sz, sizeof sz);
+        snprintf(theirs, sizeof theirs, "%.1f ns", ns[0][i]);
+        snprintf(peer, sizeof peer, "same pair, 10 other live buffers");
+        for (int k = 1; k < 3; k++) {
+            double ratio = ns[k][i] / ns[0][i];
+            snprintf(what, sizeof what,
+                     "mem_alloc + mem_free, %s, %zu other live buffers", sz,
+                     lives[k]);
+            snprintf(ours, sizeof ours, "%.1f ns", ns[k][i]);
+            snprintf(note, sizeof note, " (aim ≤ 1.2; %s)",
+                     ratio <= 1.2 ? "met" : "missed");
+            row(what, ours, peer, theirs, ratio, note);
+        }
+    }
+    printf("\n");
+    return 0;
+}
+
+/* --- (c) fragmentation: trace replay --- */
+
+#define REPLAY_ALIGNMENT 512ull
+#define REPLAY_MEMORY (80ull << 30)
+#define CHECK_EVERY 1000
+
+typedef struct trace_op {
+    uint32_t id;   /* 1.. */
+    uint32_t free; /* 1: free, 0: allocate */
+    uint64_t size;
+} trace_op;
+
+typedef struct trace {
+    trace_op *ops;
+    size_t count;
+    uint32_t max_id;
+    char header[1024];
+} trace;
+
+static int trace_load(const char *path, trace *t)
+{
+    memset(t, 0, sizeof *t);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "bench_memory: cannot open the trace %s\n", path);
+        return 1;
+    }
+    size_t cap = 0;
+    char line[1024];
+    unsigned long lineno = 0;
+    int rc = 1;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        if (line[0] == '#') {
+            if (!t->header[0]) {
+                snprintf(t->header, sizeof t->header, "%s", line);
+                t->header[strcspn(t->header, "\n")] = '\0';
+            }
+            /* The rest of a comment longer than the buffer. */
+            while (!strchr(line, '\n') && fgets(line, sizeof line, f))
+                ;
+            continue;
+        }
+        if (line[0] == '\n' || line[0] == '\0')
+            continue;
+        trace_op op = {0, 0, 0};
+        char *end = NULL;
+        if ((line[0] != 'a' && line[0] != 'f') || line[1] != ' ')
+            goto bad;
+        op.free = line[0] == 'f';
+        unsigned long long id = strtoull(line + 2, &end, 10);
+        if (end == line + 2 || id == 0 || id > UINT32_MAX)
+            goto bad;
+        op.id = (uint32_t)id;
+        if (!op.free) {
+            char *p = end;
+            op.size = strtoull(p, &end, 10);
+            if (end == p || op.size == 0)
+                goto bad;
+        }
+        if (t->count == cap) {
+            cap = cap ? cap * 2 : 4096;
+            trace_op *grown = realloc(t->ops, cap * sizeof *grown);
+            if (!grown) {
+                fprintf(stderr, "bench_memory: out of host memory\n");
+                goto done;
+            }
+            t->ops = grown;
+        }
+        t->ops[t->count++] = op;
+        if (op.id > t->max_id)
+            t->max_id = op.id;
+    }
+    rc = 0;
+    goto done;
+bad:
+    fprintf(stderr, "bench_memory: %s:%lu: not 'a <id> <bytes>' or 'f <id>'\n",
+            path, lineno);
+done:
+    fclose(f);
+    if (rc) {
+        free(t->ops);
+        t->ops = NULL;
+    }
+    return rc;
+}
+
+typedef struct block {
+    uint64_t address, size;
+} block;
+
+static int cmp_block(const void *a, const void *b)
+{
+    uint64_t x = ((const block *)a)->address, y = ((const block *)b)->address;
+    return (x > y) - (x < y);
+}
+
+/* Checks that live blocks are aligned and disjoint and that the manager's
+ * usage agrees with the trace; prints the first mistake. */
+static int check_blocks(mem_manager *m, const cube_storage *st,
+                        const uint8_t *live, uint32_t max_id,
+                        uint64_t live_bytes, size_t op_index, block *scratch)
+{
+    size_t n = 0;
+    for (uint32_t id = 1; id <= max_id; id++) {
+        if (!live[id])
+            continue;
+        if (st[id].address % REPLAY_ALIGNMENT) {
+            fprintf(stderr,
+                    "bench_memory: after op %zu buffer %u is at 0x%llx, not "
+                    "a multiple of %llu\n",
+                    op_index, id, (unsigned long long)st[id].address,
+                    REPLAY_ALIGNMENT);
+            return 1;
+        }
+        scratch[n].address = st[id].address;
+        scratch[n].size = st[id].size;
+        n++;
+    }
+    qsort(scratch, n, sizeof *scratch, cmp_block);
+    for (size_t i = 1; i < n; i++)
+        if (scratch[i - 1].address + scratch[i - 1].size > scratch[i].address) {
+            fprintf(stderr,
+                    "bench_memory: after op %zu live blocks overlap: "
+                    "[0x%llx, +%llu) and [0x%llx, +%llu)\n",
+                    op_index, (unsigned long long)scratch[i - 1].address,
+                    (unsigned long long)scratch[i - 1].size,
+                    (unsigned long long)scratch[i].address,
+                    (unsigned long long)scratch[i].size);
+            return 1;
+        }
+    cube_memory_usage u;
+    mem_usage(m, &u);
+    if (u.buffers != n || u.bytes_in_use != live_bytes) {
+        fprintf(stderr,
+                "bench_memory: after op %zu the manager reports %llu "
+                "buffers and %llu bytes in use; the trace has %zu and "
+                "%llu\n",
+                op_index, (unsigned long long)u.buffers,
+                (unsigned long long)u.bytes_in_use, n,
+                (unsigned long long)live_bytes);
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct replay_result {
+    uint64_t peak_live, peak_reserved;
+    uint64_t storage_allocs;
+    double ns_per_op;
+    cube_memory_report at_peak; /* mem_report when reserved peaked */
+} replay_result;
+
+static int replay_manager(const trace *t, cube_layout_preset preset,
+                          replay_result *res)
+{
+    memset(res, 0, sizeof *res);
+    mem_device dev = {REPLAY_ALIGNMENT, REPLAY_MEMORY};
+    count_storage cs = {1ull << 40, REPLAY_MEMORY, 0, 0, 0, 0};
+    mem_storage_ops ops = {&cs, count_alloc, count_free};
+    cube_memory_layout layout;
+    mem_manager *m = NULL;
+    cube_storage *st = calloc((size_t)t->max_id + 1, sizeof *st);
+    uint8_t *live = calloc((size_t)t->max_id + 1, 1);
+    block *scratch = calloc((size_t)t->max_id + 1, sizeof *scratch);
+    int rc = 1;
+    if (!st || !live || !scratch) {
+        fprintf(stderr, "bench_memory: out of host memory\n");
+        goto done;
+    }
+    if (failed(mem_layout_preset(preset, &dev, &layout), "mem_layout_preset") ||
+        failed(mem_manager_create(&ops, &dev, &layout, &m),
+               "mem_manager_create"))
+        goto done;
+    uint64_t live_bytes = 0, best = 0;
+    double elapsed = 0.0;
+    for (size_t i = 0; i < t->count; i++) {
+        const trace_op *op = &t->ops[i];
+        double t0 = now_ns();
+        if (op->free) {
+            if (!live[op->id]) {
+                fprintf(stderr,
+                        "bench_memory: trace op %zu frees %u, which is not "
+                        "live\n",
+                        i, op->id);
+                goto done;
+            }
+            mem_free(m, &st[op->id]);
+            elapsed += now_ns() - t0;
+            live[op->id] = 0;
+            live_bytes -= st[op->id].size;
+        } else {
+            if (live[op->id]) {
+                fprintf(stderr,
+                        "bench_memory: trace op %zu allocates %u twice\n", i,
+                        op->id);
+                goto done;
+            }
+            cube_error *err = mem_alloc(m, op->size, &st[op->id]);
+            elapsed += now_ns() - t0;
+            if (err) {
+                char what[96];
+                snprintf(what, sizeof what,
+                         "mem_alloc of %llu bytes at trace op %zu",
+                         (unsigned long long)op->size, i);
+                failed(err, what);
+                goto done;
+            }
+            if (st[op->id].size != op->size) {
+                fprintf(stderr,
+                        "bench_memory: mem_alloc(%llu) gave a storage of "
+                        "size %llu\n",
+                        (unsigned long long)op->size,
+                        (unsigned long long)st[op->id].size);
+                goto done;
+            }
+            live[op->id] = 1;
+            live_bytes += op->size;
+            if (live_bytes > res->peak_live)
+                res->peak_live = live_bytes;
+        }
+        if (cs.reserved > best) {
+            best = cs.reserved;
+            mem_report(m, &res->at_peak);
+        }
+        if ((i + 1) % CHECK_EVERY == 0 &&
+            check_blocks(m, st, live, t->max_id, live_bytes, i, scratch))
+            goto done;
+    }
+    if (check_blocks(m, st, live, t->max_id, live_bytes, t->count, scratch))
+        goto done;
+    if (res->at_peak.usage.bytes_reserved != best) {
+        fprintf(stderr,
+                "bench_memory: at the peak the manager reports %llu bytes "
+                "reserved; its storage holds %llu\n",
+                (unsigned long long)res->at_peak.usage.bytes_reserved,
+                (unsigned long long)best);
+        goto done;
+    }
+    res->peak_reserved = cs.reserved_peak;
+    res->storage_allocs = cs.allocs;
+    res->ns_per_op = elapsed / (double)(t->count ? t->count : 1);
+    rc = 0;
+done:
+    /* What the trace left live goes back before the manager does. */
+    for (uint32_t id = 1; m && live && id <= t->max_id; id++)
+        if (live[id])
+            mem_free(m, &st[id]);
+    mem_manager_destroy(m);
+    if (!rc && cs.reserved != 0) {
+        fprintf(stderr,
+                "bench_memory: %llu bytes still reserved after "
+                "mem_manager_destroy\n",
+                (unsigned long long)cs.reserved);
+        rc = 1;
+    }
+    free(st);
+    free(live);
+    free(scratch);
+    return rc;
+}
+
+typedef struct malloc_result {
+    uint64_t peak_usable, peak_held;
+    double ns_per_op;
+} malloc_result;
+
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+#define HAVE_MALLINFO2 1
+#endif
+
+/* Bytes malloc holds from the system (heap and mmapped chunks); with
+ * `in_use` nonzero, only the bytes of live chunks. */
+static uint64_t malloc_held(int in_use)
+{
+#ifdef HAVE_MALLINFO2
+    struct mallinfo2 mi = mallinfo2();
+    return (in_use ? (uint64_t)mi.uordblks : (uint64_t)mi.arena) +
+           (uint64_t)mi.hblkhd;
+#else
+    (void)in_use;
+    return 0;
+#endif
+}
+
+/* The trace through malloc/free. The memory is never written: the
+ * allocator touches only its headers. */
+static int replay_malloc(const trace *t, malloc_result *res)
+{
+    memset(res, 0, sizeof *res);
+    void **p = calloc((size_t)t->max_id + 1, sizeof *p);
+    uint64_t *usable = calloc((size_t)t->max_id + 1, sizeof *usable);
+    if (!p || !usable) {
+        free(p);
+        free(usable);
+        fprintf(stderr, "bench_memory: out of host memory\n");
+        return 1;
+    }
+    /* Free memory malloc kept from earlier work goes back first; what the
+     * process still uses before the replay is not counted. */
+#ifdef HAVE_MALLINFO2
+    malloc_trim(0);
+#endif
+    uint64_t base = malloc_held(1), in_use = 0, held_peak = 0;
+    double elapsed = 0.0;
+    int rc = 0;
+    for (size_t i = 0; i < t->count && !rc; i++) {
+        const trace_op *op = &t->ops[i];
+        double t0 = now_ns();
+        if (op->free) {
+            free(p[op->id]);
+            elapsed += now_ns() - t0;
+            p[op->id] = NULL;
+            in_use -= usable[op->id];
+        } else {
+            p[op->id] = malloc((size_t)op->size);
+            elapsed += now_ns() - t0;
+            if (!p[op->id]) {
+                fprintf(stderr,
+                        "bench_memory: malloc(%llu) failed at trace op %zu\n",
+                        (unsigned long long)op->size, i);
+                rc = 1;
+                break;
+            }
+            usable[op->id] = malloc_usable_size(p[op->id]);
+            in_use += usable[op->id];
+            if (in_use > res->peak_usable)
+                res->peak_usable = in_use;
+        }
+        uint64_t held = malloc_held(0);
+        if (held > held_peak)
+            held_peak = held;
+    }
+    for (uint32_t id = 1; id <= t->max_id; id++)
+        free(p[id]);
+    free(p);
+    free(usable);
+    res->peak_held = held_peak > base ? held_peak - base : 0;
+    res->ns_per_op = elapsed / (double)(t->count ? t->count : 1);
+    return rc;
+}
+
+static double gib(uint64_t bytes)
+{
+    return (double)bytes / (double)(1ull << 30);
+}
+
+static int bench_fragmentation(const char *path)
+{
+    trace t;
+    if (trace_load(path, &t))
+        return 1;
+    replay_result *sub = calloc(1, sizeof *sub);
+    replay_result *exc = calloc(1, sizeof *exc);
+    malloc_result mal;
+    int rc = 1;
+    if (!sub || !exc) {
+        fprintf(stderr, "bench_memory: out of host memory\n");
+        goto done;
+    }
+    if (replay_manager(&t, CUBE_PRESET_SUBSLICES, sub) ||
+        replay_manager(&t, CUBE_PRESET_EXCLUSIVE, exc) ||
+        replay_malloc(&t, &mal))
+        goto done;
+
+    size_t allocs = 0;
+    for (size_t i = 0; i < t.count; i++)
+        allocs += !t.ops[i].free;
+    printf("## (c) Fragmentation: %s replayed (%zu ops, %zu allocations, "
+           "peak live %.3f GiB), peak reserved ÷ peak live\n\n",
+           path, t.count, allocs, gib(sub->peak_live));
+    if (t.header[0])
+        printf("Trace: `%s`\n\n", t.header + (t.header[1] == ' ' ? 2 : 1));
+    printf("Manager: default preset for a device of %.0f GiB with %llu-byte "
+           "alignment; storage that counts bytes (no memory touched).\n\n",
+           gib(REPLAY_MEMORY), REPLAY_ALIGNMENT);
+    table_header("cubert ÷ peer");
+    double ours = (double)sub->peak_reserved / (double)sub->peak_live;
+    double usable = (double)mal.peak_usable / (double)sub->peak_live;
+    double held = (double)mal.peak_held / (double)sub->peak_live;
+    char o[96], peer[160], theirs[96], note[64];
+    snprintf(o, sizeof o, "%.3f (%.3f GiB reserved)", ours,
+             gib(sub->peak_reserved));
+    snprintf(note, sizeof note, " (aim: cubert ≤ 1.10; %s)",
+             ours <= 1.10 ? "met" : "missed");
+    snprintf(peer, sizeof peer,
+             "glibc malloc: peak Σ malloc_usable_size of live buffers "
+             "(rounding only) ÷ peak live");
+    snprintf(theirs, sizeof theirs, "%.3f (%.3f GiB)", usable,
+             gib(mal.peak_usable));
+    row("mem_alloc/mem_free, subslices preset (default)", o, peer, theirs,
+        ours / usable, note);
+    if (mal.peak_held) {
+        snprintf(peer, sizeof peer,
+                 "glibc malloc: peak heap + mmapped bytes held (mallinfo2 "
+                 "arena + hblkhd) ÷ peak live");
+        snprintf(theirs, sizeof theirs, "%.3f (%.3f GiB)", held,
+                 gib(mal.peak_held));
+        row("mem_alloc/mem_free, subslices preset (default)", o, peer, theirs,
+            ours / held, NULL);
+    }
+    double ex = (double)exc->peak_reserved / (double)exc->peak_live;
+    snprintf(o, sizeof o, "%.3f (%.3f GiB reserved)", ex,
+             gib(exc->peak_reserved));
+    snprintf(peer, sizeof peer, "subslices preset (default), same replay");
+    snprintf(theirs, sizeof theirs, "%.3f", ours);
+    row("mem_alloc/mem_free, exclusive preset", o, peer, theirs, ex / ours,
+        NULL);
+    snprintf(o, sizeof o, "%.0f ns", sub->ns_per_op);
+    snprintf(theirs, sizeof theirs, "%.0f ns", mal.ns_per_op);
+    snprintf(note, sizeof note, " (%llu storage allocations)",
+             (unsigned long long)sub->storage_allocs);
+    row("replay time per op, subslices preset", o, "glibc malloc/free, per op",
+        theirs, sub->ns_per_op / mal.ns_per_op, note);
+    printf("\n");
+
+    char *text = cube_memory_report_format(&sub->at_peak, CUBE_REPORT_TABLE);
+    if (!text) {
+        fprintf(stderr, "bench_memory: cube_memory_report_format failed\n");
+        goto done;
+    }
+    printf("Per-pool report when reserved bytes peaked (subslices "
+           "preset):\n\n```\n%s```\n\n",
+           text);
+    free(text);
+    rc = 0;
+done:
+    free(sub);
+    free(exc);
+    free(t.ops);
+    return rc;
+}
+
+/* --- main --- */
+
+int main(int argc, char **argv)
+{
+    double start = now_ns();
+    const char *trace_path = argc > 1 ? argv[1] : BENCH_TRACE_DEFAULT;
+    cube_client *c = NULL;
+    if (failed(cube_client_open("cpu", NULL, &c), "cube_client_open"))
+        return 1;
+    cube_properties p;
+    if (failed(cube_client_properties(c, &p), "cube_client_properties")) {
+        cube_client_close(c);
+        return 1;
+    }
+    print_machine(&p);
+    /* The manager of (a) and (b) is built for the same device as the
+     * CPU backend's. */
+    mem_device dev = {p.memory_alignment, p.memory_total};
+
+    int rc = bench_hot_path(c, &dev);
+    cube_client_close(c);
+    if (!rc)
+        rc = bench_scaling(&dev);
+    if (!rc)
+        rc = bench_fragmentation(trace_path);
+
+    printf("Notes: the bench and its peers are compiled with -O2 and linked "
+           "statically against cubert. Pairs (a) alternate the two sides "
+           "round by round. The fragmentation replay (c) gives the ratio of "
+           "two peaks, which may fall at different moments; its malloc "
+           "peers run the same operations with real malloc/free calls on "
+           "memory never written. Times: clock_gettime(CLOCK_MONOTONIC).\n");
+    printf("\nbench_memory: %s in %.1f s\n", rc ? "FAILED" : "done",
+           (now_ns() - start) * 1e-9);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,174 @@
+/* cubert — memory pools, layouts, reports and allocation modes.
+ *
+ * Each stream has its own memory manager: a list of pools in routing order
+ * plus a persistent pool. A request goes to the first pool whose slice
+ * range holds its size; a pool at its cap spills the request over to the
+ * next pool that can hold it; a request no pool holds gets a buffer of its
+ * own size (the large tail). Pools:
+ *  - sliced: pages of `page_size` bytes carved into aligned slices;
+ *    neighbouring free slices merge; free slices are found by size class,
+ *    at a cost that does not grow with the number of live buffers;
+ *  - exclusive: one buffer per page; pages unused for `release_after_ms`
+ *    are given back;
+ *  - persistent: exact-size reuse for long-lived buffers and graphs, used
+ *    while the stream's allocation mode is persistent.
+ *
+ * Out of memory: a request the device refuses first releases what the
+ * stream holds but does not use, then retries once
+ * (CUBE_ERR_OUT_OF_MEMORY if that fails too). CUBE_ERR_BUFFER_TOO_BIG is
+ * for a request that can never fit; CUBE_ERR_POOL_CAPACITY_EXCEEDED for a
+ * configured cap that every pool able to hold the request has reached.
+ *
+ * Thread safety: all calls may be made from any thread; they act on the
+ * calling thread's stream.
+ */
+#ifndef CUBERT_MEMORY_H
+#define CUBERT_MEMORY_H
+
+#include <stdint.h>
+
+#include "cubert/buffer.h"
+#include "cubert/client.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUBE_MAX_POOLS 16
+
+typedef enum cube_pool_kind {
+    CUBE_POOL_SLICED = 0,
+    CUBE_POOL_EXCLUSIVE = 1,
+    CUBE_POOL_PERSISTENT = 2 /* reports only: not part of a layout */
+} cube_pool_kind;
+
+typedef struct cube_pool_config {
+    cube_pool_kind kind;
+    /* Sliced: bytes per page. Exclusive: the largest page (each page is
+     * its request rounded to the alignment). A multiple of the
+     * alignment. */
+    uint64_t page_size;
+    uint64_t min_size;         /* smallest request routed here (inclusive) */
+    uint64_t max_size;         /* largest request routed here (inclusive);
+                                  <= page_size */
+    uint64_t cap;              /* most bytes the pool may reserve; 0: no cap */
+    uint32_t release_after_ms; /* exclusive pages unused this long go
+                                  back; 0: only at cleanup */
+} cube_pool_config;
+
+typedef struct cube_memory_layout {
+    uint32_t count; /* pools in routing order, 1..CUBE_MAX_POOLS */
+    cube_pool_config pools[CUBE_MAX_POOLS];
+} cube_memory_layout;
+
+typedef enum cube_layout_preset {
+    /* Sliced pools of growing page sizes for small and medium buffers,
+     * exclusive pages above: the default. */
+    CUBE_PRESET_SUBSLICES = 0,
+    /* Exclusive pages only: one buffer per page. */
+    CUBE_PRESET_EXCLUSIVE = 1
+} cube_layout_preset;
+
+/* The preset layout for this client's device (derived from its memory
+ * size and alignment). Errors: CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_memory_layout_preset(cube_client *client, cube_layout_preset preset,
+                          cube_memory_layout *out);
+
+/* Checks a layout against this client's device, with one specific
+ * CUBE_ERR_INVALID_ARGUMENT message per mistake (naming the pool and
+ * field): no pools or too many; a persistent pool in a layout; a page size
+ * of zero or not a multiple of the alignment; min_size > max_size; a
+ * max_size above the page size; a cap below one page; a pool that can
+ * never be reached because earlier pools hold its whole range; a page
+ * larger than the device. */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_memory_layout_validate(cube_client *client,
+                            const cube_memory_layout *layout);
+
+/* Installs `layout` (validated first): streams created from now on build
+ * their pools with it, and the calling stream's pools are rebuilt in place
+ * when nothing is live in them.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (a bad layout; nothing changes),
+ * CUBE_ERR_POOLS_IN_USE (the calling stream kept its old layout because
+ * buffers are live in it; the layout still applies to streams created
+ * later — retry after releasing them), CUBE_ERR_STREAM_UNAVAILABLE,
+ * CUBE_ERR_UNSUPPORTED (a backend without configurable pools). */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_install_memory_pools(cube_client *client,
+                          const cube_memory_layout *layout);
+
+/* --- reports --- */
+
+typedef struct cube_pool_report {
+    cube_pool_config config; /* kind PERSISTENT, or the large tail as an
+                                EXCLUSIVE pool with page_size 0 */
+    uint64_t pages, pages_peak;
+    uint64_t buffers, buffers_peak;
+    uint64_t bytes_in_use, bytes_in_use_peak;
+    uint64_t bytes_reserved, bytes_reserved_peak;
+    uint64_t largest_buffer; /* the largest request served, ever */
+} cube_pool_report;
+
+typedef struct cube_memory_report {
+    /* The layout's pools in routing order, then the large tail, then the
+     * persistent pool. */
+    uint32_t count;
+    cube_pool_report pools[CUBE_MAX_POOLS + 2];
+    cube_memory_usage usage; /* the stream's totals */
+} cube_memory_report;
+
+/* The calling stream's report. Errors: CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_memory_report_get(cube_client *client, cube_memory_report *out);
+
+/* Sets every high-water mark of the calling stream to its current value.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_memory_reset_peaks(cube_client *client);
+
+typedef enum cube_report_format {
+    CUBE_REPORT_TABLE = 0, /* aligned text, one line per pool */
+    CUBE_REPORT_JSON = 1
+} cube_report_format;
+
+/* The report as text; the caller frees it with free(). NULL when memory
+ * runs out or `report` is NULL. */
+CUBE_API char *cube_memory_report_format(const cube_memory_report *report,
+                                         cube_report_format format);
+
+/* --- allocation modes --- */
+
+typedef enum cube_allocation_mode {
+    CUBE_ALLOC_AUTO = 0,      /* route by size */
+    CUBE_ALLOC_PERSISTENT = 1 /* exact-size reuse, for long-lived buffers */
+} cube_allocation_mode;
+
+/* Sets the calling stream's mode. Errors: CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_allocation_mode_set(cube_client *client, cube_allocation_mode mode);
+
+/* A persistent window: allocations between begin and the matching end are
+ * persistent, whatever the mode. Windows nest. Ending more often than
+ * beginning is CUBE_ERR_INVALID_ARGUMENT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_persistent_begin(cube_client *client);
+CUBE_API CUBE_MUST_USE cube_error *cube_persistent_end(cube_client *client);
+
+/* --- layouts of data --- */
+
+/* Element strides for a `rank`-dimensional `shape` of `elem_size`-byte
+ * elements: CUBE_LAYOUT_CONTIGUOUS gives dense row-major strides;
+ * CUBE_LAYOUT_PITCHED pads each row (the last dimension) to a multiple of
+ * `pitch_align` bytes so 2-D copies can use pitched transfers. *bytes
+ * receives the buffer size the layout needs.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (rank 0 or over CUBE_MAX_RANK, a zero
+ * extent or element size, pitch_align not a power of two, overflow). */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_layout_strides(cube_layout_policy policy, uint32_t rank,
+                    const uint64_t *shape, uint32_t elem_size,
+                    uint64_t pitch_align, uint64_t *strides, uint64_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUBERT_MEMORY_H */

@@ -1,0 +1,366 @@
+/* The memory calls of the public API: layouts, installation, reports,
+ * allocation modes and data layouts. Pools themselves live in src/memory;
+ * the client validates, keeps per-stream mode state and forwards. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client_internal.h"
+#include "memory/memory_manager.h"
+
+static mem_device device_of(const cube_client *c)
+{
+    mem_device d = {c->props.memory_alignment, c->props.memory_total};
+    return d;
+}
+
+cube_error *cube_memory_layout_preset(cube_client *c, cube_layout_preset preset,
+                                      cube_memory_layout *out)
+{
+    if (!c || !out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_layout_preset: %s is NULL",
+                              c ? "out" : "client");
+    if (preset != CUBE_PRESET_SUBSLICES && preset != CUBE_PRESET_EXCLUSIVE)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_layout_preset: preset %d is not "
+                              "a cube_layout_preset",
+                              (int)preset);
+    mem_device d = device_of(c);
+    return mem_layout_preset(preset, &d, out);
+}
+
+cube_error *cube_memory_layout_validate(cube_client *c,
+                                        const cube_memory_layout *layout)
+{
+    if (!c || !layout)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_layout_validate: %s is NULL",
+                              c ? "layout" : "client");
+    mem_device d = device_of(c);
+    return mem_layout_validate(layout, &d);
+}
+
+cube_error *cube_install_memory_pools(cube_client *c,
+                                      const cube_memory_layout *layout)
+{
+    CORE_CHECK_CLIENT(c, "cube_install_memory_pools");
+    cube_error *err = cube_memory_layout_validate(c, layout);
+    if (err)
+        return cube_error_prefix(err, "cube_install_memory_pools");
+    if (!c->vt->install_memory_pools)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "cube_install_memory_pools: the %s backend "
+                              "has no configurable pools",
+                              c->vt->name);
+    core_stream *s = NULL;
+    err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    err = c->vt->install_memory_pools(c->server, s->id, layout);
+    core_stream_leave(s);
+    return err;
+}
+
+cube_error *cube_memory_report_get(cube_client *c, cube_memory_report *out)
+{
+    CORE_CHECK_CLIENT(c, "cube_memory_report_get");
+    if (!out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_report_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    cube_stream_id stream = cube_stream_current(c);
+    if (c->vt->memory_report)
+        return c->vt->memory_report(c->server, stream, out);
+    return c->vt->memory_usage(c->server, stream, &out->usage);
+}
+
+cube_error *cube_memory_reset_peaks(cube_client *c)
+{
+    CORE_CHECK_CLIENT(c, "cube_memory_reset_peaks");
+    if (!c->vt->memory_reset_peaks)
+        return NULL;
+    return c->vt->memory_reset_peaks(c->server, cube_stream_current(c));
+}
+
+cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
+{
+    int want = s->alloc_mode == CUBE_ALLOC_PERSISTENT ||
+               s->persistent_depth > 0 || s->prepared || s->capture;
+    if (want == s->persistent_sent || !c->vt->allocation_mode)
+        return NULL;
+    cube_error *err = c->vt->allocation_mode(c->server, s->id, want);
+    if (!err)
+        s->persistent_sent = want;
+    return err;
+}
+
+cube_error *cube_allocation_mode_set(cube_client *c, cube_allocation_mode mode)
+{
+    CORE_CHECK_CLIENT(c, "cube_allocation_mode_set");
+    if (mode != CUBE_ALLOC_AUTO && mode != CUBE_ALLOC_PERSISTENT)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_allocation_mode_set: mode %d is not a "
+                              "cube_allocation_mode",
+                              (int)mode);
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    cube_allocation_mode old = s->alloc_mode;
+    s->alloc_mode = mode;
+    err = core_stream_sync_persistent(c, s);
+    if (err)
+        s->alloc_mode = old;
+    core_stream_leave(s);
+    return err;
+}
+
+cube_error *cube_persistent_begin(cube_client *c)
+{
+    CORE_CHECK_CLIENT(c, "cube_persistent_begin");
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    s->persistent_depth++;
+    err = core_stream_sync_persistent(c, s);
+    if (err)
+        s->persistent_depth--;
+    core_stream_leave(s);
+    return err;
+}
+
+cube_error *cube_persistent_end(cube_client *c)
+{
+    CORE_CHECK_CLIENT(c, "cube_persistent_end");
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    if (s->persistent_depth == 0) {
+        core_stream_leave(s);
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_persistent_end: no persistent window is "
+                              "open on the calling stream");
+    }
+    s->persistent_depth--;
+    err = core_stream_sync_persistent(c, s);
+    if (err)
+        s->persistent_depth++;
+    core_stream_leave(s);
+    return err;
+}
+
+/* --- report formatting --- */
+
+static const char *kind_name(const cube_pool_report *p, int large)
+{
+    if (large)
+        return "large";
+    switch (p->config.kind) {
+    case CUBE_POOL_SLICED: return "sliced";
+    case CUBE_POOL_EXCLUSIVE: return "exclusive";
+    case CUBE_POOL_PERSISTENT: return "persistent";
+    }
+    return "?";
+}
+
+/* Appends printf output to a growing buffer; returns -1 when memory runs
+ * out. */
+static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+    CUBE_PRINTF(4, 5);
+
+static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0,
+                          fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return -1;
+        if (*buf && *len + (size_t)n < *cap) {
+            *len += (size_t)n;
+            return 0;
+        }
+        size_t want = (*cap ? *cap : 256);
+        while (want <= *len + (size_t)n)
+            want *= 2;
+        char *grown = realloc(*buf, want);
+        if (!grown)
+            return -1;
+        *buf = grown;
+        *cap = want;
+    }
+}
+
+/* The large tail is the entry after the layout's pools, before the
+ * persistent pool. */
+static int is_large(const cube_memory_report *r, uint32_t i)
+{
+    return r->count >= 2 && i == r->count - 2 &&
+           r->pools[i].config.kind == CUBE_POOL_EXCLUSIVE &&
+           r->pools[i].config.page_size == 0;
+}
+
+char *cube_memory_report_format(const cube_memory_report *r,
+                                cube_report_format format)
+{
+    if (!r)
+        return NULL;
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    int bad = 0;
+    const cube_memory_usage *u = &r->usage;
+    if (format == CUBE_REPORT_JSON) {
+        bad |= append(&buf, &len, &cap,
+                      "{\"usage\":{\"buffers\":%llu,\"bytes_in_use\":%llu,"
+                      "\"bytes_padding\":%llu,\"bytes_reserved\":%llu},"
+                      "\"pools\":[",
+                      (unsigned long long)u->buffers,
+                      (unsigned long long)u->bytes_in_use,
+                      (unsigned long long)u->bytes_padding,
+                      (unsigned long long)u->bytes_reserved);
+        for (uint32_t i = 0; i < r->count && !bad; i++) {
+            const cube_pool_report *p = &r->pools[i];
+            bad |= append(
+                &buf, &len, &cap,
+                "%s{\"kind\":\"%s\",\"page_size\":%llu,\"min_size\":%llu,"
+                "\"max_size\":%llu,\"cap\":%llu,\"pages\":%llu,"
+                "\"pages_peak\":%llu,\"buffers\":%llu,\"buffers_peak\":%llu,"
+                "\"bytes_in_use\":%llu,\"bytes_in_use_peak\":%llu,"
+                "\"bytes_reserved\":%llu,\"bytes_reserved_peak\":%llu,"
+                "\"largest_buffer\":%llu}",
+                i ? "," : "", kind_name(p, is_large(r, i)),
+                (unsigned long long)p->config.page_size,
+                (unsigned long long)p->config.min_size,
+                (unsigned long long)p->config.max_size,
+                (unsigned long long)p->config.cap, (unsigned long long)p->pages,
+                (unsigned long long)p->pages_peak,
+                (unsigned long long)p->buffers,
+                (unsigned long long)p->buffers_peak,
+                (unsigned long long)p->bytes_in_use,
+                (unsigned long long)p->bytes_in_use_peak,
+                (unsigned long long)p->bytes_reserved,
+                (unsigned long long)p->bytes_reserved_peak,
+                (unsigned long long)p->largest_buffer);
+        }
+        bad |= append(&buf, &len, &cap, "]}\n");
+    } else {
+        bad |= append(&buf, &len, &cap,
+                      "%-10s %12s %12s %12s %8s %8s %9s %14s %14s %14s "
+                      "%14s\n",
+                      "pool", "page", "min", "max", "pages", "peak", "buffers",
+                      "in use", "in use peak", "reserved", "reserved peak");
+        for (uint32_t i = 0; i < r->count && !bad; i++) {
+            const cube_pool_report *p = &r->pools[i];
+            bad |= append(&buf, &len, &cap,
+                          "%-10s %12llu %12llu %12llu %8llu %8llu %9llu "
+                          "%14llu %14llu %14llu %14llu\n",
+                          kind_name(p, is_large(r, i)),
+                          (unsigned long long)p->config.page_size,
+                          (unsigned long long)p->config.min_size,
+                          (unsigned long long)p->config.max_size,
+                          (unsigned long long)p->pages,
+                          (unsigned long long)p->pages_peak,
+                          (unsigned long long)p->buffers,
+                          (unsigned long long)p->bytes_in_use,
+                          (unsigned long long)p->bytes_in_use_peak,
+                          (unsigned long long)p->bytes_reserved,
+                          (unsigned long long)p->bytes_reserved_peak);
+        }
+        bad |= append(&buf, &len, &cap,
+                      "total: %llu buffers, %llu bytes in use, %llu "
+                      "padding, %llu reserved\n",
+                      (unsigned long long)u->buffers,
+                      (unsigned long long)u->bytes_in_use,
+                      (unsigned long long)u->bytes_padding,
+                      (unsigned long long)u->bytes_reserved);
+    }
+    if (bad) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* --- layouts of data --- */
+
+cube_error *cube_layout_strides(cube_layout_policy policy, uint32_t rank,
+                                const uint64_t *shape, uint32_t elem_size,
+                                uint64_t pitch_align, uint64_t *strides,
+                                uint64_t *bytes)
+{
+    if (!shape || !strides || !bytes)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_layout_strides: %s is NULL",
+                              !shape     ? "shape"
+                              : !strides ? "strides"
+                                         : "bytes");
+    if (rank == 0 || rank > CUBE_MAX_RANK)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_layout_strides: rank %u is not in 1..%d",
+                              rank, CUBE_MAX_RANK);
+    if (elem_size == 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_layout_strides: elem_size is 0");
+    if (policy != CUBE_LAYOUT_CONTIGUOUS && policy != CUBE_LAYOUT_PITCHED)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_layout_strides: policy %d is not a "
+                              "cube_layout_policy",
+                              (int)policy);
+    if (policy == CUBE_LAYOUT_PITCHED &&
+        (pitch_align == 0 || (pitch_align & (pitch_align - 1)) != 0))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_layout_strides: pitch_align %llu is not "
+                              "a power of two",
+                              (unsigned long long)pitch_align);
+    for (uint32_t k = 0; k < rank; k++)
+        if (shape[k] == 0)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_layout_strides: shape[%u] is 0", k);
+    /* The last dimension is a row; pitched rows are padded to a multiple
+     * of pitch_align bytes (only for rank >= 2: a single row has no
+     * pitch). */
+    uint64_t row = shape[rank - 1];
+    if (policy == CUBE_LAYOUT_PITCHED && rank >= 2) {
+        uint64_t row_bytes;
+        if (__builtin_mul_overflow(row, elem_size, &row_bytes) ||
+            __builtin_add_overflow(row_bytes, pitch_align - 1, &row_bytes))
+            goto overflow;
+        row_bytes &= ~(pitch_align - 1);
+        if (row_bytes % elem_size != 0) {
+            /* The pitch must hold whole elements: round up to the next
+             * multiple of both. */
+            while (row_bytes % elem_size != 0)
+                if (__builtin_add_overflow(row_bytes, pitch_align, &row_bytes))
+                    goto overflow;
+        }
+        row = row_bytes / elem_size;
+    }
+    strides[rank - 1] = 1;
+    uint64_t span = row;
+    for (int k = (int)rank - 2; k >= 0; k--) {
+        strides[k] = span;
+        if (__builtin_mul_overflow(span, shape[k], &span))
+            goto overflow;
+    }
+    /* Bytes: the last row needs only its real elements. */
+    uint64_t last = 0, elems;
+    for (uint32_t k = 0; k < rank; k++) {
+        uint64_t reach;
+        if (__builtin_mul_overflow(shape[k] - 1, strides[k], &reach) ||
+            __builtin_add_overflow(last, reach, &last))
+            goto overflow;
+    }
+    if (__builtin_add_overflow(last, 1, &elems) ||
+        __builtin_mul_overflow(elems, elem_size, bytes))
+        goto overflow;
+    return NULL;
+overflow:
+    return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                          "cube_layout_strides: the layout overflows 64 bits");
+}

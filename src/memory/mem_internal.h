@@ -1,0 +1,218 @@
+/* Internals of the memory manager, shared by its source files.
+ *
+ * Records. Every piece of memory the manager tracks is a mem_block record:
+ * a slice of a sliced page, an exclusive page, a persistent block or a
+ * large-tail block. A live block's record is the cookie of its
+ * cube_storage; it stays where it is (records are never moved, renumbered
+ * or reused) until the block is freed. Records come from slabs and go back
+ * to a spare list, so the hot path does no malloc.
+ *
+ * Accounting. For each pool, and so for the whole manager:
+ *  - buffers        live blocks;
+ *  - bytes_in_use   the sum of the sizes asked for by live blocks;
+ *  - bytes_padding  the sum, over live blocks, of (extent - size asked
+ *                   for), where the extent is what the block occupies: its
+ *                   size rounded up to the alignment, or for a reused
+ *                   exclusive page the whole page;
+ *  - bytes_reserved every byte held from the storage (pages of sliced and
+ *                   exclusive pools, persistent and large-tail blocks),
+ *                   live or cached;
+ * so bytes_reserved = bytes_in_use + bytes_padding + bytes cached free,
+ * and bytes_reserved always equals what the storage has handed out and not
+ * had back.
+ *
+ * Locking: everything here runs under the manager's mutex.
+ */
+#ifndef CUBE_MEMORY_MEM_INTERNAL_H
+#define CUBE_MEMORY_MEM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "memory/memory_manager.h"
+
+typedef struct mem_pool mem_pool;
+typedef struct mem_page mem_page;
+typedef struct mem_block mem_block;
+
+struct mem_block {
+    uint64_t address;
+    uint64_t size;      /* extent: a multiple of the alignment */
+    uint64_t requested; /* bytes asked for; 0 while free */
+    uint64_t freed_ms;  /* exclusive: when it was last freed */
+    mem_pool *pool;
+    mem_page *page; /* sliced: the page holding the slice */
+    /* Sliced: the neighbours in address order within the page. Other
+     * pools: the pool's list of all its blocks. */
+    mem_block *prev, *next;
+    /* Free structures: a size-class bin, or a persistent size's list. */
+    mem_block *fprev, *fnext;
+    /* Exclusive: free pages, least recently freed first. */
+    mem_block *lprev, *lnext;
+};
+
+struct mem_page {
+    uint64_t address, size;
+    mem_block *first; /* the slice at the page's start */
+    mem_page *prev, *next;
+};
+
+/* Segregated size-class bins of free blocks. A block of `u` alignment
+ * units sits in bin u for u < 32 (one bin per size); above, each power of
+ * two is split into 16 bins, so a bin spans at most 1/16 of its sizes. A
+ * bitmap of nonempty bins (and a summary word over it) finds the next
+ * nonempty bin with two bit scans. */
+#define MEM_BIN_SUB_BITS 4u
+#define MEM_BIN_SUB (1u << MEM_BIN_SUB_BITS)
+#define MEM_BIN_NONE UINT32_MAX
+
+typedef struct mem_bins {
+    uint32_t count; /* bins: enough for the largest extent the pool holds */
+    unsigned shift; /* log2 of the alignment */
+    uint64_t summary;
+    uint64_t *map;
+    mem_block **heads;
+} mem_bins;
+
+cube_error *mem_bins_init(mem_bins *bins, uint64_t largest, unsigned shift);
+void mem_bins_fini(mem_bins *bins);
+void mem_bins_insert(mem_bins *bins, mem_block *b);
+void mem_bins_remove(mem_bins *bins, mem_block *b);
+/* A free block whose extent lies in [lo, hi], or NULL. Looks at a few
+ * blocks of lo's bin, then takes the first block of the next nonempty bin
+ * that lies wholly inside the range; `exhaustive` also scans every block
+ * of the two boundary bins before giving up, so NULL then means no block
+ * of the bins fits. */
+mem_block *mem_bins_find(const mem_bins *bins, uint64_t lo, uint64_t hi,
+                         int exhaustive);
+
+/* Persistent pool: free blocks by exact extent (open addressing). */
+typedef struct mem_size_slot {
+    uint64_t size;   /* 0: empty slot */
+    uint64_t blocks; /* blocks of this size, live or free */
+    mem_block *free; /* free blocks, linked by fnext */
+} mem_size_slot;
+
+typedef struct mem_size_table {
+    mem_size_slot *slots;
+    uint64_t capacity; /* a power of two, or 0 */
+    uint64_t used;
+} mem_size_table;
+
+typedef struct mem_stats {
+    uint64_t pages, pages_peak;
+    uint64_t buffers, buffers_peak;
+    uint64_t in_use, in_use_peak;
+    uint64_t reserved, reserved_peak;
+    uint64_t padding;
+    uint64_t largest;
+} mem_stats;
+
+struct mem_pool {
+    cube_pool_config config;
+    uint32_t index;    /* position in the report */
+    mem_bins bins;     /* sliced and exclusive: free blocks */
+    mem_page *pages;   /* sliced: all pages */
+    mem_block *blocks; /* exclusive, tail, persistent: all blocks */
+    mem_block *lru_first, *lru_last; /* exclusive: free pages */
+    mem_size_table sizes;            /* persistent */
+    mem_stats st;
+    int cap_warned;
+};
+
+/* Pools live in a fixed array: the layout's pools from index 0, the large
+ * tail and the persistent pool at fixed places after the largest layout. */
+#define MEM_TAIL CUBE_MAX_POOLS
+#define MEM_PERSISTENT (CUBE_MAX_POOLS + 1)
+#define MEM_POOL_SLOTS (CUBE_MAX_POOLS + 2)
+
+typedef struct mem_slab mem_slab;
+
+struct mem_manager {
+    pthread_mutex_t lock;
+    mem_storage_ops ops;
+    mem_device dev;
+    unsigned shift; /* log2 of the alignment */
+    uint32_t count; /* pools of the layout */
+    int persistent;
+    uint64_t next_expiry_ms; /* earliest exclusive release; UINT64_MAX */
+    mem_pool pools[MEM_POOL_SLOTS];
+    mem_block *spare; /* records to reuse, linked by next */
+    uint64_t spare_count;
+    mem_slab *slabs;
+};
+
+/* layout.c: a power-of-two alignment and a memory size >= it.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT. */
+cube_error *mem_device_check(const mem_device *dev);
+
+/* --- memory_manager.c: shared helpers --- */
+
+static inline uint64_t mem_round(const mem_manager *m, uint64_t size)
+{
+    uint64_t a = m->dev.alignment;
+    return (size + a - 1) & ~(a - 1);
+}
+
+/* A spare record (the caller made sure one is there: mem_alloc keeps at
+ * least MEM_SPARE_MIN before it routes). */
+#define MEM_SPARE_MIN 2
+mem_block *mem_record_take(mem_manager *m);
+void mem_record_give(mem_manager *m, mem_block *b);
+
+/* Storage with out-of-memory handling: on a refusal, releases everything
+ * unused and retries once. Errors: CUBE_ERR_OUT_OF_MEMORY. */
+cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address);
+void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size);
+
+/* Monotonic milliseconds. */
+uint64_t mem_now_ms(void);
+
+void mem_stats_page_add(mem_stats *st, uint64_t size);
+void mem_stats_page_remove(mem_stats *st, uint64_t size);
+void mem_stats_live_add(mem_stats *st, uint64_t requested, uint64_t extent);
+void mem_stats_live_remove(mem_stats *st, uint64_t requested, uint64_t extent);
+
+/* Whether the pool's cap leaves room for `bytes` more. */
+static inline int mem_pool_room(const mem_pool *p, uint64_t bytes)
+{
+    uint64_t cap = p->config.cap;
+    return cap == 0 || (p->st.reserved <= cap && bytes <= cap - p->st.reserved);
+}
+
+/* Links `b` at the head of the pool's block list (not for sliced pools). */
+void mem_pool_link(mem_pool *p, mem_block *b);
+void mem_pool_unlink(mem_pool *p, mem_block *b);
+/* Gives every block of the pool's block list back to the storage, live or
+ * not (not for sliced pools). */
+void mem_pool_drop_all(mem_manager *m, mem_pool *p);
+
+/* Pool operations. alloc: *out is the live block, or NULL with no error
+ * when the pool's cap leaves no room (the caller spills over). release:
+ * gives back to the storage what the pool holds unused, returning the
+ * bytes given back; an exclusive pool, given a time `now_ms` other than
+ * UINT64_MAX, gives back only pages unused for its release_after_ms (none
+ * when that is 0). fini: gives back every page, live or not. */
+cube_error *mem_sliced_init(mem_manager *m, mem_pool *p);
+cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
+                             mem_block **out);
+void mem_sliced_free(mem_manager *m, mem_block *b);
+uint64_t mem_sliced_release(mem_manager *m, mem_pool *p);
+void mem_sliced_fini(mem_manager *m, mem_pool *p);
+
+cube_error *mem_exclusive_init(mem_manager *m, mem_pool *p);
+cube_error *mem_exclusive_alloc(mem_manager *m, mem_pool *p, uint64_t size,
+                                mem_block **out);
+void mem_exclusive_free(mem_manager *m, mem_block *b);
+uint64_t mem_exclusive_release(mem_manager *m, mem_pool *p, uint64_t now_ms);
+void mem_exclusive_fini(mem_manager *m, mem_pool *p);
+
+cube_error *mem_persistent_alloc(mem_manager *m, mem_pool *p, uint64_t size,
+                                 mem_block **out);
+void mem_persistent_free(mem_manager *m, mem_block *b);
+uint64_t mem_persistent_release(mem_manager *m, mem_pool *p);
+/* Forgets sizes no block has any more (after a release). */
+void mem_persistent_prune(mem_pool *p);
+void mem_persistent_fini(mem_manager *m, mem_pool *p);
+
+#endif /* CUBE_MEMORY_MEM_INTERNAL_H */

@@ -1,0 +1,176 @@
+/* Sliced pools: pages of page_size bytes carved into slices.
+ *
+ * A page's slices tile it exactly, in address order (prev/next), each a
+ * multiple of the alignment long, so every slice address is aligned when
+ * the page is. Free slices of all the pool's pages sit in the pool's
+ * size-class bins. A request takes the front of a fitting free slice (the
+ * rest stays free); a freed slice merges at once with free neighbours, so
+ * a page is empty exactly when one free slice covers it. Free slices keep
+ * their whole extent, so a freed slot always fits a request of its own
+ * size again. Empty pages stay until a cleanup (or an out-of-memory
+ * retry) gives them back; a page never moves while it holds a live slice.
+ * release_after_ms does not apply to sliced pools.
+ */
+#include <stdlib.h>
+
+#include "cubert/backend/errors.h"
+#include "cubert/log.h"
+#include "memory/mem_internal.h"
+
+cube_error *mem_sliced_init(mem_manager *m, mem_pool *p)
+{
+    return mem_bins_init(&p->bins, p->config.page_size, m->shift);
+}
+
+/* A new page, as one free slice (not in the bins); NULL and *err when
+ * the page cannot be had. */
+static mem_block *page_new(mem_manager *m, mem_pool *p, cube_error **err)
+{
+    mem_page *page = malloc(sizeof *page);
+    if (!page) {
+        *err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "no host memory for a page record");
+        return NULL;
+    }
+    uint64_t size = p->config.page_size;
+    uint64_t address = 0;
+    *err = mem_storage_get(m, size, &address);
+    if (*err) {
+        free(page);
+        *err = cube_error_prefix(*err, "a new page of pool %u",
+                                 (unsigned)p->index);
+        return NULL;
+    }
+    mem_block *b = mem_record_take(m);
+    b->address = address;
+    b->size = size;
+    b->pool = p;
+    b->page = page;
+    page->address = address;
+    page->size = size;
+    page->first = b;
+    page->prev = NULL;
+    page->next = p->pages;
+    if (p->pages)
+        p->pages->prev = page;
+    p->pages = page;
+    mem_stats_page_add(&p->st, size);
+    cube_log_write(CUBE_LOG_DEBUG, "memory",
+                   "pool %u: new page of %llu bytes (%llu pages)",
+                   (unsigned)p->index, (unsigned long long)size,
+                   (unsigned long long)p->st.pages);
+    return b;
+}
+
+static void page_drop(mem_manager *m, mem_pool *p, mem_page *page)
+{
+    if (page->prev)
+        page->prev->next = page->next;
+    else
+        p->pages = page->next;
+    if (page->next)
+        page->next->prev = page->prev;
+    mem_storage_put(m, page->address, page->size);
+    mem_stats_page_remove(&p->st, page->size);
+    free(page);
+}
+
+cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
+                             mem_block **out)
+{
+    uint64_t extent = mem_round(m, size);
+    mem_block *b = mem_bins_find(&p->bins, extent, UINT64_MAX, 1);
+    if (b) {
+        mem_bins_remove(&p->bins, b);
+    } else {
+        if (!mem_pool_room(p, p->config.page_size)) {
+            *out = NULL;
+            return NULL;
+        }
+        cube_error *err = NULL;
+        b = page_new(m, p, &err);
+        if (!b)
+            return err;
+    }
+    if (b->size > extent) {
+        /* The rest of the slice stays free, right after the new one. */
+        mem_block *rest = mem_record_take(m);
+        rest->address = b->address + extent;
+        rest->size = b->size - extent;
+        rest->pool = p;
+        rest->page = b->page;
+        rest->prev = b;
+        rest->next = b->next;
+        if (b->next)
+            b->next->prev = rest;
+        b->next = rest;
+        b->size = extent;
+        mem_bins_insert(&p->bins, rest);
+    }
+    b->requested = size;
+    mem_stats_live_add(&p->st, size, extent);
+    *out = b;
+    return NULL;
+}
+
+void mem_sliced_free(mem_manager *m, mem_block *b)
+{
+    mem_pool *p = b->pool;
+    mem_stats_live_remove(&p->st, b->requested, b->size);
+    b->requested = 0;
+    mem_block *prev = b->prev;
+    mem_block *next = b->next;
+    if (prev && !prev->requested) {
+        mem_bins_remove(&p->bins, prev);
+        prev->size += b->size;
+        prev->next = next;
+        if (next)
+            next->prev = prev;
+        mem_record_give(m, b);
+        b = prev;
+    }
+    if (next && !next->requested) {
+        mem_bins_remove(&p->bins, next);
+        b->size += next->size;
+        b->next = next->next;
+        if (b->next)
+            b->next->prev = b;
+        mem_record_give(m, next);
+    }
+    mem_bins_insert(&p->bins, b);
+}
+
+uint64_t mem_sliced_release(mem_manager *m, mem_pool *p)
+{
+    uint64_t released = 0;
+    mem_page *page = p->pages;
+    while (page) {
+        mem_page *next = page->next;
+        mem_block *b = page->first;
+        if (!b->requested && !b->next) {
+            mem_bins_remove(&p->bins, b);
+            mem_record_give(m, b);
+            released += page->size;
+            page_drop(m, p, page);
+        }
+        page = next;
+    }
+    return released;
+}
+
+void mem_sliced_fini(mem_manager *m, mem_pool *p)
+{
+    while (p->pages) {
+        mem_page *page = p->pages;
+        mem_block *b = page->first;
+        while (b) {
+            mem_block *next = b->next;
+            if (b->requested)
+                mem_stats_live_remove(&p->st, b->requested, b->size);
+            mem_record_give(m, b);
+            b = next;
+        }
+        page_drop(m, p, page);
+    }
+    mem_bins_fini(&p->bins);
+}
