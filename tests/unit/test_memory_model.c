@@ -192,15 +192,15 @@ static void check_invariants(mem_manager *m, const model *md)
 static uint64_t random_size(model *md)
 {
     uint64_t r = next_random(md);
-    unsigned kind = (unsigned)(r % 100);
-    r >>= 8;
-    if (kind < 70)
+    unsigned kind = (unsigned)(r % 1000);
+    r >>= 10;
+    if (kind < 700)
         return 1 + r % (4 * KIB);
-    if (kind < 90)
+    if (kind < 900)
         return 1 + r % (256 * KIB);
-    if (kind < 99)
+    if (kind < 997)
         return 1 + r % (2 * MIB);
-    return 1 + r % (20 * MIB);
+    return 1 + r % (20 * MIB); /* past the presets' exclusive pools */
 }
 
 static void step_alloc(mem_manager *m, model *md)
