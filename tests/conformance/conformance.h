@@ -338,7 +338,9 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(memory_report_format_json_parses_with_pools_and_usage)                   \
     X(memory_layout_strides_contiguous_and_pitched)                            \
     X(memory_layout_strides_bad_inputs_are_invalid_argument)                   \
-    X(memory_null_arguments_are_invalid_argument_naming_the_argument)
+    X(memory_null_arguments_are_invalid_argument_naming_the_argument)          \
+    X(memory_dry_run_buffers_get_memory_at_first_real_use)                     \
+    X(memory_dry_run_buffer_that_cannot_be_backed_is_storage_mapping_failed)
 
 /* clang-format on */
 

@@ -1697,3 +1697,82 @@ CONF_TEST(memory_null_arguments_are_invalid_argument_naming_the_argument)
         fail_msg("%d INVALID_ARGUMENT messages do not name their argument",
                  misses);
 }
+
+/* --- dry runs --- */
+
+CONF_TEST(memory_dry_run_buffers_get_memory_at_first_real_use)
+{
+    /* Inside a dry-run scope a buffer is handed out without memory; the
+     * first real use outside the scope backs it, and it then behaves like
+     * any other buffer. */
+    m_enter();
+    cube_memory_usage u0 = m_usage();
+    cube_dry_run_begin();
+    cube_handle h = {0};
+    cube_error *err = cube_empty(conf.client, 1000, &h);
+    cube_memory_usage u1 = m_usage();
+    cube_handle too_big = {0};
+    cube_error *big =
+        cube_empty(conf.client, conf.props.max_buffer_size + 1, &too_big);
+    cube_dry_run_end();
+    CONF_OK(err);
+    /* No memory yet, and a size that can never fit is still refused. */
+    assert_int_equal(u1.buffers, u0.buffers);
+    assert_int_equal(u1.bytes_reserved, u0.bytes_reserved);
+    CONF_EXPECT(big, CUBE_ERR_BUFFER_TOO_BIG);
+
+    unsigned char src[1000], back[1000];
+    for (int i = 0; i < 1000; i++)
+        src[i] = (unsigned char)(i * 7 + 3);
+    CONF_WRITE_OK(h, src, sizeof src);
+    cube_memory_usage u2 = m_usage();
+    assert_int_equal(u2.buffers, u0.buffers + 1);
+    assert_int_equal(u2.bytes_in_use, u0.bytes_in_use + 1000);
+    CONF_READ_OK(h, back, sizeof back);
+    assert_memory_equal(src, back, sizeof src);
+    m_release(h);
+    m_leave();
+}
+
+CONF_TEST(memory_dry_run_buffer_that_cannot_be_backed_is_storage_mapping_failed)
+{
+    /* Backing at first use can fail like any allocation: the call reports
+     * CUBE_ERR_STORAGE_MAPPING_FAILED (the cause says why) and reads of
+     * the buffer are refused until it is backed. */
+    m_enter();
+    uint64_t p = 256 * m_a();
+    cube_memory_layout l = m_layout_capped();
+    CONF_OK(cube_install_memory_pools(conf.client, &l));
+    cube_dry_run_begin();
+    cube_handle a = {0}, b = {0};
+    cube_error *ea = cube_empty(conf.client, 4 * p, &a);
+    cube_error *eb = cube_empty(conf.client, 2 * p, &b);
+    cube_dry_run_end();
+    CONF_OK(ea);
+    CONF_OK(eb);
+
+    unsigned char *src = calloc(4 * p, 1);
+    assert_non_null(src);
+    /* a takes all of the only pool that holds 2 P... */
+    CONF_WRITE_OK(a, src, 4 * p);
+    /* ...so b cannot be backed. */
+    cube_error *err = conf_write(b, src, 2 * p);
+    CONF_CODE(err, CUBE_ERR_STORAGE_MAPPING_FAILED);
+    assert_int_equal(cube_error_cause_count(err), 1);
+    assert_int_equal(cube_error_code(cube_error_cause(err, 0)),
+                     CUBE_ERR_POOL_CAPACITY_EXCEEDED);
+    cube_error_free(err);
+    err = conf_read(b, src, 2 * p);
+    CONF_CODE(err, CUBE_ERR_SEVERAL);
+    assert_int_equal(cube_error_code(cube_error_cause(err, 0)),
+                     CUBE_ERR_STORAGE_MAPPING_FAILED);
+    cube_error_free(err);
+
+    /* Room again: the next write backs it and clears the failure. */
+    m_release(a);
+    CONF_WRITE_OK(b, src, 2 * p);
+    CONF_READ_OK(b, src, 2 * p);
+    m_release(b);
+    free(src);
+    m_leave();
+}
