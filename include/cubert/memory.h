@@ -5,9 +5,14 @@
  * range holds its size; a pool at its cap spills the request over to the
  * next pool that can hold it; a request no pool holds gets a buffer of its
  * own size (the large tail). Pools:
- *  - sliced: pages of `page_size` bytes carved into aligned slices;
- *    neighbouring free slices merge; free slices are found by size class,
- *    at a cost that does not grow with the number of live buffers;
+ *  - sliced: pages carved into aligned slices; neighbouring free slices
+ *    merge; free slices are found by size class, at a cost that does not
+ *    grow with the number of live buffers. Pages are `page_size` bytes,
+ *    except in a pool whose page_size is above the device's page limit
+ *    (min(256 MiB, the largest power of two <= memory / 8)): there each
+ *    new page is sized to the request that needs it (rounded to 2 MiB, at
+ *    least a quarter of the limit, at most page_size), and later requests
+ *    split it;
  *  - exclusive: one buffer per page; pages unused for `release_after_ms`
  *    are given back;
  *  - persistent: exact-size reuse for long-lived buffers and graphs, used
@@ -44,9 +49,9 @@ typedef enum cube_pool_kind {
 
 typedef struct cube_pool_config {
     cube_pool_kind kind;
-    /* Sliced: bytes per page. Exclusive: the largest page (each page is
-     * its request rounded to the alignment). A multiple of the
-     * alignment. */
+    /* Sliced: bytes per page, or the largest page when above the device's
+     * page limit (see above). Exclusive: the largest page (each page is its
+     * request rounded to the alignment). A multiple of the alignment. */
     uint64_t page_size;
     uint64_t min_size;         /* smallest request routed here (inclusive) */
     uint64_t max_size;         /* largest request routed here (inclusive);

@@ -1,16 +1,27 @@
 /* Preset layouts and layout validation (see memory.h).
  *
  * CUBE_PRESET_SUBSLICES, for a device of M bytes and alignment A (every
- * size below rounded up to A, and at least A):
- *  - sliced pools whose pages hold at least 16 of their largest buffers:
- *    pages of 2 MiB for buffers up to 128 KiB, then pages 8 times larger
- *    each step (16 MiB pages for buffers up to 1 MiB, 128 MiB pages up to
- *    8 MiB), each pool taking the sizes above the previous one's; the
- *    page size stops growing at L = min(256 MiB, the largest power of two
- *    <= M / 8), and the step that reaches L is the last (so 256 MiB pages
- *    for buffers up to 16 MiB on large devices; on a 64 MiB device, 2 MiB
- *    pages up to 128 KiB, then 8 MiB pages up to 512 KiB). A page never
- *    takes more than an eighth of the device;
+ * size below rounded up to A, and at least A), with L the device's page
+ * limit (mem_page_limit: min(256 MiB, the largest power of two <= M / 8))
+ * and X = min(8 L, M / 8) (2 GiB on devices of 16 GiB and more):
+ *  - sliced pools of fixed pages whose pages hold at least 16 of their
+ *    largest buffers: pages of 2 MiB for buffers up to 128 KiB, then
+ *    pages 8 times larger each step, each pool taking the sizes above the
+ *    previous one's; the page size stops growing at L. A page never takes
+ *    more than an eighth of the device. When X is above L, the step of
+ *    16 MiB pages (buffers up to 1 MiB) is the last, or the step that
+ *    reaches L if that comes first; otherwise the step that reaches L is
+ *    the last (so on a 64 MiB device: 2 MiB pages up to 128 KiB, then
+ *    8 MiB pages up to 512 KiB);
+ *  - when X is above L, one sliced pool of request-sized pages for the
+ *    sizes above, up to X: its page_size is X, and as that is above L each
+ *    new page is the request rounded up to 2 MiB, at least L / 4 (64 MiB
+ *    on large devices; pool_sliced.c). A page that a large buffer asked
+ *    for is split by smaller requests later and merges back when they are
+ *    freed, so large buffers whose sizes change between iterations
+ *    (sequence lengths, batch shapes) reuse the memory already held
+ *    instead of each size getting pages of its own. Its pages stay cached
+ *    until a cleanup or an out-of-memory retry;
  *  - then one exclusive pool for the sizes above, up to M / 4 (rounded
  *    down to A), whose pages are released after 5 s unused;
  *  - anything larger goes to the large tail, an exact-size block.
@@ -25,9 +36,11 @@
 
 #define MIB (1ull << 20)
 #define PRESET_FIRST_PAGE (2 * MIB)
+#define PRESET_LAST_PAGE (16 * MIB) /* before request-sized pages */
 #define PRESET_PAGE_LIMIT (256 * MIB)
 #define PRESET_PAGE_GROWTH 8u
 #define PRESET_SLICES_PER_PAGE 16u
+#define PRESET_LARGE_PAGES 8u /* X = 8 L */
 #define PRESET_RELEASE_MS 5000u
 
 typedef unsigned long long ull;
@@ -70,6 +83,18 @@ cube_error *mem_device_check(const mem_device *dev)
     return NULL;
 }
 
+uint64_t mem_page_limit(const mem_device *dev)
+{
+    uint64_t a = dev->alignment;
+    uint64_t limit = pow2_floor(dev->memory_size / 8u);
+    if (limit > PRESET_PAGE_LIMIT)
+        limit = PRESET_PAGE_LIMIT;
+    limit = at_least(round_up(limit, a), a);
+    if (limit > round_down(dev->memory_size, a))
+        limit = round_down(dev->memory_size, a);
+    return limit;
+}
+
 static void add_pool(cube_memory_layout *out, cube_pool_kind kind,
                      uint64_t page, uint64_t min, uint64_t max,
                      uint32_t release_ms)
@@ -102,12 +127,12 @@ cube_error *mem_layout_preset(cube_layout_preset preset, const mem_device *dev,
 
     uint64_t covered = 0; /* the largest size the pools so far take */
     if (preset == CUBE_PRESET_SUBSLICES) {
-        uint64_t limit = pow2_floor(mem / 8u);
-        if (limit > PRESET_PAGE_LIMIT)
-            limit = PRESET_PAGE_LIMIT;
-        limit = at_least(round_up(limit, a), a);
-        if (limit > round_down(mem, a))
-            limit = round_down(mem, a);
+        uint64_t limit = mem_page_limit(dev);
+        uint64_t large = round_down(mem / 8u, a); /* X */
+        if (limit <= UINT64_MAX / PRESET_LARGE_PAGES &&
+            limit * PRESET_LARGE_PAGES < large)
+            large = limit * PRESET_LARGE_PAGES;
+        int varied = large > limit;
         for (uint64_t want = PRESET_FIRST_PAGE;; want *= PRESET_PAGE_GROWTH) {
             uint64_t page = round_up(want < limit ? want : limit, a);
             uint64_t max = round_up(page / PRESET_SLICES_PER_PAGE, a);
@@ -115,8 +140,13 @@ cube_error *mem_layout_preset(cube_layout_preset preset, const mem_device *dev,
                 add_pool(out, CUBE_POOL_SLICED, page, covered + 1, max, 0);
                 covered = max;
             }
-            if (page >= limit)
+            if (page >= limit || (varied && want >= PRESET_LAST_PAGE))
                 break;
+        }
+        /* Request-sized pages up to X. */
+        if (varied && large > covered) {
+            add_pool(out, CUBE_POOL_SLICED, large, covered + 1, large, 0);
+            covered = large;
         }
     }
     uint64_t bound = at_least(round_down(mem / 4u, a), a);

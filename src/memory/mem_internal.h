@@ -116,6 +116,10 @@ struct mem_pool {
     mem_block *blocks; /* exclusive, tail, persistent: all blocks */
     mem_block *lru_first, *lru_last; /* exclusive: free pages */
     mem_size_table sizes;            /* persistent */
+    /* Sliced: the smallest new page and the granule new pages are rounded
+     * to (see pool_sliced.c); page_least == page_size: every page is
+     * page_size bytes. */
+    uint64_t page_least, granule;
     mem_stats st;
     int cap_warned;
 };
@@ -145,6 +149,20 @@ struct mem_manager {
 /* layout.c: a power-of-two alignment and a memory size >= it.
  * Errors: CUBE_ERR_INVALID_ARGUMENT. */
 cube_error *mem_device_check(const mem_device *dev);
+
+/* layout.c: the page limit of a (checked) device: min(256 MiB, the largest
+ * power of two <= memory / 8), rounded up to the alignment, at least one
+ * alignment unit and at most the memory rounded down to it. The subslices
+ * preset's pages of fixed size never exceed it; a sliced pool whose
+ * page_size exceeds it sizes its pages to the request (see
+ * pool_sliced.c). */
+uint64_t mem_page_limit(const mem_device *dev);
+
+/* A sliced pool's request-sized pages are rounded up to a granule of
+ * 2 MiB (or the page limit when that is smaller, rounded up to the
+ * alignment), and are at least the page limit / MEM_PAGE_LEAST_SHARE. */
+#define MEM_PAGE_GRANULE (2ull << 20)
+#define MEM_PAGE_LEAST_SHARE 4u
 
 /* --- memory_manager.c: shared helpers --- */
 

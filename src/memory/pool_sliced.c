@@ -1,4 +1,4 @@
-/* Sliced pools: pages of page_size bytes carved into slices.
+/* Sliced pools: pages carved into slices.
  *
  * A page's slices tile it exactly, in address order (prev/next), each a
  * multiple of the alignment long, so every slice address is aligned when
@@ -10,6 +10,21 @@
  * size again. Empty pages stay until a cleanup (or an out-of-memory
  * retry) gives them back; a page never moves while it holds a live slice.
  * release_after_ms does not apply to sliced pools.
+ *
+ * Page sizes. With L the device's page limit (mem_page_limit: 256 MiB, or
+ * an eighth of a smaller device), a pool whose page_size is at most L has
+ * pages of exactly page_size bytes. A pool whose page_size is above L
+ * treats page_size as its largest page, as an exclusive pool does: a new
+ * page is the request rounded up to the granule (2 MiB), but at least
+ * L / 4 (64 MiB on large devices; so small requests share a page) and at
+ * most page_size. Such pages are segments sized to what asked for
+ * them that later requests of any size in the pool's range split, and
+ * their free slices merge back as in any page, so memory a large buffer
+ * held serves smaller ones afterwards and sizes that vary between
+ * iterations (sequence lengths, batch shapes) reuse the same pages instead
+ * of reserving pages per size. When the pool's cap has no room for such a
+ * page, or the storage refuses it even after the out-of-memory release,
+ * the pool asks for a page of just the request rounded to the granule.
  */
 #include <stdlib.h>
 
@@ -19,12 +34,48 @@
 
 cube_error *mem_sliced_init(mem_manager *m, mem_pool *p)
 {
-    return mem_bins_init(&p->bins, p->config.page_size, m->shift);
+    uint64_t page = p->config.page_size;
+    uint64_t limit = mem_page_limit(&m->dev);
+    uint64_t granule = limit < MEM_PAGE_GRANULE ? limit : MEM_PAGE_GRANULE;
+    p->granule = mem_round(m, granule);
+    p->page_least = page;
+    if (page > limit) {
+        uint64_t least = mem_round(m, limit / MEM_PAGE_LEAST_SHARE);
+        p->page_least = least > p->granule ? least : p->granule;
+    }
+    return mem_bins_init(&p->bins, page, m->shift);
 }
 
-/* A new page, as one free slice (not in the bins); NULL and *err when
- * the page cannot be had. */
-static mem_block *page_new(mem_manager *m, mem_pool *p, cube_error **err)
+/* `extent` rounded up to the pool's granule, at most page_size. */
+static uint64_t granule_round(const mem_pool *p, uint64_t extent)
+{
+    uint64_t most = p->config.page_size;
+    uint64_t g = p->granule;
+    if (extent >= most || most - extent < g)
+        return most;
+    return (extent + g - 1) / g * g;
+}
+
+/* The size of a new page for a slice of `extent` bytes (at most
+ * page_size): page_size, or for a pool of request-sized pages the extent
+ * rounded to the granule, at least page_least; 0 when the pool's cap has
+ * no room for a page that holds it. */
+static uint64_t page_size_for(const mem_pool *p, uint64_t extent)
+{
+    uint64_t size = p->config.page_size;
+    if (p->page_least >= size)
+        return mem_pool_room(p, size) ? size : 0;
+    uint64_t fit = granule_round(p, extent);
+    size = fit > p->page_least ? fit : p->page_least;
+    if (mem_pool_room(p, size))
+        return size;
+    return mem_pool_room(p, fit) ? fit : 0;
+}
+
+/* A new page of `size` bytes, as one free slice (not in the bins); NULL
+ * and *err when the page cannot be had. */
+static mem_block *page_new(mem_manager *m, mem_pool *p, uint64_t size,
+                           cube_error **err)
 {
     mem_page *page = malloc(sizeof *page);
     if (!page) {
@@ -32,7 +83,6 @@ static mem_block *page_new(mem_manager *m, mem_pool *p, cube_error **err)
                               "no host memory for a page record");
         return NULL;
     }
-    uint64_t size = p->config.page_size;
     uint64_t address = 0;
     *err = mem_storage_get(m, size, &address);
     if (*err) {
@@ -83,12 +133,22 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
     if (b) {
         mem_bins_remove(&p->bins, b);
     } else {
-        if (!mem_pool_room(p, p->config.page_size)) {
+        uint64_t page = page_size_for(p, extent);
+        if (!page) {
             *out = NULL;
             return NULL;
         }
         cube_error *err = NULL;
-        b = page_new(m, p, &err);
+        b = page_new(m, p, page, &err);
+        uint64_t fit = granule_round(p, extent);
+        if (!b && p->page_least < p->config.page_size && fit < page &&
+            cube_error_code(err) == CUBE_ERR_OUT_OF_MEMORY) {
+            /* The storage refused a page larger than the request (after
+             * releasing what was unused): one of just the request. */
+            cube_error_free(err);
+            err = NULL;
+            b = page_new(m, p, fit, &err);
+        }
         if (!b)
             return err;
     }

@@ -330,6 +330,213 @@ static void test_first_pool_holding_the_size_serves_it(void **state)
     mem_manager_destroy(m);
 }
 
+/* --- sliced pools of request-sized pages --- */
+
+/* On a device of 4 GiB the page limit is 256 MiB: a sliced pool with
+ * larger pages sizes each new page to its request, rounded up to 2 MiB,
+ * at least 64 MiB and at most page_size; a pool with pages up to the
+ * limit keeps whole pages. */
+static void test_large_sliced_pages_fit_the_request(void **state)
+{
+    (void)state;
+    fake_storage s = {0};
+    cube_memory_layout l;
+    memset(&l, 0, sizeof l);
+    add_pool(&l, CUBE_POOL_SLICED, 256 * MIB, 1, 4 * MIB, 0);
+    add_pool(&l, CUBE_POOL_SLICED, GIB, 4 * MIB + 1, GIB, 0);
+    mem_manager *m = make(&s, 64, 4 * GIB, &l);
+    /* Pages up to the limit are whole. */
+    cube_storage small = take(m, MIB);
+    assert_int_equal(s.live_bytes, 256 * MIB);
+    /* A small request: a page of a quarter of the limit. */
+    cube_storage a = take(m, 10 * MIB);
+    assert_int_equal(s.allocs, 2);
+    assert_int_equal(s.live_bytes, 320 * MIB);
+    /* A large one: the request rounded up to 2 MiB. */
+    uint64_t big = 300 * MIB + 5;
+    cube_storage b = take(m, big);
+    assert_int_equal(s.allocs, 3);
+    assert_int_equal(s.live_bytes, 622 * MIB);
+    assert_int_equal(usage_of(m).bytes_padding, 64 - 5);
+    /* The rest of a page serves later requests. */
+    cube_storage c = take(m, 40 * MIB);
+    assert_int_equal(s.allocs, 3);
+    assert_int_equal(c.address, a.address + 10 * MIB);
+    check_totals(m, &s);
+    /* A freed large page is split by smaller requests... */
+    mem_free(m, &b);
+    cube_storage d = take(m, 150 * MIB), e = take(m, 150 * MIB);
+    assert_int_equal(s.allocs, 3);
+    assert_int_equal(d.address, b.address);
+    assert_int_equal(e.address, b.address + 150 * MIB);
+    check_totals(m, &s);
+    /* ... and merges back whole when they are freed. */
+    mem_free(m, &e);
+    mem_free(m, &d);
+    b = take(m, 302 * MIB);
+    assert_int_equal(s.allocs, 3);
+    assert_int_equal(b.address, d.address);
+    /* A request of page_size gets a page of page_size, the largest. */
+    cube_storage whole = take(m, GIB);
+    assert_int_equal(s.allocs, 4);
+    assert_int_equal(s.live_bytes, 622 * MIB + GIB);
+    cube_memory_report r = report_of(m);
+    assert_int_equal(r.pools[1].pages, 3);
+    assert_int_equal(r.pools[1].bytes_reserved, 366 * MIB + GIB);
+    assert_int_equal(r.pools[1].largest_buffer, GIB);
+    check_totals(m, &s);
+    /* Nothing live in them: a cleanup gives every page back. */
+    mem_free(m, &whole);
+    mem_free(m, &a);
+    mem_free(m, &b);
+    mem_free(m, &c);
+    mem_cleanup(m);
+    assert_int_equal(s.live_bytes, 256 * MIB);
+    mem_free(m, &small);
+    mem_cleanup(m);
+    assert_int_equal(s.live_bytes, 0);
+    check_totals(m, &s);
+    mem_manager_destroy(m);
+}
+
+static void test_large_sliced_pages_under_a_cap(void **state)
+{
+    (void)state;
+    fake_storage s = {0};
+    cube_memory_layout l = one_pool(CUBE_POOL_SLICED, GIB, GIB);
+    mem_manager *m = make(&s, 64, 4 * GIB, &l);
+    cube_storage a = take(m, 800 * MIB), b = take(m, 180 * MIB);
+    assert_int_equal(s.live_bytes, 980 * MIB);
+    /* 44 MiB left under the cap: not the 64 MiB a small request's page
+     * would have, so a page of just the request. */
+    cube_storage c = take(m, 10 * MIB);
+    assert_int_equal(s.allocs, 3);
+    assert_int_equal(s.live_bytes, 990 * MIB);
+    cube_storage x;
+    expect_error(mem_alloc(m, 40 * MIB, &x), CUBE_ERR_POOL_CAPACITY_EXCEEDED,
+                 "cap of 1073741824");
+    /* A free page serves what it holds. */
+    mem_free(m, &b);
+    b = take(m, 60 * MIB);
+    x = take(m, 40 * MIB);
+    assert_int_equal(s.allocs, 3);
+    mem_free(m, &b);
+    mem_free(m, &x);
+    mem_cleanup(m);
+    assert_int_equal(s.live_bytes, 810 * MIB);
+    b = take(m, 200 * MIB);
+    assert_int_equal(s.live_bytes, 1010 * MIB);
+    check_totals(m, &s);
+    mem_free(m, &a);
+    mem_free(m, &b);
+    mem_free(m, &c);
+    mem_manager_destroy(m);
+    assert_int_equal(s.live_bytes, 0);
+}
+
+static void test_large_page_shrinks_when_storage_refuses(void **state)
+{
+    (void)state;
+    fake_storage s = {0};
+    s.limit = 100 * MIB;
+    cube_memory_layout l = one_pool(CUBE_POOL_SLICED, GIB, 0);
+    mem_manager *m = make(&s, 64, 4 * GIB, &l);
+    cube_storage a = take(m, 70 * MIB);
+    /* A page of 64 MiB does not fit beside it; one of 10 MiB does. */
+    cube_storage b = take(m, 10 * MIB);
+    assert_int_equal(s.refused, 1);
+    assert_int_equal(s.live_bytes, 80 * MIB);
+    check_totals(m, &s);
+    /* Nor does 40 MiB, whatever the page: out of memory, nothing held. */
+    cube_storage x;
+    expect_error(mem_alloc(m, 40 * MIB, &x), CUBE_ERR_OUT_OF_MEMORY, NULL);
+    assert_int_equal(usage_of(m).buffers, 2);
+    /* With b's page unused, the out-of-memory release gives it back and
+     * the retry fits. */
+    mem_free(m, &b);
+    x = take(m, 30 * MIB);
+    assert_int_equal(s.live_bytes, 100 * MIB);
+    assert_int_equal(report_of(m).pools[0].pages, 2);
+    check_totals(m, &s);
+    mem_free(m, &a);
+    mem_free(m, &x);
+    mem_manager_destroy(m);
+    assert_int_equal(s.live_bytes, 0);
+}
+
+/* A training-like loop through the default preset: large buffers whose
+ * sizes follow a sequence length that changes from one iteration to the
+ * next. Pages held for one length serve the others: once the longest
+ * length has run, no length needs new storage, and the storage holds
+ * little more than the most ever live (each new longest length adds a
+ * page for its largest buffer while the pages of the shorter ones are in
+ * use; with exclusive pages per size it held three times the most
+ * live). */
+static void test_varying_large_sizes_reuse_pages(void **state)
+{
+    (void)state;
+    fake_storage s = {0};
+    mem_manager *m = make(&s, 512, 80 * GIB, NULL);
+    static const uint64_t weights[] = {48 * MIB, 16 * MIB, 16 * MIB, 12 * MIB,
+                                       4 * MIB,  64 * MIB, 500 * KIB};
+    enum { W = sizeof weights / sizeof weights[0], LAYERS = 8, PER = 4 };
+    static const uint64_t lengths[] = {512, 640,  1024, 768, 896,
+                                       512, 1024, 640,  768, 512};
+    enum { ITERS = sizeof lengths / sizeof lengths[0] };
+    cube_storage w[W], act[LAYERS * PER + 2];
+    uint64_t live = 0, live_peak = 0, held_peak = 0;
+    uint64_t allocs_after_longest = 0, held_after_longest = 0;
+    for (int i = 0; i < W; i++) {
+        w[i] = take(m, weights[i]);
+        live += weights[i];
+    }
+    for (int it = 0; it < ITERS; it++) {
+        uint64_t len = lengths[it];
+        uint64_t sizes[PER] = {len * 32 * KIB, len * 8 * KIB + 512,
+                               len * 24 * KIB, len * 2 * KIB};
+        size_t n = 0;
+        for (int layer = 0; layer < LAYERS; layer++) {
+            for (int k = 0; k < PER; k++) {
+                act[n++] = take(m, sizes[k]);
+                live += sizes[k];
+            }
+            /* A temporary between layers. */
+            cube_storage t = take(m, len * 16 * KIB);
+            if (live + len * 16 * KIB > live_peak)
+                live_peak = live + len * 16 * KIB;
+            mem_free(m, &t);
+        }
+        /* The head: logits, then their fp32 copy. */
+        act[n++] = take(m, len * 250 * KIB);
+        act[n++] = take(m, len * 500 * KIB);
+        live += len * 750 * KIB;
+        if (live > live_peak)
+            live_peak = live;
+        if (s.live_bytes > held_peak)
+            held_peak = s.live_bytes;
+        check_totals(m, &s);
+        while (n > 0) {
+            n--;
+            live -= act[n].size;
+            mem_free(m, &act[n]);
+        }
+        if (it == 2) {
+            allocs_after_longest = s.allocs;
+            held_after_longest = s.live_bytes;
+        }
+    }
+    if (held_peak * 100 > live_peak * 120)
+        fail_msg("the storage held %llu bytes for at most %llu live",
+                 (unsigned long long)held_peak, (unsigned long long)live_peak);
+    assert_int_equal(s.allocs, allocs_after_longest);
+    assert_int_equal(s.live_bytes, held_after_longest);
+    for (int i = 0; i < W; i++)
+        mem_free(m, &w[i]);
+    check_totals(m, &s);
+    mem_manager_destroy(m);
+    assert_int_equal(s.live_bytes, 0);
+}
+
 /* --- caps and spill-over --- */
 
 static void test_capped_pool_spills_to_the_next(void **state)
@@ -918,7 +1125,8 @@ static void check_preset(cube_layout_preset preset, uint64_t align,
 static void test_presets_validate(void **state)
 {
     (void)state;
-    uint64_t memories[] = {64 * MIB, 16 * GIB, 141000000000ull, MIB, 4096};
+    uint64_t memories[] = {64 * MIB, 96 * MIB,        3 * GIB, 16 * GIB,
+                           80 * GIB, 141000000000ull, MIB,     4096};
     uint64_t aligns[] = {8, 64, 512, 4096};
     for (size_t i = 0; i < sizeof memories / sizeof memories[0]; i++) {
         for (size_t j = 0; j < sizeof aligns / sizeof aligns[0]; j++) {
@@ -926,7 +1134,7 @@ static void test_presets_validate(void **state)
             check_preset(CUBE_PRESET_EXCLUSIVE, aligns[j], memories[i]);
         }
     }
-    /* The derivation, spelled out for 64 MiB and 141 GB. */
+    /* The derivation, spelled out for 64 MiB, 96 MiB and 141 GB. */
     mem_device small = {64, 64 * MIB};
     cube_memory_layout l;
     assert_null(mem_layout_preset(CUBE_PRESET_SUBSLICES, &small, &l));
@@ -937,12 +1145,30 @@ static void test_presets_validate(void **state)
     assert_int_equal(l.pools[1].max_size, 512 * KIB);
     assert_int_equal(l.pools[2].kind, CUBE_POOL_EXCLUSIVE);
     assert_int_equal(l.pools[2].max_size, 16 * MIB);
+    /* An eighth of 96 MiB is above its page limit (8 MiB): request-sized
+     * pages up to 12 MiB after the fixed ones. */
+    mem_device odd = {64, 96 * MIB};
+    assert_null(mem_layout_preset(CUBE_PRESET_SUBSLICES, &odd, &l));
+    assert_int_equal(l.count, 4);
+    assert_int_equal(l.pools[1].page_size, 8 * MIB);
+    assert_int_equal(l.pools[2].kind, CUBE_POOL_SLICED);
+    assert_int_equal(l.pools[2].min_size, 512 * KIB + 1);
+    assert_int_equal(l.pools[2].page_size, 12 * MIB);
+    assert_int_equal(l.pools[2].max_size, 12 * MIB);
+    assert_int_equal(l.pools[3].min_size, 12 * MIB + 1);
+    assert_int_equal(l.pools[3].max_size, 24 * MIB);
     mem_device h200 = {512, 141000000000ull};
     assert_null(mem_layout_preset(CUBE_PRESET_SUBSLICES, &h200, &l));
-    assert_int_equal(l.count, 5);
-    assert_int_equal(l.pools[3].page_size, 256 * MIB);
-    assert_int_equal(l.pools[3].max_size, 16 * MIB);
-    assert_int_equal(l.pools[4].max_size, 141000000000ull / 4 / 512 * 512);
+    assert_int_equal(l.count, 4);
+    assert_int_equal(l.pools[1].page_size, 16 * MIB);
+    assert_int_equal(l.pools[1].max_size, MIB);
+    /* Request-sized pages of at least 64 MiB, up to 2 GiB. */
+    assert_int_equal(l.pools[2].kind, CUBE_POOL_SLICED);
+    assert_int_equal(l.pools[2].min_size, MIB + 1);
+    assert_int_equal(l.pools[2].page_size, 2 * GIB);
+    assert_int_equal(l.pools[2].max_size, 2 * GIB);
+    assert_int_equal(l.pools[3].kind, CUBE_POOL_EXCLUSIVE);
+    assert_int_equal(l.pools[3].max_size, 141000000000ull / 4 / 512 * 512);
 
     expect_error(mem_layout_preset((cube_layout_preset)9, &small, &l),
                  CUBE_ERR_INVALID_ARGUMENT, "preset 9");
@@ -1227,6 +1453,10 @@ int main(void)
         cmocka_unit_test(test_no_padding_leak),
         cmocka_unit_test(test_free_neighbours_merge),
         cmocka_unit_test(test_first_pool_holding_the_size_serves_it),
+        cmocka_unit_test(test_large_sliced_pages_fit_the_request),
+        cmocka_unit_test(test_large_sliced_pages_under_a_cap),
+        cmocka_unit_test(test_large_page_shrinks_when_storage_refuses),
+        cmocka_unit_test(test_varying_large_sizes_reuse_pages),
         cmocka_unit_test(test_capped_pool_spills_to_the_next),
         cmocka_unit_test(test_capacity_exceeded),
         cmocka_unit_test(test_capped_pool_keeps_to_its_range),

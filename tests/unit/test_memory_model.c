@@ -117,7 +117,7 @@ static void add_pool(cube_memory_layout *l, cube_pool_kind kind, uint64_t page,
     c->release_after_ms = release_ms;
 }
 
-enum { LAYOUTS = 4 };
+enum { LAYOUTS = 6 };
 
 static void make_layouts(cube_memory_layout *l)
 {
@@ -133,6 +133,13 @@ static void make_layouts(cube_memory_layout *l)
     add_pool(&l[3], CUBE_POOL_SLICED, 16 * KIB, 1, 16 * KIB, 64 * KIB, 0);
     add_pool(&l[3], CUBE_POOL_EXCLUSIVE, 256 * KIB, 16 * KIB + 1, 256 * KIB,
              MIB, 0);
+    /* Pages above the device's page limit (8 MiB here): sized to the
+     * request, split and merged; uncapped, then capped with spill-over
+     * from one such pool to the next. */
+    add_pool(&l[4], CUBE_POOL_SLICED, 64 * KIB, 1, 4 * KIB, 0, 0);
+    add_pool(&l[4], CUBE_POOL_SLICED, 32 * MIB, 4 * KIB + 1, 32 * MIB, 0, 0);
+    add_pool(&l[5], CUBE_POOL_SLICED, 16 * MIB, 1, 16 * MIB, 20 * MIB, 0);
+    add_pool(&l[5], CUBE_POOL_SLICED, 32 * MIB, 1, 32 * MIB, 32 * MIB, 0);
     for (int i = 0; i < LAYOUTS; i++)
         assert_null(mem_layout_validate(&l[i], &dev));
 }
