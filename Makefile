@@ -62,6 +62,7 @@ test-tsan:
 
 bench: build
 	./$(BUILD)/bench/bench_cpu
+	./$(BUILD)/bench/bench_memory
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
