@@ -72,9 +72,21 @@ cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
     return NULL;
 }
 
-cube_error *core_stream_enter(cube_client *c, core_stream **out)
+/* The stream a thread used last, per thread: streams live as long as their
+ * client and client serials are never reused, so a hit needs no lock. */
+static _Thread_local struct {
+    uint64_t client_serial;
+    cube_stream_id id;
+    core_stream *stream;
+} last_stream;
+
+cube_error *core_stream_get(cube_client *c, core_stream **out)
 {
     cube_stream_id id = cube_stream_current(c);
+    if (last_stream.client_serial == c->serial && last_stream.id == id) {
+        *out = last_stream.stream;
+        return NULL;
+    }
     pthread_mutex_lock(&c->streams_lock);
     core_stream *s = NULL;
     for (size_t i = 0; i < c->stream_count; i++) {
@@ -105,6 +117,19 @@ cube_error *core_stream_enter(cube_client *c, core_stream **out)
         c->streams[c->stream_count++] = s;
     }
     pthread_mutex_unlock(&c->streams_lock);
+    last_stream.client_serial = c->serial;
+    last_stream.id = id;
+    last_stream.stream = s;
+    *out = s;
+    return NULL;
+}
+
+cube_error *core_stream_enter(cube_client *c, core_stream **out)
+{
+    core_stream *s = NULL;
+    cube_error *err = core_stream_get(c, &s);
+    if (err)
+        return err;
     pthread_mutex_lock(&s->lock);
     *out = s;
     return NULL;

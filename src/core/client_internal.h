@@ -147,6 +147,9 @@ void core_alloc_pin(cube_client *c, core_alloc *a);
 void core_alloc_unpin(cube_client *c, core_alloc *a);
 
 /* --- streams (client.c) --- */
+/* The calling thread's stream (created on first use), not locked.
+ * Errors: CUBE_ERR_OUT_OF_MEMORY. */
+cube_error *core_stream_get(cube_client *c, core_stream **out);
 /* The calling thread's stream, locked. Errors: CUBE_ERR_OUT_OF_MEMORY. */
 cube_error *core_stream_enter(cube_client *c, core_stream **out);
 void core_stream_leave(core_stream *s);

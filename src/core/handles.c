@@ -30,6 +30,56 @@ void core_handles_init(cube_client *c)
     c->free_head = c->free_tail = NO_SLOT;
 }
 
+/* Allocation records are recycled through a small stash per thread, so
+ * the allocate/release hot path calls neither malloc nor a lock for them.
+ * Records are plain memory, not tied to a client. */
+#define STASH_SIZE 32
+
+typedef struct record_stash {
+    core_alloc *items[STASH_SIZE];
+    int count;
+} record_stash;
+
+static _Thread_local record_stash stash;
+static pthread_key_t stash_key;
+static pthread_once_t stash_once = PTHREAD_ONCE_INIT;
+
+static void stash_drain(void *unused)
+{
+    (void)unused;
+    while (stash.count > 0)
+        free(stash.items[--stash.count]);
+}
+
+static void stash_key_init(void)
+{
+    pthread_key_create(&stash_key, stash_drain);
+}
+
+static core_alloc *alloc_record(void)
+{
+    if (stash.count > 0) {
+        core_alloc *a = stash.items[--stash.count];
+        memset(a, 0, sizeof *a);
+        return a;
+    }
+    return calloc(1, sizeof(core_alloc));
+}
+
+static void free_record(core_alloc *a)
+{
+    if (stash.count < STASH_SIZE) {
+        if (stash.count == 0) {
+            /* Registers the drain for this thread's exit. */
+            pthread_once(&stash_once, stash_key_init);
+            pthread_setspecific(stash_key, &stash);
+        }
+        stash.items[stash.count++] = a;
+        return;
+    }
+    free(a);
+}
+
 static void release_storage(cube_client *c, core_alloc *a)
 {
     if (core_trace_on()) {
@@ -44,12 +94,12 @@ static void release_storage(cube_client *c, core_alloc *a)
     if (a->deferred) {
         /* Never backed: nothing to give back. */
         cube_error_free(a->failure);
-        free(a);
+        free_record(a);
         return;
     }
     c->vt->release_memory(c->server, a->stream, &a->storage);
     cube_error_free(a->failure);
-    free(a);
+    free_record(a);
 }
 
 void core_handles_destroy(cube_client *c)
@@ -264,13 +314,15 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
     if (size == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_empty: size is 0");
-    core_alloc *a = calloc(1, sizeof *a);
+    core_alloc *a = alloc_record();
     if (!a)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_empty");
+    /* Memory calls need no stream order (the backend's memory is
+     * thread-safe, see server.h): the stream is only looked up. */
     core_stream *st = NULL;
-    cube_error *err = core_stream_enter(c, &st);
+    cube_error *err = core_stream_get(c, &st);
     if (err) {
-        free(a);
+        free_record(a);
         return err;
     }
     a->stream = st->id;
@@ -289,9 +341,8 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
     } else {
         err = c->vt->initialize_memory(c->server, st->id, size, &a->storage);
     }
-    core_stream_leave(st);
     if (err) {
-        free(a);
+        free_record(a);
         core_fault_note(c, err);
         return cube_error_prefix(err, "cube_empty(%llu bytes)",
                                  (unsigned long long)size);

@@ -119,7 +119,12 @@ struct cube_server_vtable {
     /* DeviceService: limits, features, memory. */
     cube_error *(*properties)(cube_server *server, cube_properties *out);
 
-    /* initialize_memory: backs a new buffer of `size` bytes for `stream`.
+    /* initialize_memory and release_memory are not serialized by stream:
+     * a buffer is released from whichever thread drops its last
+     * reference, and allocations skip the stream's lock to stay cheap. A
+     * backend's memory must be thread-safe.
+     *
+     * initialize_memory: backs a new buffer of `size` bytes for `stream`.
      * Errors: CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_BUFFER_TOO_BIG,
      * CUBE_ERR_POOL_CAPACITY_EXCEEDED. */
     cube_error *(*initialize_memory)(cube_server *server, cube_stream_id stream,

@@ -1,5 +1,6 @@
 /* Per-stream memory managers over aligned host memory (cpu_memory.h). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@ typedef struct stream_memory {
 } stream_memory;
 
 struct cpu_memory {
+    uint64_t serial; /* process-unique: keys the per-thread cache */
     mem_device dev;
     pthread_mutex_t lock;
     cube_memory_layout layout; /* what new streams are built with */
@@ -51,6 +53,8 @@ cube_error *cpu_memory_create(const mem_device *dev, cpu_memory **out)
     cpu_memory *mem = calloc(1, sizeof *mem);
     if (!mem)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cpu memory");
+    static atomic_uint_fast64_t next_serial = 1;
+    mem->serial = atomic_fetch_add(&next_serial, 1);
     mem->dev = *dev;
     pthread_mutex_init(&mem->lock, NULL);
     *out = mem;
@@ -102,12 +106,29 @@ static cube_error *find_locked(cpu_memory *mem, cube_stream_id stream,
     return NULL;
 }
 
+/* The manager a thread used last: managers live as long as their
+ * cpu_memory and serials are never reused, so a hit needs no lock. */
+static _Thread_local struct {
+    uint64_t serial;
+    cube_stream_id stream;
+    mem_manager *manager;
+} last;
+
 cube_error *cpu_memory_stream(cpu_memory *mem, cube_stream_id stream,
                               int create, mem_manager **out)
 {
+    if (last.serial == mem->serial && last.stream == stream) {
+        *out = last.manager;
+        return NULL;
+    }
     pthread_mutex_lock(&mem->lock);
     cube_error *err = find_locked(mem, stream, create, out);
     pthread_mutex_unlock(&mem->lock);
+    if (!err && *out) {
+        last.serial = mem->serial;
+        last.stream = stream;
+        last.manager = *out;
+    }
     return err;
 }
 
