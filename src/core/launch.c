@@ -34,10 +34,15 @@ static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
     const char *name = cube_kernel_name(k);
     pthread_mutex_lock(&c->cache_lock);
     for (core_cache_entry *e = c->cache[bucket]; e; e = e->next) {
+        /* The same kernel object is the common case; another object with
+         * the same id is compared in full, so a hash collision can never
+         * run the wrong kernel. */
         if (e->key == key && e->mode == cmode &&
-            cube_kernel_id(e->kernel) == cube_kernel_id(k) &&
-            strcmp(cube_kernel_name(e->kernel), name) == 0 &&
-            strcmp(cube_kernel_source(e->kernel), cube_kernel_source(k)) == 0) {
+            (e->kernel == k ||
+             (cube_kernel_id(e->kernel) == cube_kernel_id(k) &&
+              strcmp(cube_kernel_name(e->kernel), name) == 0 &&
+              strcmp(cube_kernel_source(e->kernel), cube_kernel_source(k)) ==
+                  0))) {
             *out = &e->compiled;
             pthread_mutex_unlock(&c->cache_lock);
             return NULL;
