@@ -298,6 +298,7 @@ cube_error *cube_client_open(const char *device,
     pthread_mutex_init(&c->failure_lock, NULL);
     pthread_mutex_init(&c->streams_lock, NULL);
     pthread_mutex_init(&c->cache_lock, NULL);
+    pthread_cond_init(&c->cache_cv, NULL);
     pthread_mutex_init(&c->staging_lock, NULL);
     pthread_mutex_init(&c->graphs_lock, NULL);
     atomic_init(&c->faulted, 0);
@@ -350,6 +351,7 @@ void cube_client_close(cube_client *c)
     pthread_mutex_destroy(&c->failure_lock);
     pthread_mutex_destroy(&c->streams_lock);
     pthread_mutex_destroy(&c->cache_lock);
+    pthread_cond_destroy(&c->cache_cv);
     pthread_mutex_destroy(&c->staging_lock);
     pthread_mutex_destroy(&c->graphs_lock);
     free(c);

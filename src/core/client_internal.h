@@ -70,6 +70,7 @@ typedef struct core_cache_entry {
     const cube_kernel *kernel; /* retained, to tell collisions apart */
     uint32_t mode;
     cube_compiled compiled;
+    int ready; /* compiled; 0 while the first thread compiles it */
     /* Per-kernel statistics, kept when the client's stats are on. */
     atomic_uint_fast64_t launches, total_ns;
     struct core_cache_entry *next;
@@ -103,6 +104,7 @@ struct cube_client {
     size_t stream_count, stream_cap;
 
     pthread_mutex_t cache_lock;
+    pthread_cond_t cache_cv; /* a compile finished */
     core_cache_entry *cache[CORE_CACHE_BUCKETS];
 
     pthread_mutex_t staging_lock;

@@ -22,66 +22,86 @@ static uint64_t cache_key(const cube_kernel *k, uint32_t mode)
            ((uint64_t)compile_mode(mode) * 0x9E3779B97F4A7C15ull);
 }
 
+/* The entry for (k, mode) in its bucket, or NULL; under cache_lock. The
+ * same kernel object is the common case; another object with the same id
+ * is compared in full, so a hash collision can never run the wrong
+ * kernel. */
+static core_cache_entry *find_entry(cube_client *c, const cube_kernel *k,
+                                    uint64_t key, uint32_t cmode)
+{
+    for (core_cache_entry *e = c->cache[key % CORE_CACHE_BUCKETS]; e;
+         e = e->next) {
+        if (e->key == key && e->mode == cmode &&
+            (e->kernel == k ||
+             (cube_kernel_id(e->kernel) == cube_kernel_id(k) &&
+              strcmp(cube_kernel_name(e->kernel), cube_kernel_name(k)) == 0 &&
+              strcmp(cube_kernel_source(e->kernel), cube_kernel_source(k)) ==
+                  0)))
+            return e;
+    }
+    return NULL;
+}
+
 /* Finds or compiles the kernel. The returned pointer lives as long as the
- * client. Compiles outside the lock: two threads may compile the same
- * kernel once each; the first to finish is kept. */
+ * client. The first thread to miss compiles (outside the lock) while the
+ * entry is marked as compiling; threads that ask meanwhile wait for it
+ * instead of compiling the same kernel again. */
 static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
                                 const cube_compiled **out)
 {
     uint64_t key = cache_key(k, mode);
     uint32_t cmode = compile_mode(mode);
-    size_t bucket = key % CORE_CACHE_BUCKETS;
-    const char *name = cube_kernel_name(k);
     pthread_mutex_lock(&c->cache_lock);
-    for (core_cache_entry *e = c->cache[bucket]; e; e = e->next) {
-        /* The same kernel object is the common case; another object with
-         * the same id is compared in full, so a hash collision can never
-         * run the wrong kernel. */
-        if (e->key == key && e->mode == cmode &&
-            (e->kernel == k ||
-             (cube_kernel_id(e->kernel) == cube_kernel_id(k) &&
-              strcmp(cube_kernel_name(e->kernel), name) == 0 &&
-              strcmp(cube_kernel_source(e->kernel), cube_kernel_source(k)) ==
-                  0))) {
+    for (;;) {
+        core_cache_entry *e = find_entry(c, k, key, cmode);
+        if (!e)
+            break;
+        if (e->ready) {
             *out = &e->compiled;
             pthread_mutex_unlock(&c->cache_lock);
             return NULL;
         }
+        /* Another thread compiles it; its failure removes the entry, and
+         * then this thread tries itself. */
+        pthread_cond_wait(&c->cache_cv, &c->cache_lock);
     }
-    pthread_mutex_unlock(&c->cache_lock);
-
     core_cache_entry *fresh = calloc(1, sizeof *fresh);
-    if (!fresh)
+    if (!fresh) {
+        pthread_mutex_unlock(&c->cache_lock);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel cache");
-    cube_error *err = c->vt->compile(c->server, k, cmode, &fresh->compiled);
-    if (err) {
-        free(fresh);
-        return err;
     }
-    cube_log_write(CUBE_LOG_DEBUG, "compile", "%s: %s in %.1f ms", name,
-                   fresh->compiled.from_disk_cache ? "loaded from disk cache"
-                                                   : "compiled",
-                   fresh->compiled.compile_ms);
     fresh->key = key;
     fresh->mode = cmode;
     cube_kernel_retain(k);
     fresh->kernel = k;
-    pthread_mutex_lock(&c->cache_lock);
-    for (core_cache_entry *e = c->cache[bucket]; e; e = e->next) {
-        if (e->key == key && e->mode == cmode && e->kernel == k) {
-            /* Another thread won the race; keep its entry. */
-            *out = &e->compiled;
-            pthread_mutex_unlock(&c->cache_lock);
-            c->vt->compiled_release(c->server, &fresh->compiled);
-            cube_kernel_release(k);
-            free(fresh);
-            return NULL;
-        }
-    }
+    size_t bucket = key % CORE_CACHE_BUCKETS;
     fresh->next = c->cache[bucket];
     c->cache[bucket] = fresh;
-    *out = &fresh->compiled;
     pthread_mutex_unlock(&c->cache_lock);
+
+    cube_error *err = c->vt->compile(c->server, k, cmode, &fresh->compiled);
+
+    pthread_mutex_lock(&c->cache_lock);
+    if (err) {
+        core_cache_entry **p = &c->cache[bucket];
+        while (*p != fresh)
+            p = &(*p)->next;
+        *p = fresh->next;
+    } else {
+        fresh->ready = 1;
+        *out = &fresh->compiled;
+    }
+    pthread_cond_broadcast(&c->cache_cv);
+    pthread_mutex_unlock(&c->cache_lock);
+    if (err) {
+        cube_kernel_release(k);
+        free(fresh);
+        return err;
+    }
+    cube_log_write(
+        CUBE_LOG_DEBUG, "compile", "%s: %s in %.1f ms", cube_kernel_name(k),
+        fresh->compiled.from_disk_cache ? "loaded from disk cache" : "compiled",
+        fresh->compiled.compile_ms);
     return NULL;
 }
 
