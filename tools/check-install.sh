@@ -9,11 +9,12 @@ work=$(mktemp -d /tmp/cubert-consumer.XXXXXX)
 trap 'rm -rf "$prefix" "$work"' EXIT
 
 cmake --install "$build" --prefix "$prefix" >/dev/null
-libdir=$(ls -d "$prefix"/lib*/ | head -n 1)
+libdir=$(find "$prefix" -maxdepth 1 -name "lib*" -type d | head -n 1)
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 export LD_LIBRARY_PATH="$libdir"
 export CUBERT_CACHE_DIR="$work/cache"
 
+# shellcheck disable=SC2046 # pkg-config prints several flags
 cc -std=c11 -Wall -Wextra -Werror examples/scale_add.c \
    $(pkg-config --cflags --libs cubert) -o "$work/scale_add_pc"
 "$work/scale_add_pc"

@@ -25,4 +25,5 @@ fi
 echo "cubert: installing$missing" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
+# shellcheck disable=SC2086 # one word per package
 apt-get install -y -qq $missing
