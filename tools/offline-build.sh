@@ -18,9 +18,11 @@ for f in "$debs"/*.deb; do
 done
 libdir=$(dirname "$(find "$prefix" -name 'libxxhash.pc' | head -n 1)")/..
 libdir=$(cd "$libdir" && pwd)
-# The packages' .pc files name /usr as their prefix: point them here.
+# The packages' .pc files name /usr (as prefix, or in -L and -I flags):
+# point them here.
 for pc in "$libdir"/pkgconfig/*.pc; do
-    sed -i "s|^prefix=.*|prefix=$prefix/usr|" "$pc"
+    sed -i -e "s|^prefix=.*|prefix=$prefix/usr|" \
+        -e "s|-L/usr/|-L$prefix/usr/|g" -e "s|-I/usr/|-I$prefix/usr/|g" "$pc"
 done
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -214,11 +214,12 @@ static void test_parse_too_long(void **state)
     (void)state;
     /* A line over the limit. */
     size_t n = CORE_CONFIG_LINE_MAX + 100;
-    char *text = malloc(n + 64);
+    size_t cap = n + 128;
+    char *text = malloc(cap);
     assert_non_null(text);
-    int off = snprintf(text, n + 64, "device = cpu\ntrace = ");
+    int off = snprintf(text, cap, "device = cpu\ntrace = ");
     memset(text + off, 'x', n);
-    snprintf(text + off + n, 64, "\ndevice = cuda\n");
+    snprintf(text + off + n, cap - ((size_t)off + n), "\ndevice = cuda\n");
     core_config_parse_text("long.conf", text, &fc);
     assert_int_equal(cap.count, 1);
     assert_true(warned("long.conf:2:", "trace", "longer"));
