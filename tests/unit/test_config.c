@@ -214,12 +214,12 @@ static void test_parse_too_long(void **state)
     (void)state;
     /* A line over the limit. */
     size_t n = CORE_CONFIG_LINE_MAX + 100;
-    size_t cap = n + 128;
-    char *text = malloc(cap);
+    size_t size = n + 128;
+    char *text = malloc(size);
     assert_non_null(text);
-    int off = snprintf(text, cap, "device = cpu\ntrace = ");
+    int off = snprintf(text, size, "device = cpu\ntrace = ");
     memset(text + off, 'x', n);
-    snprintf(text + off + n, cap - ((size_t)off + n), "\ndevice = cuda\n");
+    snprintf(text + off + n, size - ((size_t)off + n), "\ndevice = cuda\n");
     core_config_parse_text("long.conf", text, &fc);
     assert_int_equal(cap.count, 1);
     assert_true(warned("long.conf:2:", "trace", "longer"));
