@@ -12,7 +12,10 @@
 set -eu
 debs=${1:?usage: tools/offline-build.sh DEB_DIR [RESULTS_DIR]}
 results=${2:-}
-prefix=$(mktemp -d /tmp/cubert-deps.XXXXXX)
+# A fixed place, so the paths CMake caches stay valid from run to run.
+prefix="$PWD/build-offline-deps"
+rm -rf "$prefix"
+mkdir -p "$prefix"
 for f in "$debs"/*.deb; do
     dpkg -x "$f" "$prefix"
 done
@@ -28,7 +31,8 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B build-offline -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build-offline -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCUBE_BUILD_BENCH=ON >/dev/null
 cmake --build build-offline -j "$jobs"
 
 logs=$(mktemp -d /tmp/cubert-logs.XXXXXX)
