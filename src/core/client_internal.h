@@ -16,9 +16,11 @@ typedef struct core_alloc {
     uint32_t refs; /* under handles_lock */
     cube_storage storage;
     cube_stream_id stream; /* the stream whose memory it came from */
-    int deferred;        /* made in a dry run: no storage until first real use;
-                            under defer_lock */
-    cube_error *failure; /* under failure_lock; NULL when trusted */
+    int deferred; /* made in a dry run: no storage until first real use;
+                     under defer_lock */
+    /* NULL when trusted. Written under failure_lock; read without it only
+     * to test for NULL (the common case: no lock on the launch path). */
+    _Atomic(cube_error *) failure;
 } core_alloc;
 
 /* A handle's slot in the table. */
@@ -70,10 +72,13 @@ typedef struct core_cache_entry {
     const cube_kernel *kernel; /* retained, to tell collisions apart */
     uint32_t mode;
     cube_compiled compiled;
-    int ready; /* compiled; 0 while the first thread compiles it */
+    /* 1: compiled; 0: the first thread compiles it; -1: that compile
+     * failed (the entry stays in its list, skipped, until close, so a
+     * reader without the lock never meets a freed entry). */
+    atomic_int state;
     /* Per-kernel statistics, kept when the client's stats are on. */
     atomic_uint_fast64_t launches, total_ns;
-    struct core_cache_entry *next;
+    struct core_cache_entry *next; /* set before the entry is published */
 } core_cache_entry;
 
 #define CORE_CACHE_BUCKETS 256
@@ -105,7 +110,8 @@ struct cube_client {
 
     pthread_mutex_t cache_lock;
     pthread_cond_t cache_cv; /* a compile finished */
-    core_cache_entry *cache[CORE_CACHE_BUCKETS];
+    /* Buckets are pushed to under cache_lock and read without it. */
+    _Atomic(core_cache_entry *) cache[CORE_CACHE_BUCKETS];
 
     pthread_mutex_t staging_lock;
     void **staging;

@@ -9,25 +9,32 @@ void core_failure_record(cube_client *c, core_alloc *a, const cube_error *err)
 {
     cube_error *copy = cube_error_clone(err);
     pthread_mutex_lock(&c->failure_lock);
-    cube_error *old = a->failure;
-    a->failure = copy;
+    cube_error *old = atomic_load_explicit(&a->failure, memory_order_relaxed);
+    atomic_store_explicit(&a->failure, copy, memory_order_release);
     pthread_mutex_unlock(&c->failure_lock);
     cube_error_free(old);
 }
 
 void core_failure_clear(cube_client *c, core_alloc *a)
 {
+    if (!atomic_load_explicit(&a->failure, memory_order_acquire))
+        return; /* already trusted: no lock */
     pthread_mutex_lock(&c->failure_lock);
-    cube_error *old = a->failure;
-    a->failure = NULL;
+    cube_error *old = atomic_load_explicit(&a->failure, memory_order_relaxed);
+    atomic_store_explicit(&a->failure, NULL, memory_order_release);
     pthread_mutex_unlock(&c->failure_lock);
     cube_error_free(old);
 }
 
 cube_error *core_failure_get(cube_client *c, core_alloc *a)
 {
+    if (!atomic_load_explicit(&a->failure, memory_order_acquire))
+        return NULL; /* trusted: no lock */
+    /* The copy is made under the lock: a concurrent record or clear frees
+     * the old error only after leaving it. */
     pthread_mutex_lock(&c->failure_lock);
-    cube_error *copy = cube_error_clone(a->failure);
+    cube_error *copy = cube_error_clone(
+        atomic_load_explicit(&a->failure, memory_order_relaxed));
     pthread_mutex_unlock(&c->failure_lock);
     return copy;
 }

@@ -22,16 +22,19 @@ static uint64_t cache_key(const cube_kernel *k, uint32_t mode)
            ((uint64_t)compile_mode(mode) * 0x9E3779B97F4A7C15ull);
 }
 
-/* The entry for (k, mode) in its bucket, or NULL; under cache_lock. The
- * same kernel object is the common case; another object with the same id
- * is compared in full, so a hash collision can never run the wrong
- * kernel. */
+/* The live entry for (k, mode) in its bucket, or NULL. Safe without the
+ * lock: entries are only ever pushed at a bucket's head (after their
+ * fields are set) and never unlinked before close. The same kernel object
+ * is the common case; another object with the same id is compared in
+ * full, so a hash collision can never run the wrong kernel. */
 static core_cache_entry *find_entry(cube_client *c, const cube_kernel *k,
                                     uint64_t key, uint32_t cmode)
 {
-    for (core_cache_entry *e = c->cache[key % CORE_CACHE_BUCKETS]; e;
-         e = e->next) {
+    for (core_cache_entry *e = atomic_load_explicit(
+             &c->cache[key % CORE_CACHE_BUCKETS], memory_order_acquire);
+         e; e = e->next) {
         if (e->key == key && e->mode == cmode &&
+            atomic_load_explicit(&e->state, memory_order_acquire) >= 0 &&
             (e->kernel == k ||
              (cube_kernel_id(e->kernel) == cube_kernel_id(k) &&
               strcmp(cube_kernel_name(e->kernel), cube_kernel_name(k)) == 0 &&
@@ -43,26 +46,31 @@ static core_cache_entry *find_entry(cube_client *c, const cube_kernel *k,
 }
 
 /* Finds or compiles the kernel. The returned pointer lives as long as the
- * client. The first thread to miss compiles (outside the lock) while the
- * entry is marked as compiling; threads that ask meanwhile wait for it
- * instead of compiling the same kernel again. */
+ * client. A hit takes no lock. The first thread to miss compiles (outside
+ * the lock) while the entry is marked as compiling; threads that ask
+ * meanwhile wait for it instead of compiling the same kernel again. */
 static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
                                 const cube_compiled **out)
 {
     uint64_t key = cache_key(k, mode);
     uint32_t cmode = compile_mode(mode);
+    core_cache_entry *hit = find_entry(c, k, key, cmode);
+    if (hit && atomic_load_explicit(&hit->state, memory_order_acquire) == 1) {
+        *out = &hit->compiled;
+        return NULL;
+    }
     pthread_mutex_lock(&c->cache_lock);
     for (;;) {
         core_cache_entry *e = find_entry(c, k, key, cmode);
         if (!e)
             break;
-        if (e->ready) {
+        if (atomic_load_explicit(&e->state, memory_order_acquire) == 1) {
             *out = &e->compiled;
             pthread_mutex_unlock(&c->cache_lock);
             return NULL;
         }
-        /* Another thread compiles it; its failure removes the entry, and
-         * then this thread tries itself. */
+        /* Another thread compiles it; if that fails, the entry is marked
+         * failed and this thread tries itself. */
         pthread_cond_wait(&c->cache_cv, &c->cache_lock);
     }
     core_cache_entry *fresh = calloc(1, sizeof *fresh);
@@ -74,30 +82,21 @@ static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
     fresh->mode = cmode;
     cube_kernel_retain(k);
     fresh->kernel = k;
+    atomic_init(&fresh->state, 0);
     size_t bucket = key % CORE_CACHE_BUCKETS;
-    fresh->next = c->cache[bucket];
-    c->cache[bucket] = fresh;
+    fresh->next = atomic_load_explicit(&c->cache[bucket], memory_order_relaxed);
+    atomic_store_explicit(&c->cache[bucket], fresh, memory_order_release);
     pthread_mutex_unlock(&c->cache_lock);
 
     cube_error *err = c->vt->compile(c->server, k, cmode, &fresh->compiled);
 
     pthread_mutex_lock(&c->cache_lock);
-    if (err) {
-        core_cache_entry **p = &c->cache[bucket];
-        while (*p != fresh)
-            p = &(*p)->next;
-        *p = fresh->next;
-    } else {
-        fresh->ready = 1;
-        *out = &fresh->compiled;
-    }
+    atomic_store_explicit(&fresh->state, err ? -1 : 1, memory_order_release);
     pthread_cond_broadcast(&c->cache_cv);
     pthread_mutex_unlock(&c->cache_lock);
-    if (err) {
-        cube_kernel_release(k);
-        free(fresh);
+    if (err)
         return err;
-    }
+    *out = &fresh->compiled;
     cube_log_write(
         CUBE_LOG_DEBUG, "compile", "%s: %s in %.1f ms", cube_kernel_name(k),
         fresh->compiled.from_disk_cache ? "loaded from disk cache" : "compiled",
