@@ -63,6 +63,7 @@ test-tsan:
 bench: build
 	./$(BUILD)/bench/bench_cpu
 	./$(BUILD)/bench/bench_memory
+	./$(BUILD)/bench/bench_threads
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
