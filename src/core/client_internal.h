@@ -13,23 +13,29 @@
 /* An allocation: device memory plus its failure record. Reference counted
  * by the handles (and in-flight operations) that name it. */
 typedef struct core_alloc {
-    uint32_t refs; /* under handles_lock */
+    atomic_uint refs; /* one per live slot naming it, plus pins */
     cube_storage storage;
     cube_stream_id stream; /* the stream whose memory it came from */
-    int deferred; /* made in a dry run: no storage until first real use;
-                     under defer_lock */
+    /* Made in a dry run: no storage until first real use. Cleared under
+     * defer_lock; read without it to skip the lock in the common case. */
+    atomic_int deferred;
     /* NULL when trusted. Written under failure_lock; read without it only
      * to test for NULL (the common case: no lock on the launch path). */
     _Atomic(cube_error *) failure;
 } core_alloc;
 
-/* A handle's slot in the table. */
+/* A handle's slot in the table. `state` packs the generation (high 32
+ * bits) and the handle's reference count (low 32 bits), so a lookup can
+ * check and pin a slot with one compare-and-swap, without the table lock.
+ * alloc/offset/size are written before the state publishes the slot and do
+ * not change while its count is above zero. */
 typedef struct core_slot {
-    uint32_t gen;
-    uint32_t refs; /* 0: free */
+    /* A cache line each: threads pinning their own handles must not
+     * contend on a neighbour's. */
+    _Alignas(64) _Atomic uint64_t state;
     core_alloc *alloc;
     uint64_t offset, size;
-    uint32_t next_free;
+    uint32_t next_free; /* under handles_lock, while the slot is free */
 } core_slot;
 
 /* A resolved handle, holding a reference on its allocation until
@@ -83,6 +89,7 @@ typedef struct core_cache_entry {
 
 #define CORE_CACHE_BUCKETS 256
 #define CORE_CHUNK_SLOTS 4096u
+#define CORE_MAX_CHUNKS 16384u /* 67,108,864 handles */
 
 struct cube_client {
     cube_server *server;
@@ -92,10 +99,12 @@ struct cube_client {
     cube_properties props;
     char device[48];
 
+    /* The handle table: chunks of slots that never move (a fixed array of
+     * chunk pointers, filled in as needed), so lookups take no lock;
+     * handles_lock guards creating slots and the free list. */
     pthread_mutex_t handles_lock;
-    core_slot **chunks;
-    uint32_t chunk_count, chunk_cap;
-    uint32_t slot_count;           /* slots ever used */
+    _Atomic(core_slot *) *chunks;  /* CORE_MAX_CHUNKS entries */
+    atomic_uint slot_count;        /* slots ever used */
     uint32_t free_head, free_tail; /* FIFO of free slots, UINT32_MAX: none */
 
     pthread_mutex_t defer_lock; /* backs deferred allocations, once */

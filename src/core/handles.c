@@ -18,9 +18,22 @@ static cube_handle make_handle(const cube_client *c, uint32_t index,
     return h;
 }
 
+/* The slot at `index`, or NULL when its chunk does not exist. */
 static core_slot *slot_at(cube_client *c, uint32_t index)
 {
-    return &c->chunks[index / CORE_CHUNK_SLOTS][index % CORE_CHUNK_SLOTS];
+    core_slot *chunk = atomic_load_explicit(
+        &c->chunks[index / CORE_CHUNK_SLOTS], memory_order_acquire);
+    return chunk ? &chunk[index % CORE_CHUNK_SLOTS] : NULL;
+}
+
+static uint32_t state_gen(uint64_t state)
+{
+    return (uint32_t)(state >> 32);
+}
+
+static uint32_t state_refs(uint64_t state)
+{
+    return (uint32_t)state;
 }
 
 void core_handles_init(cube_client *c)
@@ -28,6 +41,10 @@ void core_handles_init(cube_client *c)
     pthread_mutex_init(&c->handles_lock, NULL);
     pthread_mutex_init(&c->defer_lock, NULL);
     c->free_head = c->free_tail = NO_SLOT;
+    atomic_init(&c->slot_count, 0);
+    /* The chunk pointers are allocated once and never move; a failure
+     * here leaves chunks NULL and every allocation reports it. */
+    c->chunks = calloc(CORE_MAX_CHUNKS, sizeof *c->chunks);
 }
 
 /* Allocation records are recycled through a small stash per thread, so
@@ -102,27 +119,40 @@ static void release_storage(cube_client *c, core_alloc *a)
     free_record(a);
 }
 
+static void alloc_ref(core_alloc *a)
+{
+    atomic_fetch_add_explicit(&a->refs, 1, memory_order_relaxed);
+}
+
+static void alloc_unref(cube_client *c, core_alloc *a)
+{
+    if (atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) == 1)
+        release_storage(c, a);
+}
+
 void core_handles_destroy(cube_client *c)
 {
     /* Buffers the caller never released go back with the client. */
-    for (uint32_t i = 0; i < c->slot_count; i++) {
+    uint32_t count = atomic_load(&c->slot_count);
+    for (uint32_t i = 0; i < count; i++) {
         core_slot *s = slot_at(c, i);
-        if (s->refs == 0)
+        if (!s || state_refs(atomic_load(&s->state)) == 0)
             continue;
         core_alloc *a = s->alloc;
-        s->refs = 0;
+        atomic_store(&s->state, 0);
         s->alloc = NULL;
-        if (a && --a->refs == 0)
-            release_storage(c, a);
+        if (a)
+            alloc_unref(c, a);
     }
-    for (uint32_t k = 0; k < c->chunk_count; k++)
-        free(c->chunks[k]);
-    free(c->chunks);
+    for (uint32_t k = 0; c->chunks && k < CORE_MAX_CHUNKS; k++)
+        free(atomic_load(&c->chunks[k]));
+    free((void *)c->chunks);
     pthread_mutex_destroy(&c->handles_lock);
     pthread_mutex_destroy(&c->defer_lock);
 }
 
-/* A free slot index, under handles_lock. */
+/* A free slot index, under handles_lock. A new slot starts at
+ * generation 1; a reused one has the generation its release set. */
 static cube_error *take_slot(cube_client *c, uint32_t *out)
 {
     if (c->free_head != NO_SLOT) {
@@ -134,57 +164,86 @@ static cube_error *take_slot(cube_client *c, uint32_t *out)
         *out = i;
         return NULL;
     }
-    if (c->slot_count == UINT32_MAX - 1)
+    uint32_t count = atomic_load_explicit(&c->slot_count, memory_order_relaxed);
+    if (!c->chunks || count == CORE_MAX_CHUNKS * CORE_CHUNK_SLOTS)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "the client has 2^32-2 live handles");
-    if (c->slot_count % CORE_CHUNK_SLOTS == 0) {
-        if (c->chunk_count == c->chunk_cap) {
-            uint32_t cap = c->chunk_cap ? c->chunk_cap * 2 : 16;
-            core_slot **grown = realloc(c->chunks, cap * sizeof(core_slot *));
-            if (!grown)
-                return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "handle table");
-            c->chunks = grown;
-            c->chunk_cap = cap;
-        }
-        core_slot *chunk = calloc(CORE_CHUNK_SLOTS, sizeof *chunk);
+                              "the handle table is full (%u live handles)",
+                              count);
+    if (count % CORE_CHUNK_SLOTS == 0) {
+        core_slot *chunk = aligned_alloc(_Alignof(core_slot),
+                                         CORE_CHUNK_SLOTS * sizeof *chunk);
         if (!chunk)
             return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "handle table");
-        c->chunks[c->chunk_count++] = chunk;
+        memset(chunk, 0, CORE_CHUNK_SLOTS * sizeof *chunk);
+        atomic_store_explicit(&c->chunks[count / CORE_CHUNK_SLOTS], chunk,
+                              memory_order_release);
     }
-    *out = c->slot_count++;
-    slot_at(c, *out)->gen = 1;
+    atomic_store_explicit(&slot_at(c, count)->state, (uint64_t)1 << 32,
+                          memory_order_relaxed);
+    atomic_store_explicit(&c->slot_count, count + 1, memory_order_release);
+    *out = count;
     return NULL;
 }
 
-static void put_slot(cube_client *c, uint32_t i)
+/* Retires a slot whose count reached zero: the generation moves on, so
+ * its handles stop resolving, and the slot goes to the free list. The
+ * caller then drops the slot's reference on its allocation. */
+static void put_slot(cube_client *c, uint32_t i, core_slot *s)
 {
-    core_slot *s = slot_at(c, i);
-    s->gen = (s->gen + 1) & GEN_MASK;
-    if (s->gen == 0)
-        s->gen = 1;
+    uint32_t gen = (state_gen(atomic_load(&s->state)) + 1) & GEN_MASK;
+    if (gen == 0)
+        gen = 1;
+    pthread_mutex_lock(&c->handles_lock);
     s->alloc = NULL;
     s->next_free = NO_SLOT;
+    atomic_store_explicit(&s->state, (uint64_t)gen << 32, memory_order_release);
     if (c->free_tail == NO_SLOT)
         c->free_head = i;
     else
         slot_at(c, c->free_tail)->next_free = i;
     c->free_tail = i;
+    pthread_mutex_unlock(&c->handles_lock);
 }
 
-/* Looks `h` up under handles_lock; NULL when it names no live slot. */
-static core_slot *lookup(cube_client *c, cube_handle h, uint32_t *index)
+/* The live slot `h` names, with its count raised by one (a pin), or NULL.
+ * One compare-and-swap decides: a slot being released (count 0) or reused
+ * (another generation) is refused. */
+static core_slot *pin_slot(cube_client *c, cube_handle h, uint32_t *index)
 {
     uint32_t tag = (uint32_t)(h.bits >> 52);
     uint32_t gen = (uint32_t)(h.bits >> 32) & GEN_MASK;
     uint32_t i = (uint32_t)h.bits;
-    if (tag != c->tag || i >= c->slot_count)
+    if (tag != c->tag ||
+        i >= atomic_load_explicit(&c->slot_count, memory_order_acquire))
         return NULL;
     core_slot *s = slot_at(c, i);
-    if (s->refs == 0 || s->gen != gen)
+    if (!s)
         return NULL;
+    uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+    for (;;) {
+        if ((state_gen(st) & GEN_MASK) != gen || state_refs(st) == 0 ||
+            state_refs(st) == UINT32_MAX)
+            return NULL;
+        if (atomic_compare_exchange_weak_explicit(&s->state, &st, st + 1,
+                                                  memory_order_acq_rel,
+                                                  memory_order_acquire))
+            break;
+    }
     if (index)
         *index = i;
     return s;
+}
+
+/* Drops one count of slot `i`; the last retires it. */
+static void unpin_slot(cube_client *c, uint32_t i, core_slot *s)
+{
+    uint64_t before =
+        atomic_fetch_sub_explicit(&s->state, 1, memory_order_acq_rel);
+    if (state_refs(before) == 1) {
+        core_alloc *a = s->alloc;
+        put_slot(c, i, s);
+        alloc_unref(c, a);
+    }
 }
 
 static cube_error *not_found(const cube_client *c, cube_handle h,
@@ -206,18 +265,16 @@ static cube_error *not_found(const cube_client *c, cube_handle h,
 cube_error *core_resolve(cube_client *c, cube_handle h, const char *what,
                          core_resolved *out)
 {
-    pthread_mutex_lock(&c->handles_lock);
-    core_slot *s = lookup(c, h, NULL);
-    if (!s) {
-        pthread_mutex_unlock(&c->handles_lock);
+    uint32_t i;
+    core_slot *s = pin_slot(c, h, &i);
+    if (!s)
         return not_found(c, h, what);
-    }
-    s->alloc->refs++;
     out->handle = h;
     out->alloc = s->alloc;
     out->offset = s->offset;
     out->size = s->size;
-    pthread_mutex_unlock(&c->handles_lock);
+    alloc_ref(out->alloc);
+    unpin_slot(c, i, s);
     return NULL;
 }
 
@@ -225,28 +282,19 @@ void core_resolved_drop(cube_client *c, core_resolved *r)
 {
     if (!r->alloc)
         return;
-    pthread_mutex_lock(&c->handles_lock);
-    int last = --r->alloc->refs == 0;
-    pthread_mutex_unlock(&c->handles_lock);
-    if (last)
-        release_storage(c, r->alloc);
+    alloc_unref(c, r->alloc);
     r->alloc = NULL;
 }
 
 void core_alloc_pin(cube_client *c, core_alloc *a)
 {
-    pthread_mutex_lock(&c->handles_lock);
-    a->refs++;
-    pthread_mutex_unlock(&c->handles_lock);
+    (void)c;
+    alloc_ref(a);
 }
 
 void core_alloc_unpin(cube_client *c, core_alloc *a)
 {
-    pthread_mutex_lock(&c->handles_lock);
-    int last = --a->refs == 0;
-    pthread_mutex_unlock(&c->handles_lock);
-    if (last)
-        release_storage(c, a);
+    alloc_unref(c, a);
 }
 
 cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n)
@@ -254,7 +302,7 @@ cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n)
     cube_error *err = NULL;
     for (size_t i = 0; i < n && !err; i++) {
         core_alloc *a = r[i].alloc;
-        if (!a)
+        if (!a || !atomic_load_explicit(&a->deferred, memory_order_acquire))
             continue;
         pthread_mutex_lock(&c->defer_lock);
         if (a->deferred) {
@@ -270,7 +318,7 @@ cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n)
                                       (unsigned long long)a->storage.size);
             } else {
                 a->storage = st;
-                a->deferred = 0;
+                atomic_store_explicit(&a->deferred, 0, memory_order_release);
             }
         }
         pthread_mutex_unlock(&c->defer_lock);
@@ -286,21 +334,29 @@ cube_binding core_binding(const core_resolved *r)
     return b;
 }
 
-/* Publishes a new slot naming `a` [offset, offset+size). */
+/* Publishes a new slot naming `a` [offset, offset+size), holding one
+ * reference on `a`. Takes handles_lock. */
 static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
                            uint64_t size, cube_handle *out)
 {
     uint32_t i = 0;
+    pthread_mutex_lock(&c->handles_lock);
     cube_error *err = take_slot(c, &i);
-    if (err)
+    if (err) {
+        pthread_mutex_unlock(&c->handles_lock);
         return err;
+    }
     core_slot *s = slot_at(c, i);
-    s->refs = 1;
     s->alloc = a;
     s->offset = offset;
     s->size = size;
-    a->refs++;
-    *out = make_handle(c, i, s->gen);
+    alloc_ref(a);
+    uint64_t gen =
+        state_gen(atomic_load_explicit(&s->state, memory_order_relaxed));
+    /* The fields above become visible with the count of one. */
+    atomic_store_explicit(&s->state, (gen << 32) | 1, memory_order_release);
+    pthread_mutex_unlock(&c->handles_lock);
+    *out = make_handle(c, i, (uint32_t)gen & GEN_MASK);
     return NULL;
 }
 
@@ -336,7 +392,7 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
                                  "largest this device holds is %llu bytes",
                                  (unsigned long long)size,
                                  (unsigned long long)c->props.max_buffer_size);
-        a->deferred = 1;
+        atomic_store_explicit(&a->deferred, 1, memory_order_relaxed);
         a->storage.size = size;
     } else {
         err = c->vt->initialize_memory(c->server, st->id, size, &a->storage);
@@ -347,9 +403,7 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
         return cube_error_prefix(err, "cube_empty(%llu bytes)",
                                  (unsigned long long)size);
     }
-    pthread_mutex_lock(&c->handles_lock);
     err = publish(c, a, 0, size, out);
-    pthread_mutex_unlock(&c->handles_lock);
     if (err) {
         release_storage(c, a);
         return err;
@@ -397,19 +451,10 @@ cube_error *cube_handle_retain(cube_client *c, cube_handle h)
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_handle_retain: client is NULL");
-    pthread_mutex_lock(&c->handles_lock);
-    core_slot *s = lookup(c, h, NULL);
-    cube_error *err = NULL;
-    if (!s)
-        err = not_found(c, h, "cube_handle_retain");
-    else if (s->refs == UINT32_MAX)
-        err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                             "cube_handle_retain: reference count would "
-                             "overflow");
-    else
-        s->refs++;
-    pthread_mutex_unlock(&c->handles_lock);
-    return err;
+    /* A pin is exactly one more reference. */
+    if (pin_slot(c, h, NULL))
+        return NULL;
+    return not_found(c, h, "cube_handle_retain");
 }
 
 cube_error *cube_handle_release(cube_client *c, cube_handle h)
@@ -417,23 +462,29 @@ cube_error *cube_handle_release(cube_client *c, cube_handle h)
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_handle_release: client is NULL");
-    core_alloc *dead = NULL;
-    pthread_mutex_lock(&c->handles_lock);
-    uint32_t index;
-    core_slot *s = lookup(c, h, &index);
-    if (!s) {
-        pthread_mutex_unlock(&c->handles_lock);
+    uint32_t tag = (uint32_t)(h.bits >> 52);
+    uint32_t gen = (uint32_t)(h.bits >> 32) & GEN_MASK;
+    uint32_t i = (uint32_t)h.bits;
+    core_slot *s = NULL;
+    if (tag == c->tag &&
+        i < atomic_load_explicit(&c->slot_count, memory_order_acquire))
+        s = slot_at(c, i);
+    if (!s)
         return not_found(c, h, "cube_handle_release");
+    uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+    for (;;) {
+        if ((state_gen(st) & GEN_MASK) != gen || state_refs(st) == 0)
+            return not_found(c, h, "cube_handle_release");
+        if (atomic_compare_exchange_weak_explicit(&s->state, &st, st - 1,
+                                                  memory_order_acq_rel,
+                                                  memory_order_acquire))
+            break;
     }
-    if (--s->refs == 0) {
+    if (state_refs(st) == 1) {
         core_alloc *a = s->alloc;
-        put_slot(c, index);
-        if (--a->refs == 0)
-            dead = a;
+        put_slot(c, i, s);
+        alloc_unref(c, a);
     }
-    pthread_mutex_unlock(&c->handles_lock);
-    if (dead)
-        release_storage(c, dead);
     return NULL;
 }
 
@@ -447,22 +498,21 @@ cube_error *cube_handle_slice(cube_client *c, cube_handle h, uint64_t offset,
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_handle_slice: out is NULL");
     out->bits = 0;
-    pthread_mutex_lock(&c->handles_lock);
-    core_slot *s = lookup(c, h, NULL);
+    uint32_t i;
+    core_slot *s = pin_slot(c, h, &i);
+    if (!s)
+        return not_found(c, h, "cube_handle_slice");
     cube_error *err = NULL;
-    if (!s) {
-        err = not_found(c, h, "cube_handle_slice");
-    } else if (size == 0 || offset > s->size || size > s->size - offset) {
+    if (size == 0 || offset > s->size || size > s->size - offset)
         err =
             cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                            "cube_handle_slice: range [%llu, +%llu) is empty "
                            "or runs past the handle's %llu bytes",
                            (unsigned long long)offset, (unsigned long long)size,
                            (unsigned long long)s->size);
-    } else {
+    else
         err = publish(c, s->alloc, s->offset + offset, size, out);
-    }
-    pthread_mutex_unlock(&c->handles_lock);
+    unpin_slot(c, i, s);
     return err;
 }
 
@@ -472,13 +522,11 @@ cube_error *cube_handle_size(cube_client *c, cube_handle h, uint64_t *out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_handle_size: %s is NULL",
                               c ? "out" : "client");
-    pthread_mutex_lock(&c->handles_lock);
-    core_slot *s = lookup(c, h, NULL);
-    cube_error *err = NULL;
+    uint32_t i;
+    core_slot *s = pin_slot(c, h, &i);
     if (!s)
-        err = not_found(c, h, "cube_handle_size");
-    else
-        *out = s->size;
-    pthread_mutex_unlock(&c->handles_lock);
-    return err;
+        return not_found(c, h, "cube_handle_size");
+    *out = s->size;
+    unpin_slot(c, i, s);
+    return NULL;
 }
