@@ -501,15 +501,20 @@ static cube_error *cpu_launch(cube_server *server, cube_stream_id stream,
                               "%llu cubes in one launch; the CPU backend runs "
                               "at most 2^32-1",
                               (unsigned long long)total);
-    void *ptr[CUBE_MAX_PARAMS] = {0};
-    unsigned long long len[CUBE_MAX_PARAMS] = {0};
+    /* Only the kernel's positions are read: no need to clear the rest (a
+     * launch's cost is mostly this function). */
+    void *ptr[CUBE_MAX_PARAMS];
+    unsigned long long len[CUBE_MAX_PARAMS];
     for (uint32_t p = 0; p < cc->param_count; p++) {
         switch (cc->params[p].kind) {
         case CUBE_PARAM_SCALAR:
             ptr[p] = (void *)d->scalars[p];
             len[p] = cc->params[p].elem_size;
             break;
-        case CUBE_PARAM_SHARED: break;
+        case CUBE_PARAM_SHARED:
+            ptr[p] = NULL;
+            len[p] = 0;
+            break;
         default: ptr[p] = addr(&d->bindings[p]); len[p] = d->bindings[p].size;
         }
     }

@@ -50,6 +50,11 @@ static void local_key_init(void)
 
 cpu_thread_local *cpu_thread_local_get(void)
 {
+    /* The key owns the scratch (its destructor frees it at thread exit);
+     * this pointer only saves the lookup on every launch. */
+    static _Thread_local cpu_thread_local *cached;
+    if (cached)
+        return cached;
     pthread_once(&local_once, local_key_init);
     cpu_thread_local *l = pthread_getspecific(local_key);
     if (!l) {
@@ -59,6 +64,7 @@ cpu_thread_local *cpu_thread_local_get(void)
             l = NULL;
         }
     }
+    cached = l;
     return l;
 }
 
