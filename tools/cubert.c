@@ -445,6 +445,33 @@ static void note_memory(demo *d)
 #define STEADY_MIN 3
 #define STEADY_MAX 20
 
+/* Times launch + sync after the first launch: at least STEADY_MIN runs,
+ * then until STEADY_BUDGET_MS have passed, at most STEADY_MAX. `reset`,
+ * when not NULL, is a float zeroed (outside the timed part) before each
+ * run, for kernels that accumulate. Returns 0, or 1 after reporting. */
+static int steady_state(cube_client *c, cube_kernel *k, cube_count count,
+                        const cube_arg *args, size_t nargs, cube_handle out,
+                        const cube_handle *reset, const char *what, timing *t)
+{
+    const float zero = 0.0f;
+    double total = 0.0;
+    int reps = 0;
+    while (reps < STEADY_MAX &&
+           (reps < STEADY_MIN || total < STEADY_BUDGET_MS)) {
+        double ms;
+        if (reset && (report(overwrite(c, *reset, &zero, 1), "cube_write") ||
+                      report(cube_sync(c, reset, 1), "cube_sync")))
+            return 1;
+        if (report(launch_sync(c, k, count, args, nargs, &out, 1, &ms), what))
+            return 1;
+        total += ms;
+        reps++;
+    }
+    t->steady_ms = total / reps;
+    t->reps = reps;
+    return 0;
+}
+
 /* --- demo: (a) tiled matrix product --- */
 
 static int demo_matmul(demo *d, uint32_t n)
@@ -526,20 +553,8 @@ static int demo_matmul(demo *d, uint32_t n)
                  "%.3g%s",
                  rel, maxabs, extra);
 
-    /* Steady state. */
-    double total = 0.0;
-    int reps = 0;
-    while (reps < STEADY_MAX &&
-           (reps < STEADY_MIN || total < STEADY_BUDGET_MS)) {
-        double ms;
-        if (report(launch_sync(c, k, count, args, 4, &hc, 1, &ms),
-                   "matmul launch"))
-            goto done;
-        total += ms;
-        reps++;
-    }
-    t->steady_ms = total / reps;
-    t->reps = reps;
+    if (steady_state(c, k, count, args, 4, hc, NULL, "matmul launch", t))
+        goto done;
     rc = 0;
 
 done:
@@ -611,24 +626,10 @@ static int demo_reduce(demo *d, uint32_t n)
                  "got %.6f, want %.6f, relative error %.3g (tolerance 1e-4)",
                  (double)got, want, rel);
 
-    double total = 0.0;
-    int reps = 0;
     float again = 0.0f;
-    while (reps < STEADY_MAX &&
-           (reps < STEADY_MIN || total < STEADY_BUDGET_MS)) {
-        double ms;
-        /* The sum accumulates: reset it (outside the timed region). */
-        if (report(overwrite(c, hs, &zero, 1), "cube_write(sum)") ||
-            report(cube_sync(c, &hs, 1), "cube_sync"))
-            goto done;
-        if (report(launch_sync(c, k, count, args, 3, &hs, 1, &ms),
-                   "reduce_sum launch"))
-            goto done;
-        total += ms;
-        reps++;
-    }
-    t->steady_ms = total / reps;
-    t->reps = reps;
+    /* The sum accumulates: it is reset before each run. */
+    if (steady_state(c, k, count, args, 3, hs, &hs, "reduce_sum launch", t))
+        goto done;
     if (report(download(c, hs, &again, 1), "cube_read(sum)"))
         goto done;
     rel = fabs((double)again - want) / (want != 0.0 ? fabs(want) : 1.0);
@@ -729,19 +730,8 @@ static int demo_softmax(demo *d, uint32_t rows, uint32_t cols)
     check_result(d, "softmax rows sum to 1", !nonfinite && maxsum <= 1e-5,
                  "max |row sum - 1| %.3g (tolerance 1e-5)%s", maxsum, extra);
 
-    double total = 0.0;
-    int reps = 0;
-    while (reps < STEADY_MAX &&
-           (reps < STEADY_MIN || total < STEADY_BUDGET_MS)) {
-        double ms;
-        if (report(launch_sync(c, k, count, args, 3, &hy, 1, &ms),
-                   "softmax_rows launch"))
-            goto done;
-        total += ms;
-        reps++;
-    }
-    t->steady_ms = total / reps;
-    t->reps = reps;
+    if (steady_state(c, k, count, args, 3, hy, NULL, "softmax_rows launch", t))
+        goto done;
     rc = 0;
 
 done:
