@@ -61,6 +61,7 @@ static int omp_get_num_threads(void)
 }
 #endif
 
+#include "bench_util.h"
 #include "cubert/cubert.h"
 
 /* --- helpers --- */
@@ -76,18 +77,6 @@ static void pause_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Prints the error in full and frees it; the bench then exits 1. */
@@ -167,25 +156,8 @@ static double compute_scaling(int threads)
 static void print_machine(const cube_properties *p, int threads)
 {
     long nproc = sysconf(_SC_NPROCESSORS_ONLN);
-    char model[256] = "unknown";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f)) {
-            if (!strncmp(line, "model name", 10)) {
-                char *colon = strchr(line, ':');
-                if (colon) {
-                    colon++;
-                    while (*colon == ' ' || *colon == '\t')
-                        colon++;
-                    snprintf(model, sizeof model, "%s", colon);
-                    model[strcspn(model, "\n")] = '\0';
-                }
-                break;
-            }
-        }
-        fclose(f);
-    }
+    char model[256];
+    bench_cpu_model(model, sizeof model);
     printf("# cubert CPU benchmarks\n\n");
     printf("- machine: %ld online CPUs, %s\n", nproc, model);
     printf("- cubert %d.%d.%d, device: %s (%s), %u worker threads\n",

@@ -56,6 +56,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "cubert/backend/errors.h"
 #include "cubert/cubert.h"
 #include "memory/memory_manager.h"
@@ -71,18 +72,6 @@ static double now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Prints the error in full and frees it; the bench then exits 1. */
@@ -142,25 +131,8 @@ static double rng_unit(uint64_t *s)
 static void print_machine(const cube_properties *p)
 {
     long nproc = sysconf(_SC_NPROCESSORS_ONLN);
-    char model[256] = "unknown";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f)) {
-            if (!strncmp(line, "model name", 10)) {
-                char *colon = strchr(line, ':');
-                if (colon) {
-                    colon++;
-                    while (*colon == ' ' || *colon == '\t')
-                        colon++;
-                    snprintf(model, sizeof model, "%s", colon);
-                    model[strcspn(model, "\n")] = '\0';
-                }
-                break;
-            }
-        }
-        fclose(f);
-    }
+    char model[256];
+    bench_cpu_model(model, sizeof model);
     printf("# cubert memory benchmarks\n\n");
     printf("- machine: %ld online CPUs, %s\n", nproc, model);
     printf("- cubert %d.%d.%d, device: %s (%s), %.1f GiB, alignment %llu B\n",
