@@ -330,6 +330,12 @@ void cube_client_close(cube_client *c)
     core_cache_log_summary(c);
     for (size_t i = 0; i < c->stream_count; i++) {
         core_stream *s = c->streams[i];
+        if (s->capture && c->vt->end_capture) {
+            uint64_t hw = 0;
+            cube_error_free(c->vt->end_capture(c->server, s->id, &hw));
+            if (hw)
+                c->vt->graph_destroy(c->server, s->id, hw);
+        }
         if (s->capture)
             core_graph_abort(c, s->capture);
         s->capture = NULL;

@@ -1,6 +1,9 @@
-/* Software graphs: a capture records fully resolved dispatches; a replay
- * hands them to the backend again without the launch path. The graph pins
- * every allocation it names until it is destroyed. */
+/* Graphs. The client records every captured dispatch with the
+ * allocations it reads and writes (for pins and the failure store). A
+ * backend with begin_capture records a hardware graph at the same time
+ * (CUDA stream capture) and replays that; otherwise a replay hands the
+ * recorded dispatches to the backend again without the launch path. The
+ * graph pins every allocation it names until it is destroyed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +24,8 @@ typedef struct alloc_set {
 
 struct core_graph {
     cube_graph_id id;
+    uint64_t hardware;              /* the backend's graph, or 0 */
+    cube_stream_id hardware_stream; /* where it was captured */
     uint32_t refs; /* the registry's, plus one per replay running; under
                       graphs_lock */
     graph_entry *entries;
@@ -53,6 +58,10 @@ static int set_add(alloc_set *s, core_alloc *a)
 
 static void graph_free(cube_client *c, core_graph *g)
 {
+    /* The backend waits for replays still running before its graph goes;
+     * only then may the buffers be unpinned. */
+    if (g->hardware)
+        c->vt->graph_destroy(c->server, g->hardware_stream, g->hardware);
     for (size_t i = 0; i < g->pinned.count; i++)
         core_alloc_unpin(c, g->pinned.items[i]);
     free(g->pinned.items);
@@ -172,6 +181,13 @@ cube_error *cube_graph_begin(cube_client *c)
         if (!s->capture)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_begin");
     }
+    if (!err && c->vt->begin_capture) {
+        err = c->vt->begin_capture(c->server, s->id);
+        if (err) {
+            free(s->capture);
+            s->capture = NULL;
+        }
+    }
     core_stream_leave(s);
     return err;
 }
@@ -188,10 +204,15 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
     if (err)
         return err;
     core_graph *g = s->capture;
+    cube_error *hw_err = NULL;
     if (g) {
         /* A refused end changes nothing; a capture that ends disarms. */
         s->capture = NULL;
         s->prepared = 0;
+        if (c->vt->end_capture) {
+            hw_err = c->vt->end_capture(c->server, s->id, &g->hardware);
+            g->hardware_stream = s->id;
+        }
         cube_error *mode = core_stream_sync_persistent(c, s);
         if (mode) {
             cube_log_write(CUBE_LOG_WARN, "memory",
@@ -206,6 +227,12 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
         return cube_error_new(CUBE_ERR_GRAPH_STATE,
                               "cube_graph_end: the calling stream is not "
                               "capturing");
+    if (hw_err) {
+        /* The capture is over either way; nothing was run. */
+        g->hardware = 0;
+        graph_free(c, g);
+        return cube_error_prefix(hw_err, "cube_graph_end");
+    }
     g->id = atomic_fetch_add(&next_graph_id, 1);
     g->refs = 1;
     pthread_mutex_lock(&c->graphs_lock);
@@ -277,7 +304,11 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
                                  "capturing; replay after cube_graph_end");
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         size_t done = 0;
-        for (; done < g->count && !err; done++)
+        if (!err && g->hardware) {
+            err = c->vt->replay(c->server, s->id, g->hardware);
+            done = err ? 0 : g->count;
+        }
+        for (; !g->hardware && done < g->count && !err; done++)
             err = c->vt->launch(c->server, s->id, &g->entries[done].dispatch);
         if (!err)
             s->launches += g->count;

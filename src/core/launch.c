@@ -345,9 +345,14 @@ static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
     if (err)
         return err;
     if (st->capture) {
-        err = record(c, st, cc, &d, arg_of_param, r, count_res);
+        /* A hardware graph records on the device's own queue (nothing
+         * runs); a software graph keeps the dispatch. Either way no
+         * buffer changes state until a replay. */
+        if (c->vt->begin_capture)
+            err = c->vt->launch(c->server, st->id, &d);
+        if (!err)
+            err = record(c, st, cc, &d, arg_of_param, r, count_res);
         core_stream_leave(st);
-        /* Recorded, not run: no buffer changes state. */
         return err;
     }
     int timed = c->stats || core_trace_on();

@@ -5,9 +5,11 @@
 #include "core/client_internal.h"
 
 extern const cube_backend cube_backend_cpu;
+extern const cube_backend cube_backend_cuda;
 
-static const cube_backend *const backends[] = {&cube_backend_cpu, NULL};
-static const char *const backend_names[] = {"cpu", NULL};
+static const cube_backend *const backends[] = {&cube_backend_cpu,
+                                               &cube_backend_cuda, NULL};
+static const char *const backend_names[] = {"cpu", "cuda", NULL};
 
 const cube_backend *const *core_backends(void)
 {

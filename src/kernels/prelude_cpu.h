@@ -10,7 +10,8 @@
  *   cube__unit_name(launch, cube, unit, shared)
  *       runs one unit of one cube (a fiber, for kernels that call
  *       cube_sync()).
- * cube__abi_version and cube__sync_fn are set/checked by the runtime.
+ * cube__abi_version, cube__sync_fn and cube__trap_fn are set/checked by
+ * the runtime.
  */
 #include <math.h>
 #include <stddef.h>
@@ -46,6 +47,12 @@ CUBE__EXPORT void (*cube__sync_fn)(void);
 
 /* Barrier across the units of a cube. */
 #define cube_sync() cube__sync_fn()
+
+/* Set by the runtime after loading: marks the device broken. The unit
+ * itself runs on to the end of its body (a host thread cannot be stopped
+ * in the middle), so write `cube_trap(); return;` where that matters. */
+CUBE__EXPORT void (*cube__trap_fn)(void);
+#define cube_trap() cube__trap_fn()
 
 /* The locals every entry reads its arguments from (see CUBE__ARG). */
 #define CUBE__UNPACK(name)                                                     \

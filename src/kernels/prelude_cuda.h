@@ -1,10 +1,15 @@
 /* cube C — the CUDA prelude, compiled by NVRTC as CUDA C++ together with
  * the common prelude and the kernel's source.
  *
- * Entry per kernel `name`: extern "C" __global__ cube__kernel_name(ptr
- * table, len table) — the runtime passes two device pointers: an array of
- * parameter addresses and an array of byte lengths — plus the signature
- * table cube__sig_name in device memory for the runtime to read back.
+ * Entry per kernel `name`: extern "C" __global__ cube__kernel_name taking
+ * its arguments by value, as a hand-written CUDA kernel would: a leading
+ * int (the ABI tag, so every parameter view can start with a comma), then
+ * per buffer its device pointer and its length in elements, per scalar its
+ * value; shared arrays are not parameters. Shared memory is dynamic (the
+ * runtime passes cube__shared_name bytes), so a kernel may use all of the
+ * shared memory a block can opt in to, not only the 48 KiB static limit.
+ * cube__sig_name, cube__nparams_name and cube__shared_name are device
+ * globals the runtime reads back once after loading.
  */
 #if defined(__CUDACC_RTC__)
 typedef signed char int8_t;
@@ -30,15 +35,40 @@ struct cube__unit {
 };
 
 #define cube_sync() __syncthreads()
+/* Stops the kernel and breaks the device context: the launch (or the next
+ * sync) reports a device fault, and so does every later call until the
+ * client is reopened. */
+#define cube_trap() __trap()
+
+/* --- entry parameters (each item starts with a comma) --- */
+#define CUBE__KP_cube__in(i, T, n, e)                                          \
+    , const T *CUBE__RESTRICT n, unsigned long long n##__len
+#define CUBE__KP_cube__out(i, T, n, e)                                         \
+    , T *CUBE__RESTRICT n, unsigned long long n##__len
+#define CUBE__KP_cube__inout(i, T, n, e)                                       \
+    , T *CUBE__RESTRICT n, unsigned long long n##__len
+#define CUBE__KP_cube__scalar(i, T, n, e) , const T n
+#define CUBE__KP_cube__shared(i, T, n, e)
+/* --- the body's arguments, from the entry's parameters --- */
+#define CUBE__KA_cube__in(i, T, n, e) , n, n##__len
+#define CUBE__KA_cube__out(i, T, n, e) , n, n##__len
+#define CUBE__KA_cube__inout(i, T, n, e) , n, n##__len
+#define CUBE__KA_cube__scalar(i, T, n, e) , n
+#define CUBE__KA_cube__shared(i, T, n, e) , cube__shared->n
 
 #define CUBE__ENTRY(name, N, ...)                                              \
     extern "C" __device__ const cube__param_sig cube__sig_##name[] = {         \
         CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                \
+    extern "C" __device__ const unsigned int cube__nparams_##name = N;         \
+    extern "C" __device__ const unsigned long long cube__shared_##name =       \
+        (0 CUBE__EACH(CUBE__SHN, N, __VA_ARGS__)) ? sizeof(name##__shared_t)   \
+                                                  : 0;                         \
     extern "C" __global__ void cube__kernel_##name(                            \
-        void *const *cube__ptr, const unsigned long long *cube__len)           \
+        int cube__abi CUBE__EACH(CUBE__KP, N, __VA_ARGS__))                    \
     {                                                                          \
-        __shared__ name##__shared_t cube__shared_store;                        \
-        name##__shared_t *cube__shared = &cube__shared_store;                  \
+        extern __shared__ __align__(16) unsigned char cube__dynamic_shared[];  \
+        name##__shared_t *cube__shared =                                       \
+            (name##__shared_t *)cube__dynamic_shared;                          \
         cube__sink_t cube__sink;                                               \
         cube__unit cube__w;                                                    \
         cube__w.ux = threadIdx.x;                                              \
@@ -57,8 +87,9 @@ struct cube__unit {
         cube__w.ay = blockIdx.y * blockDim.y + threadIdx.y;                    \
         cube__w.az = blockIdx.z * blockDim.z + threadIdx.z;                    \
         (void)cube__shared;                                                    \
+        (void)cube__abi;                                                       \
         name##__body(cube__w,                                                  \
-                     &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));       \
+                     &cube__sink CUBE__EACH(CUBE__KA, N, __VA_ARGS__));       \
     }
 
 #define CUBE__ATOMIC_CUDA(suffix, T, CT)                                       \

@@ -1,20 +1,12 @@
 /* The CPU backend's compiler: runs the system C compiler on a translation
- * unit, loads the shared object with dlopen and keeps a verified on-disk
- * cache of the objects it built.
- *
- * Disk cache layout (one directory, 0700, owned by the user):
- *   <key>.so    the object, exactly as the compiler wrote it
- *   <key>.meta  a text record: version tag, the 64-bit key, the XXH3-128 of
- *               the whole key material, the object's size and its XXH3-128
- * An entry is used only when its meta matches the key material we expect
- * and the object's size and hash match the meta; anything else is removed
- * and rebuilt. Entries are written under temporary names and renamed into
- * place, the object before its meta, so a meta that exists always names a
- * complete object (and any mismatch is caught by the hash anyway).
+ * unit, loads the shared object with dlopen and keeps the objects it built
+ * in the backends' verified disk cache (backends/common/disk_cache.h), as
+ * <key>.so entries. Only bytes the cache verified are loaded, from a
+ * private copy (see cpu_jit_open_bytes).
  *
  * A cpu_jit never changes after cpu_jit_create, so it needs no lock: all
  * per-call state lives in private temporary directories and files created
- * with O_EXCL.
+ * with O_EXCL, and the disk cache is itself safe to share.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -26,10 +18,8 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <signal.h>
 #include <spawn.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,24 +30,18 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Lets the XXH3 state live on the stack: cpu_jit_key cannot report an
- * allocation failure. The header and library come from the same package. */
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
-
+#include "backends/common/disk_cache.h"
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
 
 extern char **environ;
 
-/* Bump when the key material, the meta format or the fixed flags change:
- * old entries then stop matching and are rebuilt. */
+/* Bump when the key material or the fixed flags change: old entries then
+ * stop matching and are rebuilt. */
 #define CPU_JIT_VERSION_TAG "cubert-cpu-jit-1"
 
 /* Objects larger than this are not cached (nor read back). */
 #define CPU_JIT_MAX_OBJECT ((size_t)1 << 30)
-/* A meta record is ~150 bytes; anything this large is not one of ours. */
-#define CPU_JIT_MAX_META 4096
 /* Compiler output kept for the error log; the rest is drained and dropped. */
 #define CPU_JIT_MAX_LOG ((size_t)1 << 20)
 
@@ -76,20 +60,12 @@ struct cpu_jit {
     char *cpu_identity; /* model name and feature flags from /proc/cpuinfo */
     char *fixed_flags;  /* cpu_jit_fixed_flags joined, for the key */
     char *tmp_base;     /* where private temporary directories go */
-    char *cache_path;   /* the disk cache directory, for messages; or NULL */
-    int cache_fd;       /* that directory, opened and checked once; or -1 */
+    disk_cache *cache;  /* the disk cache (possibly disabled) */
 };
 
 struct cpu_module {
     void *handle;
 };
-
-/* Everything about one (source, flags) pair that names its cache entry. */
-typedef struct cpu_jit_keyinfo {
-    uint64_t key;
-    XXH128_hash_t material; /* wide hash of the same material, for the meta */
-    char hex[17];
-} cpu_jit_keyinfo;
 
 /* A growable byte buffer; `failed` records an allocation failure. */
 typedef struct cpu_jit_buf {
@@ -152,54 +128,45 @@ static int cpu_jit_write_all(int fd, const void *data, size_t len)
     return 0;
 }
 
-/* Reads all of `fd` (a regular file of `size` bytes per fstat) into a new
- * buffer with a NUL after the data. Returns 0 or an errno value. */
-static int cpu_jit_read_fd(int fd, size_t size, unsigned char **out,
-                           size_t *out_len)
+/* Reads the object the compiler just wrote (at most `max` bytes) into a new
+ * buffer. Returns 0 or an errno value (EFBIG when it is larger). */
+static int cpu_jit_read_object(const char *path, size_t max,
+                               unsigned char **out, size_t *out_len)
 {
-    unsigned char *data = malloc(size + 1);
-    if (!data)
-        return ENOMEM;
-    size_t got = 0;
-    while (got < size) {
-        ssize_t n = read(fd, data + got, size - got);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            int e = errno;
-            free(data);
-            return e;
-        }
-        if (n == 0)
-            break; /* shrank since fstat: the hash check will say so */
-        got += (size_t)n;
-    }
-    data[got] = '\0';
-    *out = data;
-    *out_len = got;
-    return 0;
-}
-
-/* Opens `name` under `dirfd` (no symlinks), checks it is a regular file of
- * at most `max` bytes and reads it. Returns 0 or an errno value (EINVAL for
- * a file that is not a regular file or is too large). */
-static int cpu_jit_read_at(int dirfd, const char *name, size_t max,
-                           unsigned char **out, size_t *out_len)
-{
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
         return errno;
     struct stat st;
     int e = 0;
+    unsigned char *data = NULL;
+    size_t got = 0;
     if (fstat(fd, &st) != 0)
         e = errno;
-    else if (!S_ISREG(st.st_mode) || st.st_size < 0 ||
-             (uint64_t)st.st_size > (uint64_t)max)
+    else if (!S_ISREG(st.st_mode) || st.st_size < 0)
         e = EINVAL;
-    else
-        e = cpu_jit_read_fd(fd, (size_t)st.st_size, out, out_len);
+    else if ((uint64_t)st.st_size > (uint64_t)max)
+        e = EFBIG;
+    else if (!(data = malloc((size_t)st.st_size + 1)))
+        e = ENOMEM;
+    while (e == 0 && got < (size_t)st.st_size) {
+        ssize_t n = read(fd, data + got, (size_t)st.st_size - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            e = errno;
+        else if (n == 0)
+            break; /* the hash in the cache record covers what was read */
+        else
+            got += (size_t)n;
+    }
     close(fd);
-    return e;
+    if (e != 0) {
+        free(data);
+        return e;
+    }
+    *out = data;
+    *out_len = got;
+    return 0;
 }
 
 /* Removes a private temporary directory and the files in it. */
@@ -474,60 +441,36 @@ static cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
 
 /* --------------------------------------------------------------- the key */
 
-/* Feeds one field as (8-byte little-endian length, bytes): length prefixes
- * keep ("ab","c") and ("a","bc") apart. */
-static void cpu_jit_feed(XXH3_state_t *narrow, XXH3_state_t *wide,
-                         const char *s)
+/* Names the entry for (source, flags): everything the object depends on.
+ * A NULL string counts as "". */
+static void cpu_jit_key_make(const cpu_jit *jit, const char *source,
+                             const char *flags, disk_cache_key *out)
 {
-    if (!s)
-        s = "";
-    size_t len = strlen(s);
-    unsigned char prefix[8];
-    for (int i = 0; i < 8; i++)
-        prefix[i] = (unsigned char)((uint64_t)len >> (8 * i));
-    XXH3_64bits_update(narrow, prefix, sizeof prefix);
-    XXH3_64bits_update(narrow, s, len);
-    if (wide) {
-        XXH3_128bits_update(wide, prefix, sizeof prefix);
-        XXH3_128bits_update(wide, s, len);
+    const char *fields[] = {CPU_JIT_VERSION_TAG,
+                            jit->cc,
+                            jit->cc_identity,
+                            jit->cpu_identity,
+                            jit->fixed_flags,
+                            jit->cflags,
+                            flags,
+                            source};
+    enum { NFIELDS = sizeof fields / sizeof fields[0] };
+    const void *parts[NFIELDS];
+    size_t lens[NFIELDS];
+    for (size_t i = 0; i < NFIELDS; i++) {
+        parts[i] = fields[i] ? fields[i] : "";
+        lens[i] = fields[i] ? strlen(fields[i]) : 0;
     }
-}
-
-/* Hashes the key material; `wide` (may be NULL) gets the same bytes. */
-static uint64_t cpu_jit_hash_material(const cpu_jit *jit, const char *source,
-                                      const char *flags, XXH128_hash_t *wide)
-{
-    XXH3_state_t narrow_state, wide_state;
-    XXH3_INITSTATE(&narrow_state);
-    XXH3_INITSTATE(&wide_state);
-    XXH3_64bits_reset(&narrow_state);
-    XXH3_128bits_reset(&wide_state);
-    XXH3_state_t *w = wide ? &wide_state : NULL;
-    cpu_jit_feed(&narrow_state, w, CPU_JIT_VERSION_TAG);
-    cpu_jit_feed(&narrow_state, w, jit->cc);
-    cpu_jit_feed(&narrow_state, w, jit->cc_identity);
-    cpu_jit_feed(&narrow_state, w, jit->cpu_identity);
-    cpu_jit_feed(&narrow_state, w, jit->fixed_flags);
-    cpu_jit_feed(&narrow_state, w, jit->cflags);
-    cpu_jit_feed(&narrow_state, w, flags);
-    cpu_jit_feed(&narrow_state, w, source);
-    if (wide)
-        *wide = XXH3_128bits_digest(&wide_state);
-    return XXH3_64bits_digest(&narrow_state);
+    disk_cache_key_make(parts, lens, NFIELDS, out);
 }
 
 uint64_t cpu_jit_key(const cpu_jit *jit, const char *source, const char *flags)
 {
     if (!jit || !source)
         return 0;
-    return cpu_jit_hash_material(jit, source, flags, NULL);
-}
-
-static void cpu_jit_keyinfo_make(const cpu_jit *jit, const char *source,
-                                 const char *flags, cpu_jit_keyinfo *ki)
-{
-    ki->key = cpu_jit_hash_material(jit, source, flags, &ki->material);
-    snprintf(ki->hex, sizeof ki->hex, "%016" PRIx64, ki->key);
+    disk_cache_key key;
+    cpu_jit_key_make(jit, source, flags, &key);
+    return key.key;
 }
 
 /* -------------------------------------------------------------- modules */
@@ -607,230 +550,17 @@ void cpu_module_close(cpu_module *module)
     free(module);
 }
 
-/* ----------------------------------------------------------- disk cache */
-
-/* The meta record for an object of `len` bytes hashing to `hash`. The first
- * three lines identify the entry; the last two describe the object. */
-static void cpu_jit_meta_format(const cpu_jit_keyinfo *ki, size_t len,
-                                XXH128_hash_t hash, char *buf, size_t size,
-                                size_t *header_len)
-{
-    int h = snprintf(buf, size,
-                     CPU_JIT_VERSION_TAG "\nkey %s\nmaterial %016" PRIx64
-                                         "%016" PRIx64 "\n",
-                     ki->hex, ki->material.high64, ki->material.low64);
-    snprintf(buf + h, size - (size_t)h,
-             "size %zu\nxxh3-128 %016" PRIx64 "%016" PRIx64 "\n", len,
-             hash.high64, hash.low64);
-    *header_len = (size_t)h;
-}
-
-static void cpu_jit_entry_names(const cpu_jit_keyinfo *ki, char *so_name,
-                                char *meta_name, size_t size)
-{
-    snprintf(so_name, size, "%s.so", ki->hex);
-    snprintf(meta_name, size, "%s.meta", ki->hex);
-}
-
-static void cpu_jit_cache_remove(const cpu_jit *jit, const cpu_jit_keyinfo *ki)
-{
-    char so_name[32], meta_name[32];
-    cpu_jit_entry_names(ki, so_name, meta_name, sizeof so_name);
-    /* The meta first: without it the object is ignored. */
-    unlinkat(jit->cache_fd, meta_name, 0);
-    unlinkat(jit->cache_fd, so_name, 0);
-}
-
-typedef enum cpu_jit_lookup {
-    CPU_JIT_MISS, /* no usable entry; nothing was removed */
-    CPU_JIT_HIT,  /* *bytes hold a verified object */
-    CPU_JIT_BAD   /* an entry failed verification and was removed */
-} cpu_jit_lookup;
-
-/* Looks up and verifies the entry for `ki`, reading the object into memory
- * (verified bytes are then loaded from that copy, see cpu_jit_open_bytes).
- */
-static cpu_jit_lookup cpu_jit_cache_lookup(const cpu_jit *jit,
-                                           const cpu_jit_keyinfo *ki,
-                                           unsigned char **bytes, size_t *len)
-{
-    char so_name[32], meta_name[32], eb[128];
-    cpu_jit_entry_names(ki, so_name, meta_name, sizeof so_name);
-
-    unsigned char *meta = NULL;
-    size_t meta_len = 0;
-    int e = cpu_jit_read_at(jit->cache_fd, meta_name, CPU_JIT_MAX_META, &meta,
-                            &meta_len);
-    if (e == ENOENT || e == ENOMEM) {
-        /* Missing meta: never written, or a writer is between its two
-         * renames. Rebuilding rewrites both. */
-        return CPU_JIT_MISS;
-    }
-    const char *why = NULL;
-    unsigned char *so = NULL;
-    size_t so_len = 0;
-    if (e != 0) {
-        why = cpu_jit_strerror(e, eb, sizeof eb);
-    } else {
-        e = cpu_jit_read_at(jit->cache_fd, so_name, CPU_JIT_MAX_OBJECT, &so,
-                            &so_len);
-        if (e == ENOENT || e == ENOMEM) {
-            free(meta);
-            return CPU_JIT_MISS;
-        }
-        if (e != 0)
-            why = cpu_jit_strerror(e, eb, sizeof eb);
-    }
-    if (!why) {
-        char expect[256];
-        size_t header_len;
-        cpu_jit_meta_format(ki, so_len, XXH3_128bits(so, so_len), expect,
-                            sizeof expect, &header_len);
-        size_t expect_len = strlen(expect);
-        if (meta_len < header_len || memcmp(meta, expect, header_len) != 0) {
-            why = "its record was written for another key or version";
-        } else if (meta_len != expect_len ||
-                   memcmp(meta, expect, expect_len) != 0) {
-            /* The header matched, so the object is not what was stored. */
-            char size_line[48];
-            snprintf(size_line, sizeof size_line, "size %zu\n", so_len);
-            why = strstr((const char *)meta + header_len, size_line)
-                      ? "its object is corrupt (hash mismatch)"
-                      : "its object is truncated or resized";
-        }
-    }
-    free(meta);
-    if (why) {
-        free(so);
-        cube_log_write(CUBE_LOG_WARN, "compile",
-                       "disk cache entry %s in '%s' is bad (%s); removing it "
-                       "and rebuilding",
-                       ki->hex, jit->cache_path, why);
-        cpu_jit_cache_remove(jit, ki);
-        return CPU_JIT_BAD;
-    }
-    *bytes = so;
-    *len = so_len;
-    return CPU_JIT_HIT;
-}
-
-/* Creates a new file with a unique name starting with `prefix` in the cache
- * directory. mkstemp has no *at form; O_CREAT|O_EXCL on a fresh name gives
- * the same guarantee and keeps every access relative to the directory we
- * checked at create time (a later swap of the path for a symlink cannot
- * redirect us). Returns the fd or -1 with errno set. */
-static int cpu_jit_create_temp_at(int dirfd, const char *prefix, char *name,
-                                  size_t size)
-{
-    static atomic_uint_fast64_t counter;
-    for (int attempt = 0; attempt < 100; attempt++) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t seed[4] = {(uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec,
-                            (uint64_t)getpid(),
-                            (uint64_t)atomic_fetch_add(&counter, 1)};
-        snprintf(name, size, "%s%016" PRIx64, prefix,
-                 XXH3_64bits(seed, sizeof seed));
-        int fd =
-            openat(dirfd, name,
-                   O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd >= 0 || errno != EEXIST)
-            return fd;
-    }
-    errno = EEXIST;
-    return -1;
-}
-
-/* Writes `len` bytes to a new temporary file in the cache and fsyncs it.
- * Returns 0, or -1 with errno set (and nothing left behind). */
-static int cpu_jit_write_temp(const cpu_jit *jit, const char *prefix,
-                              const void *data, size_t len, char *name,
-                              size_t size)
-{
-    int fd = cpu_jit_create_temp_at(jit->cache_fd, prefix, name, size);
-    if (fd < 0)
-        return -1;
-    int rc = cpu_jit_write_all(fd, data, len);
-    if (rc == 0)
-        rc = fsync(fd);
-    int e = errno;
-    if (close(fd) != 0 && rc == 0) {
-        rc = -1;
-        e = errno;
-    }
-    if (rc != 0) {
-        unlinkat(jit->cache_fd, name, 0);
-        errno = e;
-    }
-    return rc;
-}
-
-/* Stores an object in the disk cache. Failures only cost a rebuild later,
- * so they are warnings. Order: both files are written and synced under
- * temporary names; then the object is renamed into place, then the meta.
- * A reader that finds a meta therefore finds a complete object (a new one,
- * or an older one that the hash check rejects); concurrent writers of the
- * same key each rename complete files, so the last writer wins. */
-static void cpu_jit_cache_store(const cpu_jit *jit, const cpu_jit_keyinfo *ki,
-                                const unsigned char *bytes, size_t len)
-{
-    char so_name[32], meta_name[32], so_tmp[64], meta_tmp[64], prefix[48];
-    char meta[256], eb[128];
-    size_t header_len;
-    cpu_jit_entry_names(ki, so_name, meta_name, sizeof so_name);
-    cpu_jit_meta_format(ki, len, XXH3_128bits(bytes, len), meta, sizeof meta,
-                        &header_len);
-
-    const char *step = "write the object";
-    snprintf(prefix, sizeof prefix, ".%s.so.tmp-", ki->hex);
-    if (cpu_jit_write_temp(jit, prefix, bytes, len, so_tmp, sizeof so_tmp) != 0)
-        goto fail;
-    step = "write the record";
-    snprintf(prefix, sizeof prefix, ".%s.meta.tmp-", ki->hex);
-    if (cpu_jit_write_temp(jit, prefix, meta, strlen(meta), meta_tmp,
-                           sizeof meta_tmp) != 0) {
-        int e = errno;
-        unlinkat(jit->cache_fd, so_tmp, 0);
-        errno = e;
-        goto fail;
-    }
-    step = "rename the object";
-    if (renameat(jit->cache_fd, so_tmp, jit->cache_fd, so_name) != 0) {
-        int e = errno;
-        unlinkat(jit->cache_fd, so_tmp, 0);
-        unlinkat(jit->cache_fd, meta_tmp, 0);
-        errno = e;
-        goto fail;
-    }
-    step = "rename the record";
-    if (renameat(jit->cache_fd, meta_tmp, jit->cache_fd, meta_name) != 0) {
-        int e = errno;
-        unlinkat(jit->cache_fd, meta_tmp, 0);
-        errno = e;
-        goto fail;
-    }
-    /* Make the renames durable; a crash before this only loses the entry
-     * (a meta without its object, or neither), never pairs wrong ones. */
-    fsync(jit->cache_fd);
-    return;
-fail:
-    cube_log_write(CUBE_LOG_WARN, "compile",
-                   "cannot %s of disk cache entry %s in '%s': %s", step,
-                   ki->hex, jit->cache_path,
-                   cpu_jit_strerror(errno, eb, sizeof eb));
-}
-
 /* ------------------------------------------------------------- building */
 
 /* Compiles in a private temporary directory, loads the result and stores
  * it in the disk cache (when there is one). */
 static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
-                                 const char *flags, const cpu_jit_keyinfo *ki,
+                                 const char *flags, const disk_cache_key *key,
                                  cpu_module **out)
 {
     if (cube_log_enabled(CUBE_LOG_TRACE))
         cube_log_write(CUBE_LOG_TRACE, "compile",
-                       "source of %s (flags '%s'):\n%s", ki->hex,
+                       "source of %s (flags '%s'):\n%s", key->hex,
                        flags ? flags : "", source);
     char *dir = NULL;
     cube_error *err = cpu_jit_make_tmpdir(jit, "cc", &dir);
@@ -858,7 +588,7 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
         goto done;
     }
 
-    err = cpu_jit_compile(jit, flags, ki->hex, src_path, so_path);
+    err = cpu_jit_compile(jit, flags, key->hex, src_path, so_path);
     if (err)
         goto done;
     /* The freshly written file is a new inode in a private directory, so it
@@ -867,20 +597,19 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
     if (err)
         goto done;
 
-    if (jit->cache_fd >= 0) {
-        /* Cache the bytes read here: the meta then describes exactly what
+    if (disk_cache_path(jit->cache)) {
+        /* Cache the bytes read here: the record then describes exactly what
          * is written to the cache. */
         unsigned char *bytes = NULL;
         size_t len = 0;
-        e = cpu_jit_read_at(AT_FDCWD, so_path, CPU_JIT_MAX_OBJECT, &bytes,
-                            &len);
+        e = cpu_jit_read_object(so_path, CPU_JIT_MAX_OBJECT, &bytes, &len);
         if (e == 0) {
-            cpu_jit_cache_store(jit, ki, bytes, len);
+            disk_cache_put(jit->cache, key, bytes, len);
             free(bytes);
         } else {
             char eb[128];
             cube_log_write(CUBE_LOG_WARN, "compile",
-                           "not caching %s: cannot read '%s': %s", ki->hex,
+                           "not caching %s: cannot read '%s': %s", key->hex,
                            so_path, cpu_jit_strerror(e, eb, sizeof eb));
         }
     }
@@ -903,20 +632,21 @@ cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
                               !jit      ? "jit"
                               : !source ? "source"
                                         : "out");
-    cpu_jit_keyinfo ki;
-    cpu_jit_keyinfo_make(jit, source, flags, &ki);
+    disk_cache_key key;
+    cpu_jit_key_make(jit, source, flags, &key);
 
-    if (jit->cache_fd >= 0) {
+    if (disk_cache_path(jit->cache)) {
         double t0 = cpu_jit_now_ms();
         unsigned char *bytes = NULL;
         size_t len = 0;
-        if (cpu_jit_cache_lookup(jit, &ki, &bytes, &len) == CPU_JIT_HIT) {
+        if (disk_cache_get(jit->cache, &key, CPU_JIT_MAX_OBJECT, &bytes,
+                           &len) == DISK_CACHE_HIT) {
             cube_error *err = cpu_jit_open_bytes(jit, bytes, len, out);
             free(bytes);
             if (!err) {
                 cube_log_write(CUBE_LOG_DEBUG, "compile",
                                "loaded %s from the disk cache in %.2f ms",
-                               ki.hex, cpu_jit_now_ms() - t0);
+                               key.hex, cpu_jit_now_ms() - t0);
                 if (origin)
                     *origin = CPU_JIT_DISK;
                 return NULL;
@@ -925,12 +655,12 @@ cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
              * gone): drop it and rebuild. */
             cube_log_write(CUBE_LOG_WARN, "compile",
                            "disk cache entry %s did not load (%s); rebuilding",
-                           ki.hex, cube_error_message(err));
+                           key.hex, cube_error_message(err));
             cube_error_free(err);
-            cpu_jit_cache_remove(jit, &ki);
+            disk_cache_remove(jit->cache, &key);
         }
     }
-    cube_error *err = cpu_jit_build(jit, source, flags, &ki, out);
+    cube_error *err = cpu_jit_build(jit, source, flags, &key, out);
     if (!err && origin)
         *origin = CPU_JIT_COMPILED;
     return err;
@@ -969,11 +699,11 @@ static char *cpu_jit_probe_cpu(void)
     static const char *const fields[] = {"model name", "flags", "Features",
                                          "CPU implementer", "CPU part"};
     enum { NFIELDS = sizeof fields / sizeof fields[0] };
-    bool seen[NFIELDS] = {false};
     cpu_jit_buf id = {0};
     cpu_jit_buf_append(&id, "", 0);
     FILE *f = fopen("/proc/cpuinfo", "re");
     if (f) {
+        bool seen[NFIELDS] = {false};
         char *line = NULL;
         size_t cap = 0;
         size_t found = 0;
@@ -1021,106 +751,17 @@ static const char *cpu_jit_env(const char *name)
     return v && *v ? v : NULL;
 }
 
-/* The default cache directory, or NULL with *oom false when there is none
- * (no usable environment variable). */
-static char *cpu_jit_default_cache_dir(bool *oom)
-{
-    const char *base;
-    const char *tail;
-    *oom = false;
-    if ((base = cpu_jit_env("CUBERT_CACHE_DIR")) != NULL) {
-        tail = "cpu";
-    } else if ((base = cpu_jit_env("XDG_CACHE_HOME")) != NULL &&
-               base[0] == '/') {
-        tail = "cubert/cpu"; /* XDG says relative values are ignored */
-    } else if ((base = cpu_jit_env("HOME")) != NULL) {
-        tail = ".cache/cubert/cpu";
-    } else {
-        return NULL;
-    }
-    char *path = cpu_jit_join(base, tail);
-    if (!path)
-        *oom = true;
-    return path;
-}
-
-/* mkdir -p with 0700 for every directory it creates. Returns 0 or errno. */
-static int cpu_jit_mkdirs(char *path)
-{
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        int rc = mkdir(path, 0700);
-        int e = errno;
-        *p = '/';
-        if (rc != 0 && e != EEXIST)
-            return e;
-    }
-    if (mkdir(path, 0700) != 0 && errno != EEXIST)
-        return errno;
-    return 0;
-}
-
-/* Creates and opens the cache directory, refusing one that another user
- * could tamper with. Returns the directory fd, or -1 after a warning. */
-static int cpu_jit_open_cache_dir(char *path)
-{
-    char eb[128];
-    /* A trailing slash would make O_NOFOLLOW follow a final symlink. */
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/')
-        path[--n] = '\0';
-    int e = cpu_jit_mkdirs(path);
-    if (e != 0) {
-        cube_log_write(CUBE_LOG_WARN, "compile",
-                       "disk cache disabled: cannot create '%s': %s", path,
-                       cpu_jit_strerror(e, eb, sizeof eb));
-        return -1;
-    }
-    struct stat st;
-    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
-        cube_log_write(CUBE_LOG_WARN, "compile",
-                       "disk cache disabled: '%s' is a symbolic link", path);
-        return -1;
-    }
-    /* O_NOFOLLOW also closes the window between lstat and open. */
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        cube_log_write(CUBE_LOG_WARN, "compile",
-                       "disk cache disabled: cannot open '%s': %s", path,
-                       cpu_jit_strerror(errno, eb, sizeof eb));
-        return -1;
-    }
-    const char *why = NULL;
-    if (fstat(fd, &st) != 0)
-        why = "cannot stat it";
-    else if (st.st_uid != geteuid())
-        why = "it is owned by another user";
-    else if (st.st_mode & (S_IWGRP | S_IWOTH))
-        why = "it is writable by group or others (chmod 700 fixes that)";
-    if (why) {
-        cube_log_write(CUBE_LOG_WARN, "compile",
-                       "disk cache disabled: refusing '%s': %s", path, why);
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 void cpu_jit_destroy(cpu_jit *jit)
 {
     if (!jit)
         return;
-    if (jit->cache_fd >= 0)
-        close(jit->cache_fd);
+    disk_cache_close(jit->cache);
     free(jit->cc);
     free(jit->cflags);
     free(jit->cc_identity);
     free(jit->cpu_identity);
     free(jit->fixed_flags);
     free(jit->tmp_base);
-    free(jit->cache_path);
     free(jit);
 }
 
@@ -1134,7 +775,6 @@ cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out)
     if (!jit)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "cpu_jit_create: out of memory");
-    jit->cache_fd = -1;
 
     const char *cc = options ? options->cc : NULL;
     if (!cc || !*cc)
@@ -1155,30 +795,19 @@ cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out)
     if (!jit->cc_identity)
         goto oom;
 
-    const char *dir = options ? options->cache_dir : NULL;
-    if (dir) {
-        if (*dir && !(jit->cache_path = strdup(dir)))
-            goto oom;
-    } else {
-        bool oom = false;
-        jit->cache_path = cpu_jit_default_cache_dir(&oom);
-        if (oom)
-            goto oom;
-        if (!jit->cache_path)
-            cube_log_write(CUBE_LOG_INFO, "compile",
-                           "disk cache disabled: no CUBERT_CACHE_DIR, "
-                           "XDG_CACHE_HOME or HOME");
+    /* Same meaning as disk_cache_open's dir: NULL for the default, ""
+     * for none. */
+    cube_error *err =
+        disk_cache_open(options ? options->cache_dir : NULL, "cpu", ".so",
+                        CPU_JIT_VERSION_TAG, &jit->cache);
+    if (err) {
+        cpu_jit_destroy(jit);
+        return cube_error_prefix(err, "cpu_jit_create");
     }
-    if (jit->cache_path) {
-        jit->cache_fd = cpu_jit_open_cache_dir(jit->cache_path);
-        if (jit->cache_fd < 0) {
-            free(jit->cache_path);
-            jit->cache_path = NULL;
-        }
-    }
-    cube_log_write(CUBE_LOG_DEBUG, "compile",
-                   "cpu jit: compiler '%s' (%s), disk cache %s", jit->cc,
-                   jit->cc_identity, jit->cache_path ? jit->cache_path : "off");
+    cube_log_write(
+        CUBE_LOG_DEBUG, "compile", "cpu jit: compiler '%s' (%s), disk cache %s",
+        jit->cc, jit->cc_identity,
+        disk_cache_path(jit->cache) ? disk_cache_path(jit->cache) : "off");
     *out = jit;
     return NULL;
 oom:

@@ -296,6 +296,15 @@ static cube_error *cpu_flush(cube_server *server, cube_stream_id stream)
 
 /* --- compilation --- */
 
+/* Set by cube_trap() on the thread that ran the unit; run_range turns it
+ * into the launch's device fault. */
+static _Thread_local int cpu_trapped;
+
+static void cpu_trap(void)
+{
+    cpu_trapped = 1;
+}
+
 static void cpu_sync_yield(void)
 {
     cpu_fibers_yield(cpu_fibers_current());
@@ -353,7 +362,9 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     cpu_run_fn run = (cpu_run_fn)symbol(m, "cube__run_", name);
     cpu_unit_fn unit = (cpu_unit_fn)symbol(m, "cube__unit_", name);
     void (**sync_fn)(void) = cpu_module_symbol(m, "cube__sync_fn");
-    if (!abi || !sig || !nparams || !shared || !run || !unit || !sync_fn) {
+    void (**trap_fn)(void) = cpu_module_symbol(m, "cube__trap_fn");
+    if (!abi || !sig || !nparams || !shared || !run || !unit || !sync_fn ||
+        !trap_fn) {
         cpu_module_close(m);
         return cube_error_new(CUBE_ERR_COMPILE,
                               "kernel '%s': the source defines no "
@@ -368,6 +379,7 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
                               name, *abi, *nparams, CPU_ABI, CUBE_MAX_PARAMS);
     }
     *sync_fn = cpu_sync_yield;
+    *trap_fn = cpu_trap;
     cpu_kernel_impl *impl = calloc(1, sizeof *impl);
     if (!impl) {
         cpu_module_close(m);
@@ -448,6 +460,16 @@ static void run_unit(void *arg, uint32_t index)
     a->ctx->impl->unit(&a->ctx->abi, a->cube, index, a->shared);
 }
 
+static cube_error *trap_check(void)
+{
+    if (!cpu_trapped)
+        return NULL;
+    cpu_trapped = 0;
+    return cube_error_new(CUBE_ERR_DEVICE_FAULT,
+                          "a kernel called cube_trap(); the device is "
+                          "broken, reopen the client");
+}
+
 static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
                              cpu_thread_local *local)
 {
@@ -457,7 +479,7 @@ static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
         return err;
     if (!ctx->fibers) {
         ctx->impl->run(&ctx->abi, begin, end, local->shared);
-        return NULL;
+        return trap_check();
     }
     if (!local->fibers) {
         err = cpu_fibers_create(CPU_FIBER_STACK, &local->fibers);
@@ -470,7 +492,7 @@ static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
         if (err)
             return err;
     }
-    return NULL;
+    return trap_check();
 }
 
 static cube_error *cpu_launch(cube_server *server, cube_stream_id stream,

@@ -1,0 +1,266 @@
+/* Hardware graphs through stream capture, and profiling with CUDA events.
+ *
+ * A capture runs in thread-local mode, so other threads' driver calls
+ * cannot invalidate it. Launches inside it are recorded by the driver, not
+ * run; the blocks they touch are noted so a replay can order itself after
+ * their writers on other streams and mark them written. A capture during
+ * which the stream's pools had to take new device memory is rejected at
+ * its end: its graph would depend on memory the warm-up did not hold. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda_internal.h"
+#include "cubert/log.h"
+
+typedef struct cuda_graph {
+    CUgraph graph;
+    CUgraphExec exec;
+    cuda_block **blocks; /* each once */
+    size_t count;
+    cuda_stream *last; /* the stream of the latest replay */
+} cuda_graph;
+
+static uint64_t reserved(mem_manager *m)
+{
+    cube_memory_usage u;
+    mem_usage(m, &u);
+    return u.bytes_reserved;
+}
+
+cube_error *cuda_capture_note(cuda_stream *st, cuda_block *blk)
+{
+    for (size_t i = 0; i < st->captured_count; i++)
+        if (st->captured[i] == blk)
+            return NULL;
+    if (st->captured_count == st->captured_cap) {
+        size_t cap = st->captured_cap ? st->captured_cap * 2 : 32;
+        cuda_block **grown = realloc(st->captured, cap * sizeof *grown);
+        if (!grown)
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+        st->captured = grown;
+        st->captured_cap = cap;
+    }
+    st->captured[st->captured_count++] = blk;
+    return NULL;
+}
+
+cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_get(s, stream, 1, &st);
+    if (!err)
+        err = cuda_enter(s);
+    if (err)
+        return err;
+    /* Other streams waiting on this one during the capture use this
+     * record: nothing captured runs before the replay. */
+    err = cuda_stream_record(s, st);
+    if (err)
+        return err;
+    st->captured_count = 0;
+    st->capture_failed = 0;
+    st->reserved_at_begin = reserved(st->mem);
+    CUresult r = s->api->cuStreamBeginCapture(
+        st->cu, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_GRAPH_STATE, "cuStreamBeginCapture");
+    st->capturing = 1;
+    return NULL;
+}
+
+cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
+                             uint64_t *graph)
+{
+    cuda_server *s = (cuda_server *)server;
+    *graph = 0;
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_get(s, stream, 0, &st);
+    if (!err && (!st || !st->capturing))
+        err =
+            cube_error_new(CUBE_ERR_GRAPH_STATE, "the stream is not capturing");
+    if (!err)
+        err = cuda_enter(s);
+    if (err)
+        return err;
+    CUgraph g = NULL;
+    CUresult r = s->api->cuStreamEndCapture(st->cu, &g);
+    st->capturing = 0;
+    uint64_t grown = reserved(st->mem) - st->reserved_at_begin;
+    if (r != CUDA_SUCCESS) {
+        err = cuda_fail(s, r, CUBE_ERR_GRAPH_STATE,
+                        "the capture was invalidated");
+    } else if (reserved(st->mem) > st->reserved_at_begin) {
+        err = cube_error_new(CUBE_ERR_GRAPH_STATE,
+                             "the capture had to take %llu bytes of new "
+                             "device memory; run the work once after "
+                             "cube_graph_prepare (a warm-up) so the capture "
+                             "finds its memory in the pools",
+                             (unsigned long long)grown);
+    }
+    cuda_graph *cg = NULL;
+    if (!err) {
+        cg = calloc(1, sizeof *cg);
+        if (cg && st->captured_count) {
+            cg->blocks = malloc(st->captured_count * sizeof *cg->blocks);
+            if (!cg->blocks) {
+                free(cg);
+                cg = NULL;
+            }
+        }
+        if (!cg)
+            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph");
+    }
+    if (!err) {
+        r = s->api->cuGraphInstantiateWithFlags(&cg->exec, g, 0);
+        if (r != CUDA_SUCCESS)
+            err = cuda_fail(s, r, CUBE_ERR_GRAPH_STATE,
+                            "cuGraphInstantiateWithFlags");
+    }
+    if (err) {
+        if (cg) {
+            free(cg->blocks);
+            free(cg);
+        }
+        if (g)
+            s->api->cuGraphDestroy(g);
+        st->captured_count = 0;
+        return err;
+    }
+    cg->graph = g;
+    memcpy(cg->blocks, st->captured, st->captured_count * sizeof *cg->blocks);
+    cg->count = st->captured_count;
+    st->captured_count = 0;
+    *graph = (uint64_t)(uintptr_t)cg;
+    return NULL;
+}
+
+cube_error *cuda_replay(cube_server *server, cube_stream_id stream,
+                        uint64_t graph)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_graph *cg = (cuda_graph *)(uintptr_t)graph;
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_get(s, stream, 1, &st);
+    if (!err)
+        err = cuda_enter(s);
+    for (size_t i = 0; i < cg->count && !err; i++)
+        err = cuda_block_before_use(s, st, cg->blocks[i]);
+    if (err)
+        return err;
+    CUresult r = s->api->cuGraphLaunch(cg->exec, st->cu);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuGraphLaunch");
+    cg->last = st;
+    uint64_t seq = cuda_stream_next(st);
+    int shared = 0;
+    /* Every block the graph touches counts as written: the replay is one
+     * operation, and inputs are never rewritten by other streams while it
+     * may run without their own ordering. */
+    for (size_t i = 0; i < cg->count; i++)
+        shared |= cuda_block_used(st, cg->blocks[i], seq, 1);
+    return shared ? cuda_stream_record(s, st) : NULL;
+}
+
+void cuda_graph_destroy(cube_server *server, cube_stream_id stream,
+                        uint64_t graph)
+{
+    (void)stream;
+    cuda_server *s = (cuda_server *)server;
+    cuda_graph *cg = (cuda_graph *)(uintptr_t)graph;
+    if (!cg)
+        return;
+    cube_error_free(cuda_enter(s));
+    /* A replay still running reads the graph's buffers: let it finish
+     * before the caller unpins them. */
+    if (cg->last)
+        s->api->cuStreamSynchronize(cg->last->cu);
+    s->api->cuGraphExecDestroy(cg->exec);
+    s->api->cuGraphDestroy(cg->graph);
+    free(cg->blocks);
+    free(cg);
+}
+
+/* --- profiling --- */
+
+typedef struct cuda_window {
+    CUevent start, end;
+} cuda_window;
+
+cube_error *cuda_start_profile(cube_server *server, cube_stream_id stream,
+                               uint64_t *token)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_get(s, stream, 1, &st);
+    if (!err)
+        err = cuda_enter(s);
+    if (err)
+        return err;
+    cuda_window *w = calloc(1, sizeof *w);
+    if (!w)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "profile");
+    err = cuda_event_get(s, &w->start);
+    if (!err)
+        err = cuda_event_get(s, &w->end);
+    if (!err) {
+        CUresult r = s->api->cuEventRecord(w->start, st->cu);
+        if (r != CUDA_SUCCESS)
+            err = cuda_fail(s, r, CUBE_ERR_PROFILE, "cuEventRecord");
+    }
+    if (err) {
+        if (w->start)
+            cuda_event_put(s, w->start);
+        if (w->end)
+            cuda_event_put(s, w->end);
+        free(w);
+        return err;
+    }
+    *token = (uint64_t)(uintptr_t)w;
+    return NULL;
+}
+
+static void window_free(cuda_server *s, cuda_window *w)
+{
+    cuda_event_put(s, w->start);
+    cuda_event_put(s, w->end);
+    free(w);
+}
+
+cube_error *cuda_end_profile(cube_server *server, cube_stream_id stream,
+                             uint64_t token, double *seconds,
+                             cube_timing_method *method)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_window *w = (cuda_window *)(uintptr_t)token;
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_get(s, stream, 1, &st);
+    if (!err)
+        err = cuda_enter(s);
+    if (err) {
+        window_free(s, w);
+        return err;
+    }
+    const cuda_api *a = s->api;
+    float ms = 0;
+    CUresult r = a->cuEventRecord(w->end, st->cu);
+    if (r == CUDA_SUCCESS)
+        r = a->cuEventSynchronize(w->end);
+    if (r == CUDA_SUCCESS)
+        r = a->cuEventElapsedTime(&ms, w->start, w->end);
+    window_free(s, w);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_PROFILE, "timing a profile window");
+    *seconds = (double)ms / 1e3;
+    *method = CUBE_TIMING_DEVICE;
+    return cuda_inflight_reap(s, st, 0);
+}
+
+void cuda_abandon_profile(cube_server *server, cube_stream_id stream,
+                          uint64_t token)
+{
+    (void)stream;
+    /* The start event may still be pending: re-recording a pooled event
+     * later is allowed, so it goes back without a wait. */
+    window_free((cuda_server *)server, (cuda_window *)(uintptr_t)token);
+}

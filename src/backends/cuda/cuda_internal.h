@@ -1,0 +1,245 @@
+/* The CUDA backend's internals, shared by the files of src/backends/cuda.
+ *
+ * One server per client: its own CUDA context (so a sticky fault breaks
+ * this client only and reopening recovers), a non-blocking CUDA stream per
+ * cubert stream, device memory through one pooled manager per stream,
+ * pinned host memory through a pooled manager of its own.
+ *
+ * Ordering across streams (docs/architecture.md): every operation a stream
+ * submits gets the next value of the stream's sequence counter. A buffer
+ * (cuda_block) remembers its last writer as (stream, sequence) and the
+ * other streams that used it. A stream about to use a buffer last written
+ * elsewhere makes its CUDA stream wait on the writer's event, recorded at
+ * or after that write; a buffer touched by several streams has its
+ * writer's event recorded right after each write, so the wait is for that
+ * write and what came before it on that stream, not for later work. A
+ * buffer released while other streams used it is given back only after
+ * its owner stream was made to wait for those uses, and a block handed out
+ * again starts with its owner's current position as its "writer", so a
+ * first use elsewhere also waits for the memory's previous life.
+ */
+#ifndef CUBE_CUDA_INTERNAL_H
+#define CUBE_CUDA_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "backends/common/disk_cache.h"
+#include "backends/cuda/cuda_api.h"
+#include "cubert/backend/errors.h"
+#include "cubert/backend/server.h"
+#include "memory/memory_manager.h"
+
+#define CUDA_ALIGNMENT 256
+#define CUDA_MAX_STREAMS 4096 /* per client; a stream index has 16 bits */
+#define CUDA_USE_SLOTS 4      /* foreign streams a block tracks exactly */
+
+/* (stream index + 1) << 48 | sequence; 0 for "none". */
+#define CUDA_TAG(index, seq) ((((uint64_t)(index) + 1) << 48) | (seq))
+#define CUDA_TAG_INDEX(tag) ((uint32_t)((tag) >> 48) - 1)
+#define CUDA_TAG_SEQ(tag) ((tag) & (((uint64_t)1 << 48) - 1))
+
+typedef struct cuda_server cuda_server;
+typedef struct cuda_stream cuda_stream;
+
+/* A buffer's device memory and its cross-stream state; the storage's
+ * cookie. */
+typedef struct cuda_block {
+    cube_storage inner; /* what the stream's manager handed out */
+    cuda_stream *owner;
+    _Atomic uint64_t writer;               /* last writer's tag */
+    _Atomic uint64_t uses[CUDA_USE_SLOTS]; /* other streams' last uses */
+    atomic_int shared;                     /* used on two streams or more */
+    atomic_int many;                       /* more users than slots */
+    struct cuda_block *next_free;          /* in the server's free list */
+} cuda_block;
+
+/* A block of pinned host memory in flight: given back once `event` (on
+ * the stream that used it) has completed. */
+typedef struct cuda_inflight {
+    cube_storage pinned;
+    CUevent event;
+} cuda_inflight;
+
+struct cuda_stream {
+    cube_stream_id id;
+    uint32_t index;
+    CUstream cu;
+    mem_manager *mem;
+    /* Operations submitted; bumped by the stream's own calls and by
+     * releases from other threads that make it wait. */
+    _Atomic uint64_t seq;
+    /* The cross-stream event and the sequence its last record covers;
+     * under `lock` (other streams record and wait on it). */
+    pthread_mutex_t lock;
+    CUevent event;
+    uint64_t event_seq;
+    /* The highest sequence of each other stream this one already waits
+     * for; touched only by calls on this stream (the client serializes
+     * them). Indexed by stream index. */
+    uint64_t *waited;
+    uint32_t waited_cap;
+    /* Pinned blocks of finished-or-not transfers, oldest first; touched
+     * only by calls on this stream. */
+    cuda_inflight *inflight;
+    size_t inflight_head, inflight_count, inflight_cap;
+    uint64_t inflight_bytes;
+    CUevent done; /* recorded to wait for this stream's own transfers */
+    /* Capture state (calls on this stream only). */
+    int capturing;
+    uint64_t reserved_at_begin;
+    cuda_block **captured;
+    size_t captured_count, captured_cap;
+    int capture_failed; /* a launch was refused inside the capture */
+    /* 16 bytes of pinned memory a dynamic cube count is read into. */
+    cube_storage count_host;
+};
+
+/* The copy helpers (cuda_transfer.c). */
+typedef struct cuda_copier cuda_copier;
+
+struct cuda_server {
+    cube_server base;
+    const cuda_api *api;
+    CUdevice device;
+    CUcontext ctx;
+    int ordinal;
+    cube_properties props;
+    uint64_t serial; /* process-unique; keys per-thread caches */
+    int arch_major, arch_minor;
+    int optin_shared; /* bytes a block may opt in to */
+    atomic_int faulted;
+
+    disk_cache *cache;
+
+    /* Streams: a fixed array of pointers filled in as streams appear, so
+     * a stream found by index needs no lock. */
+    pthread_mutex_t streams_lock;
+    cuda_stream **streams; /* CUDA_MAX_STREAMS entries */
+    _Atomic uint32_t stream_count;
+    cube_memory_layout layout; /* what new streams get (under the lock) */
+    int has_layout;
+
+    /* Block records, recycled. */
+    pthread_mutex_t blocks_lock;
+    cuda_block *free_blocks;
+
+    /* Pinned host memory: the staging manager and the buffers handed out
+     * through cube_staging (to tell pinned sources from pageable ones). */
+    mem_manager *pinned;
+    pthread_mutex_t staging_lock;
+    cube_storage *staging;
+    size_t staging_count, staging_cap;
+    cuda_copier *copier;
+
+    /* Events for profiling windows, recycled. */
+    pthread_mutex_t events_lock;
+    CUevent *free_events;
+    size_t free_event_count, free_event_cap;
+};
+
+/* --- cuda_server.c --- */
+/* Makes the server's context current on the calling thread. */
+cube_error *cuda_enter(cuda_server *s);
+/* A cube_error for a failed driver call; notes a device fault. */
+cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
+                      const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* --- cuda_streams.c --- */
+/* The stream `id` (created on first use when `create`; else NULL when it
+ * does not exist). Errors: CUBE_ERR_OUT_OF_MEMORY, a driver error,
+ * CUBE_ERR_RESOURCE_LIMIT (too many streams). */
+cube_error *cuda_stream_get(cuda_server *s, cube_stream_id id, int create,
+                            cuda_stream **out);
+void cuda_streams_destroy(cuda_server *s);
+/* Orders `st` after the last write of `blk` on another stream. Call
+ * before submitting work on `st` that touches `blk` (inside a capture it
+ * notes the block for the graph instead). */
+cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
+                                  cuda_block *blk);
+/* Notes that the operation `seq` just submitted on `st` used `blk` (wrote
+ * it, when `written`). Returns whether other streams share the block: a
+ * writer then records its event once for all its outputs, so later waits
+ * are for this write. Sequences come from cuda_stream_next. */
+int cuda_block_used(cuda_stream *st, cuda_block *blk, uint64_t seq,
+                    int written);
+/* Counts an operation submitted on `st`; returns its sequence. */
+static inline uint64_t cuda_stream_next(cuda_stream *st)
+{
+    return atomic_fetch_add(&st->seq, 1) + 1;
+}
+/* Records `st`'s cross-stream event to cover everything submitted. */
+cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st);
+/* Makes `st` wait for stream `index` up to `seq`. */
+cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
+                                 uint32_t index, uint64_t seq);
+
+/* The memory slots of the vtable (cuda_streams.c). */
+cube_error *cuda_initialize_memory(cube_server *server, cube_stream_id stream,
+                                   uint64_t size, cube_storage *out);
+void cuda_release_memory(cube_server *server, cube_stream_id stream,
+                         cube_storage *storage);
+cube_error *cuda_memory_usage(cube_server *server, cube_stream_id stream,
+                              cube_memory_usage *out);
+cube_error *cuda_memory_cleanup(cube_server *server, cube_stream_id stream);
+cube_error *cuda_memory_report(cube_server *server, cube_stream_id stream,
+                               cube_memory_report *out);
+cube_error *cuda_memory_reset_peaks(cube_server *server, cube_stream_id stream);
+cube_error *cuda_install_memory_pools(cube_server *server,
+                                      cube_stream_id stream,
+                                      const cube_memory_layout *layout);
+cube_error *cuda_allocation_mode(cube_server *server, cube_stream_id stream,
+                                 int persistent);
+cube_error *cuda_sync(cube_server *server, cube_stream_id stream,
+                      const cube_binding *bindings, size_t n);
+cube_error *cuda_flush(cube_server *server, cube_stream_id stream);
+
+/* --- cuda_transfer.c --- */
+cube_error *cuda_pinned_create(cuda_server *s);
+void cuda_pinned_destroy(cuda_server *s);
+/* Gives back the stream's finished pinned blocks; with `all`, waits for
+ * the rest first. */
+cube_error *cuda_inflight_reap(cuda_server *s, cuda_stream *st, int all);
+cube_error *cuda_read(cube_server *server, cube_stream_id stream,
+                      const cube_copy_op *ops, size_t n, void *const *dst,
+                      cube_pending **pending);
+cube_error *cuda_read_wait(cube_server *server, cube_pending *pending);
+cube_error *cuda_write(cube_server *server, cube_stream_id stream,
+                       const cube_copy_op *ops, size_t n,
+                       const void *const *src);
+/* Events from the server's pool (timing enabled). */
+cube_error *cuda_event_get(cuda_server *s, CUevent *out);
+void cuda_event_put(cuda_server *s, CUevent ev);
+cube_error *cuda_staging(cube_server *server, const uint64_t *sizes, size_t n,
+                         void **out);
+void cuda_staging_free(cube_server *server, void *buffer);
+
+/* --- cuda_kernels.c --- */
+cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
+                         uint32_t mode, cube_compiled *out);
+void cuda_compiled_release(cube_server *server, cube_compiled *compiled);
+cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
+                        const cube_dispatch *dispatch);
+
+/* --- cuda_graph.c --- */
+cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream);
+cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
+                             uint64_t *graph);
+cube_error *cuda_replay(cube_server *server, cube_stream_id stream,
+                        uint64_t graph);
+void cuda_graph_destroy(cube_server *server, cube_stream_id stream,
+                        uint64_t graph);
+cube_error *cuda_start_profile(cube_server *server, cube_stream_id stream,
+                               uint64_t *token);
+cube_error *cuda_end_profile(cube_server *server, cube_stream_id stream,
+                             uint64_t token, double *seconds,
+                             cube_timing_method *method);
+void cuda_abandon_profile(cube_server *server, cube_stream_id stream,
+                          uint64_t token);
+void cuda_events_destroy(cuda_server *s);
+/* Notes `blk` as used by the capture in progress on `st`. */
+cube_error *cuda_capture_note(cuda_stream *st, cuda_block *blk);
+
+#endif /* CUBE_CUDA_INTERNAL_H */

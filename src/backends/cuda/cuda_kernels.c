@@ -1,0 +1,448 @@
+/* Kernels on CUDA: cube C through the CUDA prelude and NVRTC to CUBIN for
+ * the device's exact architecture (PTX when NVRTC does not know it), a
+ * verified disk cache, and launches with arguments passed by value. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/cuda/cuda_internal.h"
+#include "cubert/log.h"
+
+extern const char cube_prelude_common[];
+extern const char cube_prelude_cuda[];
+
+#define CUDA_ABI_TAG 2
+#define CUDA_MAX_ARTIFACT ((size_t)256 << 20)
+#define CUDA_STATIC_SHARED_LIMIT 49152
+
+typedef struct cuda_kernel {
+    CUmodule module;
+    CUfunction function;
+    uint32_t shared_bytes;
+} cuda_kernel;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The target: the device's own architecture when NVRTC supports it
+ * (CUBIN), else the newest older one it supports, as PTX the driver
+ * compiles at load. */
+static void pick_target(const cuda_server *s, char *arch, size_t cap,
+                        int *cubin)
+{
+    const cuda_api *a = s->api;
+    int want = s->arch_major * 10 + s->arch_minor;
+    int best = 0;
+    int n = 0;
+    if (a->nvrtcGetNumSupportedArchs && a->nvrtcGetSupportedArchs &&
+        a->nvrtcGetNumSupportedArchs(&n) == 0 && n > 0 && n < 256) {
+        int list[256];
+        if (a->nvrtcGetSupportedArchs(list) == 0) {
+            for (int i = 0; i < n; i++) {
+                if (list[i] == want)
+                    best = want;
+                else if (list[i] < want && list[i] > best && best != want)
+                    best = list[i];
+            }
+        }
+    } else {
+        best = want; /* no list: try the device's own */
+    }
+    if (best == 0)
+        best = want;
+    *cubin = best == want && a->nvrtcGetCUBIN && a->nvrtcGetCUBINSize;
+    snprintf(arch, cap, "-arch=%s_%d", *cubin ? "sm" : "compute", best);
+}
+
+/* Runs NVRTC; *bytes is the CUBIN or the NUL-terminated PTX. */
+static cube_error *nvrtc_build(cuda_server *s, const char *name,
+                               const char *source, const char *const *opts,
+                               int nopts, int cubin, unsigned char **bytes,
+                               size_t *len)
+{
+    const cuda_api *a = s->api;
+    nvrtcProgram prog = NULL;
+    char file[160];
+    snprintf(file, sizeof file, "%s.cube.cu", name);
+    nvrtcResult r = a->nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL);
+    if (r != 0)
+        return cube_error_new(CUBE_ERR_COMPILE,
+                              "kernel '%s': NVRTC cannot create a program: %s",
+                              name, a->nvrtcGetErrorString(r));
+    nvrtcResult cr = a->nvrtcCompileProgram(prog, nopts, opts);
+    size_t log_size = 0;
+    char *log = NULL;
+    if (a->nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 1) {
+        log = malloc(log_size);
+        if (log && a->nvrtcGetProgramLog(prog, log) != 0) {
+            free(log);
+            log = NULL;
+        }
+    }
+    cube_error *err = NULL;
+    if (cr != 0) {
+        err = cube_error_new(
+            CUBE_ERR_COMPILE, "kernel '%s' does not compile for CUDA (%s): %s",
+            name, opts[0], log ? log : a->nvrtcGetErrorString(cr));
+        if (log)
+            cube_error_set_log(err, log);
+    } else {
+        if (log && log_size > 1)
+            cube_log_write(CUBE_LOG_DEBUG, "compile", "kernel '%s': %s", name,
+                           log);
+        size_t size = 0;
+        r = cubin ? a->nvrtcGetCUBINSize(prog, &size)
+                  : a->nvrtcGetPTXSize(prog, &size);
+        unsigned char *out = r == 0 && size ? malloc(size) : NULL;
+        if (!out) {
+            err = cube_error_new(r ? CUBE_ERR_COMPILE : CUBE_ERR_OUT_OF_MEMORY,
+                                 "kernel '%s': no compiled code from NVRTC",
+                                 name);
+        } else {
+            r = cubin ? a->nvrtcGetCUBIN(prog, (char *)out)
+                      : a->nvrtcGetPTX(prog, (char *)out);
+            if (r != 0) {
+                free(out);
+                err = cube_error_new(CUBE_ERR_COMPILE,
+                                     "kernel '%s': NVRTC output: %s", name,
+                                     a->nvrtcGetErrorString(r));
+            } else {
+                *bytes = out;
+                *len = size;
+            }
+        }
+    }
+    free(log);
+    a->nvrtcDestroyProgram(&prog);
+    return err;
+}
+
+/* Reads a device global of the module into `out` (exactly `size` bytes;
+ * *found 0 when the module has no such global). */
+static cube_error *read_global(cuda_server *s, CUmodule m, const char *prefix,
+                               const char *name, void *out, size_t size,
+                               size_t *actual)
+{
+    char sym[256];
+    snprintf(sym, sizeof sym, "%s%s", prefix, name);
+    CUdeviceptr p = 0;
+    size_t bytes = 0;
+    CUresult r = s->api->cuModuleGetGlobal(&p, &bytes, m, sym);
+    *actual = 0;
+    if (r != CUDA_SUCCESS)
+        return NULL;
+    if (bytes > size)
+        bytes = size;
+    r = s->api->cuMemcpyDtoH(out, p, bytes);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_INTERNAL, "reading %s", sym);
+    *actual = bytes;
+    return NULL;
+}
+
+static cube_error *load_module(cuda_server *s, const char *name,
+                               const unsigned char *bytes, cuda_kernel *k,
+                               cube_compiled *out)
+{
+    const cuda_api *a = s->api;
+    CUresult r = a->cuModuleLoadData(&k->module, bytes);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_COMPILE,
+                         "kernel '%s': the driver cannot load the module",
+                         name);
+    char sym[256];
+    snprintf(sym, sizeof sym, "cube__kernel_%s", name);
+    r = a->cuModuleGetFunction(&k->function, k->module, sym);
+    if (r != CUDA_SUCCESS)
+        return cube_error_new(CUBE_ERR_COMPILE,
+                              "kernel '%s': the source defines no "
+                              "CUBE_KERNEL(%s, ...)",
+                              name, name);
+    unsigned nparams = 0;
+    unsigned long long shared = 0;
+    size_t got = 0, got_shared = 0;
+    cube_error *err = read_global(s, k->module, "cube__nparams_", name,
+                                  &nparams, sizeof nparams, &got);
+    if (!err)
+        err = read_global(s, k->module, "cube__shared_", name, &shared,
+                          sizeof shared, &got_shared);
+    if (err)
+        return err;
+    if (got != sizeof nparams || got_shared != sizeof shared ||
+        nparams > CUBE_MAX_PARAMS)
+        return cube_error_new(CUBE_ERR_COMPILE,
+                              "kernel '%s': its module lacks the signature "
+                              "(or has %u parameters, over %d)",
+                              name, nparams, CUBE_MAX_PARAMS);
+    struct {
+        unsigned int kind, elem_size;
+        unsigned long long extent;
+    } table[CUBE_MAX_PARAMS];
+    memset(table, 0, sizeof table);
+    if (nparams) {
+        err = read_global(s, k->module, "cube__sig_", name, table,
+                          nparams * sizeof table[0], &got);
+        if (err)
+            return err;
+        if (got != nparams * sizeof table[0])
+            return cube_error_new(CUBE_ERR_COMPILE,
+                                  "kernel '%s': its signature table is "
+                                  "truncated",
+                                  name);
+    }
+    out->param_count = nparams;
+    for (unsigned i = 0; i < nparams; i++) {
+        out->params[i].kind = (cube_param_kind)table[i].kind;
+        out->params[i].elem_size = table[i].elem_size;
+        out->params[i].extent = table[i].extent;
+    }
+    out->shared_bytes = shared;
+    k->shared_bytes = (uint32_t)shared;
+    /* Above the static limit a function must opt in, once. */
+    if (shared > CUDA_STATIC_SHARED_LIMIT &&
+        shared <= (unsigned long long)s->optin_shared) {
+        r = a->cuFuncSetAttribute(
+            k->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            (int)shared);
+        if (r != CUDA_SUCCESS)
+            return cuda_fail(s, r, CUBE_ERR_RESOURCE_LIMIT,
+                             "kernel '%s': %llu bytes of shared memory", name,
+                             shared);
+    }
+    return NULL;
+}
+
+static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
+                                  uint32_t mode, cube_compiled *out,
+                                  cuda_kernel *k)
+{
+    const char *name = cube_kernel_name(kernel);
+    const char *user = cube_kernel_source(kernel);
+    size_t cap = strlen(cube_prelude_cuda) + strlen(cube_prelude_common) +
+                 strlen(user) + strlen(name) + 64;
+    char *source = malloc(cap);
+    if (!source)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
+    snprintf(source, cap, "%s\n%s\n#line 1 \"%s.cube.c\"\n%s\n",
+             cube_prelude_cuda, cube_prelude_common, name, user);
+    char arch[32];
+    int cubin = 0;
+    pick_target(s, arch, sizeof arch, &cubin);
+    const char *opts[] = {arch, "-std=c++17",
+                          (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
+                                                       : "-DCUBE_CHECKED=0"};
+    int nopts = (int)(sizeof opts / sizeof opts[0]);
+    char version[64];
+    snprintf(version, sizeof version, "nvrtc %d.%d %s", s->api->nvrtc_major,
+             s->api->nvrtc_minor, cubin ? "cubin" : "ptx");
+    const void *parts[] = {source, opts[0], opts[1], opts[2], version};
+    size_t lens[] = {strlen(source), strlen(opts[0]), strlen(opts[1]),
+                     strlen(opts[2]), strlen(version)};
+    disk_cache_key key;
+    disk_cache_key_make(parts, lens, 5, &key);
+
+    double t0 = now_ms();
+    unsigned char *bytes = NULL;
+    size_t len = 0;
+    cube_error *err = NULL;
+    int from_disk = disk_cache_get(s->cache, &key, CUDA_MAX_ARTIFACT, &bytes,
+                                   &len) == DISK_CACHE_HIT;
+    if (from_disk) {
+        err = load_module(s, name, bytes, k, out);
+        if (err) {
+            /* A verified entry the driver refuses (a driver change): build
+             * again rather than fail. */
+            cube_log_write(CUBE_LOG_WARN, "compile",
+                           "kernel '%s': cached module refused (%s); "
+                           "rebuilding",
+                           name, cube_error_message(err));
+            cube_error_free(err);
+            err = NULL;
+            if (k->module)
+                s->api->cuModuleUnload(k->module);
+            k->module = NULL;
+            free(bytes);
+            bytes = NULL;
+            from_disk = 0;
+        }
+    }
+    if (!from_disk) {
+        err = nvrtc_build(s, name, source, opts, nopts, cubin, &bytes, &len);
+        if (!err)
+            err = load_module(s, name, bytes, k, out);
+        if (!err)
+            disk_cache_put(s->cache, &key, bytes, len);
+    }
+    free(bytes);
+    free(source);
+    out->compile_ms = now_ms() - t0;
+    out->from_disk_cache = from_disk;
+    if (!err)
+        cube_log_write(CUBE_LOG_DEBUG, "compile",
+                       "kernel '%s' for %s: %s in %.2f ms", name, arch + 6,
+                       from_disk ? "loaded from the disk cache" : "compiled",
+                       out->compile_ms);
+    return err;
+}
+
+cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
+                         uint32_t mode, cube_compiled *out)
+{
+    cuda_server *s = (cuda_server *)server;
+    memset(out, 0, sizeof *out);
+    cube_error *err = cuda_enter(s);
+    if (err)
+        return err;
+    cuda_kernel *k = calloc(1, sizeof *k);
+    if (!k)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel");
+    /* A first launch inside a capture compiles here: loading a module and
+     * reading its globals must not break the capture. */
+    int capture_mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    s->api->cuThreadExchangeStreamCaptureMode(&capture_mode);
+    err = compile_locked(s, kernel, mode, out, k);
+    s->api->cuThreadExchangeStreamCaptureMode(&capture_mode);
+    if (err) {
+        if (k->module)
+            s->api->cuModuleUnload(k->module);
+        free(k);
+        double ms = out->compile_ms;
+        memset(out, 0, sizeof *out);
+        out->compile_ms = ms;
+        return err;
+    }
+    out->uses_cube_sync =
+        strstr(cube_kernel_source(kernel), "cube_sync") != NULL;
+    out->impl = k;
+    return NULL;
+}
+
+void cuda_compiled_release(cube_server *server, cube_compiled *compiled)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_kernel *k = compiled->impl;
+    if (!k)
+        return;
+    cube_error_free(cuda_enter(s));
+    s->api->cuModuleUnload(k->module);
+    free(k);
+    compiled->impl = NULL;
+}
+
+/* --- launch --- */
+
+static int param_written(cube_param_kind kind)
+{
+    return kind == CUBE_PARAM_BUFFER_OUT || kind == CUBE_PARAM_BUFFER_INOUT;
+}
+
+/* Reads a dynamic cube count, in stream order, after its writer. */
+static cube_error *read_count(cuda_server *s, cuda_stream *st,
+                              const cube_binding *b, uint32_t count[3])
+{
+    if (st->capturing)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "a dynamic cube count cannot be captured into "
+                              "a CUDA graph (it is read on the host at "
+                              "launch); launch it outside the capture");
+    cuda_block *blk = b->storage->cookie;
+    cube_error *err = cuda_block_before_use(s, st, blk);
+    if (err)
+        return err;
+    if (!st->count_host.address) {
+        err = mem_alloc(s->pinned, 16, &st->count_host);
+        if (err)
+            return err;
+    }
+    void *host = (void *)(uintptr_t)st->count_host.address;
+    const cuda_api *a = s->api;
+    CUresult r = a->cuMemcpyDtoHAsync(host, b->storage->address + b->offset,
+                                      3 * sizeof(uint32_t), st->cu);
+    if (r == CUDA_SUCCESS)
+        r = a->cuEventRecord(st->done, st->cu);
+    if (r == CUDA_SUCCESS)
+        r = a->cuEventSynchronize(st->done);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_INTERNAL,
+                         "reading a dynamic cube count");
+    cuda_block_used(st, blk, cuda_stream_next(st), 0);
+    memcpy(count, host, 3 * sizeof(uint32_t));
+    for (int i = 0; i < 3; i++)
+        if (count[i] > s->props.max_cube_count[i])
+            return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                                  "dynamic cube count %u along axis %d is "
+                                  "over the device's maximum of %u",
+                                  count[i], i, s->props.max_cube_count[i]);
+    return NULL;
+}
+
+cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
+                        const cube_dispatch *d)
+{
+    cuda_server *s = (cuda_server *)server;
+    const cube_compiled *cc = d->compiled;
+    const cuda_kernel *k = cc->impl;
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_get(s, stream, 1, &st);
+    if (!err)
+        err = cuda_enter(s);
+    if (err)
+        return err;
+    uint32_t count[3] = {d->cube_count[0], d->cube_count[1], d->cube_count[2]};
+    if (d->count_buffer) {
+        err = read_count(s, st, d->count_buffer, count);
+        if (err)
+            return err;
+        if (!count[0] || !count[1] || !count[2])
+            return NULL; /* a dynamic count of zero cubes: nothing to run */
+    }
+    int abi = CUDA_ABI_TAG;
+    void *args[1 + 2 * CUBE_MAX_PARAMS];
+    uint64_t addrs[CUBE_MAX_PARAMS], lens[CUBE_MAX_PARAMS];
+    size_t nargs = 0;
+    args[nargs++] = &abi;
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        switch (cc->params[p].kind) {
+        case CUBE_PARAM_SHARED: break;
+        case CUBE_PARAM_SCALAR: args[nargs++] = (void *)d->scalars[p]; break;
+        default: {
+            const cube_binding *b = &d->bindings[p];
+            err = cuda_block_before_use(s, st, b->storage->cookie);
+            if (err)
+                return err;
+            addrs[p] = b->storage->address + b->offset;
+            lens[p] = b->size / cc->params[p].elem_size;
+            args[nargs++] = &addrs[p];
+            args[nargs++] = &lens[p];
+        }
+        }
+    }
+    CUresult r = s->api->cuLaunchKernel(
+        k->function, count[0], count[1], count[2], d->cube_dim[0],
+        d->cube_dim[1], d->cube_dim[2], k->shared_bytes, st->cu, args, NULL);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r,
+                         r == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+                             ? CUBE_ERR_RESOURCE_LIMIT
+                             : CUBE_ERR_INTERNAL,
+                         "cuLaunchKernel");
+    if (st->capturing)
+        return NULL; /* recorded, not run: no buffer changes */
+    uint64_t seq = cuda_stream_next(st);
+    int shared = 0;
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        cube_param_kind kind = cc->params[p].kind;
+        if (kind == CUBE_PARAM_SHARED || kind == CUBE_PARAM_SCALAR)
+            continue;
+        shared |= cuda_block_used(st, d->bindings[p].storage->cookie, seq,
+                                  param_written(kind)) &&
+                  param_written(kind);
+    }
+    /* Outputs other streams also use: mark this write exactly. */
+    return shared ? cuda_stream_record(s, st) : NULL;
+}

@@ -1,0 +1,262 @@
+/* The CUDA backend: opening a device, its properties, the vtable.
+ * cuda_internal.h describes the design; each concept has its own file. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda_internal.h"
+#include "cubert/log.h"
+
+cube_error *cuda_enter(cuda_server *s)
+{
+    CUcontext cur = NULL;
+    s->api->cuCtxGetCurrent(&cur);
+    if (cur == s->ctx)
+        return NULL;
+    CUresult r = s->api->cuCtxSetCurrent(s->ctx);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_INTERNAL,
+                         "cannot make the CUDA context current");
+    return NULL;
+}
+
+cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
+                      const char *fmt, ...)
+{
+    char context[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(context, sizeof context, fmt, ap);
+    va_end(ap);
+    if (cuda_result_is_fault(r) && !atomic_exchange(&s->faulted, 1))
+        cube_log_write(CUBE_LOG_ERROR, "cuda", "device fault: %s: %s", context,
+                       cuda_result_text(s->api, r));
+    return cuda_error(s->api, r, code, "%s", context);
+}
+
+/* --- properties --- */
+
+static int attr(cuda_server *s, int which)
+{
+    int v = 0;
+    s->api->cuDeviceGetAttribute(&v, which, s->device);
+    return v;
+}
+
+static cube_error *fill_properties(cuda_server *s)
+{
+    const cuda_api *a = s->api;
+    cube_properties *p = &s->props;
+    memset(p, 0, sizeof *p);
+    snprintf(p->backend, sizeof p->backend, "cuda");
+    char name[128] = "";
+    a->cuDeviceGetName(name, (int)sizeof name, s->device);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    s->arch_major = attr(s, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    s->arch_minor = attr(s, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    snprintf(p->architecture, sizeof p->architecture, "sm_%d%d", s->arch_major,
+             s->arch_minor);
+    p->max_cube_dim[0] = (uint32_t)attr(s, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X);
+    p->max_cube_dim[1] = (uint32_t)attr(s, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y);
+    p->max_cube_dim[2] = (uint32_t)attr(s, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z);
+    p->max_units_per_cube =
+        (uint32_t)attr(s, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    p->max_cube_count[0] =
+        (uint32_t)attr(s, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+    p->max_cube_count[1] =
+        (uint32_t)attr(s, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
+    p->max_cube_count[2] =
+        (uint32_t)attr(s, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z);
+    s->optin_shared =
+        attr(s, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+    int plain = attr(s, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+    if (s->optin_shared < plain)
+        s->optin_shared = plain;
+    p->max_shared_memory = (uint64_t)s->optin_shared;
+    size_t total = 0;
+    CUresult r = a->cuDeviceTotalMem(&total, s->device);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_UNAVAILABLE,
+                         "cannot read the device's memory size");
+    p->memory_total = total;
+    p->memory_alignment = CUDA_ALIGNMENT;
+    p->max_buffer_size = total;
+    p->compute_units =
+        (uint32_t)attr(s, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    p->features = CUBE_FEATURE_ATOMIC_F32_ADD | CUBE_FEATURE_F64 |
+                  CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
+                  CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT |
+                  CUBE_FEATURE_GRAPHS | CUBE_FEATURE_PINNED_STAGING;
+    p->timing = CUBE_TIMING_DEVICE;
+    return NULL;
+}
+
+static cube_error *cuda_properties(cube_server *server, cube_properties *out)
+{
+    *out = ((cuda_server *)server)->props;
+    return NULL;
+}
+
+/* --- lifetime --- */
+
+static void cuda_destroy(cube_server *server)
+{
+    cuda_server *s = (cuda_server *)server;
+    if (s->ctx) {
+        cube_error_free(cuda_enter(s));
+        /* Work still queued finishes before its memory goes. */
+        s->api->cuCtxSynchronize();
+        cuda_streams_destroy(s);
+        cuda_pinned_destroy(s);
+        cuda_events_destroy(s);
+        s->api->cuCtxDestroy(s->ctx);
+    }
+    cuda_block *b = s->free_blocks;
+    while (b) {
+        cuda_block *next = b->next_free;
+        free(b);
+        b = next;
+    }
+    disk_cache_close(s->cache);
+    free(s->streams);
+    pthread_mutex_destroy(&s->streams_lock);
+    pthread_mutex_destroy(&s->blocks_lock);
+    pthread_mutex_destroy(&s->staging_lock);
+    pthread_mutex_destroy(&s->events_lock);
+    free(s);
+}
+
+static const cube_server_vtable cuda_vtable = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .properties = cuda_properties,
+    .initialize_memory = cuda_initialize_memory,
+    .release_memory = cuda_release_memory,
+    .read = cuda_read,
+    .read_wait = cuda_read_wait,
+    .write = cuda_write,
+    .sync = cuda_sync,
+    .compile = cuda_compile,
+    .compiled_release = cuda_compiled_release,
+    .launch = cuda_launch,
+    .flush = cuda_flush,
+    .memory_usage = cuda_memory_usage,
+    .memory_cleanup = cuda_memory_cleanup,
+    .memory_report = cuda_memory_report,
+    .memory_reset_peaks = cuda_memory_reset_peaks,
+    .staging = cuda_staging,
+    .staging_free = cuda_staging_free,
+    .allocation_mode = cuda_allocation_mode,
+    .begin_capture = cuda_begin_capture,
+    .end_capture = cuda_end_capture,
+    .replay = cuda_replay,
+    .graph_destroy = cuda_graph_destroy,
+    .install_memory_pools = cuda_install_memory_pools,
+    .start_profile = cuda_start_profile,
+    .end_profile = cuda_end_profile,
+    .abandon_profile = cuda_abandon_profile,
+};
+
+static cube_error *cuda_device_count(uint32_t *out)
+{
+    *out = 0;
+    const cuda_api *a = NULL;
+    cube_error *err = cuda_api_load(&a);
+    if (err)
+        return err;
+    int n = 0;
+    CUresult r = a->cuDeviceGetCount(&n);
+    if (r != CUDA_SUCCESS)
+        return cuda_error(a, r, CUBE_ERR_UNAVAILABLE,
+                          "cannot count CUDA devices");
+    *out = (uint32_t)n;
+    return NULL;
+}
+
+static cube_error *create_context(cuda_server *s)
+{
+    const cuda_api *a = s->api;
+    CUresult r;
+    /* Our own context, not the device's primary one: a sticky fault then
+     * breaks this client only, and closing the client destroys it. */
+    if (a->cuCtxCreate)
+        r = a->cuCtxCreate(&s->ctx, 0, s->device);
+    else
+        r = a->cuCtxCreate_v4(&s->ctx, NULL, 0, s->device);
+    if (r != CUDA_SUCCESS) {
+        s->ctx = NULL;
+        return cuda_error(a, r, CUBE_ERR_UNAVAILABLE,
+                          "cannot create a context on CUDA device %d",
+                          s->ordinal);
+    }
+    return NULL;
+}
+
+static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
+                             cube_server **out)
+{
+    *out = NULL;
+    const cuda_api *a = NULL;
+    cube_error *err = cuda_api_load(&a);
+    if (err)
+        return err;
+    int count = 0;
+    a->cuDeviceGetCount(&count);
+    if (index >= (uint32_t)count)
+        return cube_error_new(CUBE_ERR_NOT_FOUND,
+                              "there is no CUDA device %u (this machine has "
+                              "%d)",
+                              index, count);
+    cuda_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cuda server");
+    s->base.vt = &cuda_vtable;
+    s->api = a;
+    s->ordinal = (int)index;
+    static atomic_uint_fast64_t next_serial = 1;
+    s->serial = atomic_fetch_add(&next_serial, 1);
+    pthread_mutex_init(&s->streams_lock, NULL);
+    pthread_mutex_init(&s->blocks_lock, NULL);
+    pthread_mutex_init(&s->staging_lock, NULL);
+    pthread_mutex_init(&s->events_lock, NULL);
+    s->streams = calloc(CUDA_MAX_STREAMS, sizeof *s->streams);
+    if (!s->streams) {
+        cuda_destroy(&s->base);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cuda server");
+    }
+    CUresult r = a->cuDeviceGet(&s->device, (int)index);
+    if (r != CUDA_SUCCESS)
+        err = cuda_error(a, r, CUBE_ERR_UNAVAILABLE,
+                         "cannot open CUDA device %u", index);
+    if (!err)
+        err = fill_properties(s);
+    if (!err)
+        err = create_context(s);
+    if (!err)
+        err = cuda_pinned_create(s);
+    if (!err) {
+        const char *dir = options->cache_dir;
+        char path[1100];
+        if (dir && *dir) {
+            snprintf(path, sizeof path, "%s/cuda", dir);
+            dir = path;
+        }
+        err =
+            disk_cache_open(dir, "cuda", ".cubin", "cubert-cuda-1", &s->cache);
+    }
+    if (err) {
+        cuda_destroy(&s->base);
+        return err;
+    }
+    cube_log_write(CUBE_LOG_INFO, "cuda",
+                   "opened %s (%s, %u multiprocessors, %llu MiB), driver %d, "
+                   "NVRTC %d.%d",
+                   s->props.name, s->props.architecture, s->props.compute_units,
+                   (unsigned long long)(s->props.memory_total >> 20),
+                   a->driver_version, a->nvrtc_major, a->nvrtc_minor);
+    *out = &s->base;
+    return NULL;
+}
+
+const cube_backend cube_backend_cuda = {"cuda", cuda_device_count, cuda_open};

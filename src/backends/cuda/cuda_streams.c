@@ -1,0 +1,505 @@
+/* CUDA streams, device memory per stream, and ordering across streams
+ * (cuda_internal.h describes the scheme). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda_internal.h"
+#include "cubert/log.h"
+
+/* --- device storage for the memory managers --- */
+
+static cube_error *device_alloc(void *self, uint64_t size, uint64_t align,
+                                uint64_t *address)
+{
+    cuda_server *s = self;
+    (void)align; /* cuMemAlloc aligns to at least 256 bytes */
+    /* A capture on this thread must not see the allocation (the capture is
+     * rejected at its end for having allocated, not broken now). */
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    s->api->cuThreadExchangeStreamCaptureMode(&mode);
+    CUdeviceptr p = 0;
+    CUresult r = s->api->cuMemAlloc(&p, (size_t)size);
+    s->api->cuThreadExchangeStreamCaptureMode(&mode);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_OUT_OF_MEMORY,
+                         "cuMemAlloc of %llu bytes", (unsigned long long)size);
+    *address = p;
+    return NULL;
+}
+
+static void device_free(void *self, uint64_t address, uint64_t size)
+{
+    cuda_server *s = self;
+    (void)size;
+    /* Pages are given back only when no block of them is live, but work
+     * queued before their last release may still run: let it finish. */
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    s->api->cuThreadExchangeStreamCaptureMode(&mode);
+    s->api->cuCtxSynchronize();
+    s->api->cuMemFree((CUdeviceptr)address);
+    s->api->cuThreadExchangeStreamCaptureMode(&mode);
+}
+
+/* --- streams --- */
+
+static void stream_free(cuda_server *s, cuda_stream *st)
+{
+    if (!st)
+        return;
+    if (st->cu) {
+        s->api->cuStreamSynchronize(st->cu);
+        cube_error_free(cuda_inflight_reap(s, st, 1));
+    }
+    if (st->mem)
+        mem_manager_destroy(st->mem);
+    if (st->event)
+        s->api->cuEventDestroy(st->event);
+    if (st->done)
+        s->api->cuEventDestroy(st->done);
+    if (st->cu)
+        s->api->cuStreamDestroy(st->cu);
+    pthread_mutex_destroy(&st->lock);
+    free(st->waited);
+    free(st->inflight);
+    free(st->captured);
+    free(st);
+}
+
+static cube_error *stream_create(cuda_server *s, cube_stream_id id,
+                                 uint32_t index, cuda_stream **out)
+{
+    cuda_stream *st = calloc(1, sizeof *st);
+    if (!st)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cuda stream");
+    st->id = id;
+    st->index = index;
+    pthread_mutex_init(&st->lock, NULL);
+    const cuda_api *a = s->api;
+    CUresult r = a->cuStreamCreate(&st->cu, CU_STREAM_NON_BLOCKING);
+    if (r == CUDA_SUCCESS)
+        r = a->cuEventCreate(&st->event, CU_EVENT_DISABLE_TIMING);
+    if (r == CUDA_SUCCESS)
+        r = a->cuEventCreate(&st->done, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) {
+        cube_error *err =
+            cuda_fail(s, r, CUBE_ERR_INTERNAL, "cannot create a CUDA stream");
+        stream_free(s, st);
+        return err;
+    }
+    mem_storage_ops ops = {s, device_alloc, device_free};
+    mem_device dev = {CUDA_ALIGNMENT, s->props.memory_total};
+    cube_error *err = mem_manager_create(
+        &ops, &dev, s->has_layout ? &s->layout : NULL, &st->mem);
+    if (err) {
+        stream_free(s, st);
+        return err;
+    }
+    *out = st;
+    return NULL;
+}
+
+/* The stream a thread used last: streams live as long as their server and
+ * serials are never reused, so a hit needs no lock. */
+static _Thread_local struct {
+    uint64_t serial;
+    cube_stream_id id;
+    cuda_stream *stream;
+} last;
+
+cube_error *cuda_stream_get(cuda_server *s, cube_stream_id id, int create,
+                            cuda_stream **out)
+{
+    if (last.serial == s->serial && last.id == id) {
+        *out = last.stream;
+        return NULL;
+    }
+    *out = NULL;
+    uint32_t n = atomic_load_explicit(&s->stream_count, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++) {
+        if (s->streams[i]->id == id) {
+            *out = s->streams[i];
+            break;
+        }
+    }
+    cube_error *err = NULL;
+    if (!*out && create) {
+        pthread_mutex_lock(&s->streams_lock);
+        n = atomic_load(&s->stream_count);
+        for (uint32_t i = 0; i < n && !*out; i++)
+            if (s->streams[i]->id == id)
+                *out = s->streams[i];
+        if (!*out) {
+            if (n == CUDA_MAX_STREAMS) {
+                err = cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                                     "a CUDA client has at most %d streams",
+                                     CUDA_MAX_STREAMS);
+            } else {
+                err = cuda_enter(s);
+                if (!err)
+                    err = stream_create(s, id, n, out);
+                if (!err) {
+                    s->streams[n] = *out;
+                    atomic_store_explicit(&s->stream_count, n + 1,
+                                          memory_order_release);
+                }
+            }
+        }
+        pthread_mutex_unlock(&s->streams_lock);
+    }
+    if (*out) {
+        last.serial = s->serial;
+        last.id = id;
+        last.stream = *out;
+    }
+    return err;
+}
+
+void cuda_streams_destroy(cuda_server *s)
+{
+    uint32_t n = atomic_load(&s->stream_count);
+    for (uint32_t i = 0; i < n; i++)
+        stream_free(s, s->streams[i]);
+    atomic_store(&s->stream_count, 0);
+}
+
+/* --- ordering --- */
+
+cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st)
+{
+    pthread_mutex_lock(&st->lock);
+    /* Read before recording: every operation counted by then was submitted
+     * before it was counted, so the record covers it. */
+    uint64_t seq = atomic_load(&st->seq);
+    CUresult r = CUDA_SUCCESS;
+    if (st->event_seq < seq) {
+        r = s->api->cuEventRecord(st->event, st->cu);
+        if (r == CUDA_SUCCESS)
+            st->event_seq = seq;
+    }
+    pthread_mutex_unlock(&st->lock);
+    return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventRecord") : NULL;
+}
+
+/* Makes `cu` wait for `other` up to `seq`; returns the sequence the wait
+ * covers (0 when nothing was needed). */
+static cube_error *wait_on(cuda_server *s, CUstream cu, cuda_stream *other,
+                           uint64_t seq, uint64_t *covered)
+{
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&other->lock);
+    if (other->event_seq < seq && !other->capturing) {
+        uint64_t now = atomic_load(&other->seq); /* see cuda_stream_record */
+        r = s->api->cuEventRecord(other->event, other->cu);
+        if (r == CUDA_SUCCESS)
+            other->event_seq = now;
+    }
+    /* A capturing stream had its event recorded when the capture began,
+     * and nothing captured has run: that record covers what there is. */
+    if (r == CUDA_SUCCESS)
+        r = s->api->cuStreamWaitEvent(cu, other->event, 0);
+    *covered = other->event_seq;
+    pthread_mutex_unlock(&other->lock);
+    return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL,
+                         "ordering after stream 0x%016llx",
+                         (unsigned long long)other->id)
+             : NULL;
+}
+
+cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
+                                 uint32_t index, uint64_t seq)
+{
+    if (index == st->index || seq == 0)
+        return NULL;
+    if (index >= st->waited_cap) {
+        uint32_t cap = st->waited_cap ? st->waited_cap : 8;
+        while (cap <= index)
+            cap *= 2;
+        uint64_t *grown = realloc(st->waited, cap * sizeof *grown);
+        if (!grown)
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream ordering");
+        memset(grown + st->waited_cap, 0,
+               (cap - st->waited_cap) * sizeof *grown);
+        st->waited = grown;
+        st->waited_cap = cap;
+    }
+    if (st->waited[index] >= seq)
+        return NULL;
+    if (st->capturing)
+        return NULL; /* the capture began after waiting for everything */
+    uint64_t covered = 0;
+    cube_error *err = wait_on(s, st->cu, s->streams[index], seq, &covered);
+    if (!err && covered > st->waited[index])
+        st->waited[index] = covered;
+    return err;
+}
+
+static void note_use(cuda_stream *st, cuda_block *blk, uint64_t seq)
+{
+    uint64_t tag = CUDA_TAG(st->index, seq);
+    if (!atomic_load_explicit(&blk->shared, memory_order_relaxed))
+        atomic_store(&blk->shared, 1);
+    for (int i = 0; i < CUDA_USE_SLOTS; i++) {
+        uint64_t cur = atomic_load(&blk->uses[i]);
+        while (cur == 0 || CUDA_TAG_INDEX(cur) == st->index) {
+            if (atomic_compare_exchange_weak(&blk->uses[i], &cur, tag))
+                return;
+        }
+    }
+    atomic_store(&blk->many, 1);
+}
+
+cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
+                                  cuda_block *blk)
+{
+    if (st->capturing)
+        return cuda_capture_note(st, blk);
+    uint64_t w = atomic_load_explicit(&blk->writer, memory_order_acquire);
+    cube_error *err = NULL;
+    if (w && CUDA_TAG_INDEX(w) != st->index)
+        err = cuda_stream_wait_for(s, st, CUDA_TAG_INDEX(w), CUDA_TAG_SEQ(w));
+    return err;
+}
+
+int cuda_block_used(cuda_stream *st, cuda_block *blk, uint64_t seq, int written)
+{
+    if (blk->owner != st)
+        note_use(st, blk, seq);
+    if (written)
+        atomic_store_explicit(&blk->writer, CUDA_TAG(st->index, seq),
+                              memory_order_release);
+    return atomic_load_explicit(&blk->shared, memory_order_relaxed);
+}
+
+/* --- the memory slots --- */
+
+static cube_error *stream_of(cube_server *server, cube_stream_id id, int create,
+                             cuda_stream **out)
+{
+    return cuda_stream_get((cuda_server *)server, id, create, out);
+}
+
+static cuda_block *block_new(cuda_server *s)
+{
+    pthread_mutex_lock(&s->blocks_lock);
+    cuda_block *b = s->free_blocks;
+    if (b)
+        s->free_blocks = b->next_free;
+    pthread_mutex_unlock(&s->blocks_lock);
+    if (!b)
+        b = malloc(sizeof *b);
+    return b;
+}
+
+static void block_recycle(cuda_server *s, cuda_block *b)
+{
+    pthread_mutex_lock(&s->blocks_lock);
+    b->next_free = s->free_blocks;
+    s->free_blocks = b;
+    pthread_mutex_unlock(&s->blocks_lock);
+}
+
+cube_error *cuda_initialize_memory(cube_server *server, cube_stream_id stream,
+                                   uint64_t size, cube_storage *out)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_stream *st = NULL;
+    cube_error *err = stream_of(server, stream, 1, &st);
+    if (err)
+        return err;
+    cuda_block *blk = block_new(s);
+    if (!blk)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "buffer record");
+    err = mem_alloc(st->mem, size, &blk->inner);
+    if (err) {
+        block_recycle(s, blk);
+        return err;
+    }
+    blk->owner = st;
+    /* The memory's previous life ended on the owner stream (or was made to
+     * wait there): a first use on another stream orders after it. */
+    uint64_t seq = atomic_load(&st->seq);
+    atomic_init(&blk->writer, seq ? CUDA_TAG(st->index, seq) : 0);
+    for (int i = 0; i < CUDA_USE_SLOTS; i++)
+        atomic_init(&blk->uses[i], 0);
+    atomic_init(&blk->shared, 0);
+    atomic_init(&blk->many, 0);
+    out->address = blk->inner.address;
+    out->size = blk->inner.size;
+    out->cookie = blk;
+    return NULL;
+}
+
+/* Makes `owner` wait for stream `other` up to `seq` (from any thread). */
+static void owner_waits(cuda_server *s, cuda_stream *owner, cuda_stream *other,
+                        uint64_t seq)
+{
+    if (owner->capturing) {
+        /* A capturing stream takes no foreign waits: wait on the host. */
+        cube_error_free(cuda_stream_record(s, other));
+        s->api->cuEventSynchronize(other->event);
+        return;
+    }
+    uint64_t covered = 0;
+    cube_error *err = wait_on(s, owner->cu, other, seq, &covered);
+    if (err) {
+        cube_log_write(CUBE_LOG_WARN, "memory",
+                       "release: cannot order after stream 0x%016llx (%s); "
+                       "waiting on the host",
+                       (unsigned long long)other->id, cube_error_message(err));
+        cube_error_free(err);
+        s->api->cuStreamSynchronize(other->cu);
+    }
+}
+
+void cuda_release_memory(cube_server *server, cube_stream_id stream,
+                         cube_storage *storage)
+{
+    (void)stream;
+    cuda_server *s = (cuda_server *)server;
+    cuda_block *blk = storage->cookie;
+    cuda_stream *owner = blk->owner;
+    if (atomic_load(&blk->shared)) {
+        cube_error_free(cuda_enter(s));
+        if (atomic_load(&blk->many)) {
+            uint32_t n = atomic_load(&s->stream_count);
+            for (uint32_t i = 0; i < n; i++)
+                if (s->streams[i] != owner)
+                    owner_waits(s, owner, s->streams[i],
+                                atomic_load(&s->streams[i]->seq));
+        } else {
+            for (int i = 0; i < CUDA_USE_SLOTS; i++) {
+                uint64_t u = atomic_load(&blk->uses[i]);
+                if (u)
+                    owner_waits(s, owner, s->streams[CUDA_TAG_INDEX(u)],
+                                CUDA_TAG_SEQ(u));
+            }
+            /* The last writer may be another stream that never "used" it
+             * in the slots' sense (it wrote it). */
+            uint64_t w = atomic_load(&blk->writer);
+            if (w && CUDA_TAG_INDEX(w) != owner->index)
+                owner_waits(s, owner, s->streams[CUDA_TAG_INDEX(w)],
+                            CUDA_TAG_SEQ(w));
+        }
+        /* Later allocations on the owner start after those waits. */
+        atomic_fetch_add(&owner->seq, 1);
+    }
+    mem_free(owner->mem, &blk->inner);
+    block_recycle(s, blk);
+}
+
+cube_error *cuda_memory_usage(cube_server *server, cube_stream_id stream,
+                              cube_memory_usage *out)
+{
+    cuda_stream *st = NULL;
+    cube_error *err = stream_of(server, stream, 0, &st);
+    if (st)
+        mem_usage(st->mem, out);
+    return err;
+}
+
+cube_error *cuda_memory_cleanup(cube_server *server, cube_stream_id stream)
+{
+    cuda_stream *st = NULL;
+    cube_error *err = stream_of(server, stream, 0, &st);
+    if (!err && st)
+        err = cuda_enter((cuda_server *)server);
+    if (!err && st)
+        mem_cleanup(st->mem);
+    return err;
+}
+
+cube_error *cuda_memory_report(cube_server *server, cube_stream_id stream,
+                               cube_memory_report *out)
+{
+    cuda_stream *st = NULL;
+    cube_error *err = stream_of(server, stream, 1, &st);
+    if (st)
+        mem_report(st->mem, out);
+    return err;
+}
+
+cube_error *cuda_memory_reset_peaks(cube_server *server, cube_stream_id stream)
+{
+    cuda_stream *st = NULL;
+    cube_error *err = stream_of(server, stream, 0, &st);
+    if (st)
+        mem_reset_peaks(st->mem);
+    return err;
+}
+
+cube_error *cuda_install_memory_pools(cube_server *server,
+                                      cube_stream_id stream,
+                                      const cube_memory_layout *layout)
+{
+    cuda_server *s = (cuda_server *)server;
+    mem_device dev = {CUDA_ALIGNMENT, s->props.memory_total};
+    cube_error *err = mem_layout_validate(layout, &dev);
+    if (err)
+        return err;
+    cuda_stream *st = NULL;
+    err = stream_of(server, stream, 0, &st);
+    if (err)
+        return err;
+    pthread_mutex_lock(&s->streams_lock);
+    s->layout = *layout;
+    s->has_layout = 1;
+    pthread_mutex_unlock(&s->streams_lock);
+    if (!st) /* created with the layout on first use */
+        return stream_of(server, stream, 1, &st);
+    err = cuda_enter(s);
+    return err ? err : mem_install(st->mem, layout);
+}
+
+cube_error *cuda_allocation_mode(cube_server *server, cube_stream_id stream,
+                                 int persistent)
+{
+    cuda_stream *st = NULL;
+    cube_error *err = stream_of(server, stream, 1, &st);
+    if (!err)
+        mem_set_persistent(st->mem, persistent);
+    return err;
+}
+
+/* --- barriers --- */
+
+cube_error *cuda_sync(cube_server *server, cube_stream_id stream,
+                      const cube_binding *bindings, size_t n)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_stream *st = NULL;
+    cube_error *err = stream_of(server, stream, 1, &st);
+    if (!err)
+        err = cuda_enter(s);
+    for (size_t i = 0; i < n && !err; i++) {
+        cuda_block *blk = bindings[i].storage->cookie;
+        uint64_t w = atomic_load(&blk->writer);
+        if (w && CUDA_TAG_INDEX(w) != st->index)
+            err =
+                cuda_stream_wait_for(s, st, CUDA_TAG_INDEX(w), CUDA_TAG_SEQ(w));
+    }
+    if (err)
+        return err;
+    CUresult r = s->api->cuStreamSynchronize(st->cu);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuStreamSynchronize");
+    return cuda_inflight_reap(s, st, 0);
+}
+
+cube_error *cuda_flush(cube_server *server, cube_stream_id stream)
+{
+    /* The driver submits work as it is enqueued; what is left to report is
+     * a broken context. */
+    cuda_server *s = (cuda_server *)server;
+    cuda_stream *st = NULL;
+    cube_error *err = stream_of(server, stream, 0, &st);
+    if (err || !st)
+        return err;
+    err = cuda_enter(s);
+    if (err)
+        return err;
+    CUresult r = s->api->cuEventQuery(st->done);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY &&
+        cuda_result_is_fault(r))
+        return cuda_fail(s, r, CUBE_ERR_INTERNAL, "flush");
+    return NULL;
+}
