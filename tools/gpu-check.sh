@@ -1,0 +1,67 @@
+#!/bin/sh
+# Builds cubert on a CUDA machine without a package registry, runs the whole
+# test suite (CPU and CUDA), the CUDA conformance suite under
+# compute-sanitizer (memcheck and racecheck), the CUDA demo and the CUDA
+# benchmarks, and keeps every output in RESULTS_DIR.
+#
+# Usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]
+# DEB_DIR holds the -dev packages as .deb files (see offline-build.sh).
+# STEPS (default "tests sanitize demo bench") picks what runs after the
+# build. CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests
+# whose names match it (a cmocka test filter, '*' wildcards).
+set -u
+debs=${1:?usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]}
+results=${2:?usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]}
+steps=${3:-tests sanitize demo bench}
+. "$(dirname "$0")/offline-env.sh"
+mkdir -p "$results"
+jobs=$(nproc 2>/dev/null || echo 2)
+export CUBERT_CACHE_DIR="$PWD/build-gpu/test-cache"
+
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+    cmake --build build-gpu -j "$jobs" >"$results/build.txt" 2>&1
+rc=$?
+tail -n 5 "$results/build.txt"
+[ $rc -eq 0 ] || exit $rc
+
+status=0
+# Runs a command with a time limit, keeps its output; notes a failure.
+step() {
+    name=$1
+    limit=$2
+    shift 2
+    echo "== $name: $*"
+    start=$(date +%s)
+    timeout "$limit" "$@" >"$results/$name.txt" 2>&1
+    code=$?
+    echo "   exit $code after $(($(date +%s) - start)) s"
+    tail -n 15 "$results/$name.txt"
+    [ $code -eq 0 ] || status=1
+}
+
+for s in $steps; do
+    case $s in
+    tests)
+        step tests 900 sh -c "cd build-gpu && ctest --output-on-failure -j 4"
+        ;;
+    sanitize)
+        filter=${CUBERT_SANITIZE_FILTER:-}
+        step memcheck 900 env CONF_FILTER="$filter" compute-sanitizer \
+            --tool memcheck --error-exitcode 3 build-gpu/tests/conformance cuda
+        step racecheck 900 env CONF_FILTER="${filter:-kernel_*}" \
+            compute-sanitizer --tool racecheck --error-exitcode 3 \
+            build-gpu/tests/conformance cuda
+        ;;
+    demo)
+        step demo 300 build-gpu/cubert demo --device cuda
+        ;;
+    bench)
+        step bench_cuda 600 build-gpu/bench/bench_cuda \
+            --json "$results/bench_cuda.json"
+        step peers 300 python3 bench/gpu/peers_torch_cupy.py \
+            --json "$results/peers.json"
+        ;;
+    *) echo "unknown step $s"; status=1 ;;
+    esac
+done
+exit $status
