@@ -51,6 +51,8 @@ cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
     cube_error *err = cuda_stream_get(s, stream, 1, &st);
     if (!err)
         err = cuda_enter(s);
+    if (!err)
+        err = cuda_stream_seal(s, st);
     if (err)
         return err;
     /* Other streams waiting on this one during the capture use this
@@ -144,6 +146,8 @@ cube_error *cuda_replay(cube_server *server, cube_stream_id stream,
     cube_error *err = cuda_stream_get(s, stream, 1, &st);
     if (!err)
         err = cuda_enter(s);
+    if (!err)
+        err = cuda_stream_seal(s, st);
     for (size_t i = 0; i < cg->count && !err; i++)
         err = cuda_block_before_use(s, st, cg->blocks[i]);
     if (err)
@@ -195,6 +199,8 @@ cube_error *cuda_start_profile(cube_server *server, cube_stream_id stream,
     cube_error *err = cuda_stream_get(s, stream, 1, &st);
     if (!err)
         err = cuda_enter(s);
+    if (!err)
+        err = cuda_stream_seal(s, st);
     if (err)
         return err;
     cuda_window *w = calloc(1, sizeof *w);
@@ -237,6 +243,8 @@ cube_error *cuda_end_profile(cube_server *server, cube_stream_id stream,
     cube_error *err = cuda_stream_get(s, stream, 1, &st);
     if (!err)
         err = cuda_enter(s);
+    if (!err)
+        err = cuda_stream_seal(s, st);
     if (err) {
         window_free(s, w);
         return err;

@@ -94,6 +94,11 @@ struct cuda_stream {
     int capture_failed; /* a launch was refused inside the capture */
     /* 16 bytes of pinned memory a dynamic cube count is read into. */
     cube_storage count_host;
+    /* The latest read whose completion has no event yet (under `lock`):
+     * its wait synchronizes the stream, unless more work is submitted
+     * first, which records the read's event before it (cuda_stream_seal).
+     * A blocking read thus costs one driver call less. */
+    _Atomic(cube_pending *) open_read;
 };
 
 /* The copy helpers (cuda_transfer.c). */
@@ -121,9 +126,12 @@ struct cuda_server {
     cube_memory_layout layout; /* what new streams get (under the lock) */
     int has_layout;
 
-    /* Block records, recycled. */
+    /* Block records: slabs, and the free list behind the per-thread
+     * caches (cuda_streams.c). */
     pthread_mutex_t blocks_lock;
     cuda_block *free_blocks;
+    void **slabs;
+    size_t slab_count;
 
     /* Pinned host memory: the staging manager and the buffers handed out
      * through cube_staging (to tell pinned sources from pageable ones). */
@@ -165,6 +173,16 @@ cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
  * are for this write. Sequences come from cuda_stream_next. */
 int cuda_block_used(cuda_stream *st, cuda_block *blk, uint64_t seq,
                     int written);
+/* Call before enqueueing anything on `st`: gives the open read, if any,
+ * its own completion event first. */
+cube_error *cuda_stream_seal_slow(cuda_server *s, cuda_stream *st);
+static inline cube_error *cuda_stream_seal(cuda_server *s, cuda_stream *st)
+{
+    if (!atomic_load_explicit(&st->open_read, memory_order_acquire))
+        return NULL;
+    return cuda_stream_seal_slow(s, st);
+}
+
 /* Counts an operation submitted on `st`; returns its sequence. */
 static inline uint64_t cuda_stream_next(cuda_stream *st)
 {

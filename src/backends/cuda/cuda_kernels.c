@@ -391,6 +391,8 @@ cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
     cube_error *err = cuda_stream_get(s, stream, 1, &st);
     if (!err)
         err = cuda_enter(s);
+    if (!err)
+        err = cuda_stream_seal(s, st);
     if (err)
         return err;
     uint32_t count[3] = {d->cube_count[0], d->cube_count[1], d->cube_count[2]};

@@ -112,12 +112,9 @@ static void cuda_destroy(cube_server *server)
         cuda_events_destroy(s);
         s->api->cuCtxDestroy(s->ctx);
     }
-    cuda_block *b = s->free_blocks;
-    while (b) {
-        cuda_block *next = b->next_free;
-        free(b);
-        b = next;
-    }
+    for (size_t i = 0; i < s->slab_count; i++)
+        free(s->slabs[i]);
+    free(s->slabs);
     disk_cache_close(s->cache);
     free(s->streams);
     pthread_mutex_destroy(&s->streams_lock);

@@ -278,20 +278,65 @@ static cube_error *stream_of(cube_server *server, cube_stream_id id, int create,
     return cuda_stream_get((cuda_server *)server, id, create, out);
 }
 
+/* Block records come from slabs the server owns (all freed with it) and
+ * are recycled through a small per-thread cache, so allocating and
+ * releasing a buffer takes no lock here; the server-wide list behind it
+ * takes the overflow. A cache left by a closed server is recognized by its
+ * serial and dropped without being touched. */
+#define CUDA_BLOCK_SLAB 256
+#define CUDA_BLOCK_CACHE 64
+
+static _Thread_local struct {
+    uint64_t serial;
+    cuda_block *head;
+    unsigned count;
+} block_cache;
+
 static cuda_block *block_new(cuda_server *s)
 {
+    if (block_cache.serial == s->serial && block_cache.head) {
+        cuda_block *b = block_cache.head;
+        block_cache.head = b->next_free;
+        block_cache.count--;
+        return b;
+    }
     pthread_mutex_lock(&s->blocks_lock);
+    if (!s->free_blocks) {
+        cuda_block *slab = malloc(CUDA_BLOCK_SLAB * sizeof *slab);
+        void **grown =
+            slab ? realloc(s->slabs, (s->slab_count + 1) * sizeof *grown)
+                 : NULL;
+        if (!grown) {
+            free(slab);
+            pthread_mutex_unlock(&s->blocks_lock);
+            return NULL;
+        }
+        s->slabs = grown;
+        s->slabs[s->slab_count++] = slab;
+        for (size_t i = 0; i < CUDA_BLOCK_SLAB; i++) {
+            slab[i].next_free = s->free_blocks;
+            s->free_blocks = &slab[i];
+        }
+    }
     cuda_block *b = s->free_blocks;
-    if (b)
-        s->free_blocks = b->next_free;
+    s->free_blocks = b->next_free;
     pthread_mutex_unlock(&s->blocks_lock);
-    if (!b)
-        b = malloc(sizeof *b);
     return b;
 }
 
 static void block_recycle(cuda_server *s, cuda_block *b)
 {
+    if (block_cache.serial != s->serial) {
+        block_cache.serial = s->serial;
+        block_cache.head = NULL;
+        block_cache.count = 0;
+    }
+    if (block_cache.count < CUDA_BLOCK_CACHE) {
+        b->next_free = block_cache.head;
+        block_cache.head = b;
+        block_cache.count++;
+        return;
+    }
     pthread_mutex_lock(&s->blocks_lock);
     b->next_free = s->free_blocks;
     s->free_blocks = b;
@@ -340,7 +385,9 @@ static void owner_waits(cuda_server *s, cuda_stream *owner, cuda_stream *other,
         return;
     }
     uint64_t covered = 0;
-    cube_error *err = wait_on(s, owner->cu, other, seq, &covered);
+    cube_error *err = cuda_stream_seal(s, owner);
+    if (!err)
+        err = wait_on(s, owner->cu, other, seq, &covered);
     if (err) {
         cube_log_write(CUBE_LOG_WARN, "memory",
                        "release: cannot order after stream 0x%016llx (%s); "

@@ -13,13 +13,13 @@
 /* Pageable transfers move in chunks of this size, at most CUDA_RING of
  * them in flight. */
 #define CUDA_CHUNK ((uint64_t)8 << 20)
-#define CUDA_RING 6
+#define CUDA_RING 8
 /* Pinned bytes a stream may have in flight from writes before a new one
  * waits for the oldest. */
 #define CUDA_INFLIGHT_LIMIT ((uint64_t)64 << 20)
 /* Below this, one thread copies (waking helpers costs more). */
 #define CUDA_PARALLEL_MIN ((uint64_t)1 << 20)
-#define CUDA_MAX_COPIERS 8
+#define CUDA_MAX_COPIERS 16
 
 /* --- the copy helpers: memcpy of large chunks across a few threads --- */
 
@@ -104,7 +104,9 @@ static cuda_copier *copier_create(void)
     pthread_cond_init(&c->wake, NULL);
     pthread_cond_init(&c->done, NULL);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned want = cores > 2 ? (unsigned)(cores / 2) : 1;
+    /* Packing pageable memory is bound by memory bandwidth, which one
+     * core cannot fill: use most of them (they sleep between copies). */
+    unsigned want = cores > 2 ? (unsigned)(cores * 3 / 4) : 1;
     if (want > CUDA_MAX_COPIERS)
         want = CUDA_MAX_COPIERS;
     /* The caller copies a part too: want - 1 helpers. */
@@ -489,6 +491,8 @@ cube_error *cuda_write(cube_server *server, cube_stream_id stream,
     cube_error *err = cuda_stream_get(s, stream, 1, &st);
     if (!err)
         err = cuda_enter(s);
+    if (!err)
+        err = cuda_stream_seal(s, st);
     int wait_direct = 0;
     for (size_t i = 0; i < n && !err; i++) {
         const cube_copy_op *op = &ops[i];
@@ -544,7 +548,8 @@ typedef struct read_item {
 
 struct cube_pending {
     cuda_server *server;
-    CUevent event;
+    cuda_stream *stream;
+    CUevent event; /* NULL while it is the stream's open read */
     size_t count;
     read_item items[];
 };
@@ -631,6 +636,8 @@ cube_error *cuda_read(cube_server *server, cube_stream_id stream,
     cube_error *err = cuda_stream_get(s, stream, 1, &st);
     if (!err)
         err = cuda_enter(s);
+    if (!err)
+        err = cuda_stream_seal(s, st);
     if (err)
         return err;
     cube_pending *p = calloc(1, sizeof *p + n * sizeof(read_item));
@@ -665,12 +672,11 @@ cube_error *cuda_read(cube_server *server, cube_stream_id stream,
             cuda_block_used(st, blk, cuda_stream_next(st), 0);
     }
     if (!err && queued) {
-        err = event_get(s, &p->event);
-        if (!err) {
-            CUresult r = s->api->cuEventRecord(p->event, st->cu);
-            if (r != CUDA_SUCCESS)
-                err = cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventRecord");
-        }
+        /* No event yet: see cuda_stream.open_read. */
+        p->stream = st;
+        pthread_mutex_lock(&st->lock);
+        atomic_store(&st->open_read, p);
+        pthread_mutex_unlock(&st->lock);
     }
     if (err) {
         if (queued)
@@ -686,11 +692,44 @@ cube_error *cuda_read(cube_server *server, cube_stream_id stream,
     return NULL;
 }
 
+cube_error *cuda_stream_seal_slow(cuda_server *s, cuda_stream *st)
+{
+    CUresult r = CUDA_SUCCESS;
+    cube_error *err = NULL;
+    pthread_mutex_lock(&st->lock);
+    cube_pending *p = atomic_load(&st->open_read);
+    if (p) {
+        err = event_get(s, &p->event);
+        if (!err) {
+            r = s->api->cuEventRecord(p->event, st->cu);
+            if (r != CUDA_SUCCESS) {
+                event_put(s, p->event);
+                p->event = NULL; /* its wait synchronizes the stream */
+            }
+        }
+        atomic_store(&st->open_read, NULL);
+    }
+    pthread_mutex_unlock(&st->lock);
+    if (!err && r != CUDA_SUCCESS)
+        err = cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventRecord");
+    return err;
+}
+
 cube_error *cuda_read_wait(cube_server *server, cube_pending *p)
 {
     cuda_server *s = (cuda_server *)server;
     cube_error *err = cuda_enter(s);
-    CUresult r = err ? CUDA_SUCCESS : s->api->cuEventSynchronize(p->event);
+    cuda_stream *st = p->stream;
+    pthread_mutex_lock(&st->lock);
+    if (atomic_load(&st->open_read) == p)
+        atomic_store(&st->open_read, NULL);
+    CUevent ev = p->event;
+    pthread_mutex_unlock(&st->lock);
+    /* Nothing was enqueued after the read (else it has an event): the
+     * stream's end is the read's end. */
+    CUresult r = err  ? CUDA_SUCCESS
+                 : ev ? s->api->cuEventSynchronize(ev)
+                      : s->api->cuStreamSynchronize(st->cu);
     if (!err && r != CUDA_SUCCESS)
         err = cuda_fail(s, r, CUBE_ERR_INTERNAL, "read");
     for (size_t i = 0; i < p->count && !err; i++)
