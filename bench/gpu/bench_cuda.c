@@ -1301,6 +1301,153 @@ static void usage(FILE *f)
                "Exits 77 when cubert cannot open the CUDA device.\n");
 }
 
+/* --- (x) a dependency across streams against one on the same stream --- */
+
+#define XS_PAIRS 500
+#define XS_ROUNDS 20
+
+static const char cube_touch_src[] =
+    "CUBE_KERNEL(touch, CUBE_INOUT(uint32_t, x))\n"
+    "{\n"
+    "    if (ABSOLUTE_POS_X == 0)\n"
+    "        CUBE_AT(x, 0) += 1;\n"
+    "}\n";
+static const char driver_touch_src[] =
+    "extern \"C\" __global__ void touch(unsigned int *x)\n"
+    "{\n"
+    "    if (blockIdx.x * blockDim.x + threadIdx.x == 0)\n"
+    "        x[0] += 1;\n"
+    "}\n";
+
+static struct {
+    cube_kernel *touch;
+    cube_handle x;
+    cube_arg args[1];
+    CUfunction f;
+    CUdeviceptr dx;
+    void *params[1];
+    CUstream other;
+    CUevent ev_a, ev_b;
+    int cross;
+} X;
+
+/* XS_PAIRS dependent pairs: a write of x, then a write that reads it,
+ * on one stream or on two (stream ids 1 and 2). */
+static double cb_pairs(const job *j)
+{
+    (void)j;
+    cube_count one = cube_count_static(1, 1, 1);
+    double t0 = now_ns();
+    for (int i = 0; i < XS_PAIRS; i++) {
+        if (X.cross)
+            ok(cube_stream_use(S.client, 1), "cube_stream_use");
+        ok(cube_launch(S.client, X.touch, one, X.args, 1, CUBE_LAUNCH_EXECUTE),
+           "cube_launch(touch)");
+        if (X.cross)
+            ok(cube_stream_use(S.client, 2), "cube_stream_use");
+        ok(cube_launch(S.client, X.touch, one, X.args, 1, CUBE_LAUNCH_EXECUTE),
+           "cube_launch(touch)");
+    }
+    double t = now_ns() - t0;
+    if (X.cross) {
+        ok(cube_stream_use(S.client, 1), "cube_stream_use");
+        ok(cube_sync(S.client, NULL, 0), "cube_sync");
+        ok(cube_stream_use(S.client, 2), "cube_stream_use");
+    }
+    ok(cube_sync(S.client, NULL, 0), "cube_sync");
+    ok(cube_stream_use(S.client, 0), "cube_stream_use");
+    return t;
+}
+
+/* The same with the driver: on two streams each write first waits for an
+ * event recorded after the other stream's write. */
+static double dr_pairs(const job *j)
+{
+    (void)j;
+    double t0 = now_ns();
+    for (int i = 0; i < XS_PAIRS; i++) {
+        if (X.cross) {
+            CK(cuStreamWaitEvent(S.stream, X.ev_b, 0));
+            CK(cuLaunchKernel(X.f, 1, 1, 1, 1, 1, 1, 0, S.stream, X.params,
+                              NULL));
+            CK(cuEventRecord(X.ev_a, S.stream));
+            CK(cuStreamWaitEvent(X.other, X.ev_a, 0));
+            CK(cuLaunchKernel(X.f, 1, 1, 1, 1, 1, 1, 0, X.other, X.params,
+                              NULL));
+            CK(cuEventRecord(X.ev_b, X.other));
+        } else {
+            for (int k = 0; k < 2; k++)
+                CK(cuLaunchKernel(X.f, 1, 1, 1, 1, 1, 1, 0, S.stream, X.params,
+                                  NULL));
+        }
+    }
+    double t = now_ns() - t0;
+    CK(cuStreamSynchronize(S.stream));
+    CK(cuStreamSynchronize(X.other));
+    return t;
+}
+
+static void bench_cross_stream(void)
+{
+    CK(cuCtxSetCurrent(S.ctx));
+    CUmodule m = nvrtc_module(driver_touch_src, S.cc_major, S.cc_minor);
+    CK(cuModuleGetFunction(&X.f, m, "touch"));
+    CK(cuMemAlloc(&X.dx, 4));
+    CK(cuMemsetD8(X.dx, 0, 4));
+    CK(cuStreamCreate(&X.other, CU_STREAM_NON_BLOCKING));
+    CK(cuEventCreate(&X.ev_a, CU_EVENT_DISABLE_TIMING));
+    CK(cuEventCreate(&X.ev_b, CU_EVENT_DISABLE_TIMING));
+    CK(cuEventRecord(X.ev_b, X.other));
+    X.params[0] = &X.dx;
+    uint32_t zero = 0;
+    if (!S.peer_only) {
+        X.touch = make_kernel("touch", cube_touch_src, 1);
+        ok(cube_create(S.client, &zero, 4, &X.x), "cube_create(x)");
+        X.args[0] = cube_arg_buffer(X.x);
+    }
+    double same_c[XS_ROUNDS], same_d[XS_ROUNDS], cross_c[XS_ROUNDS],
+        cross_d[XS_ROUNDS];
+    job none;
+    memset(&none, 0, sizeof none);
+    X.cross = 0;
+    alternate(cb_pairs, &none, dr_pairs, &none, 2, XS_ROUNDS, same_c, same_d);
+    X.cross = 1;
+    alternate(cb_pairs, &none, dr_pairs, &none, 2, XS_ROUNDS, cross_c, cross_d);
+    double sc = med(same_c, XS_ROUNDS, XS_PAIRS * 1e3, 1);
+    double sd = med(same_d, XS_ROUNDS, XS_PAIRS * 1e3, 0);
+    double xc = med(cross_c, XS_ROUNDS, XS_PAIRS * 1e3, 1);
+    double xd = med(cross_d, XS_ROUNDS, XS_PAIRS * 1e3, 0);
+    report("x1",
+           "dependent pair on one stream: write x, then a write reading x "
+           "(host µs per pair)",
+           "µs/pair", "us/pair", sc, sd, 0, 0);
+    report("x2",
+           "dependent pair across two streams (cubert orders by last writer; "
+           "driver: event record + stream wait per write)",
+           "µs/pair", "us/pair", xc, xd, 0, 0);
+    if (!S.peer_only) {
+        uint32_t got = 0;
+        cube_copy_desc d = cube_copy_desc_contiguous(X.x, 4, 4);
+        void *dst = &got;
+        uint64_t size = 4;
+        ok(cube_read(S.client, &d, &dst, &size, 1), "cube_read(x)");
+        uint32_t want = 2u * XS_PAIRS * (2u + XS_ROUNDS) * 2u;
+        printf("    cubert: a cross-stream pair costs %.2fx a same-stream "
+               "pair; x counted %u of %u writes (%s)\n",
+               xc / sc, got, want, got == want ? "ordered" : "LOST WRITES");
+        if (got != want)
+            exit(1);
+        ok(cube_handle_release(S.client, X.x), "cube_handle_release");
+        cube_kernel_release(X.touch);
+    }
+    CK(cuCtxSetCurrent(S.ctx));
+    CK(cuEventDestroy(X.ev_a));
+    CK(cuEventDestroy(X.ev_b));
+    CK(cuStreamDestroy(X.other));
+    CK(cuMemFree(X.dx));
+    CK(cuModuleUnload(m));
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], CHILD_FLAG) == 0)
@@ -1416,6 +1563,7 @@ int main(int argc, char **argv)
     bench_pageable();
     bench_roundtrip();
     bench_compile();
+    bench_cross_stream();
 
     print_table();
     if (json)
