@@ -338,6 +338,11 @@ void cube_client_close(cube_client *c)
         }
         if (s->capture)
             core_graph_abort(c, s->capture);
+        /* Windows never ended hold backend resources (CUDA events). */
+        for (size_t w = 0; w < s->window_count && c->vt->abandon_profile; w++)
+            c->vt->abandon_profile(c->server, s->id,
+                                   s->windows[w].backend_token);
+        s->window_count = 0;
         s->capture = NULL;
     }
     core_graphs_destroy(c);

@@ -48,7 +48,8 @@ typedef struct core_resolved {
 
 /* An open profiling window. */
 typedef struct core_window {
-    uint64_t token;
+    uint64_t token;         /* the caller's: unique in the process */
+    uint64_t backend_token; /* what the backend's start_profile gave */
     uint64_t start_ns;
     uint64_t launches_at_start;
     uint64_t failures_at_start;

@@ -54,8 +54,10 @@ cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
         err = c->vt->start_profile(c->server, s->id, &token);
     if (!err) {
         core_window *w = &s->windows[s->window_count++];
-        w->token =
-            c->vt->start_profile ? token : atomic_fetch_add(&next_token, 1);
+        /* Tokens the caller sees never repeat, whatever the backend's
+         * (an address it may reuse) looks like. */
+        w->token = atomic_fetch_add(&next_token, 1);
+        w->backend_token = token;
         w->launches_at_start = s->launches;
         w->failures_at_start = s->failures;
         /* Work issued before the window has completed on return on
@@ -121,7 +123,8 @@ cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
     double seconds = 0;
     cube_timing_method method = CUBE_TIMING_HOST_CLOCK;
     if (c->vt->end_profile) {
-        err = c->vt->end_profile(c->server, s->id, token, &seconds, &method);
+        err = c->vt->end_profile(c->server, s->id, w.backend_token, &seconds,
+                                 &method);
     } else {
         /* Drain the work issued in the window, then read the clock. */
         err = c->vt->sync(c->server, s->id, NULL, 0);
@@ -160,7 +163,8 @@ void cube_profile_abandon(cube_client *c, cube_profile_token token)
     long i = find_window(s, token);
     if (i >= 0) {
         if (c->vt->abandon_profile)
-            c->vt->abandon_profile(c->server, s->id, token);
+            c->vt->abandon_profile(c->server, s->id,
+                                   s->windows[i].backend_token);
         remove_window(s, i);
     }
     core_stream_leave(s);

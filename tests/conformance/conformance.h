@@ -52,6 +52,9 @@ typedef struct conf_kernels {
     cube_kernel *shared_over;    /* shared memory one byte over the limit */
     cube_kernel *shared_at;      /* shared memory exactly at the limit */
     cube_kernel *skip_probe;     /* launched only by the Skip test */
+    cube_kernel *rewrite;        /* x = 3x + 1, iters times (INOUT u32) */
+    cube_kernel *spin;           /* y = f(x), long and late-reading (u32) */
+    cube_kernel *trap;           /* calls cube_trap() (INOUT u32), dim 32 */
 } conf_kernels;
 
 typedef struct conf_state {
@@ -344,9 +347,30 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     /* stress: threads, streams, handoffs, failures (test_stress.c) */         \
     X(stress_mixed_operations_from_eight_threads_on_several_streams)           \
     X(stress_producer_consumer_across_streams_with_in_place_rewrites)          \
-    X(stress_failures_cross_streams)
+    X(stress_failures_cross_streams)                                           \
+    /* graphs, timing, pitched copies, threads on a device (test_device.c) */  \
+    X(device_graph_chain_of_three_kernels_replays_like_direct_launches)        \
+    X(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable)         \
+    X(device_graph_capture_that_allocates_follows_the_backends_graph_kind)     \
+    X(device_profile_window_times_real_work_and_inner_window_is_not_longer)    \
+    X(device_pitched_copies_touch_exactly_their_rows_and_keep_the_padding)     \
+    X(device_eight_threads_own_streams_200_rounds_share_one_input)             \
+    /* ordering, reuse, failures, faults across streams (test_streams.c) */    \
+    X(streams_consumer_waits_for_the_last_in_place_rewrite_on_another)         \
+    X(streams_rewrite_waits_for_reads_issued_earlier_on_another_stream)        \
+    X(streams_two_threads_hand_off_in_place_rewrites_round_by_round)           \
+    X(streams_buffer_released_while_another_stream_reads_it_waits_for_it)      \
+    X(streams_dynamic_count_written_on_another_stream_is_waited_for)           \
+    X(streams_failure_on_one_stream_is_reported_on_others_until_rewritten)     \
+    X(streams_ids_list_each_stream_once_explicit_ids_are_separate_queues)      \
+    X(streams_device_fault_breaks_every_call_until_the_client_is_reopened)
 
 /* clang-format on */
+
+/* The device-fault scenario, run alone in a child process by
+ * streams_device_fault_breaks_every_call_until_the_client_is_reopened
+ * (test_streams.c) through `conformance BACKEND --device-fault`. */
+void conf_device_fault_scenario(void **state);
 
 #define CONF_DECLARE(name) void name(void **state);
 CONF_TESTS(CONF_DECLARE)

@@ -208,6 +208,54 @@ static const char SRC_SKIP_PROBE[] =
     "    if (i < CUBE_LEN(y)) y[i] = v;\n"
     "}\n";
 
+/* x = 3x + 1 (mod 2^32), `iters` times, in place: each result depends on
+ * what the buffer held before, so a launch that misses a rewrite shows. */
+static const char SRC_REWRITE[] =
+    "CUBE_KERNEL(rewrite, CUBE_INOUT(uint32_t, x), CUBE_SCALAR(uint32_t, "
+    "iters))\n"
+    "{\n"
+    "    int i = (int)ABSOLUTE_POS_X;\n"
+    "    if (i < (int)CUBE_LEN(x)) {\n"
+    "        uint32_t v = x[i];\n"
+    "        for (uint32_t k = 0; k < iters; k++)\n"
+    "            v = v * 3u + 1u;\n"
+    "        x[i] = v;\n"
+    "    }\n"
+    "}\n";
+
+/* v = x[i] taken through x = 3x + 1 `iters` times, then y[i] = v plus a
+ * neighbour of x chosen by v: the second read comes after the loop and
+ * cannot be hoisted, so the kernel keeps reading x until it ends. */
+static const char SRC_SPIN[] =
+    "CUBE_KERNEL(spin, CUBE_IN(uint32_t, x), CUBE_OUT(uint32_t, y),\n"
+    "            CUBE_SCALAR(uint32_t, iters))\n"
+    "{\n"
+    "    int i = (int)ABSOLUTE_POS_X;\n"
+    "    if (i < (int)CUBE_LEN(y) && i < (int)CUBE_LEN(x)) {\n"
+    "        uint32_t n = (uint32_t)CUBE_LEN(x);\n"
+    "        uint32_t v = x[i];\n"
+    "        for (uint32_t k = 0; k < iters; k++)\n"
+    "            v = v * 3u + 1u;\n"
+    "        uint32_t j = (uint32_t)i + 1u + (v & 1u);\n"
+    "        while (j >= n)\n"
+    "            j -= n;\n"
+    "        y[i] = v + x[j];\n"
+    "    }\n"
+    "}\n";
+
+/* Stops on a device fault: unit 0 traps, the others write. */
+static const char SRC_TRAP[] =
+    "CUBE_KERNEL(fault_trap, CUBE_INOUT(uint32_t, y))\n"
+    "{\n"
+    "    uint32_t i = ABSOLUTE_POS_X;\n"
+    "    if (i == 0) {\n"
+    "        cube_trap();\n"
+    "        return;\n"
+    "    }\n"
+    "    if (i < CUBE_LEN(y))\n"
+    "        y[i] = 7u;\n"
+    "}\n";
+
 /* Shared memory of `bytes` bytes per cube: the struct the prelude makes
  * holds one char before the array, so the array gets bytes - 1. */
 static char *shared_source(const char *name, uint64_t bytes)
@@ -272,6 +320,9 @@ static void make_kernels(void)
     free(over);
     free(at);
     k->skip_probe = conf_kernel("skip_probe", SRC_SKIP_PROBE, 16, 1, 1);
+    k->rewrite = conf_kernel("rewrite", SRC_REWRITE, 256, 1, 1);
+    k->spin = conf_kernel("spin", SRC_SPIN, 256, 1, 1);
+    k->trap = conf_kernel("fault_trap", SRC_TRAP, 32, 1, 1);
 }
 
 static void release_kernels(void)
@@ -383,13 +434,47 @@ static int test_teardown(void **state)
     return 0;
 }
 
+/* `conformance BACKEND --device-fault`: the device-fault scenario alone,
+ * in a process whose only client is the one that faults. */
+static int run_device_fault(void)
+{
+    cube_client *probe = NULL;
+    cube_error *err = cube_client_open(conf.backend, NULL, &probe);
+    if (!err)
+        err = cube_client_properties(probe, &conf.props);
+    cube_client_close(probe);
+    if (err) {
+        print_error("cannot open %s: %s\n", conf.backend,
+                    cube_error_message(err));
+        cube_error_free(err);
+        return 1;
+    }
+    make_kernels();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(conf_device_fault_scenario)};
+    char group[80];
+    snprintf(group, sizeof group, "conformance.%s.device-fault", conf.backend);
+    int failed = cmocka_run_group_tests_name(group, tests, NULL, NULL);
+    release_kernels();
+    return failed ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s <backend>   (cpu, cuda, cuda:N)\n", argv[0]);
+    if (argc != 2 && !(argc == 3 && strcmp(argv[2], "--device-fault") == 0)) {
+        fprintf(stderr,
+                "usage: %s <backend> [--device-fault]   (cpu, cuda, cuda:N)\n",
+                argv[0]);
         return 2;
     }
     conf.backend = argv[1];
+    if (argc == 3)
+        return run_device_fault();
+    /* CONF_FILTER narrows the run to the tests whose names match it (a
+     * cmocka pattern with '*' wildcards), e.g. for a sanitizer run. */
+    const char *filter = getenv("CONF_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
 
     /* Probe: a backend that is not built in or cannot run here is skipped. */
     cube_client *probe = NULL;

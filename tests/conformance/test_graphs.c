@@ -116,6 +116,24 @@ static cube_error *g_broken(cube_handle x, cube_handle y, cube_handle z)
                        EXEC);
 }
 
+/* Whether this backend's graphs are recorded by the client (replays run
+ * the recorded launches) rather than by the device. */
+static int g_software_graphs(void)
+{
+    cube_utilities u;
+    CONF_OK(cube_client_utilities(conf.client, &u));
+    return u.software_graphs;
+}
+
+/* The warm-up of the documented flow: a buffer of `bytes` made and
+ * released after cube_graph_prepare leaves its memory in the persistent
+ * pool, so a capture that makes one again needs no new device memory
+ * (device graphs refuse a capture that does). */
+static void g_warm_up_allocation(uint64_t bytes)
+{
+    conf_release(conf_empty(bytes));
+}
+
 static cube_graph_id g_end(void)
 {
     cube_graph_id id = 0;
@@ -329,6 +347,15 @@ CONF_TEST(graph_replay_reads_dynamic_count_from_its_buffer)
     cube_code code = g_code(
         conf_launch(conf.k.count_probe, cube_count_dynamic(cnt), &a, 1, EXEC));
     cube_graph_id id = g_end();
+    if (!g_software_graphs()) {
+        /* A device graph fixes its cube counts when it is recorded: a
+         * dynamic count is refused inside the capture, which goes on. */
+        assert_int_equal(code, CUBE_ERR_UNSUPPORTED);
+        g_destroy(id);
+        conf_release(cnt);
+        conf_release(y);
+        return;
+    }
     assert_int_equal(code, CUBE_OK);
     static const uint32_t counts[] = {3, 1, 8, 5};
     for (size_t r = 0; r < sizeof counts / sizeof counts[0]; r++) {
@@ -740,6 +767,7 @@ CONF_TEST(graph_capture_allows_check_and_allocation)
     conf_mark_failed(bad);
     uint64_t live0 = g_live();
     CONF_OK(cube_graph_prepare(conf.client));
+    g_warm_up_allocation(4096);
     CONF_OK(cube_graph_begin(conf.client));
     cube_code codes[6];
     codes[0] = g_code(g_scale(x, y, 2));
@@ -781,6 +809,7 @@ CONF_TEST(graph_pins_buffer_allocated_in_window_until_destroy)
     g_read(x, x0);
     uint64_t live0 = g_live();
     CONF_OK(cube_graph_prepare(conf.client));
+    g_warm_up_allocation(GBYTES);
     CONF_OK(cube_graph_begin(conf.client));
     /* A scratch buffer made inside the window, written and read by the
      * recorded launches: z = 2x, w = 3z. */

@@ -149,7 +149,7 @@ cube_error *cuda_replay(cube_server *server, cube_stream_id stream,
     if (!err)
         err = cuda_stream_seal(s, st);
     for (size_t i = 0; i < cg->count && !err; i++)
-        err = cuda_block_before_use(s, st, cg->blocks[i]);
+        err = cuda_block_before_use(s, st, cg->blocks[i], 1);
     if (err)
         return err;
     CUresult r = s->api->cuGraphLaunch(cg->exec, st->cu);

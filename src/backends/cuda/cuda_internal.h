@@ -162,11 +162,12 @@ cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
 cube_error *cuda_stream_get(cuda_server *s, cube_stream_id id, int create,
                             cuda_stream **out);
 void cuda_streams_destroy(cuda_server *s);
-/* Orders `st` after the last write of `blk` on another stream. Call
- * before submitting work on `st` that touches `blk` (inside a capture it
- * notes the block for the graph instead). */
+/* Orders `st` after the last write of `blk` on another stream and, when
+ * `write`, after other streams' earlier uses of it. Call before submitting
+ * work on `st` that touches `blk` (inside a capture it notes the block for
+ * the graph instead). */
 cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
-                                  cuda_block *blk);
+                                  cuda_block *blk, int write);
 /* Notes that the operation `seq` just submitted on `st` used `blk` (wrote
  * it, when `written`). Returns whether other streams share the block: a
  * writer then records its event once for all its outputs, so later waits

@@ -351,7 +351,7 @@ static cube_error *read_count(cuda_server *s, cuda_stream *st,
                               "a CUDA graph (it is read on the host at "
                               "launch); launch it outside the capture");
     cuda_block *blk = b->storage->cookie;
-    cube_error *err = cuda_block_before_use(s, st, blk);
+    cube_error *err = cuda_block_before_use(s, st, blk, 0);
     if (err)
         return err;
     if (!st->count_host.address) {
@@ -414,7 +414,8 @@ cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
         case CUBE_PARAM_SCALAR: args[nargs++] = (void *)d->scalars[p]; break;
         default: {
             const cube_binding *b = &d->bindings[p];
-            err = cuda_block_before_use(s, st, b->storage->cookie);
+            err = cuda_block_before_use(s, st, b->storage->cookie,
+                                        param_written(cc->params[p].kind));
             if (err)
                 return err;
             addrs[p] = b->storage->address + b->offset;
@@ -442,9 +443,8 @@ cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
         if (kind == CUBE_PARAM_SHARED || kind == CUBE_PARAM_SCALAR)
             continue;
         shared |= cuda_block_used(st, d->bindings[p].storage->cookie, seq,
-                                  param_written(kind)) &&
-                  param_written(kind);
+                                  param_written(kind));
     }
-    /* Outputs other streams also use: mark this write exactly. */
+    /* Buffers other streams also use: mark this launch exactly. */
     return shared ? cuda_stream_record(s, st) : NULL;
 }

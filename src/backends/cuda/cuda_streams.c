@@ -13,6 +13,10 @@ static cube_error *device_alloc(void *self, uint64_t size, uint64_t align,
 {
     cuda_server *s = self;
     (void)align; /* cuMemAlloc aligns to at least 256 bytes */
+    /* Allocations come from any thread (see server.h). */
+    cube_error *err = cuda_enter(s);
+    if (err)
+        return err;
     /* A capture on this thread must not see the allocation (the capture is
      * rejected at its end for having allocated, not broken now). */
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -31,6 +35,7 @@ static void device_free(void *self, uint64_t address, uint64_t size)
 {
     cuda_server *s = self;
     (void)size;
+    cube_error_free(cuda_enter(s));
     /* Pages are given back only when no block of them is live, but work
      * queued before their last release may still run: let it finish. */
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -236,8 +241,6 @@ cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
 static void note_use(cuda_stream *st, cuda_block *blk, uint64_t seq)
 {
     uint64_t tag = CUDA_TAG(st->index, seq);
-    if (!atomic_load_explicit(&blk->shared, memory_order_relaxed))
-        atomic_store(&blk->shared, 1);
     for (int i = 0; i < CUDA_USE_SLOTS; i++) {
         uint64_t cur = atomic_load(&blk->uses[i]);
         while (cur == 0 || CUDA_TAG_INDEX(cur) == st->index) {
@@ -248,8 +251,31 @@ static void note_use(cuda_stream *st, cuda_block *blk, uint64_t seq)
     atomic_store(&blk->many, 1);
 }
 
+/* Before a write on `st`: every other stream's use of the block, issued
+ * earlier, must be done first (a write after a read elsewhere). */
+static cube_error *wait_for_uses(cuda_server *s, cuda_stream *st,
+                                 cuda_block *blk)
+{
+    cube_error *err = NULL;
+    if (atomic_load(&blk->many)) {
+        /* More streams than the slots remember: wait for all of them. */
+        uint32_t n = atomic_load(&s->stream_count);
+        for (uint32_t i = 0; i < n && !err; i++)
+            err = cuda_stream_wait_for(s, st, i,
+                                       atomic_load(&s->streams[i]->seq));
+        return err;
+    }
+    for (int i = 0; i < CUDA_USE_SLOTS && !err; i++) {
+        uint64_t u = atomic_load(&blk->uses[i]);
+        if (u && CUDA_TAG_INDEX(u) != st->index)
+            err =
+                cuda_stream_wait_for(s, st, CUDA_TAG_INDEX(u), CUDA_TAG_SEQ(u));
+    }
+    return err;
+}
+
 cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
-                                  cuda_block *blk)
+                                  cuda_block *blk, int write)
 {
     if (st->capturing)
         return cuda_capture_note(st, blk);
@@ -257,6 +283,9 @@ cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
     cube_error *err = NULL;
     if (w && CUDA_TAG_INDEX(w) != st->index)
         err = cuda_stream_wait_for(s, st, CUDA_TAG_INDEX(w), CUDA_TAG_SEQ(w));
+    if (!err && write &&
+        atomic_load_explicit(&blk->shared, memory_order_relaxed))
+        err = wait_for_uses(s, st, blk);
     return err;
 }
 

@@ -497,7 +497,7 @@ cube_error *cuda_write(cube_server *server, cube_stream_id stream,
     for (size_t i = 0; i < n && !err; i++) {
         const cube_copy_op *op = &ops[i];
         cuda_block *blk = op->binding.storage->cookie;
-        err = cuda_block_before_use(s, st, blk);
+        err = cuda_block_before_use(s, st, blk, 1);
         if (err)
             break;
         const unsigned char *from = src[i];
@@ -645,10 +645,11 @@ cube_error *cuda_read(cube_server *server, cube_stream_id stream,
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "read");
     p->server = s;
     size_t queued = 0;
+    int shared = 0;
     for (size_t i = 0; i < n && !err; i++) {
         const cube_copy_op *op = &ops[i];
         cuda_block *blk = op->binding.storage->cookie;
-        err = cuda_block_before_use(s, st, blk);
+        err = cuda_block_before_use(s, st, blk, 0);
         if (err)
             break;
         read_item *it = &p->items[p->count++];
@@ -669,8 +670,10 @@ cube_error *cuda_read(cube_server *server, cube_stream_id stream,
             queued++;
         }
         if (!err)
-            cuda_block_used(st, blk, cuda_stream_next(st), 0);
+            shared |= cuda_block_used(st, blk, cuda_stream_next(st), 0);
     }
+    if (!err && shared)
+        err = cuda_stream_record(s, st); /* writers elsewhere wait for it */
     if (!err && queued) {
         /* No event yet: see cuda_stream.open_read. */
         p->stream = st;
