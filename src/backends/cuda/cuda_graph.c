@@ -68,6 +68,13 @@ cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
     if (r != CUDA_SUCCESS)
         return cuda_fail(s, r, CUBE_ERR_GRAPH_STATE, "cuStreamBeginCapture");
     st->capturing = 1;
+    /* The capture is thread-local, so other threads cannot break it; this
+     * thread may still work on other streams meanwhile (allocate, copy,
+     * wait), which the thread-local mode would forbid: it goes relaxed
+     * until the capture ends. The capturing stream itself is protected by
+     * the client, which refuses reads, writes and syncs on it. */
+    st->capture_thread_mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    s->api->cuThreadExchangeStreamCaptureMode(&st->capture_thread_mode);
     return NULL;
 }
 
@@ -88,6 +95,7 @@ cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
     CUgraph g = NULL;
     CUresult r = s->api->cuStreamEndCapture(st->cu, &g);
     st->capturing = 0;
+    s->api->cuThreadExchangeStreamCaptureMode(&st->capture_thread_mode);
     uint64_t grown = reserved(st->mem) - st->reserved_at_begin;
     if (r != CUDA_SUCCESS) {
         err = cuda_fail(s, r, CUBE_ERR_GRAPH_STATE,

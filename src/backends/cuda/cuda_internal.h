@@ -92,6 +92,7 @@ struct cuda_stream {
     cuda_block **captured;
     size_t captured_count, captured_cap;
     int capture_failed; /* a launch was refused inside the capture */
+    int capture_thread_mode; /* the capturing thread's mode before it */
     /* 16 bytes of pinned memory a dynamic cube count is read into. */
     cube_storage count_host;
     /* The latest read whose completion has no event yet (under `lock`):

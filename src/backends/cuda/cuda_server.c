@@ -177,10 +177,24 @@ static cube_error *create_context(cuda_server *s)
     CUresult r;
     /* Our own context, not the device's primary one: a sticky fault then
      * breaks this client only, and closing the client destroys it. */
-    if (a->cuCtxCreate)
-        r = a->cuCtxCreate(&s->ctx, 0, s->device);
-    else
-        r = a->cuCtxCreate_v4(&s->ctx, NULL, 0, s->device);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (a->cuCtxCreate)
+            r = a->cuCtxCreate(&s->ctx, 0, s->device);
+        else
+            r = a->cuCtxCreate_v4(&s->ctx, NULL, 0, s->device);
+        if (r == CUDA_SUCCESS || !cuda_result_is_fault(r) || attempt ||
+            !a->cuDevicePrimaryCtxReset)
+            break;
+        /* A sticky fault outlives the contexts it broke: the driver keeps
+         * it per process and device. Tearing down this process's primary
+         * context of the device is what clears it, once every client that
+         * saw the fault is closed. */
+        cube_log_write(CUBE_LOG_WARN, "cuda",
+                       "device %d still reports a fault (%s); clearing this "
+                       "process's state of it and retrying",
+                       s->ordinal, cuda_result_text(a, r));
+        a->cuDevicePrimaryCtxReset(s->device);
+    }
     if (r != CUDA_SUCCESS) {
         s->ctx = NULL;
         return cuda_error(a, r, CUBE_ERR_UNAVAILABLE,

@@ -204,6 +204,12 @@ static cube_error *wait_on(cuda_server *s, CUstream cu, cuda_stream *other,
         r = s->api->cuStreamWaitEvent(cu, other->event, 0);
     *covered = other->event_seq;
     pthread_mutex_unlock(&other->lock);
+    if (cube_log_enabled(CUBE_LOG_TRACE))
+        cube_log_write(CUBE_LOG_TRACE, "cuda",
+                       "a stream waits for stream 0x%016llx up to operation "
+                       "%llu (its event covers %llu)",
+                       (unsigned long long)other->id, (unsigned long long)seq,
+                       (unsigned long long)*covered);
     return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL,
                          "ordering after stream 0x%016llx",
                          (unsigned long long)other->id)
