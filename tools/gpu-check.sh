@@ -7,7 +7,7 @@
 # Usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]
 # DEB_DIR holds the -dev packages as .deb files (see offline-build.sh).
 # STEPS (default "tests sanitize demo bench") picks what runs after the
-# build. CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests
+# build; "build" alone only builds. CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests
 # whose names match it (a cmocka test filter, '*' wildcards).
 set -u
 debs=${1:?usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]}
@@ -46,8 +46,11 @@ for s in $steps; do
         ;;
     sanitize)
         filter=${CUBERT_SANITIZE_FILTER:-}
+        # API errors are left out: the suite provokes some on purpose (a
+        # kernel name missing from its source, a trapping kernel).
         step memcheck 900 env CONF_FILTER="$filter" compute-sanitizer \
-            --tool memcheck --error-exitcode 3 build-gpu/tests/conformance cuda
+            --tool memcheck --report-api-errors no --error-exitcode 3 \
+            build-gpu/tests/conformance cuda
         step racecheck 900 env CONF_FILTER="${filter:-kernel_*}" \
             compute-sanitizer --tool racecheck --error-exitcode 3 \
             build-gpu/tests/conformance cuda
@@ -61,6 +64,7 @@ for s in $steps; do
         step peers 300 python3 bench/gpu/peers_torch_cupy.py \
             --json "$results/peers.json"
         ;;
+    build) ;;
     *) echo "unknown step $s"; status=1 ;;
     esac
 done

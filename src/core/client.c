@@ -322,12 +322,9 @@ void cube_client_close(cube_client *c)
 {
     if (!c)
         return;
-    /* Drain every stream before memory goes back. */
-    for (size_t i = 0; i < c->stream_count; i++) {
-        cube_error *err = c->vt->sync(c->server, c->streams[i]->id, NULL, 0);
-        cube_error_free(err);
-    }
-    core_cache_log_summary(c);
+    /* Captures left open end first (a device cannot drain a stream that
+     * is still recording), then every stream drains before memory goes
+     * back. */
     for (size_t i = 0; i < c->stream_count; i++) {
         core_stream *s = c->streams[i];
         if (s->capture && c->vt->end_capture) {
@@ -336,6 +333,14 @@ void cube_client_close(cube_client *c)
             if (hw)
                 c->vt->graph_destroy(c->server, s->id, hw);
         }
+    }
+    for (size_t i = 0; i < c->stream_count; i++) {
+        cube_error *err = c->vt->sync(c->server, c->streams[i]->id, NULL, 0);
+        cube_error_free(err);
+    }
+    core_cache_log_summary(c);
+    for (size_t i = 0; i < c->stream_count; i++) {
+        core_stream *s = c->streams[i];
         if (s->capture)
             core_graph_abort(c, s->capture);
         /* Windows never ended hold backend resources (CUDA events). */

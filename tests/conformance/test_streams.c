@@ -955,9 +955,19 @@ void conf_device_fault_scenario(void **state)
     s_release_on_faulted(c, t);
     cube_client_close(c);
 
-    /* A new client on the same device runs new work correctly. */
+    /* A new client on the same device runs new work correctly. The CUDA
+     * driver keeps a sticky fault until the process exits: there the
+     * reopen must say so, and the recovery is shown by a new process (the
+     * parent test runs one). */
     c = NULL;
-    CONF_OK(cube_client_open(conf.backend, NULL, &c));
+    cube_error *reopen = cube_client_open(conf.backend, NULL, &c);
+    if (reopen && strncmp(conf.backend, "cuda", 4) == 0 &&
+        cube_error_code(reopen) == CUBE_ERR_DEVICE_FAULT &&
+        strstr(cube_error_message(reopen), "new process")) {
+        cube_error_free(reopen);
+        return;
+    }
+    CONF_OK(reopen);
     CONF_OK(cube_create(c, xv, sizeof xv, &x));
     CONF_OK(cube_create(c, yv, sizeof yv, &y));
     CONF_OK(s_scale_add_on(c, x, y));
@@ -989,6 +999,12 @@ CONF_TEST(streams_device_fault_breaks_every_call_until_the_client_is_reopened)
         fail_msg("the device-fault scenario failed in its process (status "
                  "0x%x; its output is above)",
                  status);
+    /* After the faulted process is gone, a new one runs new work on the
+     * device: this process's client below, opened before the fault and
+     * never touched by it, and a new client opened now. */
+    cube_client *fresh = NULL;
+    CONF_OK(cube_client_open(conf.backend, NULL, &fresh));
+    cube_client_close(fresh);
 
     float xv[DF_N], yv[DF_N], got[DF_N], want[DF_N];
     for (uint32_t i = 0; i < DF_N; i++) {

@@ -177,9 +177,6 @@ typedef struct cuda_api {
     /* Context creation with parameters (CUDA 12.5+), used when the older
      * entry point is absent; may be NULL. */
     CUDA_FN(CUresult, cuCtxCreate_v4, (CUcontext *, void *, unsigned, CUdevice))
-    /* Tears down this process's primary context of a device (not the
-     * device itself); used once to clear a sticky fault. May be NULL. */
-    CUDA_FN(CUresult, cuDevicePrimaryCtxReset, (CUdevice))
 
     /* NVRTC */
     CUDA_FN(nvrtcResult, nvrtcVersion, (int *, int *))

@@ -68,6 +68,7 @@ cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
     if (r != CUDA_SUCCESS)
         return cuda_fail(s, r, CUBE_ERR_GRAPH_STATE, "cuStreamBeginCapture");
     st->capturing = 1;
+    atomic_fetch_add(&s->captures, 1);
     /* The capture is thread-local, so other threads cannot break it; this
      * thread may still work on other streams meanwhile (allocate, copy,
      * wait), which the thread-local mode would forbid: it goes relaxed
@@ -96,6 +97,8 @@ cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
     CUresult r = s->api->cuStreamEndCapture(st->cu, &g);
     st->capturing = 0;
     s->api->cuThreadExchangeStreamCaptureMode(&st->capture_thread_mode);
+    if (atomic_fetch_sub(&s->captures, 1) == 1)
+        cuda_free_deferred(s, 0);
     uint64_t grown = reserved(st->mem) - st->reserved_at_begin;
     if (r != CUDA_SUCCESS) {
         err = cuda_fail(s, r, CUBE_ERR_GRAPH_STATE,

@@ -63,6 +63,7 @@ typedef struct cuda_inflight {
 } cuda_inflight;
 
 struct cuda_stream {
+    cuda_server *server;
     cube_stream_id id;
     uint32_t index;
     CUstream cu;
@@ -91,7 +92,7 @@ struct cuda_stream {
     uint64_t reserved_at_begin;
     cuda_block **captured;
     size_t captured_count, captured_cap;
-    int capture_failed; /* a launch was refused inside the capture */
+    int capture_failed;      /* a launch was refused inside the capture */
     int capture_thread_mode; /* the capturing thread's mode before it */
     /* 16 bytes of pinned memory a dynamic cube count is read into. */
     cube_storage count_host;
@@ -142,6 +143,14 @@ struct cuda_server {
     size_t staging_count, staging_cap;
     cuda_copier *copier;
 
+    /* Streams capturing now, and the memory whose release waits for them
+     * to end: freeing device or pinned memory may synchronize, which
+     * would break a capture on another thread. */
+    atomic_int captures;
+    pthread_mutex_t deferred_lock;
+    struct cuda_deferred *deferred;
+    size_t deferred_count, deferred_cap;
+
     /* Events for profiling windows, recycled. */
     pthread_mutex_t events_lock;
     CUevent *free_events;
@@ -156,7 +165,19 @@ cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
                       const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Memory given back while a capture was running: freed when none is. */
+typedef struct cuda_deferred {
+    cuda_stream *stream; /* device memory: the stream whose pool it was */
+    uint64_t address;    /* NULL stream: pinned host memory */
+} cuda_deferred;
+
 /* --- cuda_streams.c --- */
+/* Frees device or pinned memory now, or after the running captures end.
+ * `stream` is the owner of device memory, NULL for pinned memory. */
+void cuda_free_later(cuda_server *s, cuda_stream *stream, uint64_t address);
+/* Frees what was deferred, when no capture runs (or all of it, when
+ * `force`, at destroy). */
+void cuda_free_deferred(cuda_server *s, int force);
 /* The stream `id` (created on first use when `create`; else NULL when it
  * does not exist). Errors: CUBE_ERR_OUT_OF_MEMORY, a driver error,
  * CUBE_ERR_RESOURCE_LIMIT (too many streams). */

@@ -107,6 +107,8 @@ static void cuda_destroy(cube_server *server)
         cube_error_free(cuda_enter(s));
         /* Work still queued finishes before its memory goes. */
         s->api->cuCtxSynchronize();
+        atomic_store(&s->captures, 0);
+        cuda_free_deferred(s, 1); /* needs the streams */
         cuda_streams_destroy(s);
         cuda_pinned_destroy(s);
         cuda_events_destroy(s);
@@ -121,6 +123,8 @@ static void cuda_destroy(cube_server *server)
     pthread_mutex_destroy(&s->blocks_lock);
     pthread_mutex_destroy(&s->staging_lock);
     pthread_mutex_destroy(&s->events_lock);
+    pthread_mutex_destroy(&s->deferred_lock);
+    free(s->deferred);
     free(s);
 }
 
@@ -177,23 +181,20 @@ static cube_error *create_context(cuda_server *s)
     CUresult r;
     /* Our own context, not the device's primary one: a sticky fault then
      * breaks this client only, and closing the client destroys it. */
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (a->cuCtxCreate)
-            r = a->cuCtxCreate(&s->ctx, 0, s->device);
-        else
-            r = a->cuCtxCreate_v4(&s->ctx, NULL, 0, s->device);
-        if (r == CUDA_SUCCESS || !cuda_result_is_fault(r) || attempt ||
-            !a->cuDevicePrimaryCtxReset)
-            break;
-        /* A sticky fault outlives the contexts it broke: the driver keeps
-         * it per process and device. Tearing down this process's primary
-         * context of the device is what clears it, once every client that
-         * saw the fault is closed. */
-        cube_log_write(CUBE_LOG_WARN, "cuda",
-                       "device %d still reports a fault (%s); clearing this "
-                       "process's state of it and retrying",
-                       s->ordinal, cuda_result_text(a, r));
-        a->cuDevicePrimaryCtxReset(s->device);
+    if (a->cuCtxCreate)
+        r = a->cuCtxCreate(&s->ctx, 0, s->device);
+    else
+        r = a->cuCtxCreate_v4(&s->ctx, NULL, 0, s->device);
+    if (cuda_result_is_fault(r)) {
+        /* The driver keeps a sticky fault per process and device, past
+         * the contexts it broke: nothing in this process can clear it. */
+        s->ctx = NULL;
+        return cube_error_new(CUBE_ERR_DEVICE_FAULT,
+                              "CUDA device %d is unusable in this process "
+                              "after a device fault (%s): the CUDA driver "
+                              "keeps such a fault until the process exits; "
+                              "run the work again in a new process",
+                              s->ordinal, cuda_result_text(a, r));
     }
     if (r != CUDA_SUCCESS) {
         s->ctx = NULL;
@@ -231,6 +232,7 @@ static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
     pthread_mutex_init(&s->blocks_lock, NULL);
     pthread_mutex_init(&s->staging_lock, NULL);
     pthread_mutex_init(&s->events_lock, NULL);
+    pthread_mutex_init(&s->deferred_lock, NULL);
     s->streams = calloc(CUDA_MAX_STREAMS, sizeof *s->streams);
     if (!s->streams) {
         cuda_destroy(&s->base);

@@ -11,7 +11,8 @@
 static cube_error *device_alloc(void *self, uint64_t size, uint64_t align,
                                 uint64_t *address)
 {
-    cuda_server *s = self;
+    cuda_stream *st = self;
+    cuda_server *s = st->server;
     (void)align; /* cuMemAlloc aligns to at least 256 bytes */
     /* Allocations come from any thread (see server.h). */
     cube_error *err = cuda_enter(s);
@@ -31,18 +32,74 @@ static cube_error *device_alloc(void *self, uint64_t size, uint64_t align,
     return NULL;
 }
 
-static void device_free(void *self, uint64_t address, uint64_t size)
+/* Frees now; call when no capture runs. */
+static void free_now(cuda_server *s, cuda_stream *st, uint64_t address)
 {
-    cuda_server *s = self;
-    (void)size;
-    cube_error_free(cuda_enter(s));
-    /* Pages are given back only when no block of them is live, but work
-     * queued before their last release may still run: let it finish. */
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
-    s->api->cuCtxSynchronize();
-    s->api->cuMemFree((CUdeviceptr)address);
+    if (st) {
+        /* A page goes back only when no block of it is live, but work
+         * queued before its blocks' release may still run; every other
+         * stream's use was ordered before the owner's current point when
+         * the block was released, so the owner's end is enough. */
+        s->api->cuStreamSynchronize(st->cu);
+        s->api->cuMemFree((CUdeviceptr)address);
+    } else {
+        s->api->cuMemFreeHost((void *)(uintptr_t)address);
+    }
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
+}
+
+void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
+{
+    cube_error_free(cuda_enter(s));
+    if (atomic_load(&s->captures) == 0) {
+        free_now(s, st, address);
+        return;
+    }
+    pthread_mutex_lock(&s->deferred_lock);
+    if (s->deferred_count == s->deferred_cap) {
+        size_t cap = s->deferred_cap ? s->deferred_cap * 2 : 16;
+        cuda_deferred *grown = realloc(s->deferred, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&s->deferred_lock);
+            /* Cannot remember it: leak it rather than break a capture. */
+            cube_log_write(CUBE_LOG_WARN, "memory",
+                           "out of host memory while a capture runs; %s "
+                           "memory at 0x%llx is not freed",
+                           st ? "device" : "pinned",
+                           (unsigned long long)address);
+            return;
+        }
+        s->deferred = grown;
+        s->deferred_cap = cap;
+    }
+    s->deferred[s->deferred_count].stream = st;
+    s->deferred[s->deferred_count].address = address;
+    s->deferred_count++;
+    pthread_mutex_unlock(&s->deferred_lock);
+}
+
+void cuda_free_deferred(cuda_server *s, int force)
+{
+    for (;;) {
+        pthread_mutex_lock(&s->deferred_lock);
+        if (s->deferred_count == 0 ||
+            (!force && atomic_load(&s->captures) != 0)) {
+            pthread_mutex_unlock(&s->deferred_lock);
+            return;
+        }
+        cuda_deferred d = s->deferred[--s->deferred_count];
+        pthread_mutex_unlock(&s->deferred_lock);
+        free_now(s, d.stream, d.address);
+    }
+}
+
+static void device_free(void *self, uint64_t address, uint64_t size)
+{
+    cuda_stream *st = self;
+    (void)size;
+    cuda_free_later(st->server, st, address);
 }
 
 /* --- streams --- */
@@ -76,6 +133,7 @@ static cube_error *stream_create(cuda_server *s, cube_stream_id id,
     cuda_stream *st = calloc(1, sizeof *st);
     if (!st)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cuda stream");
+    st->server = s;
     st->id = id;
     st->index = index;
     pthread_mutex_init(&st->lock, NULL);
@@ -91,7 +149,7 @@ static cube_error *stream_create(cuda_server *s, cube_stream_id id,
         stream_free(s, st);
         return err;
     }
-    mem_storage_ops ops = {s, device_alloc, device_free};
+    mem_storage_ops ops = {st, device_alloc, device_free};
     mem_device dev = {CUDA_ALIGNMENT, s->props.memory_total};
     cube_error *err = mem_manager_create(
         &ops, &dev, s->has_layout ? &s->layout : NULL, &st->mem);
@@ -297,7 +355,11 @@ cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
 
 int cuda_block_used(cuda_stream *st, cuda_block *blk, uint64_t seq, int written)
 {
-    if (blk->owner != st)
+    if (blk->owner != st &&
+        !atomic_load_explicit(&blk->shared, memory_order_relaxed))
+        atomic_store(&blk->shared, 1);
+    /* Only blocks two streams touch need their uses remembered. */
+    if (atomic_load_explicit(&blk->shared, memory_order_relaxed))
         note_use(st, blk, seq);
     if (written)
         atomic_store_explicit(&blk->writer, CUDA_TAG(st->index, seq),

@@ -185,10 +185,8 @@ static cube_error *pinned_alloc(void *self, uint64_t size, uint64_t align,
 
 static void pinned_free(void *self, uint64_t address, uint64_t size)
 {
-    cuda_server *s = self;
     (void)size;
-    cube_error_free(cuda_enter(s));
-    s->api->cuMemFreeHost((void *)(uintptr_t)address);
+    cuda_free_later(self, NULL, address);
 }
 
 cube_error *cuda_pinned_create(cuda_server *s)
