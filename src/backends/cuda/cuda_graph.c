@@ -55,19 +55,29 @@ cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
         err = cuda_stream_seal(s, st);
     if (err)
         return err;
-    /* Other streams waiting on this one during the capture use this
-     * record: nothing captured runs before the replay. */
-    err = cuda_stream_record(s, st);
-    if (err)
-        return err;
     st->captured_count = 0;
     st->capture_failed = 0;
     st->reserved_at_begin = reserved(st->mem);
-    CUresult r = s->api->cuStreamBeginCapture(
-        st->cu, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    /* Other streams waiting on this one during the capture use the record
+     * made here (nothing captured runs before a replay). Under the
+     * stream's lock, which they take to record its event: they see it
+     * recorded before the capture, or capturing, never in between. */
+    pthread_mutex_lock(&st->lock);
+    uint64_t seq = atomic_load(&st->seq);
+    CUresult r = CUDA_SUCCESS;
+    if (st->event_seq < seq) {
+        r = s->api->cuEventRecord(st->event, st->cu);
+        if (r == CUDA_SUCCESS)
+            st->event_seq = seq;
+    }
+    if (r == CUDA_SUCCESS)
+        r = s->api->cuStreamBeginCapture(st->cu,
+                                         CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (r == CUDA_SUCCESS)
+        st->capturing = 1;
+    pthread_mutex_unlock(&st->lock);
     if (r != CUDA_SUCCESS)
         return cuda_fail(s, r, CUBE_ERR_GRAPH_STATE, "cuStreamBeginCapture");
-    st->capturing = 1;
     atomic_fetch_add(&s->captures, 1);
     /* The capture is thread-local, so other threads cannot break it; this
      * thread may still work on other streams meanwhile (allocate, copy,
@@ -94,8 +104,10 @@ cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
     if (err)
         return err;
     CUgraph g = NULL;
+    pthread_mutex_lock(&st->lock);
     CUresult r = s->api->cuStreamEndCapture(st->cu, &g);
     st->capturing = 0;
+    pthread_mutex_unlock(&st->lock);
     s->api->cuThreadExchangeStreamCaptureMode(&st->capture_thread_mode);
     if (atomic_fetch_sub(&s->captures, 1) == 1)
         cuda_free_deferred(s, 0);

@@ -55,6 +55,17 @@ typedef struct cuda_block {
     struct cuda_block *next_free;          /* in the server's free list */
 } cuda_block;
 
+/* A released block that other streams used: it goes back to its pool
+ * once each of their events, recorded after their uses, has completed. */
+typedef struct cuda_pending_free {
+    cuda_block *blk;
+    uint32_t count;
+    struct {
+        uint32_t index; /* the stream */
+        uint64_t seq;   /* its operation to wait for */
+    } waits[CUDA_USE_SLOTS + 1];
+} cuda_pending_free;
+
 /* A block of pinned host memory in flight: given back once `event` (on
  * the stream that used it) has completed. */
 typedef struct cuda_inflight {
@@ -94,6 +105,12 @@ struct cuda_stream {
     size_t captured_count, captured_cap;
     int capture_failed;      /* a launch was refused inside the capture */
     int capture_thread_mode; /* the capturing thread's mode before it */
+    /* Released blocks waiting for other streams' uses (under
+     * pending_lock: releases come from any thread). */
+    pthread_mutex_t pending_lock;
+    cuda_pending_free *pending;
+    size_t pending_count, pending_cap;
+    atomic_int has_pending;
     /* 16 bytes of pinned memory a dynamic cube count is read into. */
     cube_storage count_host;
     /* The latest read whose completion has no event yet (under `lock`):
@@ -184,6 +201,10 @@ void cuda_free_deferred(cuda_server *s, int force);
 cube_error *cuda_stream_get(cuda_server *s, cube_stream_id id, int create,
                             cuda_stream **out);
 void cuda_streams_destroy(cuda_server *s);
+/* Gives back the stream's released blocks whose other-stream uses have
+ * completed; with `wait`, waits for all of them first. */
+void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait);
+
 /* Orders `st` after the last write of `blk` on another stream and, when
  * `write`, after other streams' earlier uses of it. Call before submitting
  * work on `st` that touches `blk` (inside a capture it notes the block for

@@ -370,7 +370,11 @@ static cube_error *read_count(cuda_server *s, cuda_stream *st,
     if (r != CUDA_SUCCESS)
         return cuda_fail(s, r, CUBE_ERR_INTERNAL,
                          "reading a dynamic cube count");
-    cuda_block_used(st, blk, cuda_stream_next(st), 0);
+    if (cuda_block_used(st, blk, cuda_stream_next(st), 0)) {
+        err = cuda_stream_record(s, st);
+        if (err)
+            return err;
+    }
     memcpy(count, host, 3 * sizeof(uint32_t));
     for (int i = 0; i < 3; i++)
         if (count[i] > s->props.max_cube_count[i])

@@ -112,8 +112,15 @@ static void stream_free(cuda_server *s, cuda_stream *st)
         s->api->cuStreamSynchronize(st->cu);
         cube_error_free(cuda_inflight_reap(s, st, 1));
     }
-    if (st->mem)
+    if (st->mem) {
+        /* Every stream drained before this (the context was synchronized):
+         * what waited for other streams' uses goes with the pools (block
+         * records go with the server's slabs). */
+        st->pending_count = 0;
         mem_manager_destroy(st->mem);
+    }
+    pthread_mutex_destroy(&st->pending_lock);
+    free(st->pending);
     if (st->event)
         s->api->cuEventDestroy(st->event);
     if (st->done)
@@ -137,6 +144,7 @@ static cube_error *stream_create(cuda_server *s, cube_stream_id id,
     st->id = id;
     st->index = index;
     pthread_mutex_init(&st->lock, NULL);
+    pthread_mutex_init(&st->pending_lock, NULL);
     const cuda_api *a = s->api;
     CUresult r = a->cuStreamCreate(&st->cu, CU_STREAM_NON_BLOCKING);
     if (r == CUDA_SUCCESS)
@@ -448,17 +456,26 @@ cube_error *cuda_initialize_memory(cube_server *server, cube_stream_id stream,
     cube_error *err = stream_of(server, stream, 1, &st);
     if (err)
         return err;
+    cuda_pending_reap(s, st, 0);
     cuda_block *blk = block_new(s);
     if (!blk)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "buffer record");
     err = mem_alloc(st->mem, size, &blk->inner);
+    if (err && cube_error_code(err) == CUBE_ERR_OUT_OF_MEMORY &&
+        atomic_load(&st->has_pending)) {
+        /* Memory set aside for other streams' uses: wait for them. */
+        cube_error_free(err);
+        cuda_pending_reap(s, st, 1);
+        err = mem_alloc(st->mem, size, &blk->inner);
+    }
     if (err) {
         block_recycle(s, blk);
         return err;
     }
     blk->owner = st;
-    /* The memory's previous life ended on the owner stream (or was made to
-     * wait there): a first use on another stream orders after it. */
+    /* The memory's previous life ended on the owner stream (uses on other
+     * streams completed before it came back): a first use on another
+     * stream orders after the owner's work so far. */
     uint64_t seq = atomic_load(&st->seq);
     atomic_init(&blk->writer, seq ? CUDA_TAG(st->index, seq) : 0);
     for (int i = 0; i < CUDA_USE_SLOTS; i++)
@@ -471,28 +488,46 @@ cube_error *cuda_initialize_memory(cube_server *server, cube_stream_id stream,
     return NULL;
 }
 
-/* Makes `owner` wait for stream `other` up to `seq` (from any thread). */
-static void owner_waits(cuda_server *s, cuda_stream *owner, cuda_stream *other,
-                        uint64_t seq)
+/* Whether stream `index` has completed its operation `seq`. Every use of
+ * a shared block records the stream's event right after it, so the event
+ * covers `seq`; a later record covers more, which only delays the reuse.
+ * Nothing is enqueued on the other stream: its thread may be capturing. */
+static int use_done(cuda_server *s, uint32_t index, uint64_t seq, int wait)
 {
-    if (owner->capturing) {
-        /* A capturing stream takes no foreign waits: wait on the host. */
-        cube_error_free(cuda_stream_record(s, other));
-        s->api->cuEventSynchronize(other->event);
+    cuda_stream *o = s->streams[index];
+    pthread_mutex_lock(&o->lock);
+    int covered = o->event_seq >= seq;
+    pthread_mutex_unlock(&o->lock);
+    if (!covered)
+        return 0; /* its thread records it with its next shared use */
+    CUresult r = wait ? s->api->cuEventSynchronize(o->event)
+                      : s->api->cuEventQuery(o->event);
+    /* Any other answer is a broken context: the memory is moot. */
+    return r != CUDA_ERROR_NOT_READY;
+}
+
+void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait)
+{
+    if (!atomic_load_explicit(&st->has_pending, memory_order_acquire))
         return;
+    cube_error_free(cuda_enter(s));
+    pthread_mutex_lock(&st->pending_lock);
+    size_t kept = 0;
+    for (size_t i = 0; i < st->pending_count; i++) {
+        cuda_pending_free *p = &st->pending[i];
+        int done = 1;
+        for (uint32_t k = 0; k < p->count && done; k++)
+            done = use_done(s, p->waits[k].index, p->waits[k].seq, wait);
+        if (done || wait) {
+            mem_free(st->mem, &p->blk->inner);
+            block_recycle(s, p->blk);
+        } else {
+            st->pending[kept++] = *p;
+        }
     }
-    uint64_t covered = 0;
-    cube_error *err = cuda_stream_seal(s, owner);
-    if (!err)
-        err = wait_on(s, owner->cu, other, seq, &covered);
-    if (err) {
-        cube_log_write(CUBE_LOG_WARN, "memory",
-                       "release: cannot order after stream 0x%016llx (%s); "
-                       "waiting on the host",
-                       (unsigned long long)other->id, cube_error_message(err));
-        cube_error_free(err);
-        s->api->cuStreamSynchronize(other->cu);
-    }
+    st->pending_count = kept;
+    atomic_store(&st->has_pending, kept != 0);
+    pthread_mutex_unlock(&st->pending_lock);
 }
 
 void cuda_release_memory(cube_server *server, cube_stream_id stream,
@@ -502,33 +537,74 @@ void cuda_release_memory(cube_server *server, cube_stream_id stream,
     cuda_server *s = (cuda_server *)server;
     cuda_block *blk = storage->cookie;
     cuda_stream *owner = blk->owner;
-    if (atomic_load(&blk->shared)) {
-        cube_error_free(cuda_enter(s));
-        if (atomic_load(&blk->many)) {
-            uint32_t n = atomic_load(&s->stream_count);
-            for (uint32_t i = 0; i < n; i++)
-                if (s->streams[i] != owner)
-                    owner_waits(s, owner, s->streams[i],
-                                atomic_load(&s->streams[i]->seq));
-        } else {
-            for (int i = 0; i < CUDA_USE_SLOTS; i++) {
-                uint64_t u = atomic_load(&blk->uses[i]);
-                if (u)
-                    owner_waits(s, owner, s->streams[CUDA_TAG_INDEX(u)],
-                                CUDA_TAG_SEQ(u));
-            }
-            /* The last writer may be another stream that never "used" it
-             * in the slots' sense (it wrote it). */
-            uint64_t w = atomic_load(&blk->writer);
-            if (w && CUDA_TAG_INDEX(w) != owner->index)
-                owner_waits(s, owner, s->streams[CUDA_TAG_INDEX(w)],
-                            CUDA_TAG_SEQ(w));
-        }
-        /* Later allocations on the owner start after those waits. */
-        atomic_fetch_add(&owner->seq, 1);
+    if (!atomic_load(&blk->shared)) {
+        /* Only its own stream used it: reuse there is in stream order. */
+        mem_free(owner->mem, &blk->inner);
+        block_recycle(s, blk);
+        return;
     }
-    mem_free(owner->mem, &blk->inner);
-    block_recycle(s, blk);
+    cuda_pending_free p;
+    memset(&p, 0, sizeof p);
+    p.blk = blk;
+    if (atomic_load(&blk->many)) {
+        /* More users than the slots remember: every stream's latest
+         * record (each user recorded its event after its use). */
+        uint32_t n = atomic_load(&s->stream_count);
+        for (uint32_t i = 0; i < n && p.count < CUDA_USE_SLOTS + 1; i++)
+            if (i != owner->index) {
+                p.waits[p.count].index = i;
+                p.waits[p.count].seq = 0;
+                p.count++;
+            }
+        if (n > CUDA_USE_SLOTS + 2) {
+            /* Too many to list: wait here, on the host, for each one. */
+            cube_error_free(cuda_enter(s));
+            for (uint32_t i = 0; i < n; i++)
+                if (i != owner->index)
+                    use_done(s, i, 0, 1);
+            p.count = 0;
+        }
+    } else {
+        for (int i = 0; i < CUDA_USE_SLOTS; i++) {
+            uint64_t u = atomic_load(&blk->uses[i]);
+            if (u && CUDA_TAG_INDEX(u) != owner->index) {
+                p.waits[p.count].index = CUDA_TAG_INDEX(u);
+                p.waits[p.count].seq = CUDA_TAG_SEQ(u);
+                p.count++;
+            }
+        }
+        uint64_t w = atomic_load(&blk->writer);
+        if (w && CUDA_TAG_INDEX(w) != owner->index) {
+            p.waits[p.count].index = CUDA_TAG_INDEX(w);
+            p.waits[p.count].seq = CUDA_TAG_SEQ(w);
+            p.count++;
+        }
+    }
+    if (p.count == 0) {
+        mem_free(owner->mem, &blk->inner);
+        block_recycle(s, blk);
+        return;
+    }
+    pthread_mutex_lock(&owner->pending_lock);
+    if (owner->pending_count == owner->pending_cap) {
+        size_t cap = owner->pending_cap ? owner->pending_cap * 2 : 16;
+        cuda_pending_free *grown = realloc(owner->pending, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&owner->pending_lock);
+            /* Cannot keep it aside: wait for its users here. */
+            cube_error_free(cuda_enter(s));
+            for (uint32_t k = 0; k < p.count; k++)
+                use_done(s, p.waits[k].index, p.waits[k].seq, 1);
+            mem_free(owner->mem, &blk->inner);
+            block_recycle(s, blk);
+            return;
+        }
+        owner->pending = grown;
+        owner->pending_cap = cap;
+    }
+    owner->pending[owner->pending_count++] = p;
+    atomic_store_explicit(&owner->has_pending, 1, memory_order_release);
+    pthread_mutex_unlock(&owner->pending_lock);
 }
 
 cube_error *cuda_memory_usage(cube_server *server, cube_stream_id stream,
@@ -547,8 +623,10 @@ cube_error *cuda_memory_cleanup(cube_server *server, cube_stream_id stream)
     cube_error *err = stream_of(server, stream, 0, &st);
     if (!err && st)
         err = cuda_enter((cuda_server *)server);
-    if (!err && st)
+    if (!err && st) {
+        cuda_pending_reap((cuda_server *)server, st, 0);
         mem_cleanup(st->mem);
+    }
     return err;
 }
 
@@ -626,6 +704,7 @@ cube_error *cuda_sync(cube_server *server, cube_stream_id stream,
     CUresult r = s->api->cuStreamSynchronize(st->cu);
     if (r != CUDA_SUCCESS)
         return cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuStreamSynchronize");
+    cuda_pending_reap(s, st, 0);
     return cuda_inflight_reap(s, st, 0);
 }
 
