@@ -177,6 +177,10 @@ typedef struct cuda_api {
     /* Context creation with parameters (CUDA 12.5+), used when the older
      * entry point is absent; may be NULL. */
     CUDA_FN(CUresult, cuCtxCreate_v4, (CUcontext *, void *, unsigned, CUdevice))
+    /* Offsets of a kernel's parameters (CUDA 12.4+), so a launch can hand
+     * the driver one packed buffer; NULL: pointers per parameter. */
+    CUDA_FN(CUresult, cuFuncGetParamInfo,
+            (CUfunction, size_t, size_t *, size_t *))
 
     /* NVRTC */
     CUDA_FN(nvrtcResult, nvrtcVersion, (int *, int *))

@@ -16,11 +16,46 @@ extern const char cube_prelude_cuda[];
 #define CUDA_MAX_ARTIFACT ((size_t)256 << 20)
 #define CUDA_STATIC_SHARED_LIMIT 49152
 
+#define CUDA_ENTRY_PARAMS (1 + 2 * CUBE_MAX_PARAMS)
+#define CUDA_PARAM_BUFFER 4096 /* the driver's limit on parameter bytes */
+
 typedef struct cuda_kernel {
     CUmodule module;
     CUfunction function;
     uint32_t shared_bytes;
+    /* The entry's parameters packed as the driver lays them out (offsets
+     * from cuFuncGetParamInfo): a launch hands over one buffer instead of
+     * a pointer per parameter. packed_bytes 0: not available. */
+    uint32_t packed_bytes;
+    uint16_t offset[CUDA_ENTRY_PARAMS];
 } cuda_kernel;
+
+/* Entry parameter positions: the ABI tag, then per buffer its pointer
+ * and length, per scalar its value (shared arrays take none). */
+static void layout_params(cuda_server *s, cuda_kernel *k,
+                          const cube_compiled *cc)
+{
+    size_t n = 1;
+    for (uint32_t p = 0; p < cc->param_count; p++)
+        n += cc->params[p].kind == CUBE_PARAM_SCALAR   ? 1
+             : cc->params[p].kind == CUBE_PARAM_SHARED ? 0
+                                                       : 2;
+    k->packed_bytes = 0;
+    if (!s->api->cuFuncGetParamInfo)
+        return;
+    size_t end = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t off = 0, size = 0;
+        if (s->api->cuFuncGetParamInfo(k->function, i, &off, &size) !=
+                CUDA_SUCCESS ||
+            off + size > CUDA_PARAM_BUFFER)
+            return;
+        k->offset[i] = (uint16_t)off;
+        if (off + size > end)
+            end = off + size;
+    }
+    k->packed_bytes = (uint32_t)end;
+}
 
 static double now_ms(void)
 {
@@ -203,6 +238,7 @@ static cube_error *load_module(cuda_server *s, const char *name,
     }
     out->shared_bytes = shared;
     k->shared_bytes = (uint32_t)shared;
+    layout_params(s, k, out);
     /* Above the static limit a function must opt in, once. */
     if (shared > CUDA_STATIC_SHARED_LIMIT &&
         shared <= (unsigned long long)s->optin_shared) {
@@ -408,30 +444,66 @@ cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
             return NULL; /* a dynamic count of zero cubes: nothing to run */
     }
     int abi = CUDA_ABI_TAG;
-    void *args[1 + 2 * CUBE_MAX_PARAMS];
-    uint64_t addrs[CUBE_MAX_PARAMS], lens[CUBE_MAX_PARAMS];
-    size_t nargs = 0;
-    args[nargs++] = &abi;
-    for (uint32_t p = 0; p < cc->param_count; p++) {
-        switch (cc->params[p].kind) {
-        case CUBE_PARAM_SHARED: break;
-        case CUBE_PARAM_SCALAR: args[nargs++] = (void *)d->scalars[p]; break;
-        default: {
+    CUresult r;
+    if (k->packed_bytes) {
+        /* One buffer, laid out as the entry expects. */
+        _Alignas(16) unsigned char buf[CUDA_PARAM_BUFFER];
+        size_t i = 0;
+        memcpy(buf + k->offset[i++], &abi, sizeof abi);
+        for (uint32_t p = 0; p < cc->param_count; p++) {
+            const cube_param *pp = &cc->params[p];
+            if (pp->kind == CUBE_PARAM_SHARED)
+                continue;
+            if (pp->kind == CUBE_PARAM_SCALAR) {
+                memcpy(buf + k->offset[i++], d->scalars[p], pp->elem_size);
+                continue;
+            }
             const cube_binding *b = &d->bindings[p];
             err = cuda_block_before_use(s, st, b->storage->cookie,
-                                        param_written(cc->params[p].kind));
+                                        param_written(pp->kind));
             if (err)
                 return err;
-            addrs[p] = b->storage->address + b->offset;
-            lens[p] = b->size / cc->params[p].elem_size;
-            args[nargs++] = &addrs[p];
-            args[nargs++] = &lens[p];
+            uint64_t addr = b->storage->address + b->offset;
+            uint64_t len = b->size / pp->elem_size;
+            memcpy(buf + k->offset[i++], &addr, sizeof addr);
+            memcpy(buf + k->offset[i++], &len, sizeof len);
         }
+        size_t size = k->packed_bytes;
+        void *extra[] = {(void *)(uintptr_t)1, buf, (void *)(uintptr_t)2, &size,
+                         (void *)(uintptr_t)0};
+        r = s->api->cuLaunchKernel(k->function, count[0], count[1], count[2],
+                                   d->cube_dim[0], d->cube_dim[1],
+                                   d->cube_dim[2], k->shared_bytes, st->cu,
+                                   NULL, extra);
+    } else {
+        void *args[CUDA_ENTRY_PARAMS];
+        uint64_t addrs[CUBE_MAX_PARAMS], lens[CUBE_MAX_PARAMS];
+        size_t nargs = 0;
+        args[nargs++] = &abi;
+        for (uint32_t p = 0; p < cc->param_count; p++) {
+            switch (cc->params[p].kind) {
+            case CUBE_PARAM_SHARED: break;
+            case CUBE_PARAM_SCALAR:
+                args[nargs++] = (void *)d->scalars[p];
+                break;
+            default: {
+                const cube_binding *b = &d->bindings[p];
+                err = cuda_block_before_use(s, st, b->storage->cookie,
+                                            param_written(cc->params[p].kind));
+                if (err)
+                    return err;
+                addrs[p] = b->storage->address + b->offset;
+                lens[p] = b->size / cc->params[p].elem_size;
+                args[nargs++] = &addrs[p];
+                args[nargs++] = &lens[p];
+            }
+            }
         }
+        r = s->api->cuLaunchKernel(k->function, count[0], count[1], count[2],
+                                   d->cube_dim[0], d->cube_dim[1],
+                                   d->cube_dim[2], k->shared_bytes, st->cu,
+                                   args, NULL);
     }
-    CUresult r = s->api->cuLaunchKernel(
-        k->function, count[0], count[1], count[2], d->cube_dim[0],
-        d->cube_dim[1], d->cube_dim[2], k->shared_bytes, st->cu, args, NULL);
     if (r != CUDA_SUCCESS)
         return cuda_fail(s, r,
                          r == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
