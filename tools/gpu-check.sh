@@ -47,9 +47,11 @@ for s in $steps; do
     sanitize)
         filter=${CUBERT_SANITIZE_FILTER:-}
         # API errors are left out: the suite provokes some on purpose (a
-        # kernel name missing from its source, a trapping kernel).
+        # kernel name missing from its source). So is the device-fault
+        # scenario's child process, whose kernel traps on purpose.
         step memcheck 900 env CONF_FILTER="$filter" compute-sanitizer \
-            --tool memcheck --report-api-errors no --error-exitcode 3 \
+            --tool memcheck --report-api-errors no \
+            --target-processes application-only --error-exitcode 3 \
             build-gpu/tests/conformance cuda
         step racecheck 900 env CONF_FILTER="${filter:-kernel_*}" \
             compute-sanitizer --tool racecheck --error-exitcode 3 \

@@ -91,13 +91,11 @@ static void load(void)
     DRV(cuDeviceGetName, "cuDeviceGetName")
     DRV(cuDeviceGetAttribute, "cuDeviceGetAttribute")
     DRV(cuDeviceTotalMem, "cuDeviceTotalMem_v2")
-    DRV_OPT(cuCtxCreate, "cuCtxCreate_v2")
-    DRV_OPT(cuCtxCreate_v4, "cuCtxCreate_v4")
+    DRV(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")
+    DRV(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2")
     DRV_OPT(cuFuncGetParamInfo, "cuFuncGetParamInfo")
-    DRV(cuCtxDestroy, "cuCtxDestroy_v2")
     DRV(cuCtxSetCurrent, "cuCtxSetCurrent")
     DRV(cuCtxGetCurrent, "cuCtxGetCurrent")
-    DRV(cuCtxSynchronize, "cuCtxSynchronize")
     DRV(cuMemGetInfo, "cuMemGetInfo_v2")
     DRV(cuMemAlloc, "cuMemAlloc_v2")
     DRV(cuMemFree, "cuMemFree_v2")
@@ -132,11 +130,6 @@ static void load(void)
     DRV(cuGraphLaunch, "cuGraphLaunch")
     DRV(cuGraphExecDestroy, "cuGraphExecDestroy")
     DRV(cuGraphDestroy, "cuGraphDestroy")
-    if (!api.cuCtxCreate && !api.cuCtxCreate_v4) {
-        snprintf(why, sizeof why,
-                 "the library has neither cuCtxCreate_v2 nor cuCtxCreate_v4");
-        goto fail;
-    }
 
     CUresult r = api.cuInit(0);
     if (r != CUDA_SUCCESS) {

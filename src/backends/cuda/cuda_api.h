@@ -127,11 +127,10 @@ typedef struct cuda_api {
     CUDA_FN(CUresult, cuDeviceGetName, (char *, int, CUdevice))
     CUDA_FN(CUresult, cuDeviceGetAttribute, (int *, int, CUdevice))
     CUDA_FN(CUresult, cuDeviceTotalMem, (size_t *, CUdevice))
-    CUDA_FN(CUresult, cuCtxCreate, (CUcontext *, unsigned, CUdevice))
-    CUDA_FN(CUresult, cuCtxDestroy, (CUcontext))
+    CUDA_FN(CUresult, cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))
+    CUDA_FN(CUresult, cuDevicePrimaryCtxRelease, (CUdevice))
     CUDA_FN(CUresult, cuCtxSetCurrent, (CUcontext))
     CUDA_FN(CUresult, cuCtxGetCurrent, (CUcontext *))
-    CUDA_FN(CUresult, cuCtxSynchronize, (void))
     CUDA_FN(CUresult, cuMemGetInfo, (size_t *, size_t *))
     CUDA_FN(CUresult, cuMemAlloc, (CUdeviceptr *, size_t))
     CUDA_FN(CUresult, cuMemFree, (CUdeviceptr))
@@ -174,9 +173,6 @@ typedef struct cuda_api {
     CUDA_FN(CUresult, cuGraphLaunch, (CUgraphExec, CUstream))
     CUDA_FN(CUresult, cuGraphExecDestroy, (CUgraphExec))
     CUDA_FN(CUresult, cuGraphDestroy, (CUgraph))
-    /* Context creation with parameters (CUDA 12.5+), used when the older
-     * entry point is absent; may be NULL. */
-    CUDA_FN(CUresult, cuCtxCreate_v4, (CUcontext *, void *, unsigned, CUdevice))
     /* Offsets of a kernel's parameters (CUDA 12.4+), so a launch can hand
      * the driver one packed buffer; NULL: pointers per parameter. */
     CUDA_FN(CUresult, cuFuncGetParamInfo,

@@ -1,9 +1,10 @@
 /* The CUDA backend's internals, shared by the files of src/backends/cuda.
  *
- * One server per client: its own CUDA context (so a sticky fault breaks
- * this client only and reopening recovers), a non-blocking CUDA stream per
- * cubert stream, device memory through one pooled manager per stream,
- * pinned host memory through a pooled manager of its own.
+ * One server per client, on the device's primary context (shared with the
+ * CUDA runtime and the libraries built on it, so device pointers pass
+ * between them), a non-blocking CUDA stream per cubert stream, device
+ * memory through one pooled manager per stream, pinned host memory through
+ * a pooled manager of its own.
  *
  * Ordering across streams (docs/architecture.md): every operation a stream
  * submits gets the next value of the stream's sequence counter. A buffer

@@ -105,14 +105,17 @@ static void cuda_destroy(cube_server *server)
     cuda_server *s = (cuda_server *)server;
     if (s->ctx) {
         cube_error_free(cuda_enter(s));
-        /* Work still queued finishes before its memory goes. */
-        s->api->cuCtxSynchronize();
+        /* Work still queued on our streams finishes before its memory
+         * goes (the context is shared: others' work is not waited for). */
+        uint32_t n = atomic_load(&s->stream_count);
+        for (uint32_t i = 0; i < n; i++)
+            s->api->cuStreamSynchronize(s->streams[i]->cu);
         atomic_store(&s->captures, 0);
         cuda_free_deferred(s, 1); /* needs the streams */
         cuda_streams_destroy(s);
         cuda_pinned_destroy(s);
         cuda_events_destroy(s);
-        s->api->cuCtxDestroy(s->ctx);
+        s->api->cuDevicePrimaryCtxRelease(s->device);
     }
     for (size_t i = 0; i < s->slab_count; i++)
         free(s->slabs[i]);
@@ -178,16 +181,18 @@ static cube_error *cuda_device_count(uint32_t *out)
 static cube_error *create_context(cuda_server *s)
 {
     const cuda_api *a = s->api;
-    CUresult r;
-    /* Our own context, not the device's primary one: a sticky fault then
-     * breaks this client only, and closing the client destroys it. */
-    if (a->cuCtxCreate)
-        r = a->cuCtxCreate(&s->ctx, 0, s->device);
-    else
-        r = a->cuCtxCreate_v4(&s->ctx, NULL, 0, s->device);
+    /* The device's primary context, the one the CUDA runtime, PyTorch and
+     * CuPy use: device pointers pass between them and cubert as they are.
+     * (A context of our own would isolate nothing: the driver keeps a
+     * sticky fault per process and device, whatever the context.) */
+    CUresult r = a->cuDevicePrimaryCtxRetain(&s->ctx, s->device);
+    if (r == CUDA_SUCCESS)
+        r = a->cuCtxSetCurrent(s->ctx);
     if (cuda_result_is_fault(r)) {
-        /* The driver keeps a sticky fault per process and device, past
-         * the contexts it broke: nothing in this process can clear it. */
+        /* The fault outlives the clients that saw it: nothing in this
+         * process can clear it. */
+        if (s->ctx)
+            a->cuDevicePrimaryCtxRelease(s->device);
         s->ctx = NULL;
         return cube_error_new(CUBE_ERR_DEVICE_FAULT,
                               "CUDA device %d is unusable in this process "
@@ -197,9 +202,11 @@ static cube_error *create_context(cuda_server *s)
                               s->ordinal, cuda_result_text(a, r));
     }
     if (r != CUDA_SUCCESS) {
+        if (s->ctx)
+            a->cuDevicePrimaryCtxRelease(s->device);
         s->ctx = NULL;
         return cuda_error(a, r, CUBE_ERR_UNAVAILABLE,
-                          "cannot create a context on CUDA device %d",
+                          "cannot use the context of CUDA device %d",
                           s->ordinal);
     }
     return NULL;
