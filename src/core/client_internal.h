@@ -44,6 +44,12 @@ typedef struct core_resolved {
     cube_handle handle;
     core_alloc *alloc;
     uint64_t offset, size;
+    /* The handle's slot, pinned until core_resolved_drop: the pin keeps
+     * the slot, and through it the allocation, alive (one atomic to take,
+     * one to give back, where a reference on the allocation would add two
+     * more). */
+    struct core_slot *slot;
+    uint32_t slot_index;
 } core_resolved;
 
 /* An open profiling window. */

@@ -273,8 +273,8 @@ cube_error *core_resolve(cube_client *c, cube_handle h, const char *what,
     out->alloc = s->alloc;
     out->offset = s->offset;
     out->size = s->size;
-    alloc_ref(out->alloc);
-    unpin_slot(c, i, s);
+    out->slot = s;
+    out->slot_index = i;
     return NULL;
 }
 
@@ -282,8 +282,9 @@ void core_resolved_drop(cube_client *c, core_resolved *r)
 {
     if (!r->alloc)
         return;
-    alloc_unref(c, r->alloc);
+    unpin_slot(c, r->slot_index, r->slot);
     r->alloc = NULL;
+    r->slot = NULL;
 }
 
 void core_alloc_pin(cube_client *c, core_alloc *a)

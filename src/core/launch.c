@@ -317,8 +317,11 @@ static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
                                 const uint32_t *arg_of_param,
                                 const core_resolved *r, uint32_t mode)
 {
+    /* Backends read the entries of the kernel's own parameters: the rest
+     * of the arrays is left alone (clearing it is most of a small
+     * launch's cost). */
     cube_dispatch d;
-    memset(&d, 0, sizeof d);
+    memset(&d, 0, offsetof(cube_dispatch, bindings));
     d.compiled = cc;
     cube_kernel_cube_dim(k, d.cube_dim);
     d.cube_count[0] = count.x;
@@ -435,7 +438,8 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
     /* Resolve (and pin) every buffer before anything else. */
     core_resolved r[CUBE_MAX_PARAMS];
     core_resolved count_res = {0};
-    memset(r, 0, sizeof r);
+    /* Only the arguments' entries are read (a scalar's stays empty). */
+    memset(r, 0, nargs * sizeof r[0]);
     cube_error *err = NULL;
     for (size_t a = 0; a < nargs && !err; a++) {
         if (args[a].kind != CUBE_ARG_BUFFER)
