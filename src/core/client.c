@@ -17,7 +17,9 @@ static _Thread_local cube_stream_id thread_stream;
 /* Streams a thread chose with cube_stream_use, per client. */
 #define STREAM_OVERRIDES 8
 static _Thread_local struct {
-    uint64_t client_serial;
+    // cppcheck-suppress unusedStructMember
+    uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
+    // cppcheck-suppress unusedStructMember
     cube_stream_id stream;
 } overrides[STREAM_OVERRIDES];
 
@@ -75,8 +77,11 @@ cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
 /* The stream a thread used last, per thread: streams live as long as their
  * client and client serials are never reused, so a hit needs no lock. */
 static _Thread_local struct {
-    uint64_t client_serial;
+    // cppcheck-suppress unusedStructMember
+    uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
+    // cppcheck-suppress unusedStructMember
     cube_stream_id id;
+    // cppcheck-suppress unusedStructMember
     core_stream *stream;
 } last_stream;
 

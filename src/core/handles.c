@@ -54,7 +54,8 @@ void core_handles_init(cube_client *c)
 
 typedef struct record_stash {
     core_alloc *items[STASH_SIZE];
-    int count;
+    // cppcheck-suppress unusedStructMember
+    int count; /* (cppcheck does not follow _Thread_local) */
 } record_stash;
 
 static _Thread_local record_stash stash;

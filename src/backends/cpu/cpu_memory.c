@@ -109,8 +109,11 @@ static cube_error *find_locked(cpu_memory *mem, cube_stream_id stream,
 /* The manager a thread used last: managers live as long as their
  * cpu_memory and serials are never reused, so a hit needs no lock. */
 static _Thread_local struct {
-    uint64_t serial;
+    // cppcheck-suppress unusedStructMember
+    uint64_t serial; /* (cppcheck does not follow _Thread_local) */
+    // cppcheck-suppress unusedStructMember
     cube_stream_id stream;
+    // cppcheck-suppress unusedStructMember
     mem_manager *manager;
 } last;
 

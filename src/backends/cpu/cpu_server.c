@@ -428,8 +428,6 @@ typedef struct cpu_launch_ctx {
     uint64_t shared_bytes;
     uint32_t units;
     int fibers;
-    uint32_t cube; /* the cube a fiber run is on */
-    void *shared;
 } cpu_launch_ctx;
 
 static cube_error *ensure_shared(cpu_thread_local *local, uint64_t bytes)

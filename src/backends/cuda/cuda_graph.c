@@ -153,7 +153,9 @@ cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
         return err;
     }
     cg->graph = g;
-    memcpy(cg->blocks, st->captured, st->captured_count * sizeof *cg->blocks);
+    if (st->captured_count)
+        memcpy(cg->blocks, st->captured,
+               st->captured_count * sizeof *cg->blocks);
     cg->count = st->captured_count;
     st->captured_count = 0;
     *graph = (uint64_t)(uintptr_t)cg;

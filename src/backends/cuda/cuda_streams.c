@@ -171,11 +171,16 @@ static cube_error *stream_create(cuda_server *s, cube_stream_id id,
 
 /* The stream a thread used last: streams live as long as their server and
  * serials are never reused, so a hit needs no lock. */
-static _Thread_local struct {
+/* (cppcheck does not follow members used through _Thread_local.) */
+typedef struct stream_cache {
+    // cppcheck-suppress unusedStructMember
     uint64_t serial;
+    // cppcheck-suppress unusedStructMember
     cube_stream_id id;
+    // cppcheck-suppress unusedStructMember
     cuda_stream *stream;
-} last;
+} stream_cache;
+static _Thread_local stream_cache last;
 
 cube_error *cuda_stream_get(cuda_server *s, cube_stream_id id, int create,
                             cuda_stream **out)
@@ -391,11 +396,15 @@ static cube_error *stream_of(cube_server *server, cube_stream_id id, int create,
 #define CUDA_BLOCK_SLAB 256
 #define CUDA_BLOCK_CACHE 64
 
-static _Thread_local struct {
+typedef struct block_cache_t {
+    // cppcheck-suppress unusedStructMember
     uint64_t serial;
+    // cppcheck-suppress unusedStructMember
     cuda_block *head;
+    // cppcheck-suppress unusedStructMember
     unsigned count;
-} block_cache;
+} block_cache_t;
+static _Thread_local block_cache_t block_cache;
 
 static cuda_block *block_new(cuda_server *s)
 {
