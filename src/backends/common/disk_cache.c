@@ -19,6 +19,7 @@
 #endif
 
 #include "backends/common/disk_cache.h"
+#include "backends/common/file_io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -65,29 +66,6 @@ struct disk_cache {
 };
 
 /* ---------------------------------------------------------------- helpers */
-
-static const char *disk_cache_strerror(int err, char *buf, size_t size)
-{
-    /* The GNU strerror_r (we build with _GNU_SOURCE): thread-safe, unlike
-     * strerror. */
-    return strerror_r(err, buf, size);
-}
-
-static int disk_cache_write_all(int fd, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
 
 /* Reads all of `fd` (a regular file of `size` bytes per fstat) into a new
  * buffer with a NUL after the data. Returns 0 or an errno value. */
@@ -156,7 +134,7 @@ static const char *disk_cache_read_failure(int e, bool record, char *buf,
     else {
         char eb[128];
         snprintf(buf, size, "cannot read its %s: %s", what,
-                 disk_cache_strerror(e, eb, sizeof eb));
+                 file_strerror(e, eb, sizeof eb));
     }
     return buf;
 }
@@ -358,7 +336,7 @@ static int disk_cache_write_temp(const disk_cache *cache, const char *prefix,
     int fd = disk_cache_create_temp_at(cache->fd, prefix, name, size);
     if (fd < 0)
         return -1;
-    int rc = disk_cache_write_all(fd, data, len);
+    int rc = file_write_all(fd, data, len);
     if (rc == 0)
         rc = fsync(fd);
     int e = errno;
@@ -428,7 +406,7 @@ fail:
     cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
                    "cannot %s of disk cache entry %016" PRIx64 " in '%s': %s",
                    step, key->key, cache->path,
-                   disk_cache_strerror(errno, eb, sizeof eb));
+                   file_strerror(errno, eb, sizeof eb));
 }
 
 /* -------------------------------------------------------------- opening */
@@ -501,7 +479,7 @@ static int disk_cache_open_dir(char *path)
     if (e != 0) {
         cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
                        "disk cache disabled: cannot create '%s': %s", path,
-                       disk_cache_strerror(e, eb, sizeof eb));
+                       file_strerror(e, eb, sizeof eb));
         return -1;
     }
     struct stat st;
@@ -515,7 +493,7 @@ static int disk_cache_open_dir(char *path)
     if (fd < 0) {
         cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
                        "disk cache disabled: cannot open '%s': %s", path,
-                       disk_cache_strerror(errno, eb, sizeof eb));
+                       file_strerror(errno, eb, sizeof eb));
         return -1;
     }
     const char *why = NULL;

@@ -13,6 +13,7 @@
 #endif
 
 #include "backends/cpu/cpu_jit.h"
+#include "backends/common/file_io.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -77,13 +78,6 @@ typedef struct cpu_jit_buf {
 
 /* ---------------------------------------------------------------- helpers */
 
-static const char *cpu_jit_strerror(int err, char *buf, size_t size)
-{
-    /* The GNU strerror_r (we build with _GNU_SOURCE): thread-safe, unlike
-     * strerror. */
-    return strerror_r(err, buf, size);
-}
-
 static double cpu_jit_now_ms(void)
 {
     struct timespec ts;
@@ -110,22 +104,6 @@ static void cpu_jit_buf_append(cpu_jit_buf *b, const void *data, size_t len)
     memcpy(b->data + b->len, data, len);
     b->len += len;
     b->data[b->len] = '\0';
-}
-
-static int cpu_jit_write_all(int fd, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
 }
 
 /* Reads the object the compiler just wrote (at most `max` bytes) into a new
@@ -202,7 +180,7 @@ static cube_error *cpu_jit_make_tmpdir(const cpu_jit *jit, const char *what,
         char eb[128];
         cube_error *err = cube_error_new(
             CUBE_ERR_IO, "cpu_jit_load: cannot create a directory in '%s': %s",
-            jit->tmp_base, cpu_jit_strerror(errno, eb, sizeof eb));
+            jit->tmp_base, file_strerror(errno, eb, sizeof eb));
         free(path);
         return err;
     }
@@ -234,7 +212,7 @@ static cube_error *cpu_jit_run(const char *const *argv, char **output,
      * inherit the pipe and hold our read open past the compiler's exit. */
     if (pipe2(fds, O_CLOEXEC) != 0)
         return cube_error_new(CUBE_ERR_IO, "cannot create a pipe: %s",
-                              cpu_jit_strerror(errno, eb, sizeof eb));
+                              file_strerror(errno, eb, sizeof eb));
     /* dup2 onto 1 and 2 must really copy (and so clear close-on-exec):
      * keep the write end off the standard descriptors. */
     if (fds[1] <= STDERR_FILENO) {
@@ -244,7 +222,7 @@ static cube_error *cpu_jit_run(const char *const *argv, char **output,
         if (moved < 0) {
             close(fds[0]);
             return cube_error_new(CUBE_ERR_IO, "cannot create a pipe: %s",
-                                  cpu_jit_strerror(e, eb, sizeof eb));
+                                  file_strerror(e, eb, sizeof eb));
         }
         fds[1] = moved;
     }
@@ -296,7 +274,7 @@ static cube_error *cpu_jit_run(const char *const *argv, char **output,
     if (rc != 0) {
         close(fds[0]);
         return cube_error_new(CUBE_ERR_IO, "cannot run '%s': %s", argv[0],
-                              cpu_jit_strerror(rc, eb, sizeof eb));
+                              file_strerror(rc, eb, sizeof eb));
     }
 
     cpu_jit_buf out = {0};
@@ -328,7 +306,7 @@ static cube_error *cpu_jit_run(const char *const *argv, char **output,
         int e = errno;
         free(out.data);
         return cube_error_new(CUBE_ERR_IO, "cannot wait for '%s': %s", argv[0],
-                              cpu_jit_strerror(e, eb, sizeof eb));
+                              file_strerror(e, eb, sizeof eb));
     }
     if (out.failed) {
         free(out.data);
@@ -516,15 +494,15 @@ static cube_error *cpu_jit_open_bytes(const cpu_jit *jit,
                               "cpu_jit_load: out of memory");
     }
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 || cpu_jit_write_all(fd, bytes, len) != 0) {
+    if (fd < 0 || file_write_all(fd, bytes, len) != 0) {
         char eb[128];
         err = cube_error_new(CUBE_ERR_IO, "cpu_jit_load: cannot write '%s': %s",
-                             path, cpu_jit_strerror(errno, eb, sizeof eb));
+                             path, file_strerror(errno, eb, sizeof eb));
     }
     if (fd >= 0 && close(fd) != 0 && !err) {
         char eb[128];
         err = cube_error_new(CUBE_ERR_IO, "cpu_jit_load: cannot write '%s': %s",
-                             path, cpu_jit_strerror(errno, eb, sizeof eb));
+                             path, file_strerror(errno, eb, sizeof eb));
     }
     if (!err)
         err = cpu_jit_dlopen(path, out);
@@ -575,7 +553,7 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
     }
 
     int fd = open(src_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    int rc = fd < 0 ? -1 : cpu_jit_write_all(fd, source, strlen(source));
+    int rc = fd < 0 ? -1 : file_write_all(fd, source, strlen(source));
     int e = errno;
     if (fd >= 0 && close(fd) != 0 && rc == 0) {
         rc = -1;
@@ -584,7 +562,7 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
     if (rc != 0) {
         char eb[128];
         err = cube_error_new(CUBE_ERR_IO, "cpu_jit_load: cannot write '%s': %s",
-                             src_path, cpu_jit_strerror(e, eb, sizeof eb));
+                             src_path, file_strerror(e, eb, sizeof eb));
         goto done;
     }
 
@@ -610,7 +588,7 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
             char eb[128];
             cube_log_write(CUBE_LOG_WARN, "compile",
                            "not caching %s: cannot read '%s': %s", key->hex,
-                           so_path, cpu_jit_strerror(e, eb, sizeof eb));
+                           so_path, file_strerror(e, eb, sizeof eb));
         }
     }
 done:

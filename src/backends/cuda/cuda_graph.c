@@ -48,11 +48,7 @@ cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
 {
     cuda_server *s = (cuda_server *)server;
     cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_get(s, stream, 1, &st);
-    if (!err)
-        err = cuda_enter(s);
-    if (!err)
-        err = cuda_stream_seal(s, st);
+    cube_error *err = cuda_stream_begin(s, stream, &st);
     if (err)
         return err;
     st->captured_count = 0;
@@ -63,13 +59,7 @@ cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
      * stream's lock, which they take to record its event: they see it
      * recorded before the capture, or capturing, never in between. */
     pthread_mutex_lock(&st->lock);
-    uint64_t seq = atomic_load(&st->seq);
-    CUresult r = CUDA_SUCCESS;
-    if (st->event_seq < seq) {
-        r = s->api->cuEventRecord(st->event, st->cu);
-        if (r == CUDA_SUCCESS)
-            st->event_seq = seq;
-    }
+    CUresult r = cuda_stream_record_locked(s, st);
     if (r == CUDA_SUCCESS)
         r = s->api->cuStreamBeginCapture(st->cu,
                                          CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
@@ -168,11 +158,7 @@ cube_error *cuda_replay(cube_server *server, cube_stream_id stream,
     cuda_server *s = (cuda_server *)server;
     cuda_graph *cg = (cuda_graph *)(uintptr_t)graph;
     cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_get(s, stream, 1, &st);
-    if (!err)
-        err = cuda_enter(s);
-    if (!err)
-        err = cuda_stream_seal(s, st);
+    cube_error *err = cuda_stream_begin(s, stream, &st);
     for (size_t i = 0; i < cg->count && !err; i++)
         err = cuda_block_before_use(s, st, cg->blocks[i], 1);
     if (err)
@@ -221,11 +207,7 @@ cube_error *cuda_start_profile(cube_server *server, cube_stream_id stream,
 {
     cuda_server *s = (cuda_server *)server;
     cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_get(s, stream, 1, &st);
-    if (!err)
-        err = cuda_enter(s);
-    if (!err)
-        err = cuda_stream_seal(s, st);
+    cube_error *err = cuda_stream_begin(s, stream, &st);
     if (err)
         return err;
     cuda_window *w = calloc(1, sizeof *w);
@@ -265,11 +247,7 @@ cube_error *cuda_end_profile(cube_server *server, cube_stream_id stream,
     cuda_server *s = (cuda_server *)server;
     cuda_window *w = (cuda_window *)(uintptr_t)token;
     cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_get(s, stream, 1, &st);
-    if (!err)
-        err = cuda_enter(s);
-    if (!err)
-        err = cuda_stream_seal(s, st);
+    cube_error *err = cuda_stream_begin(s, stream, &st);
     if (err) {
         window_free(s, w);
         return err;

@@ -233,8 +233,15 @@ static inline uint64_t cuda_stream_next(cuda_stream *st)
 {
     return atomic_fetch_add(&st->seq, 1) + 1;
 }
-/* Records `st`'s cross-stream event to cover everything submitted. */
+/* Records `st`'s cross-stream event to cover everything submitted (the
+ * _locked form: with st->lock held). */
 cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st);
+CUresult cuda_stream_record_locked(cuda_server *s, cuda_stream *st);
+/* The stream `id` (created on first use), with the server's context
+ * current and its open read sealed: the preamble of every call that
+ * enqueues work. */
+cube_error *cuda_stream_begin(cuda_server *s, cube_stream_id id,
+                              cuda_stream **out);
 /* Makes `st` wait for stream `index` up to `seq`. */
 cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
                                  uint32_t index, uint64_t seq);

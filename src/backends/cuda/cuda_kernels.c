@@ -428,11 +428,7 @@ cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
     const cube_compiled *cc = d->compiled;
     const cuda_kernel *k = cc->impl;
     cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_get(s, stream, 1, &st);
-    if (!err)
-        err = cuda_enter(s);
-    if (!err)
-        err = cuda_stream_seal(s, st);
+    cube_error *err = cuda_stream_begin(s, stream, &st);
     if (err)
         return err;
     uint32_t count[3] = {d->cube_count[0], d->cube_count[1], d->cube_count[2]};

@@ -240,20 +240,36 @@ void cuda_streams_destroy(cuda_server *s)
 
 /* --- ordering --- */
 
-cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st)
+CUresult cuda_stream_record_locked(cuda_server *s, cuda_stream *st)
 {
-    pthread_mutex_lock(&st->lock);
     /* Read before recording: every operation counted by then was submitted
      * before it was counted, so the record covers it. */
     uint64_t seq = atomic_load(&st->seq);
-    CUresult r = CUDA_SUCCESS;
-    if (st->event_seq < seq) {
-        r = s->api->cuEventRecord(st->event, st->cu);
-        if (r == CUDA_SUCCESS)
-            st->event_seq = seq;
-    }
+    if (st->event_seq >= seq)
+        return CUDA_SUCCESS;
+    CUresult r = s->api->cuEventRecord(st->event, st->cu);
+    if (r == CUDA_SUCCESS)
+        st->event_seq = seq;
+    return r;
+}
+
+cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st)
+{
+    pthread_mutex_lock(&st->lock);
+    CUresult r = cuda_stream_record_locked(s, st);
     pthread_mutex_unlock(&st->lock);
     return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventRecord") : NULL;
+}
+
+cube_error *cuda_stream_begin(cuda_server *s, cube_stream_id id,
+                              cuda_stream **out)
+{
+    cube_error *err = cuda_stream_get(s, id, 1, out);
+    if (!err)
+        err = cuda_enter(s);
+    if (!err)
+        err = cuda_stream_seal(s, *out);
+    return err;
 }
 
 /* Makes `cu` wait for `other` up to `seq`; returns the sequence the wait
@@ -263,12 +279,8 @@ static cube_error *wait_on(cuda_server *s, CUstream cu, cuda_stream *other,
 {
     CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&other->lock);
-    if (other->event_seq < seq && !other->capturing) {
-        uint64_t now = atomic_load(&other->seq); /* see cuda_stream_record */
-        r = s->api->cuEventRecord(other->event, other->cu);
-        if (r == CUDA_SUCCESS)
-            other->event_seq = now;
-    }
+    if (other->event_seq < seq && !other->capturing)
+        r = cuda_stream_record_locked(s, other);
     /* A capturing stream had its event recorded when the capture began,
      * and nothing captured has run: that record covers what there is. */
     if (r == CUDA_SUCCESS)

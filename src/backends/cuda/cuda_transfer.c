@@ -486,11 +486,7 @@ cube_error *cuda_write(cube_server *server, cube_stream_id stream,
 {
     cuda_server *s = (cuda_server *)server;
     cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_get(s, stream, 1, &st);
-    if (!err)
-        err = cuda_enter(s);
-    if (!err)
-        err = cuda_stream_seal(s, st);
+    cube_error *err = cuda_stream_begin(s, stream, &st);
     int wait_direct = 0;
     for (size_t i = 0; i < n && !err; i++) {
         const cube_copy_op *op = &ops[i];
@@ -635,11 +631,7 @@ cube_error *cuda_read(cube_server *server, cube_stream_id stream,
     cuda_server *s = (cuda_server *)server;
     *pending = NULL;
     cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_get(s, stream, 1, &st);
-    if (!err)
-        err = cuda_enter(s);
-    if (!err)
-        err = cuda_stream_seal(s, st);
+    cube_error *err = cuda_stream_begin(s, stream, &st);
     if (err)
         return err;
     cube_pending *p = calloc(1, sizeof *p + n * sizeof(read_item));
