@@ -89,7 +89,7 @@ struct cube__unit {
         (void)cube__shared;                                                    \
         (void)cube__abi;                                                       \
         name##__body(cube__w,                                                  \
-                     &cube__sink CUBE__EACH(CUBE__KA, N, __VA_ARGS__));       \
+                     &cube__sink CUBE__EACH(CUBE__KA, N, __VA_ARGS__));        \
     }
 
 #define CUBE__ATOMIC_CUDA(suffix, T, CT)                                       \
