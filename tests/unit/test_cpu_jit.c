@@ -19,6 +19,7 @@
 
 #include "backends/cpu/cpu_jit.h"
 #include "cubert/log.h"
+#include "test_files.h"
 
 static const char *const ADD_SRC = "int add(int a, int b) { return a + b; }\n";
 static const char *const DELTA_SRC = "#ifndef DELTA\n#define DELTA 0\n#endif\n"
@@ -75,38 +76,7 @@ static int capture_warn_count(void)
 
 static char *make_tmpdir(void)
 {
-    char *path = strdup("/tmp/cubert-test-jit-XXXXXX");
-    assert_non_null(path);
-    assert_non_null(mkdtemp(path));
-    return path;
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag,
-                    struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    return flag == FTW_DP ? rmdir(path) : unlink(path);
-}
-
-static void rm_tree(char *path)
-{
-    chmod(path, 0700);
-    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    free(path);
-}
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *ent;
-    while ((ent = readdir(d)) != NULL)
-        if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
+    return make_tmpdir_named("/tmp/cubert-test-jit-XXXXXX");
 }
 
 static void entry_path(char *buf, size_t size, const char *dir, uint64_t key,

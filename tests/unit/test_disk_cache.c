@@ -18,6 +18,7 @@
 
 #include "backends/common/disk_cache.h"
 #include "cubert/log.h"
+#include "test_files.h"
 
 #define TAG "cubert-test-cache-1"
 
@@ -78,38 +79,7 @@ static int setup(void **state)
 
 static char *make_tmpdir(void)
 {
-    char *path = strdup("/tmp/cubert-test-cache-XXXXXX");
-    assert_non_null(path);
-    assert_non_null(mkdtemp(path));
-    return path;
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag,
-                    struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    return flag == FTW_DP ? rmdir(path) : unlink(path);
-}
-
-static void rm_tree(char *path)
-{
-    chmod(path, 0700);
-    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    free(path);
-}
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *ent;
-    while ((ent = readdir(d)) != NULL)
-        if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
+    return make_tmpdir_named("/tmp/cubert-test-cache-XXXXXX");
 }
 
 static void entry_path(char *buf, size_t size, const char *dir,
