@@ -130,6 +130,15 @@ cube_kernel *conf_kernel(const char *name, const char *source, uint32_t dx,
 int conf_is_cpu(void);
 uint32_t conf_div_up(uint64_t n, uint32_t d);
 
+/* Host models of main.c's u32 kernels: out = x0 after `steps` in-place
+ * rewrites (x = 3x + 1; out may be x0), and y = spin(x, iters). */
+void conf_rewritten(const uint32_t *x0, uint32_t *out, uint32_t n,
+                    uint64_t steps);
+void conf_spin_model(const uint32_t *x, uint32_t *y, uint32_t n,
+                     uint32_t iters);
+/* n uint32_t of host memory (the caller frees it); asserts on failure. */
+uint32_t *conf_host_u32(uint32_t n);
+
 /* Fills `n` bytes with a pattern that depends on `seed`. */
 void conf_pattern(void *dst, size_t n, uint32_t seed);
 

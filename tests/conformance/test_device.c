@@ -29,50 +29,7 @@ static uint32_t d_iters(void)
     return conf_is_cpu() ? 8u : 2048u;
 }
 
-/* --- the host model of the u32 kernels (see main.c) --- */
-
-/* x = 3x + 1 applied `steps` times, as v -> a * v + b. */
-static void d_steps(uint64_t steps, uint32_t *a, uint32_t *b)
-{
-    uint32_t fa = 1u, fb = 0u;
-    for (uint64_t k = 0; k < steps; k++) {
-        fa *= 3u;
-        fb = fb * 3u + 1u;
-    }
-    *a = fa;
-    *b = fb;
-}
-
-static void d_rewrite_model(uint32_t *x, uint32_t n, uint32_t iters)
-{
-    uint32_t a, b;
-    d_steps(iters, &a, &b);
-    for (uint32_t i = 0; i < n; i++)
-        x[i] = a * x[i] + b;
-}
-
-static void d_spin_model(const uint32_t *x, uint32_t *y, uint32_t n,
-                         uint32_t iters)
-{
-    uint32_t a, b;
-    d_steps(iters, &a, &b);
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t v = a * x[i] + b;
-        uint32_t j = i + 1u + (v & 1u);
-        while (j >= n)
-            j -= n;
-        y[i] = v + x[j];
-    }
-}
-
 /* --- helpers --- */
-
-static uint32_t *d_host(uint32_t n)
-{
-    uint32_t *p = malloc((size_t)n * 4u);
-    assert_non_null(p);
-    return p;
-}
 
 static double d_now(void)
 {
@@ -171,8 +128,8 @@ static void d_chain_codes(cube_handle x, cube_handle t, cube_handle y,
 static void d_chain_model(const uint32_t *x, uint32_t *t, uint32_t *y,
                           uint32_t n, uint32_t iters)
 {
-    d_spin_model(x, t, n, iters);
-    d_rewrite_model(t, n, iters);
+    conf_spin_model(x, t, n, iters);
+    conf_rewritten(t, t, n, iters);
     for (uint32_t i = 0; i < n; i++)
         y[i] = i + 1 < n ? t[i + 1] : 0u;
 }
@@ -186,8 +143,10 @@ CONF_TEST(device_graph_chain_of_three_kernels_replays_like_direct_launches)
     enum { ROUNDS = 5 };
     const uint32_t n = d_n(), iters = d_iters();
     const uint64_t bytes = n * 4ull;
-    uint32_t *x0 = d_host(n), *junk = d_host(n), *want_t = d_host(n);
-    uint32_t *want_y = d_host(n), *got = d_host(n), *prev_y = d_host(n);
+    uint32_t *x0 = conf_host_u32(n), *junk = conf_host_u32(n),
+             *want_t = conf_host_u32(n);
+    uint32_t *want_y = conf_host_u32(n), *got = conf_host_u32(n),
+             *prev_y = conf_host_u32(n);
     conf_pattern(x0, bytes, 0xD1);
     memset(junk, 0xAB, bytes);
     cube_handle x = conf_create(x0, bytes);
@@ -249,7 +208,8 @@ CONF_TEST(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable)
 {
     const uint32_t n = d_n(), iters = d_iters();
     const uint64_t bytes = n * 4ull;
-    uint32_t *x0 = d_host(n), *got = d_host(n), *want = d_host(n);
+    uint32_t *x0 = conf_host_u32(n), *got = conf_host_u32(n),
+             *want = conf_host_u32(n);
     conf_pattern(x0, bytes, 0xD2);
     cube_handle x = conf_create(x0, bytes), y = conf_empty(bytes);
 
@@ -314,8 +274,8 @@ CONF_TEST(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable)
     CONF_EXPECT(cube_graph_begin(conf.client), CUBE_ERR_GRAPH_STATE);
     CONF_OK(cube_graph_replay(conf.client, id));
     CONF_READ_OK(y, got, bytes);
-    d_spin_model(x0, want, n, iters);
-    d_rewrite_model(want, n, iters);
+    conf_spin_model(x0, want, n, iters);
+    conf_rewritten(want, want, n, iters);
     D_EXPECT(got, want, n, "y after the replay", 1);
     /* A destroyed graph cannot be replayed; destroying it again is a
      * no-op. */
@@ -326,7 +286,7 @@ CONF_TEST(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable)
     CONF_OK(cube_sync(conf.client, &y, 1));
     CONF_OK(d_spin(x, y, n, iters));
     CONF_READ_OK(y, got, bytes);
-    d_spin_model(x0, want, n, iters);
+    conf_spin_model(x0, want, n, iters);
     D_EXPECT(got, want, n, "y launched after the graph", 2);
     conf_release(x);
     conf_release(y);
@@ -345,7 +305,7 @@ CONF_TEST(device_graph_capture_that_allocates_follows_the_backends_graph_kind)
     const uint64_t bytes = n * 4ull;
     cube_utilities u;
     CONF_OK(cube_client_utilities(conf.client, &u));
-    uint32_t *x0 = d_host(n);
+    uint32_t *x0 = conf_host_u32(n);
     conf_pattern(x0, bytes, 0xD3);
     cube_handle x = conf_create(x0, bytes), y = conf_empty(bytes);
 
@@ -376,7 +336,7 @@ CONF_TEST(device_graph_capture_that_allocates_follows_the_backends_graph_kind)
          * allowed, and the graph pins the new buffer. */
         assert_int_equal(end, CUBE_OK);
         assert_true(id != 0);
-        uint32_t *got = d_host(bn);
+        uint32_t *got = conf_host_u32(bn);
         memset(got, 0, big);
         CONF_WRITE_OK(fresh, got, big);
         CONF_OK(cube_graph_replay(conf.client, id));
@@ -408,11 +368,11 @@ CONF_TEST(device_graph_capture_that_allocates_follows_the_backends_graph_kind)
     }
     conf_release(fresh);
     /* Either way the stream goes on working. */
-    uint32_t *got = d_host(n), *want = d_host(n);
+    uint32_t *got = conf_host_u32(n), *want = conf_host_u32(n);
     CONF_OK(d_rewrite(y, n, 1));
     CONF_READ_OK(y, got, bytes);
-    d_spin_model(x0, want, n, iters);
-    d_rewrite_model(want, n, 1);
+    conf_spin_model(x0, want, n, iters);
+    conf_rewritten(want, want, n, 1);
     D_EXPECT(got, want, n, "y after the capture", 1);
     conf_release(x);
     conf_release(y);
@@ -437,7 +397,8 @@ CONF_TEST(device_profile_window_times_real_work_and_inner_window_is_not_longer)
 {
     const uint32_t n = d_n(), iters = 4 * d_iters();
     const uint64_t bytes = n * 4ull;
-    uint32_t *x0 = d_host(n), *got = d_host(n), *want = d_host(n);
+    uint32_t *x0 = conf_host_u32(n), *got = conf_host_u32(n),
+             *want = conf_host_u32(n);
     conf_pattern(x0, bytes, 0xD4);
     cube_handle x = conf_create(x0, bytes), y = conf_empty(bytes);
     /* Compiled before the windows open. */
@@ -476,9 +437,9 @@ CONF_TEST(device_profile_window_times_real_work_and_inner_window_is_not_longer)
                  host);
     /* And it is done when the window ends. */
     CONF_READ_OK(y, got, bytes);
-    d_spin_model(x0, want, n, iters);
+    conf_spin_model(x0, want, n, iters);
     for (int i = 0; i < 5; i++)
-        d_rewrite_model(want, n, iters);
+        conf_rewritten(want, want, n, iters);
     D_EXPECT(got, want, n, "y after the windows", 1);
     conf_release(x);
     conf_release(y);

@@ -57,55 +57,7 @@ static uint32_t s_iters(void)
     return conf_is_cpu() ? 8u : 4096u;
 }
 
-/* --- the host model --- */
-
-/* v -> a * v + b (mod 2^32). */
-typedef struct s_affine {
-    uint32_t a, b;
-} s_affine;
-
-/* x = 3x + 1 applied `steps` times, as one affine map. */
-static s_affine s_steps(uint64_t steps)
-{
-    s_affine f = {1u, 0u};
-    for (uint64_t k = 0; k < steps; k++) {
-        f.a *= 3u;
-        f.b = f.b * 3u + 1u;
-    }
-    return f;
-}
-
-/* out = x0 after `steps` rewrites. */
-static void s_rewritten(const uint32_t *x0, uint32_t *out, uint32_t n,
-                        uint64_t steps)
-{
-    s_affine f = s_steps(steps);
-    for (uint32_t i = 0; i < n; i++)
-        out[i] = f.a * x0[i] + f.b;
-}
-
-/* y = spin(x, iters), as the kernel computes it. */
-static void s_spin_model(const uint32_t *x, uint32_t *y, uint32_t n,
-                         uint32_t iters)
-{
-    s_affine f = s_steps(iters);
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t v = f.a * x[i] + f.b;
-        uint32_t j = i + 1u + (v & 1u);
-        while (j >= n)
-            j -= n;
-        y[i] = v + x[j];
-    }
-}
-
 /* --- helpers --- */
-
-static uint32_t *s_host(uint32_t n)
-{
-    uint32_t *p = malloc((size_t)n * 4u);
-    assert_non_null(p);
-    return p;
-}
 
 static void s_use(cube_stream_id stream)
 {
@@ -196,8 +148,10 @@ CONF_TEST(streams_consumer_waits_for_the_last_in_place_rewrite_on_another)
     const cube_stream_id sa = S_STREAM(1, 1), sb = S_STREAM(1, 2);
     const uint32_t n = s_n(), iters = s_iters();
     const uint64_t bytes = n * 4ull;
-    uint32_t *x0 = s_host(n), *zero = s_host(n), *xs = s_host(n);
-    uint32_t *got_x = s_host(n), *got_y = s_host(n), *want = s_host(n);
+    uint32_t *x0 = conf_host_u32(n), *zero = conf_host_u32(n),
+             *xs = conf_host_u32(n);
+    uint32_t *got_x = conf_host_u32(n), *got_y = conf_host_u32(n),
+             *want = conf_host_u32(n);
     conf_pattern(x0, bytes, 0xA1);
     memset(zero, 0, bytes);
 
@@ -227,9 +181,9 @@ CONF_TEST(streams_consumer_waits_for_the_last_in_place_rewrite_on_another)
             CONF_READ_OK(x, got_x, bytes);
         }
         s_use(0);
-        s_rewritten(x0, xs, n, (uint64_t)round * S_LAUNCHES * iters);
+        conf_rewritten(x0, xs, n, (uint64_t)round * S_LAUNCHES * iters);
         S_EXPECT(got_x, xs, n, "x read on B after A's rewrites", round);
-        s_spin_model(xs, want, n, iters);
+        conf_spin_model(xs, want, n, iters);
         S_EXPECT(got_y, want, n, "y computed on B from x", round);
     }
     conf_release(x);
@@ -247,9 +201,11 @@ CONF_TEST(streams_rewrite_waits_for_reads_issued_earlier_on_another_stream)
     const cube_stream_id sa = S_STREAM(2, 1), sb = S_STREAM(2, 2);
     const uint32_t n = s_n(), iters = s_iters();
     const uint64_t bytes = n * 4ull;
-    uint32_t *x0 = s_host(n), *x1 = s_host(n), *x2 = s_host(n);
-    uint32_t *got_y = s_host(n), *got_async = s_host(n), *got_x = s_host(n);
-    uint32_t *want = s_host(n);
+    uint32_t *x0 = conf_host_u32(n), *x1 = conf_host_u32(n),
+             *x2 = conf_host_u32(n);
+    uint32_t *got_y = conf_host_u32(n), *got_async = conf_host_u32(n),
+             *got_x = conf_host_u32(n);
+    uint32_t *want = conf_host_u32(n);
     conf_pattern(x0, bytes, 0xA2);
     memset(got_async, 0, bytes);
 
@@ -279,9 +235,9 @@ CONF_TEST(streams_rewrite_waits_for_reads_issued_earlier_on_another_stream)
     CONF_READ_OK(x, got_x, bytes);
     s_use(0);
 
-    s_rewritten(x0, x1, n, (uint64_t)S_LAUNCHES * iters);
-    s_rewritten(x0, x2, n, (uint64_t)S_LAUNCHES * (iters + 1));
-    s_spin_model(x1, want, n, 4 * iters);
+    conf_rewritten(x0, x1, n, (uint64_t)S_LAUNCHES * iters);
+    conf_rewritten(x0, x2, n, (uint64_t)S_LAUNCHES * (iters + 1));
+    conf_spin_model(x1, want, n, 4 * iters);
     S_EXPECT(got_y, want, n, "y launched on B before A's second rewrites", 1);
     S_EXPECT(got_async, x1, n, "x read on B before A's second rewrites", 1);
     S_EXPECT(got_x, x2, n, "x read on B after A's second rewrites", 1);
@@ -435,9 +391,9 @@ static void *s_consumer(void *arg)
         if (!s_pc_ok(s, &s->cons, r, "spin", s_spin(x, y, n, s->iters)) ||
             !s_pc_ok(s, &s->cons, r, "read of y", conf_read(y, got_y, bytes)))
             break;
-        s_rewritten(s->x0, xs, n,
-                    (uint64_t)r * PC_LAUNCHES * (uint64_t)s->iters);
-        s_spin_model(xs, want, n, s->iters);
+        conf_rewritten(s->x0, xs, n,
+                       (uint64_t)r * PC_LAUNCHES * (uint64_t)s->iters);
+        conf_spin_model(xs, want, n, s->iters);
         if (!s_pc_same(s, r, got_y, want, "y computed from x"))
             break;
         /* Every other round, a plain read of x too. */
@@ -486,7 +442,7 @@ CONF_TEST(streams_two_threads_hand_off_in_place_rewrites_round_by_round)
     s.n = s_n();
     s.iters = s_iters();
     s.rounds = conf_is_cpu() ? 8 : 12;
-    uint32_t *x0 = s_host(s.n);
+    uint32_t *x0 = conf_host_u32(s.n);
     conf_pattern(x0, s.n * 4ull, 0xA3);
     s.x0 = x0;
     pthread_t tp, tc;
@@ -521,8 +477,9 @@ CONF_TEST(streams_buffer_released_while_another_stream_reads_it_waits_for_it)
     const cube_stream_id sa = S_STREAM(4, 1), sb = S_STREAM(4, 2);
     const uint32_t n = s_n(), iters = 4 * s_iters();
     const uint64_t bytes = n * 4ull;
-    uint32_t *x0 = s_host(n), *junk = s_host(n), *got = s_host(n);
-    uint32_t *want = s_host(n);
+    uint32_t *x0 = conf_host_u32(n), *junk = conf_host_u32(n),
+             *got = conf_host_u32(n);
+    uint32_t *want = conf_host_u32(n);
     /* Released on the stream that made it, then from a third stream: the
      * memory goes back to A's pools either way. */
     for (int phase = 0; phase < 2; phase++) {
@@ -549,7 +506,7 @@ CONF_TEST(streams_buffer_released_while_another_stream_reads_it_waits_for_it)
         s_use(sb);
         CONF_READ_OK(y, got, bytes);
         s_use(0);
-        s_spin_model(x0, want, n, iters);
+        conf_spin_model(x0, want, n, iters);
         S_EXPECT(got, want, n, "y computed on B from x released on A", phase);
         for (int k = 0; k < GARBAGE; k++)
             conf_release(g[k]);
@@ -575,7 +532,7 @@ CONF_TEST(streams_dynamic_count_written_on_another_stream_is_waited_for)
     uint32_t fill[COUNT], got[ROUNDS][COUNT];
     for (uint32_t i = 0; i < COUNT; i++)
         fill[i] = 0xEEEEEEEEu;
-    uint32_t *scratch0 = s_host(n);
+    uint32_t *scratch0 = conf_host_u32(n);
     conf_pattern(scratch0, n * 4ull, 0xA5);
 
     /* The count buffer starts at the largest count, made on B. */
@@ -633,7 +590,7 @@ CONF_TEST(streams_failure_on_one_stream_is_reported_on_others_until_rewritten)
         yv[i] = 1.0f;
         yw[i] = (float)(2 * i + 5);
     }
-    uint32_t *busy0 = s_host(n);
+    uint32_t *busy0 = conf_host_u32(n);
     conf_pattern(busy0, n * 4ull, 0xA6);
     cube_count cnt = cube_count_static(conf_div_up(FN, 64), 1, 1);
 
@@ -757,8 +714,9 @@ CONF_TEST(streams_ids_list_each_stream_once_explicit_ids_are_separate_queues)
     const uint64_t bytes = n * 4ull;
     const cube_stream_id own = cube_stream_current(conf.client);
     assert_true(own != 0 && own != s1 && own != s2);
-    uint32_t *a0 = s_host(n), *b0 = s_host(n), *got_a = s_host(n);
-    uint32_t *got_b = s_host(n), *want = s_host(n);
+    uint32_t *a0 = conf_host_u32(n), *b0 = conf_host_u32(n),
+             *got_a = conf_host_u32(n);
+    uint32_t *got_b = conf_host_u32(n), *want = conf_host_u32(n);
     conf_pattern(a0, bytes, 0xA7);
     conf_pattern(b0, bytes, 0xA8);
 
@@ -776,9 +734,9 @@ CONF_TEST(streams_ids_list_each_stream_once_explicit_ids_are_separate_queues)
     s_use(s1);
     CONF_READ_OK(b, got_b, bytes);
     s_use(0);
-    s_rewritten(a0, want, n, (uint64_t)S_LAUNCHES * iters);
+    conf_rewritten(a0, want, n, (uint64_t)S_LAUNCHES * iters);
     S_EXPECT(got_a, want, n, "a, written on s1, read on s2", 1);
-    s_rewritten(b0, want, n, (uint64_t)S_LAUNCHES * iters);
+    conf_rewritten(b0, want, n, (uint64_t)S_LAUNCHES * iters);
     S_EXPECT(got_b, want, n, "b, written on s2, read on s1", 1);
 
     /* A thread's own stream is listed too. */

@@ -216,3 +216,46 @@ void conf_pattern(void *dst, size_t n, uint32_t seed)
         p[i] = (unsigned char)(x >> 7);
     }
 }
+
+/* --- host models of the u32 kernels of main.c (rewrite, spin) --- */
+
+/* x = 3x + 1 (mod 2^32) applied `steps` times is one affine map. */
+static void conf_affine_steps(uint64_t steps, uint32_t *a, uint32_t *b)
+{
+    uint32_t fa = 1u, fb = 0u;
+    for (uint64_t k = 0; k < steps; k++) {
+        fa *= 3u;
+        fb = fb * 3u + 1u;
+    }
+    *a = fa;
+    *b = fb;
+}
+
+void conf_rewritten(const uint32_t *x0, uint32_t *out, uint32_t n,
+                    uint64_t steps)
+{
+    uint32_t a, b;
+    conf_affine_steps(steps, &a, &b);
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = a * x0[i] + b;
+}
+
+void conf_spin_model(const uint32_t *x, uint32_t *y, uint32_t n, uint32_t iters)
+{
+    uint32_t a, b;
+    conf_affine_steps(iters, &a, &b);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t v = a * x[i] + b;
+        uint32_t j = i + 1u + (v & 1u);
+        while (j >= n)
+            j -= n;
+        y[i] = v + x[j];
+    }
+}
+
+uint32_t *conf_host_u32(uint32_t n)
+{
+    uint32_t *p = malloc((size_t)n * 4u);
+    assert_non_null(p);
+    return p;
+}
