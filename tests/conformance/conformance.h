@@ -130,6 +130,20 @@ cube_kernel *conf_kernel(const char *name, const char *source, uint32_t dx,
 int conf_is_cpu(void);
 uint32_t conf_div_up(uint64_t n, uint32_t d);
 
+/* The code of err (CUBE_OK for NULL; CUBE_ERR_INTERNAL for an error
+ * without a message: an error must say what went wrong), freeing err. For
+ * calls inside a capture window, whose results are asserted after the
+ * window closes (an assertion failing mid-capture would leave the stream
+ * capturing for the tests after it). */
+cube_code conf_code(cube_error *err);
+/* Fails (after printing every mismatch, named by what[i]) unless
+ * got[i] == want[i] for each of the n calls of one step. */
+void conf_expect_codes_at(const cube_code *got, const cube_code *want,
+                          const char *const *what, size_t n, const char *file,
+                          int line);
+#define CONF_EXPECT_CODES(got, want, what, n)                                  \
+    conf_expect_codes_at((got), (want), (what), (n), __FILE__, __LINE__)
+
 /* Host models of main.c's u32 kernels: out = x0 after `steps` in-place
  * rewrites (x = 3x + 1; out may be x0), and y = spin(x, iters). */
 void conf_rewritten(const uint32_t *x0, uint32_t *out, uint32_t n,

@@ -66,37 +66,6 @@ static cube_error *d_shift(cube_handle x, cube_handle y, uint32_t n)
                        EXEC | CUBE_LAUNCH_CHECKED);
 }
 
-/* The same code as g_code in test_graphs.c: the code of err (an empty
- * message counts as CUBE_ERR_INTERNAL), err freed. Calls inside a capture
- * window are asserted after it closes, so that a failing assertion never
- * leaves the stream capturing for the tests after it. */
-static cube_code d_code(cube_error *err)
-{
-    cube_code code = cube_error_code(err);
-    if (err && cube_error_message(err)[0] == '\0')
-        code = CUBE_ERR_INTERNAL;
-    cube_error_free(err);
-    return code;
-}
-
-static void d_codes_at(const cube_code *got, const cube_code *want,
-                       const char *const *what, size_t n, const char *file,
-                       int line)
-{
-    int bad = 0;
-    for (size_t i = 0; i < n; i++)
-        if (got[i] != want[i]) {
-            print_error("%s:%d: %s: got [%s], expected [%s]\n", file, line,
-                        what[i], cube_code_name(got[i]),
-                        cube_code_name(want[i]));
-            bad = 1;
-        }
-    if (bad)
-        _fail(file, line);
-}
-#define D_CODES(got, want, what, n)                                            \
-    d_codes_at((got), (want), (what), (n), __FILE__, __LINE__)
-
 static void d_expect_at(const uint32_t *got, const uint32_t *want, uint32_t n,
                         const char *what, int round, const char *file, int line)
 {
@@ -120,9 +89,9 @@ static void d_expect_at(const uint32_t *got, const uint32_t *want, uint32_t n,
 static void d_chain_codes(cube_handle x, cube_handle t, cube_handle y,
                           uint32_t n, uint32_t iters, cube_code codes[3])
 {
-    codes[0] = d_code(d_spin(x, t, n, iters));
-    codes[1] = d_code(d_rewrite(t, n, iters));
-    codes[2] = d_code(d_shift(t, y, n));
+    codes[0] = conf_code(d_spin(x, t, n, iters));
+    codes[1] = conf_code(d_rewrite(t, n, iters));
+    codes[2] = conf_code(d_shift(t, y, n));
 }
 
 static void d_chain_model(const uint32_t *x, uint32_t *t, uint32_t *y,
@@ -157,13 +126,13 @@ CONF_TEST(device_graph_chain_of_three_kernels_replays_like_direct_launches)
     cube_code codes[3];
     /* Warm-up: the chain once, for real. */
     d_chain_codes(x, t, y, n, iters, codes);
-    D_CODES(codes, d_ok3, d_chain_what, 3);
+    CONF_EXPECT_CODES(codes, d_ok3, d_chain_what, 3);
     CONF_OK(cube_graph_begin(conf.client));
     d_chain_codes(x, t, y, n, iters, codes);
     cube_graph_id id = 0;
     cube_error *ended = cube_graph_end(conf.client, &id);
     CONF_OK(ended);
-    D_CODES(codes, d_ok3, d_chain_what, 3);
+    CONF_EXPECT_CODES(codes, d_ok3, d_chain_what, 3);
     assert_true(id != 0);
 
     for (int r = 0; r < ROUNDS; r++) {
@@ -176,7 +145,7 @@ CONF_TEST(device_graph_chain_of_three_kernels_replays_like_direct_launches)
         CONF_OK(cube_graph_replay(conf.client, id));
         /* The same chain, launched directly, into other buffers. */
         d_chain_codes(x, t2, y2, n, iters, codes);
-        D_CODES(codes, d_ok3, d_chain_what, 3);
+        CONF_EXPECT_CODES(codes, d_ok3, d_chain_what, 3);
         d_chain_model(x0, want_t, want_y, n, iters);
         CONF_READ_OK(t, got, bytes);
         D_EXPECT(got, want_t, n, "t after the replay", r);
@@ -229,18 +198,18 @@ CONF_TEST(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable)
     enum { NC = 9 };
     cube_code codes[NC];
     int k = 0;
-    codes[k++] = d_code(d_spin(x, y, n, iters));
+    codes[k++] = conf_code(d_spin(x, y, n, iters));
     memset(got, 0xCD, bytes);
-    codes[k++] = d_code(conf_read(y, got, bytes));
-    codes[k++] = d_code(cube_sync(conf.client, NULL, 0));
-    codes[k++] = d_code(cube_sync(conf.client, &y, 1));
+    codes[k++] = conf_code(conf_read(y, got, bytes));
+    codes[k++] = conf_code(cube_sync(conf.client, NULL, 0));
+    codes[k++] = conf_code(cube_sync(conf.client, &y, 1));
     cube_profile_token inside = 0;
-    codes[k++] = d_code(cube_profile_start(conf.client, &inside));
+    codes[k++] = conf_code(cube_profile_start(conf.client, &inside));
     cube_profile_result res;
-    codes[k++] = d_code(cube_profile_end(conf.client, before, &res));
-    codes[k++] = d_code(cube_graph_begin(conf.client));
-    codes[k++] = d_code(cube_graph_replay(conf.client, 0x6A0000000000D2ull));
-    codes[k++] = d_code(d_rewrite(y, n, iters));
+    codes[k++] = conf_code(cube_profile_end(conf.client, before, &res));
+    codes[k++] = conf_code(cube_graph_begin(conf.client));
+    codes[k++] = conf_code(cube_graph_replay(conf.client, 0x6A0000000000D2ull));
+    codes[k++] = conf_code(d_rewrite(y, n, iters));
     cube_graph_id id = 0;
     cube_error *ended = cube_graph_end(conf.client, &id);
     CONF_OK(ended);
@@ -263,7 +232,7 @@ CONF_TEST(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable)
                                          "cube_graph_replay while capturing",
                                          "launch 2 in the window"};
     assert_int_equal(k, NC);
-    D_CODES(codes, want_codes, what, NC);
+    CONF_EXPECT_CODES(codes, want_codes, what, NC);
     assert_true(id != 0);
     for (uint32_t i = 0; i < n; i++)
         if (got[i] != 0xCDCDCDCDu)
@@ -313,23 +282,23 @@ CONF_TEST(device_graph_capture_that_allocates_follows_the_backends_graph_kind)
     CONF_OK(d_spin(x, y, n, iters));
     CONF_OK(cube_graph_begin(conf.client));
     cube_code codes[3];
-    codes[0] = d_code(d_spin(x, y, n, iters));
+    codes[0] = conf_code(d_spin(x, y, n, iters));
     /* New memory inside the window, written by a recorded launch. */
     cube_handle fresh = {0};
-    codes[1] = d_code(cube_empty(conf.client, big, &fresh));
+    codes[1] = conf_code(cube_empty(conf.client, big, &fresh));
     cube_arg fa[2] = {cube_arg_buffer(fresh), cube_arg_u32(5)};
     codes[2] =
         fresh.bits
-            ? d_code(conf_launch(conf.k.fill,
-                                 cube_count_static(conf_div_up(bn, 32), 1, 1),
-                                 fa, 2, EXEC))
+            ? conf_code(conf_launch(
+                  conf.k.fill, cube_count_static(conf_div_up(bn, 32), 1, 1), fa,
+                  2, EXEC))
             : CUBE_ERR_NOT_FOUND;
     cube_graph_id id = 0;
-    cube_code end = d_code(cube_graph_end(conf.client, &id));
+    cube_code end = conf_code(cube_graph_end(conf.client, &id));
     static const char *const what[3] = {"launch in the window",
                                         "cube_empty in the window",
                                         "launch on the new buffer"};
-    D_CODES(codes, d_ok3, what, 3);
+    CONF_EXPECT_CODES(codes, d_ok3, what, 3);
 
     if (u.software_graphs) {
         /* Software graphs (cubert/graph.h): allocating in the window is

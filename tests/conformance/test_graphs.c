@@ -161,38 +161,6 @@ static uint64_t g_live(void)
     return u.buffers;
 }
 
-/* Records the code of `err` (CUBE_OK for NULL) and frees it: for calls made
- * inside a capture window, whose results are asserted after the window is
- * closed (an assertion that fails mid-capture would leave the stream
- * capturing for the tests after it). */
-static cube_code g_code(cube_error *err)
-{
-    cube_code code = cube_error_code(err);
-    if (err && cube_error_message(err)[0] == '\0')
-        code = CUBE_ERR_INTERNAL; /* an error must say what went wrong */
-    cube_error_free(err);
-    return code;
-}
-
-static void g_expect_codes_at(const cube_code *got, const cube_code *want,
-                              const char *const *what, size_t n,
-                              const char *file, int line)
-{
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (got[i] != want[i]) {
-            print_error("%s:%d: %s: got [%s], expected [%s]\n", file, line,
-                        what[i], cube_code_name(got[i]),
-                        cube_code_name(want[i]));
-            bad = 1;
-        }
-    }
-    if (bad)
-        _fail(file, line);
-}
-#define G_EXPECT_CODES(got, want, what, n)                                     \
-    g_expect_codes_at((got), (want), (what), (n), __FILE__, __LINE__)
-
 /* Fails the test with `what` and the whole of `err` (which it frees). */
 static void g_fail_with_at(const char *what, cube_error *err, const char *file,
                            int line)
@@ -223,11 +191,11 @@ CONF_TEST(graph_capture_records_launches_without_running_them)
     CONF_OK(cube_graph_begin(conf.client));
     cube_code codes[3];
     for (int i = 0; i < 3; i++)
-        codes[i] = g_code(g_axpy(x, y, 1));
+        codes[i] = conf_code(g_axpy(x, y, 1));
     cube_graph_id id = g_end();
     static const cube_code ok3[3] = {CUBE_OK, CUBE_OK, CUBE_OK};
     static const char *const what3[3] = {"launch 1", "launch 2", "launch 3"};
-    G_EXPECT_CODES(codes, ok3, what3, 3);
+    CONF_EXPECT_CODES(codes, ok3, what3, 3);
     /* Recorded, not run: y is what the warm-up left, and x untouched. */
     G_EXPECT(y, want);
     G_EXPECT(x, x0);
@@ -258,13 +226,13 @@ CONF_TEST(graph_replays_equal_the_same_launches_made_directly)
     CONF_OK(g_axpy(x, z, 3));
     CONF_OK(cube_graph_begin(conf.client));
     cube_code codes[3];
-    codes[0] = g_code(g_fill(u, 11));
-    codes[1] = g_code(g_scale(x, y, -4));
-    codes[2] = g_code(g_axpy(x, z, 0.5f));
+    codes[0] = conf_code(g_fill(u, 11));
+    codes[1] = conf_code(g_scale(x, y, -4));
+    codes[2] = conf_code(g_axpy(x, z, 0.5f));
     cube_graph_id id = g_end();
     static const cube_code ok3[3] = {CUBE_OK, CUBE_OK, CUBE_OK};
     static const char *const what3[3] = {"fill", "scale", "scale_add"};
-    G_EXPECT_CODES(codes, ok3, what3, 3);
+    CONF_EXPECT_CODES(codes, ok3, what3, 3);
     for (int r = 0; r < K; r++)
         g_replay(id);
     /* The same N * K launches on the direct path, from the same start (the
@@ -312,7 +280,7 @@ CONF_TEST(graph_replay_uses_inputs_rewritten_between_replays)
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(g_scale(x, y, 2));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code code = g_code(g_scale(x, y, 2));
+    cube_code code = conf_code(g_scale(x, y, 2));
     cube_graph_id id = g_end();
     assert_int_equal(code, CUBE_OK);
     for (int r = 0; r < 4; r++) {
@@ -344,7 +312,7 @@ CONF_TEST(graph_replay_reads_dynamic_count_from_its_buffer)
     cube_arg a = cube_arg_buffer(y);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code code = g_code(
+    cube_code code = conf_code(
         conf_launch(conf.k.count_probe, cube_count_dynamic(cnt), &a, 1, EXEC));
     cube_graph_id id = g_end();
     if (!g_software_graphs()) {
@@ -382,7 +350,7 @@ CONF_TEST(graph_end_returns_distinct_nonzero_ids_and_unprepares_the_stream)
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_scale(x, y, 2));
+    cube_code c1 = conf_code(g_scale(x, y, 2));
     cube_graph_id a = g_end();
     /* The stream is no longer prepared: begin is refused until prepare. */
     CONF_EXPECT(cube_graph_begin(conf.client), CUBE_ERR_GRAPH_STATE);
@@ -390,7 +358,7 @@ CONF_TEST(graph_end_returns_distinct_nonzero_ids_and_unprepares_the_stream)
     CONF_OK(cube_sync(conf.client, NULL, 0));
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c2 = g_code(g_scale(x, y, 3));
+    cube_code c2 = conf_code(g_scale(x, y, 3));
     cube_graph_id b = g_end();
     assert_int_equal(c1, CUBE_OK);
     assert_int_equal(c2, CUBE_OK);
@@ -420,15 +388,15 @@ CONF_TEST(graph_prepare_twice_is_harmless_and_refused_while_capturing)
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
     cube_code codes[3];
-    codes[0] = g_code(g_scale(x, y, 5));
-    codes[1] = g_code(cube_graph_prepare(conf.client));
-    codes[2] = g_code(g_axpy(x, y, 1));
+    codes[0] = conf_code(g_scale(x, y, 5));
+    codes[1] = conf_code(cube_graph_prepare(conf.client));
+    codes[2] = conf_code(g_axpy(x, y, 1));
     cube_graph_id id = g_end();
     static const cube_code want_codes[3] = {CUBE_OK, CUBE_ERR_GRAPH_STATE,
                                             CUBE_OK};
     static const char *const what[3] = {"launch", "prepare while capturing",
                                         "launch after the refusal"};
-    G_EXPECT_CODES(codes, want_codes, what, 3);
+    CONF_EXPECT_CODES(codes, want_codes, what, 3);
     /* The capture went on: both launches are in the graph. */
     g_replay(id);
     float x0[GN], want[GN];
@@ -470,16 +438,16 @@ CONF_TEST(graph_begin_while_capturing_is_graph_state_and_capture_continues)
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
     cube_code codes[3];
-    codes[0] = g_code(g_axpy(x, y, 1));
+    codes[0] = conf_code(g_axpy(x, y, 1));
     /* A second, overlapping capture on the same stream. */
-    codes[1] = g_code(cube_graph_begin(conf.client));
-    codes[2] = g_code(g_axpy(x, y, 1));
+    codes[1] = conf_code(cube_graph_begin(conf.client));
+    codes[2] = conf_code(g_axpy(x, y, 1));
     cube_graph_id id = g_end();
     static const cube_code want_codes[3] = {CUBE_OK, CUBE_ERR_GRAPH_STATE,
                                             CUBE_OK};
     static const char *const what[3] = {"launch", "second begin",
                                         "launch after the refusal"};
-    G_EXPECT_CODES(codes, want_codes, what, 3);
+    CONF_EXPECT_CODES(codes, want_codes, what, 3);
     /* One capture ended it all: no capture is left open. */
     CONF_EXPECT(cube_graph_end(conf.client, &(cube_graph_id){0}),
                 CUBE_ERR_GRAPH_STATE);
@@ -507,7 +475,7 @@ CONF_TEST(graph_end_without_begin_is_graph_state)
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code code = g_code(g_scale(x, y, 2));
+    cube_code code = conf_code(g_scale(x, y, 2));
     cube_graph_id g = g_end();
     assert_int_equal(code, CUBE_OK);
     id = 123;
@@ -530,7 +498,7 @@ CONF_TEST(graph_refused_end_leaves_the_stream_prepared)
     cube_error *begin = cube_graph_begin(conf.client);
     cube_code code = CUBE_OK;
     if (!begin) {
-        code = g_code(g_scale(x, y, 2));
+        code = conf_code(g_scale(x, y, 2));
         id = g_end();
     }
     conf_release(x);
@@ -549,7 +517,7 @@ CONF_TEST(graph_replay_of_unknown_or_destroyed_id_is_graph_state)
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code code = g_code(g_scale(x, y, 2));
+    cube_code code = conf_code(g_scale(x, y, 2));
     cube_graph_id id = g_end();
     assert_int_equal(code, CUBE_OK);
     g_replay(id);
@@ -578,22 +546,22 @@ CONF_TEST(graph_replay_from_capturing_stream_is_graph_state)
     g_read(x, x0);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c0 = g_code(g_scale(x, y, 2));
+    cube_code c0 = conf_code(g_scale(x, y, 2));
     cube_graph_id a = g_end();
     assert_int_equal(c0, CUBE_OK);
     /* Capture a second graph; replaying the first inside it is refused. */
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
     cube_code codes[3];
-    codes[0] = g_code(cube_graph_replay(conf.client, a));
-    codes[1] = g_code(g_axpy(x, z, 1));
-    codes[2] = g_code(cube_graph_replay(conf.client, a));
+    codes[0] = conf_code(cube_graph_replay(conf.client, a));
+    codes[1] = conf_code(g_axpy(x, z, 1));
+    codes[2] = conf_code(cube_graph_replay(conf.client, a));
     cube_graph_id b = g_end();
     static const cube_code want_codes[3] = {CUBE_ERR_GRAPH_STATE, CUBE_OK,
                                             CUBE_ERR_GRAPH_STATE};
     static const char *const what[3] = {"replay while capturing", "launch",
                                         "replay again while capturing"};
-    G_EXPECT_CODES(codes, want_codes, what, 3);
+    CONF_EXPECT_CODES(codes, want_codes, what, 3);
     /* The refusals ran nothing and marked nothing: y is still zero and
      * trusted. */
     float zero[GN];
@@ -627,29 +595,29 @@ CONF_TEST(graph_capture_is_per_stream_other_streams_run_and_replay)
     g_read(x, x0);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c0 = g_code(g_scale(x, y, 2));
+    cube_code c0 = conf_code(g_scale(x, y, 2));
     cube_graph_id a = g_end();
     assert_int_equal(c0, CUBE_OK);
 
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
     cube_code codes[6];
-    codes[0] = g_code(g_scale(x, w, 7));
+    codes[0] = conf_code(g_scale(x, w, 7));
     /* On another stream, everything runs as usual while this one
      * captures: a launch, a replay, a read, a sync. */
-    codes[1] = g_code(cube_stream_use(conf.client, other));
-    codes[2] = g_code(cube_graph_replay(conf.client, a));
+    codes[1] = conf_code(cube_stream_use(conf.client, other));
+    codes[2] = conf_code(cube_graph_replay(conf.client, a));
     memset(got, 0, sizeof got);
-    codes[3] = g_code(conf_read(y, got, GBYTES));
-    codes[4] = g_code(cube_sync(conf.client, NULL, 0));
-    codes[5] = g_code(cube_stream_use(conf.client, 0));
+    codes[3] = conf_code(conf_read(y, got, GBYTES));
+    codes[4] = conf_code(cube_sync(conf.client, NULL, 0));
+    codes[5] = conf_code(cube_stream_use(conf.client, 0));
     cube_graph_id b = g_end();
     static const cube_code ok6[6] = {CUBE_OK, CUBE_OK, CUBE_OK,
                                      CUBE_OK, CUBE_OK, CUBE_OK};
     static const char *const what[6] = {
         "launch (captured)", "cube_stream_use(other)", "replay on other",
         "read on other",     "sync on other",          "cube_stream_use(0)"};
-    G_EXPECT_CODES(codes, ok6, what, 6);
+    CONF_EXPECT_CODES(codes, ok6, what, 6);
     for (uint32_t i = 0; i < GN; i++) {
         want[i] = 2 * x0[i];
         if (got[i] != want[i])
@@ -686,11 +654,11 @@ CONF_TEST(graph_capture_refuses_read_write_sync_and_profile_then_continues)
     enum { NC = 11 };
     cube_code codes[NC];
     int i = 0;
-    codes[i++] = g_code(g_axpy(x, y, 1));
+    codes[i++] = conf_code(g_axpy(x, y, 1));
     /* read: refused, and its destination untouched */
     float dst[GN];
     memset(dst, 0xCD, sizeof dst);
-    codes[i++] = g_code(conf_read(y, dst, GBYTES));
+    codes[i++] = conf_code(conf_read(y, dst, GBYTES));
     /* read_async: refused at once or at the wait */
     {
         cube_copy_desc d = cube_copy_desc_contiguous(y, GBYTES, 4);
@@ -700,23 +668,23 @@ CONF_TEST(graph_capture_refuses_read_write_sync_and_profile_then_continues)
         cube_error *err = cube_read_async(conf.client, &d, dsts, sz, 1, &f);
         if (!err)
             err = cube_future_wait(f);
-        codes[i++] = g_code(err);
+        codes[i++] = conf_code(err);
         cube_future_free(f);
     }
     /* write: refused, nothing written */
     float junk[GN];
     g_fill_host(junk, -999, 0);
-    codes[i++] = g_code(conf_write(y, junk, GBYTES));
-    codes[i++] = g_code(cube_sync(conf.client, NULL, 0));
-    codes[i++] = g_code(cube_sync(conf.client, &y, 1));
+    codes[i++] = conf_code(conf_write(y, junk, GBYTES));
+    codes[i++] = conf_code(cube_sync(conf.client, NULL, 0));
+    codes[i++] = conf_code(cube_sync(conf.client, &y, 1));
     cube_profile_token inside = 0;
-    codes[i++] = g_code(cube_profile_start(conf.client, &inside));
+    codes[i++] = conf_code(cube_profile_start(conf.client, &inside));
     cube_profile_result res;
-    codes[i++] = g_code(cube_profile_end(conf.client, before, &res));
+    codes[i++] = conf_code(cube_profile_end(conf.client, before, &res));
     /* The capture goes on. */
-    codes[i++] = g_code(g_axpy(x, y, 2));
-    codes[i++] = g_code(conf_read(x, dst, GBYTES));
-    codes[i++] = g_code(g_axpy(x, y, 4));
+    codes[i++] = conf_code(g_axpy(x, y, 2));
+    codes[i++] = conf_code(conf_read(x, dst, GBYTES));
+    codes[i++] = conf_code(g_axpy(x, y, 4));
     cube_graph_id id = g_end();
 
     static const cube_code want_codes[NC] = {CUBE_OK,
@@ -742,7 +710,7 @@ CONF_TEST(graph_capture_refuses_read_write_sync_and_profile_then_continues)
                                          "cube_read of an input",
                                          "launch 3"};
     assert_int_equal(i, NC);
-    G_EXPECT_CODES(codes, want_codes, what, NC);
+    CONF_EXPECT_CODES(codes, want_codes, what, NC);
     for (uint32_t k = 0; k < GN; k++)
         if (memcmp(&dst[k], &(uint32_t){0xCDCDCDCDu}, 4) != 0)
             fail_msg("a refused read wrote element %u of its destination", k);
@@ -770,14 +738,14 @@ CONF_TEST(graph_capture_allows_check_and_allocation)
     g_warm_up_allocation(4096);
     CONF_OK(cube_graph_begin(conf.client));
     cube_code codes[6];
-    codes[0] = g_code(g_scale(x, y, 2));
-    codes[1] = g_code(cube_check(conf.client, &x, 1));
-    codes[2] = g_code(cube_check(conf.client, NULL, 0));
-    codes[3] = g_code(cube_check(conf.client, &bad, 1));
+    codes[0] = conf_code(g_scale(x, y, 2));
+    codes[1] = conf_code(cube_check(conf.client, &x, 1));
+    codes[2] = conf_code(cube_check(conf.client, NULL, 0));
+    codes[3] = conf_code(cube_check(conf.client, &bad, 1));
     cube_handle fresh = {0};
-    codes[4] = g_code(cube_empty(conf.client, 4096, &fresh));
+    codes[4] = conf_code(cube_empty(conf.client, 4096, &fresh));
     uint64_t size = 0;
-    codes[5] = g_code(cube_handle_size(conf.client, fresh, &size));
+    codes[5] = conf_code(cube_handle_size(conf.client, fresh, &size));
     cube_graph_id id = g_end();
     static const cube_code want_codes[6] = {CUBE_OK,          CUBE_OK, CUBE_OK,
                                             CUBE_ERR_SEVERAL, CUBE_OK, CUBE_OK};
@@ -785,7 +753,7 @@ CONF_TEST(graph_capture_allows_check_and_allocation)
         "launch",           "cube_check(x)",
         "cube_check(none)", "cube_check(failed buffer)",
         "cube_empty",       "cube_handle_size"};
-    G_EXPECT_CODES(codes, want_codes, what, 6);
+    CONF_EXPECT_CODES(codes, want_codes, what, 6);
     assert_true(fresh.bits != 0);
     assert_true(size == 4096);
     /* The new buffer is an ordinary one. */
@@ -815,14 +783,14 @@ CONF_TEST(graph_pins_buffer_allocated_in_window_until_destroy)
      * recorded launches: z = 2x, w = 3z. */
     cube_handle z = {0};
     cube_code codes[3];
-    codes[0] = g_code(cube_empty(conf.client, GBYTES, &z));
-    codes[1] = z.bits ? g_code(g_scale(x, z, 2)) : CUBE_ERR_NOT_FOUND;
-    codes[2] = z.bits ? g_code(g_scale(z, w, 3)) : CUBE_ERR_NOT_FOUND;
+    codes[0] = conf_code(cube_empty(conf.client, GBYTES, &z));
+    codes[1] = z.bits ? conf_code(g_scale(x, z, 2)) : CUBE_ERR_NOT_FOUND;
+    codes[2] = z.bits ? conf_code(g_scale(z, w, 3)) : CUBE_ERR_NOT_FOUND;
     cube_graph_id id = g_end();
     static const cube_code ok3[3] = {CUBE_OK, CUBE_OK, CUBE_OK};
     static const char *const what[3] = {"cube_empty", "scale into scratch",
                                         "scale from scratch"};
-    G_EXPECT_CODES(codes, ok3, what, 3);
+    CONF_EXPECT_CODES(codes, ok3, what, 3);
     assert_int_equal(g_live(), live0 + 1);
     /* The handle goes; the graph keeps the memory. */
     conf_release(z);
@@ -857,8 +825,8 @@ CONF_TEST(graph_keeps_recorded_buffers_alive_after_their_handles_go)
     CONF_OK(g_scale(x, y, -1));
     CONF_OK(g_scale(y, w, 2));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_scale(x, y, -1));
-    cube_code c2 = g_code(g_scale(y, w, 2));
+    cube_code c1 = conf_code(g_scale(x, y, -1));
+    cube_code c2 = conf_code(g_scale(y, w, 2));
     cube_graph_id id = g_end();
     assert_int_equal(c1, CUBE_OK);
     assert_int_equal(c2, CUBE_OK);
@@ -890,8 +858,8 @@ CONF_TEST(graph_prepare_and_warm_up_leave_the_capture_nothing_to_allocate)
     CONF_OK(g_axpy(t, y, 1));
     uint64_t live_warm = g_live();
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_scale(x, t, 2));
-    cube_code c2 = g_code(g_axpy(t, y, 1));
+    cube_code c1 = conf_code(g_scale(x, t, 2));
+    cube_code c2 = conf_code(g_axpy(t, y, 1));
     cube_graph_id id = g_end();
     assert_int_equal(c1, CUBE_OK);
     assert_int_equal(c2, CUBE_OK);
@@ -927,28 +895,28 @@ CONF_TEST(graph_launch_failing_validation_in_window_is_returned_not_recorded)
     CONF_OK(cube_graph_begin(conf.client));
     enum { NC = 8 };
     cube_code codes[NC];
-    codes[0] = g_code(g_axpy(x, y, 1));
+    codes[0] = conf_code(g_axpy(x, y, 1));
     /* Arguments that do not fit the kernel. */
     cube_arg two[2] = {cube_arg_buffer(a), cube_arg_buffer(b)};
-    codes[1] = g_code(conf_launch(conf.k.scale_add, cube_count_static(1, 1, 1),
-                                  two, 2, EXEC));
+    codes[1] = conf_code(conf_launch(conf.k.scale_add,
+                                     cube_count_static(1, 1, 1), two, 2, EXEC));
     /* Over the unit limit. */
-    codes[2] = g_code(conf_launch(conf.k.too_many_units,
-                                  cube_count_static(1, 1, 1), two, 2, EXEC));
+    codes[2] = conf_code(conf_launch(conf.k.too_many_units,
+                                     cube_count_static(1, 1, 1), two, 2, EXEC));
     /* Does not compile. */
-    codes[3] = g_code(g_broken(a, b, c));
+    codes[3] = conf_code(g_broken(a, b, c));
     /* A zero cube count and a released handle. */
     cube_arg three[3] = {cube_arg_buffer(a), cube_arg_buffer(b),
                          cube_arg_f32(1)};
-    codes[4] = g_code(conf_launch(conf.k.scale_add, cube_count_static(0, 1, 1),
-                                  three, 3, EXEC));
+    codes[4] = conf_code(conf_launch(
+        conf.k.scale_add, cube_count_static(0, 1, 1), three, 3, EXEC));
     cube_arg with_gone[3] = {cube_arg_buffer(a), cube_arg_buffer(gone),
                              cube_arg_f32(1)};
-    codes[5] = g_code(conf_launch(conf.k.scale_add, cube_count_static(1, 1, 1),
-                                  with_gone, 3, EXEC));
+    codes[5] = conf_code(conf_launch(
+        conf.k.scale_add, cube_count_static(1, 1, 1), with_gone, 3, EXEC));
     /* Returned as usual: the failures are on the buffers. */
-    codes[6] = g_code(cube_check(conf.client, &c, 1));
-    codes[7] = g_code(g_axpy(x, y, 2));
+    codes[6] = conf_code(cube_check(conf.client, &c, 1));
+    codes[7] = conf_code(g_axpy(x, y, 2));
     cube_graph_id id = g_end();
     static const cube_code want_codes[NC] = {CUBE_OK,
                                              CUBE_ERR_INVALID_ARGUMENT,
@@ -963,7 +931,7 @@ CONF_TEST(graph_launch_failing_validation_in_window_is_returned_not_recorded)
         "over the unit limit",  "compile error",
         "zero cube count",      "released handle",
         "cube_check of output", "good launch after the failures"};
-    G_EXPECT_CODES(codes, want_codes, what, NC);
+    CONF_EXPECT_CODES(codes, want_codes, what, NC);
     CONF_EXPECT_REFUSED(c, GBYTES, CUBE_ERR_COMPILE);
     /* Not recorded: the graph pins none of a, b, c... */
     conf_release(a);
@@ -991,7 +959,7 @@ CONF_TEST(graph_destroy_of_unknown_id_is_a_noop)
     uint64_t live0 = g_live();
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code code = g_code(g_scale(x, y, 2));
+    cube_code code = conf_code(g_scale(x, y, 2));
     cube_graph_id id = g_end();
     assert_int_equal(code, CUBE_OK);
     /* Destroying some other id leaves this graph replayable. */
@@ -1021,14 +989,14 @@ CONF_TEST(graph_destroy_right_after_replay_leaves_its_results_intact)
         CONF_OK(cube_graph_begin(conf.client));
         cube_handle z = {0};
         cube_code codes[3];
-        codes[0] = g_code(cube_empty(conf.client, GBYTES, &z));
+        codes[0] = conf_code(cube_empty(conf.client, GBYTES, &z));
         codes[1] =
-            z.bits ? g_code(g_scale(x, z, (float)r)) : CUBE_ERR_NOT_FOUND;
-        codes[2] = z.bits ? g_code(g_scale(z, w, 2)) : CUBE_ERR_NOT_FOUND;
+            z.bits ? conf_code(g_scale(x, z, (float)r)) : CUBE_ERR_NOT_FOUND;
+        codes[2] = z.bits ? conf_code(g_scale(z, w, 2)) : CUBE_ERR_NOT_FOUND;
         cube_graph_id id = g_end();
         static const cube_code ok3[3] = {CUBE_OK, CUBE_OK, CUBE_OK};
         static const char *const what[3] = {"cube_empty", "scale", "scale"};
-        G_EXPECT_CODES(codes, ok3, what, 3);
+        CONF_EXPECT_CODES(codes, ok3, what, 3);
         conf_release(z);
         /* No barrier between the replay and the destroy: the memory the
          * graph pinned goes back only once the replay is done with it. */
@@ -1062,8 +1030,8 @@ CONF_TEST(graph_failed_input_fails_replay_and_outputs_until_a_replay_lands)
     CONF_OK(g_scale(x, y, 2));
     CONF_OK(g_scale(x, z, 3));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_scale(x, y, 2));
-    cube_code c2 = g_code(g_scale(x, z, 3));
+    cube_code c1 = conf_code(g_scale(x, y, 2));
+    cube_code c2 = conf_code(g_scale(x, z, 3));
     cube_graph_id id = g_end();
     assert_int_equal(c1, CUBE_OK);
     assert_int_equal(c2, CUBE_OK);
@@ -1115,7 +1083,7 @@ CONF_TEST(graph_recorded_launch_changes_no_failure_state_until_replay)
     conf_mark_failed(y);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_scale(x, y, 2));
+    cube_code c1 = conf_code(g_scale(x, y, 2));
     cube_graph_id id = g_end();
     assert_int_equal(c1, CUBE_OK);
     CONF_EXPECT_REFUSED(y, GBYTES, CUBE_ERR_RESOURCE_LIMIT);
@@ -1141,8 +1109,8 @@ CONF_TEST(graph_buffer_written_before_read_is_not_a_replay_input)
     g_read(x, x0);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_scale(x, y, 2));
-    cube_code c2 = g_code(g_axpy(x, y, 1));
+    cube_code c1 = conf_code(g_scale(x, y, 2));
+    cube_code c2 = conf_code(g_axpy(x, y, 1));
     cube_graph_id id = g_end();
     assert_int_equal(c1, CUBE_OK);
     assert_int_equal(c2, CUBE_OK);
@@ -1188,8 +1156,8 @@ CONF_TEST(graph_buffer_read_before_written_stays_a_replay_input)
     g_read(y, y0);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_axpy(w, y, 1));
-    cube_code c2 = g_code(g_scale(x, w, 2));
+    cube_code c1 = conf_code(g_axpy(w, y, 1));
+    cube_code c2 = conf_code(g_scale(x, w, 2));
     cube_graph_id id = g_end();
     assert_int_equal(c1, CUBE_OK);
     assert_int_equal(c2, CUBE_OK);
@@ -1422,8 +1390,8 @@ CONF_TEST(graph_replayed_from_several_threads_at_once)
     g_read(x, x0);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_scale(x, y, 3));
-    cube_code c2 = g_code(g_fill(u, 40));
+    cube_code c1 = conf_code(g_scale(x, y, 3));
+    cube_code c2 = conf_code(g_fill(u, 40));
     cube_graph_id id = g_end();
     assert_int_equal(c1, CUBE_OK);
     assert_int_equal(c2, CUBE_OK);
@@ -1465,13 +1433,13 @@ CONF_TEST(graph_destroyed_while_other_threads_replay_it_is_safe)
     /* The graph owns its scratch buffer alone. */
     cube_handle z = {0};
     cube_code codes[3];
-    codes[0] = g_code(cube_empty(conf.client, GBYTES, &z));
-    codes[1] = z.bits ? g_code(g_scale(x, z, 2)) : CUBE_ERR_NOT_FOUND;
-    codes[2] = z.bits ? g_code(g_scale(z, w, 2)) : CUBE_ERR_NOT_FOUND;
+    codes[0] = conf_code(cube_empty(conf.client, GBYTES, &z));
+    codes[1] = z.bits ? conf_code(g_scale(x, z, 2)) : CUBE_ERR_NOT_FOUND;
+    codes[2] = z.bits ? conf_code(g_scale(z, w, 2)) : CUBE_ERR_NOT_FOUND;
     cube_graph_id id = g_end();
     static const cube_code ok3[3] = {CUBE_OK, CUBE_OK, CUBE_OK};
     static const char *const what[3] = {"cube_empty", "scale", "scale"};
-    G_EXPECT_CODES(codes, ok3, what, 3);
+    CONF_EXPECT_CODES(codes, ok3, what, 3);
     conf_release(z);
     atomic_int stop;
     atomic_init(&stop, 0);
@@ -1518,18 +1486,18 @@ CONF_TEST(graph_replay_inside_dry_run_does_nothing)
     g_read(y, y0);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_axpy(x, y, 1));
+    cube_code c1 = conf_code(g_axpy(x, y, 1));
     cube_graph_id id = g_end();
     assert_int_equal(c1, CUBE_OK);
     cube_dry_run_begin();
     cube_code in_dry[2];
-    in_dry[0] = g_code(cube_graph_replay(conf.client, id));
-    in_dry[1] = g_code(cube_graph_replay(conf.client, id));
+    in_dry[0] = conf_code(cube_graph_replay(conf.client, id));
+    in_dry[1] = conf_code(cube_graph_replay(conf.client, id));
     cube_dry_run_end();
     static const cube_code ok2[2] = {CUBE_OK, CUBE_OK};
     static const char *const what[2] = {"replay in a dry run",
                                         "second replay in a dry run"};
-    G_EXPECT_CODES(in_dry, ok2, what, 2);
+    CONF_EXPECT_CODES(in_dry, ok2, what, 2);
     G_EXPECT(y, y0);
     g_replay(id);
     for (uint32_t i = 0; i < GN; i++)
@@ -1553,8 +1521,8 @@ CONF_TEST(graph_null_client_or_out_is_invalid_argument)
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
-    cube_code c1 = g_code(g_scale(x, y, 2));
-    cube_code c2 = g_code(cube_graph_end(conf.client, NULL));
+    cube_code c1 = conf_code(g_scale(x, y, 2));
+    cube_code c2 = conf_code(cube_graph_end(conf.client, NULL));
     cube_graph_id g = g_end();
     assert_int_equal(c1, CUBE_OK);
     assert_int_equal(c2, CUBE_ERR_INVALID_ARGUMENT);

@@ -259,3 +259,29 @@ uint32_t *conf_host_u32(uint32_t n)
     assert_non_null(p);
     return p;
 }
+
+cube_code conf_code(cube_error *err)
+{
+    cube_code code = cube_error_code(err);
+    if (err && cube_error_message(err)[0] == '\0')
+        code = CUBE_ERR_INTERNAL; /* an error must say what went wrong */
+    cube_error_free(err);
+    return code;
+}
+
+void conf_expect_codes_at(const cube_code *got, const cube_code *want,
+                          const char *const *what, size_t n, const char *file,
+                          int line)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (got[i] != want[i]) {
+            print_error("%s:%d: %s: got [%s], expected [%s]\n", file, line,
+                        what[i], cube_code_name(got[i]),
+                        cube_code_name(want[i]));
+            bad = 1;
+        }
+    }
+    if (bad)
+        _fail(file, line);
+}
