@@ -439,31 +439,42 @@ cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
         if (!count[0] || !count[1] || !count[2])
             return NULL; /* a dynamic count of zero cubes: nothing to run */
     }
+    /* The entry's arguments, each a pointer to its value and its size. */
     int abi = CUDA_ABI_TAG;
+    void *args[CUDA_ENTRY_PARAMS];
+    uint32_t sizes[CUDA_ENTRY_PARAMS];
+    uint64_t addrs[CUBE_MAX_PARAMS], lens[CUBE_MAX_PARAMS];
+    size_t nargs = 0;
+    args[nargs] = &abi;
+    sizes[nargs++] = sizeof abi;
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        const cube_param *pp = &cc->params[p];
+        if (pp->kind == CUBE_PARAM_SHARED)
+            continue;
+        if (pp->kind == CUBE_PARAM_SCALAR) {
+            args[nargs] = (void *)d->scalars[p];
+            sizes[nargs++] = pp->elem_size;
+            continue;
+        }
+        const cube_binding *b = &d->bindings[p];
+        err = cuda_block_before_use(s, st, b->storage->cookie,
+                                    param_written(pp->kind));
+        if (err)
+            return err;
+        addrs[p] = b->storage->address + b->offset;
+        lens[p] = b->size / pp->elem_size;
+        args[nargs] = &addrs[p];
+        sizes[nargs++] = sizeof addrs[p];
+        args[nargs] = &lens[p];
+        sizes[nargs++] = sizeof lens[p];
+    }
     CUresult r;
     if (k->packed_bytes) {
-        /* One buffer, laid out as the entry expects. */
+        /* One buffer laid out as the entry expects: the driver copies it
+         * whole instead of parameter by parameter. */
         _Alignas(16) unsigned char buf[CUDA_PARAM_BUFFER];
-        size_t i = 0;
-        memcpy(buf + k->offset[i++], &abi, sizeof abi);
-        for (uint32_t p = 0; p < cc->param_count; p++) {
-            const cube_param *pp = &cc->params[p];
-            if (pp->kind == CUBE_PARAM_SHARED)
-                continue;
-            if (pp->kind == CUBE_PARAM_SCALAR) {
-                memcpy(buf + k->offset[i++], d->scalars[p], pp->elem_size);
-                continue;
-            }
-            const cube_binding *b = &d->bindings[p];
-            err = cuda_block_before_use(s, st, b->storage->cookie,
-                                        param_written(pp->kind));
-            if (err)
-                return err;
-            uint64_t addr = b->storage->address + b->offset;
-            uint64_t len = b->size / pp->elem_size;
-            memcpy(buf + k->offset[i++], &addr, sizeof addr);
-            memcpy(buf + k->offset[i++], &len, sizeof len);
-        }
+        for (size_t i = 0; i < nargs; i++)
+            memcpy(buf + k->offset[i], args[i], sizes[i]);
         size_t size = k->packed_bytes;
         void *extra[] = {(void *)(uintptr_t)1, buf, (void *)(uintptr_t)2, &size,
                          (void *)(uintptr_t)0};
@@ -472,29 +483,6 @@ cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
                                    d->cube_dim[2], k->shared_bytes, st->cu,
                                    NULL, extra);
     } else {
-        void *args[CUDA_ENTRY_PARAMS];
-        uint64_t addrs[CUBE_MAX_PARAMS], lens[CUBE_MAX_PARAMS];
-        size_t nargs = 0;
-        args[nargs++] = &abi;
-        for (uint32_t p = 0; p < cc->param_count; p++) {
-            switch (cc->params[p].kind) {
-            case CUBE_PARAM_SHARED: break;
-            case CUBE_PARAM_SCALAR:
-                args[nargs++] = (void *)d->scalars[p];
-                break;
-            default: {
-                const cube_binding *b = &d->bindings[p];
-                err = cuda_block_before_use(s, st, b->storage->cookie,
-                                            param_written(cc->params[p].kind));
-                if (err)
-                    return err;
-                addrs[p] = b->storage->address + b->offset;
-                lens[p] = b->size / cc->params[p].elem_size;
-                args[nargs++] = &addrs[p];
-                args[nargs++] = &lens[p];
-            }
-            }
-        }
         r = s->api->cuLaunchKernel(k->function, count[0], count[1], count[2],
                                    d->cube_dim[0], d->cube_dim[1],
                                    d->cube_dim[2], k->shared_bytes, st->cu,
