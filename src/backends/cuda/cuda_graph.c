@@ -58,17 +58,23 @@ cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
      * made here (nothing captured runs before a replay). Under the
      * stream's lock, which they take to record its event: they see it
      * recorded before the capture, or capturing, never in between. */
+    /* The count of captures changes under deferred_lock, which a free
+     * holds from its check to its end: no free runs while a capture
+     * starts (freeing may synchronize the device, breaking captures). */
+    pthread_mutex_lock(&s->deferred_lock);
     pthread_mutex_lock(&st->lock);
     CUresult r = cuda_stream_record_locked(s, st);
     if (r == CUDA_SUCCESS)
         r = s->api->cuStreamBeginCapture(st->cu,
                                          CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         st->capturing = 1;
+        atomic_fetch_add(&s->captures, 1);
+    }
     pthread_mutex_unlock(&st->lock);
+    pthread_mutex_unlock(&s->deferred_lock);
     if (r != CUDA_SUCCESS)
         return cuda_fail(s, r, CUBE_ERR_GRAPH_STATE, "cuStreamBeginCapture");
-    atomic_fetch_add(&s->captures, 1);
     /* The capture is thread-local, so other threads cannot break it; this
      * thread may still work on other streams meanwhile (allocate, copy,
      * wait), which the thread-local mode would forbid: it goes relaxed
@@ -99,7 +105,10 @@ cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
     st->capturing = 0;
     pthread_mutex_unlock(&st->lock);
     s->api->cuThreadExchangeStreamCaptureMode(&st->capture_thread_mode);
-    if (atomic_fetch_sub(&s->captures, 1) == 1)
+    pthread_mutex_lock(&s->deferred_lock);
+    int last = atomic_fetch_sub(&s->captures, 1) == 1;
+    pthread_mutex_unlock(&s->deferred_lock);
+    if (last)
         cuda_free_deferred(s, 0);
     uint64_t grown = reserved(st->mem) - st->reserved_at_begin;
     if (r != CUDA_SUCCESS) {

@@ -53,11 +53,13 @@ static void free_now(cuda_server *s, cuda_stream *st, uint64_t address)
 void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
 {
     cube_error_free(cuda_enter(s));
+    /* Held through the free: a capture cannot start meanwhile. */
+    pthread_mutex_lock(&s->deferred_lock);
     if (atomic_load(&s->captures) == 0) {
         free_now(s, st, address);
+        pthread_mutex_unlock(&s->deferred_lock);
         return;
     }
-    pthread_mutex_lock(&s->deferred_lock);
     if (s->deferred_count == s->deferred_cap) {
         size_t cap = s->deferred_cap ? s->deferred_cap * 2 : 16;
         cuda_deferred *grown = realloc(s->deferred, cap * sizeof *grown);
@@ -82,17 +84,12 @@ void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
 
 void cuda_free_deferred(cuda_server *s, int force)
 {
-    for (;;) {
-        pthread_mutex_lock(&s->deferred_lock);
-        if (s->deferred_count == 0 ||
-            (!force && atomic_load(&s->captures) != 0)) {
-            pthread_mutex_unlock(&s->deferred_lock);
-            return;
-        }
+    pthread_mutex_lock(&s->deferred_lock);
+    while (s->deferred_count && (force || atomic_load(&s->captures) == 0)) {
         cuda_deferred d = s->deferred[--s->deferred_count];
-        pthread_mutex_unlock(&s->deferred_lock);
         free_now(s, d.stream, d.address);
     }
+    pthread_mutex_unlock(&s->deferred_lock);
 }
 
 static void device_free(void *self, uint64_t address, uint64_t size)
