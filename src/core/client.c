@@ -1,4 +1,4 @@
-/* Clients: opening a device, properties, streams, barriers and checks. */
+/* Clients: opening a device, properties, barriers and checks. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,194 +9,6 @@
 #include "core/trace.h"
 
 static atomic_uint_fast64_t next_client_serial = 1;
-static atomic_uint_fast64_t next_thread_stream = 1;
-
-/* The calling thread's own stream id (the same for every client). */
-static _Thread_local cube_stream_id thread_stream;
-
-/* Streams a thread chose with cube_stream_use, per client. */
-#define STREAM_OVERRIDES 8
-static _Thread_local struct {
-    // cppcheck-suppress unusedStructMember
-    uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
-    // cppcheck-suppress unusedStructMember
-    cube_stream_id stream;
-} overrides[STREAM_OVERRIDES];
-
-/* A thread's own stream id has the top bit set, so ids an application
- * picks below 2^63 never land on some thread's stream by accident. */
-#define OWN_STREAM_BIT (1ull << 63)
-
-static cube_stream_id own_stream(void)
-{
-    if (!thread_stream)
-        thread_stream =
-            OWN_STREAM_BIT | atomic_fetch_add(&next_thread_stream, 1);
-    return thread_stream;
-}
-
-cube_stream_id cube_stream_current(cube_client *c)
-{
-    if (!c)
-        return 0;
-    for (int i = 0; i < STREAM_OVERRIDES; i++)
-        if (overrides[i].client_serial == c->serial)
-            return overrides[i].stream;
-    return own_stream();
-}
-
-cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
-{
-    if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_stream_use: client is NULL");
-    int free_slot = -1;
-    for (int i = 0; i < STREAM_OVERRIDES; i++) {
-        if (overrides[i].client_serial == c->serial) {
-            if (stream == 0)
-                overrides[i].client_serial = 0;
-            else
-                overrides[i].stream = stream;
-            return NULL;
-        }
-        if (overrides[i].client_serial == 0 && free_slot < 0)
-            free_slot = i;
-    }
-    if (stream == 0)
-        return NULL;
-    if (free_slot < 0)
-        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
-                              "cube_stream_use: a thread may name streams on "
-                              "at most %d clients at once",
-                              STREAM_OVERRIDES);
-    overrides[free_slot].client_serial = c->serial;
-    overrides[free_slot].stream = stream;
-    return NULL;
-}
-
-/* The stream a thread used last, per thread: streams live as long as their
- * client and client serials are never reused, so a hit needs no lock. */
-static _Thread_local struct {
-    // cppcheck-suppress unusedStructMember
-    uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
-    // cppcheck-suppress unusedStructMember
-    cube_stream_id id;
-    // cppcheck-suppress unusedStructMember
-    core_stream *stream;
-} last_stream;
-
-cube_error *core_stream_get(cube_client *c, core_stream **out)
-{
-    cube_stream_id id = cube_stream_current(c);
-    if (last_stream.client_serial == c->serial && last_stream.id == id) {
-        *out = last_stream.stream;
-        return NULL;
-    }
-    pthread_mutex_lock(&c->streams_lock);
-    core_stream *s = NULL;
-    for (size_t i = 0; i < c->stream_count; i++) {
-        if (c->streams[i]->id == id) {
-            s = c->streams[i];
-            break;
-        }
-    }
-    if (!s) {
-        if (c->stream_count == c->stream_cap) {
-            size_t cap = c->stream_cap ? c->stream_cap * 2 : 8;
-            core_stream **grown =
-                realloc(c->streams, cap * sizeof(core_stream *));
-            if (!grown) {
-                pthread_mutex_unlock(&c->streams_lock);
-                return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream table");
-            }
-            c->streams = grown;
-            c->stream_cap = cap;
-        }
-        s = calloc(1, sizeof *s);
-        if (!s) {
-            pthread_mutex_unlock(&c->streams_lock);
-            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream");
-        }
-        s->id = id;
-        pthread_mutex_init(&s->lock, NULL);
-        c->streams[c->stream_count++] = s;
-    }
-    pthread_mutex_unlock(&c->streams_lock);
-    last_stream.client_serial = c->serial;
-    last_stream.id = id;
-    last_stream.stream = s;
-    *out = s;
-    return NULL;
-}
-
-cube_error *core_stream_enter(cube_client *c, core_stream **out)
-{
-    core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
-    if (err)
-        return err;
-    pthread_mutex_lock(&s->lock);
-    *out = s;
-    return NULL;
-}
-
-void core_stream_leave(core_stream *s)
-{
-    pthread_mutex_unlock(&s->lock);
-}
-
-cube_error *core_stream_refuse_in_capture(const core_stream *s,
-                                          const char *operation)
-{
-    if (!s->capture)
-        return NULL;
-    return cube_error_new(CUBE_ERR_GRAPH_STATE,
-                          "%s: stream 0x%016llx is capturing a graph; a "
-                          "capture cannot record this, so it is refused "
-                          "until cube_graph_end",
-                          operation, (unsigned long long)s->id);
-}
-
-void core_stream_note_failure(core_stream *s, const cube_error *err)
-{
-    if (!err)
-        return;
-    s->failures++;
-    if (s->window_count) {
-        /* Kept only for open windows, which report it as their cause. */
-        cube_error_free(s->last_failure);
-        s->last_failure = cube_error_clone(err);
-    }
-}
-
-void core_stream_note_failure_now(cube_client *c, const cube_error *err)
-{
-    core_stream *s = NULL;
-    cube_error *e = core_stream_enter(c, &s);
-    if (e) {
-        cube_error_free(e);
-        return;
-    }
-    core_stream_note_failure(s, err);
-    core_stream_leave(s);
-}
-
-cube_error *cube_stream_ids(cube_client *c, cube_stream_id *ids,
-                            size_t capacity, size_t *count)
-{
-    if (!c || !count || (capacity && !ids))
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "cube_stream_ids: %s",
-                              !c       ? "client is NULL"
-                              : !count ? "count is NULL"
-                                       : "ids is NULL with capacity > 0");
-    pthread_mutex_lock(&c->streams_lock);
-    *count = c->stream_count;
-    for (size_t i = 0; i < c->stream_count && i < capacity; i++)
-        ids[i] = c->streams[i]->id;
-    pthread_mutex_unlock(&c->streams_lock);
-    return NULL;
-}
-
 cube_client_options cube_client_options_default(void)
 {
     cube_client_options o;
@@ -214,7 +26,8 @@ static cube_error *parse_device(const char *device, char *name, size_t cap,
     if (n == 0 || n >= cap)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_client_open: device '%s' is malformed "
-                              "(expected 'cpu', 'cuda' or 'cuda:N')",
+                              "(expected a backend name, or name:index as "
+                              "in 'cpu:0')",
                               device);
     memcpy(name, device, n);
     name[n] = '\0';
@@ -267,8 +80,7 @@ cube_error *cube_client_open(const char *device,
         return err;
     const cube_backend *backend = core_backend_find(name);
     if (!backend) {
-        if (!strcmp(name, "cuda") || !strcmp(name, "hip") ||
-            !strcmp(name, "opencl"))
+        if (core_backend_left_out(name))
             return cube_error_new(CUBE_ERR_UNAVAILABLE,
                                   "cube_client_open: the %s backend is not "
                                   "part of this build of cubert",
@@ -295,6 +107,7 @@ cube_error *cube_client_open(const char *device,
         return cube_error_prefix(err, "cube_client_open(%s)", device);
     }
     c->vt = c->server->vt;
+    c->server->client = c;
     c->serial = atomic_fetch_add(&next_client_serial, 1);
     /* Tags cycle through 1..4095 so handles of recent clients differ. */
     c->tag = (uint32_t)(c->serial % 4095) + 1;
@@ -327,30 +140,31 @@ void cube_client_close(cube_client *c)
 {
     if (!c)
         return;
+    uint32_t streams = atomic_load(&c->stream_count);
     /* Captures left open end first (a device cannot drain a stream that
      * is still recording), then every stream drains before memory goes
      * back. */
-    for (size_t i = 0; i < c->stream_count; i++) {
-        core_stream *s = c->streams[i];
+    for (uint32_t i = 0; i < streams; i++) {
+        core_stream *s = core_stream_at(c, i);
         if (s->capture && c->vt->end_capture) {
             uint64_t hw = 0;
-            cube_error_free(c->vt->end_capture(c->server, s->id, &hw));
+            cube_error_free(c->vt->end_capture(c->server, &s->base, &hw));
             if (hw)
-                c->vt->graph_destroy(c->server, s->id, hw);
+                c->vt->graph_destroy(c->server, &s->base, hw);
         }
     }
-    for (size_t i = 0; i < c->stream_count; i++) {
-        cube_error *err = c->vt->sync(c->server, c->streams[i]->id, NULL, 0);
-        cube_error_free(err);
+    for (uint32_t i = 0; i < streams; i++) {
+        core_stream *s = core_stream_at(c, i);
+        cube_error_free(c->vt->sync(c->server, &s->base, NULL, 0));
     }
     core_cache_log_summary(c);
-    for (size_t i = 0; i < c->stream_count; i++) {
-        core_stream *s = c->streams[i];
+    for (uint32_t i = 0; i < streams; i++) {
+        core_stream *s = core_stream_at(c, i);
         if (s->capture)
             core_graph_abort(c, s->capture);
         /* Windows never ended hold backend resources (CUDA events). */
         for (size_t w = 0; w < s->window_count && c->vt->abandon_profile; w++)
-            c->vt->abandon_profile(c->server, s->id,
+            c->vt->abandon_profile(c->server, &s->base,
                                    s->windows[w].backend_token);
         s->window_count = 0;
         s->capture = NULL;
@@ -359,15 +173,8 @@ void cube_client_close(cube_client *c)
     core_cache_destroy(c);
     core_staging_destroy(c);
     core_handles_destroy(c);
+    core_streams_destroy(c);
     c->vt->destroy(c->server);
-    for (size_t i = 0; i < c->stream_count; i++) {
-        core_stream *s = c->streams[i];
-        pthread_mutex_destroy(&s->lock);
-        free(s->windows);
-        cube_error_free(s->last_failure);
-        free(s);
-    }
-    free(c->streams);
     cube_error_free(c->fault);
     pthread_mutex_destroy(&c->failure_lock);
     pthread_mutex_destroy(&c->streams_lock);
@@ -454,8 +261,12 @@ cube_error *cube_check(cube_client *c, const cube_handle *handles, size_t n)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_check");
         for (size_t i = 0; b && i < n; i++)
             b[i] = core_binding(&r[i]);
-        if (b)
-            err = c->vt->check(c->server, cube_stream_current(c), b, n);
+        if (b) {
+            core_stream *st = NULL;
+            err = core_stream_get(c, &st);
+            if (!err)
+                err = c->vt->check(c->server, &st->base, b, n);
+        }
         free(b);
     }
     drop_all(c, r, n);
@@ -487,9 +298,10 @@ cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         /* The barrier first, so a device fault counts... */
         if (!err)
-            err = c->vt->sync(c->server, st->id, b, n);
+            err = c->vt->sync(c->server, &st->base, b, n);
         if (t0)
-            core_trace_span("sync", "sync", st->id, t0, core_clock_ns(), NULL);
+            core_trace_span("sync", "sync", st->base.id, t0, core_clock_ns(),
+                            NULL);
         core_stream_leave(st);
         core_fault_note(c, err);
     }
@@ -508,7 +320,7 @@ cube_error *cube_flush(cube_client *c)
     cube_error *err = core_stream_enter(c, &st);
     if (err)
         return err;
-    err = c->vt->flush(c->server, st->id);
+    err = c->vt->flush(c->server, &st->base);
     core_stream_leave(st);
     /* Only a broken context is the flush's to report. */
     if (err && cube_error_code(err) != CUBE_ERR_DEVICE_FAULT) {
@@ -520,27 +332,5 @@ cube_error *cube_flush(cube_client *c)
         err = NULL;
     }
     core_fault_note(c, err);
-    return err;
-}
-
-cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
-{
-    CORE_CHECK_CLIENT(c, "cube_memory_usage_get");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_usage_get: out is NULL");
-    memset(out, 0, sizeof *out);
-    return c->vt->memory_usage(c->server, cube_stream_current(c), out);
-}
-
-cube_error *cube_memory_cleanup(cube_client *c)
-{
-    CORE_CHECK_CLIENT(c, "cube_memory_cleanup");
-    core_stream *st = NULL;
-    cube_error *err = core_stream_enter(c, &st);
-    if (err)
-        return err;
-    err = c->vt->memory_cleanup(c->server, st->id);
-    core_stream_leave(st);
     return err;
 }

@@ -15,7 +15,7 @@
 typedef struct core_alloc {
     atomic_uint refs; /* one per live slot naming it, plus pins */
     cube_storage storage;
-    cube_stream_id stream; /* the stream whose memory it came from */
+    struct core_stream *stream; /* the stream whose memory it came from */
     /* Made in a dry run: no storage until first real use. Cleared under
      * defer_lock; read without it to skip the lock in the common case. */
     atomic_int deferred;
@@ -63,10 +63,12 @@ typedef struct core_window {
 
 typedef struct core_graph core_graph;
 
-/* A stream and its state. Every field is under `lock`, which also
- * serializes the backend calls of the stream. */
+/* A stream and its state. `base` is what backends see (id, index, memory
+ * manager, their own state); it is set once at creation. Every other field
+ * is under `lock`, which also serializes the backend calls of the
+ * stream. */
 typedef struct core_stream {
-    cube_stream_id id;
+    cube_server_stream base;
     pthread_mutex_t lock;
     int prepared;         /* cube_graph_prepare called, capture not begun */
     core_graph *capture;  /* the graph being recorded, or NULL */
@@ -97,6 +99,8 @@ typedef struct core_cache_entry {
 #define CORE_CACHE_BUCKETS 256
 #define CORE_CHUNK_SLOTS 4096u
 #define CORE_MAX_CHUNKS 16384u /* 67,108,864 handles */
+#define CORE_STREAM_CHUNK 256u
+#define CORE_STREAM_CHUNKS 256u /* CUBE_MAX_STREAMS + 1 pointers */
 
 struct cube_client {
     cube_server *server;
@@ -120,9 +124,14 @@ struct cube_client {
     atomic_int faulted;
     cube_error *fault; /* under failure_lock */
 
+    /* Streams: chunks of pointers that never move, filled in order, so a
+     * stream is found by index without a lock; streams_lock guards
+     * creating one (and the layout new streams get). */
     pthread_mutex_t streams_lock;
-    core_stream **streams;
-    size_t stream_count, stream_cap;
+    _Atomic(core_stream **) stream_chunks[CORE_STREAM_CHUNKS];
+    atomic_uint stream_count;
+    cube_memory_layout layout; /* what new streams get, when has_layout */
+    int has_layout;
 
     pthread_mutex_t cache_lock;
     pthread_cond_t cache_cv; /* a compile finished */
@@ -148,6 +157,10 @@ cube_error *core_resolve(cube_client *c, cube_handle h, const char *what,
                          core_resolved *out);
 void core_resolved_drop(cube_client *c, core_resolved *r);
 cube_binding core_binding(const core_resolved *r);
+/* Backs `size` bytes for stream `st`: the backend's initialize_memory, or
+ * the stream's manager. */
+cube_error *core_storage_alloc(cube_client *c, core_stream *st, uint64_t size,
+                               cube_storage *out);
 /* Backs every deferred allocation among `r` (made inside a dry run) now
  * that it is used for real. A failure is CUBE_ERR_STORAGE_MAPPING_FAILED,
  * recorded on that buffer too. */
@@ -170,10 +183,18 @@ void core_fault_note(cube_client *c, const cube_error *err);
 void core_alloc_pin(cube_client *c, core_alloc *a);
 void core_alloc_unpin(cube_client *c, core_alloc *a);
 
-/* --- streams (client.c) --- */
+/* --- streams (stream.c) --- */
 /* The calling thread's stream (created on first use), not locked.
- * Errors: CUBE_ERR_OUT_OF_MEMORY. */
+ * Errors: CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_RESOURCE_LIMIT (more than
+ * CUBE_MAX_STREAMS streams), what the backend's stream_open returns. */
 cube_error *core_stream_get(cube_client *c, core_stream **out);
+/* The stream `id` when it exists, else NULL (never creates one). */
+core_stream *core_stream_find(cube_client *c, cube_stream_id id);
+/* The stream at `index`, or NULL. Lock-free. */
+core_stream *core_stream_at(const cube_client *c, uint32_t index);
+/* Closes every stream: memory managers first, then the backend's side
+ * (client close, after every stream drained). */
+void core_streams_destroy(cube_client *c);
 /* The calling thread's stream, locked. Errors: CUBE_ERR_OUT_OF_MEMORY. */
 cube_error *core_stream_enter(cube_client *c, core_stream **out);
 void core_stream_leave(core_stream *s);
@@ -228,6 +249,8 @@ const core_config *core_config_get(void);
 /* --- registry.c --- */
 const cube_backend *core_backend_find(const char *name);
 const cube_backend *const *core_backends(void);
+/* 1 when `name` is a backend of the project that this build left out. */
+int core_backend_left_out(const char *name);
 
 #define CORE_CHECK_CLIENT(c, fn)                                               \
     do {                                                                       \

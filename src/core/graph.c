@@ -24,8 +24,8 @@ typedef struct alloc_set {
 
 struct core_graph {
     cube_graph_id id;
-    uint64_t hardware;              /* the backend's graph, or 0 */
-    cube_stream_id hardware_stream; /* where it was captured */
+    uint64_t hardware;            /* the backend's graph, or 0 */
+    core_stream *hardware_stream; /* where it was captured */
     uint32_t refs; /* the registry's, plus one per replay running; under
                       graphs_lock */
     graph_entry *entries;
@@ -61,7 +61,7 @@ static void graph_free(cube_client *c, core_graph *g)
     /* The backend waits for replays still running before its graph goes;
      * only then may the buffers be unpinned. */
     if (g->hardware)
-        c->vt->graph_destroy(c->server, g->hardware_stream, g->hardware);
+        c->vt->graph_destroy(c->server, &g->hardware_stream->base, g->hardware);
     for (size_t i = 0; i < g->pinned.count; i++)
         core_alloc_unpin(c, g->pinned.items[i]);
     free(g->pinned.items);
@@ -145,7 +145,7 @@ cube_error *cube_graph_prepare(cube_client *c)
         return err;
     err = core_stream_refuse_in_capture(s, "cube_graph_prepare");
     if (!err && c->vt->graph_prepare)
-        err = c->vt->graph_prepare(c->server, s->id);
+        err = c->vt->graph_prepare(c->server, &s->base);
     if (!err) {
         /* From here the stream allocates from its persistent pool, so the
          * warm-up leaves there what the capture will reuse. */
@@ -169,20 +169,20 @@ cube_error *cube_graph_begin(cube_client *c)
         err = cube_error_new(CUBE_ERR_GRAPH_STATE,
                              "cube_graph_begin: stream 0x%016llx is already "
                              "capturing; end that capture first",
-                             (unsigned long long)s->id);
+                             (unsigned long long)s->base.id);
     else if (!s->prepared)
         err = cube_error_new(CUBE_ERR_GRAPH_STATE,
                              "cube_graph_begin: stream 0x%016llx was not "
                              "prepared; call cube_graph_prepare (and warm "
                              "up) first",
-                             (unsigned long long)s->id);
+                             (unsigned long long)s->base.id);
     if (!err) {
         s->capture = calloc(1, sizeof *s->capture);
         if (!s->capture)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_begin");
     }
     if (!err && c->vt->begin_capture) {
-        err = c->vt->begin_capture(c->server, s->id);
+        err = c->vt->begin_capture(c->server, &s->base);
         if (err) {
             free(s->capture);
             s->capture = NULL;
@@ -210,8 +210,8 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
         s->capture = NULL;
         s->prepared = 0;
         if (c->vt->end_capture) {
-            hw_err = c->vt->end_capture(c->server, s->id, &g->hardware);
-            g->hardware_stream = s->id;
+            hw_err = c->vt->end_capture(c->server, &s->base, &g->hardware);
+            g->hardware_stream = s;
         }
         cube_error *mode = core_stream_sync_persistent(c, s);
         if (mode) {
@@ -305,18 +305,19 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         size_t done = 0;
         if (!err && g->hardware) {
-            err = c->vt->replay(c->server, s->id, g->hardware);
+            err = c->vt->replay(c->server, &s->base, g->hardware);
             done = err ? 0 : g->count;
         }
         for (; !g->hardware && done < g->count && !err; done++)
-            err = c->vt->launch(c->server, s->id, &g->entries[done].dispatch);
+            err =
+                c->vt->launch(c->server, &s->base, &g->entries[done].dispatch);
         if (!err)
             s->launches += g->count;
         if (t0) {
             char args[64];
             snprintf(args, sizeof args, "{\"graph\":%llu,\"launches\":%zu}",
                      (unsigned long long)id, done);
-            core_trace_span("launch", "graph replay", s->id, t0,
+            core_trace_span("launch", "graph replay", s->base.id, t0,
                             core_clock_ns(), args);
         }
         /* A refusal ran nothing and failed nothing. */

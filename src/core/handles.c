@@ -7,6 +7,7 @@
 
 #include "core/client_internal.h"
 #include "core/trace.h"
+#include "memory/memory_manager.h"
 
 #define GEN_MASK 0xFFFFFu
 #define NO_SLOT UINT32_MAX
@@ -98,14 +99,22 @@ static void free_record(core_alloc *a)
     free(a);
 }
 
+cube_error *core_storage_alloc(cube_client *c, core_stream *st, uint64_t size,
+                               cube_storage *out)
+{
+    if (c->vt->initialize_memory)
+        return c->vt->initialize_memory(c->server, &st->base, size, out);
+    return mem_alloc(st->base.memory, size, out);
+}
+
 static void release_storage(cube_client *c, core_alloc *a)
 {
     if (core_trace_on()) {
         char args[64];
         snprintf(args, sizeof args, "{\"bytes\":%llu}",
                  (unsigned long long)a->storage.size);
-        core_trace_instant("memory", "release", a->stream, core_clock_ns(),
-                           args);
+        core_trace_instant("memory", "release", a->stream->base.id,
+                           core_clock_ns(), args);
     }
     cube_log_write(CUBE_LOG_TRACE, "memory", "release %llu bytes",
                    (unsigned long long)a->storage.size);
@@ -115,7 +124,10 @@ static void release_storage(cube_client *c, core_alloc *a)
         free_record(a);
         return;
     }
-    c->vt->release_memory(c->server, a->stream, &a->storage);
+    if (c->vt->release_memory)
+        c->vt->release_memory(c->server, &a->stream->base, &a->storage);
+    else
+        mem_free(a->stream->base.memory, &a->storage);
     cube_error_free(a->failure);
     free_record(a);
 }
@@ -309,8 +321,8 @@ cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n)
         pthread_mutex_lock(&c->defer_lock);
         if (a->deferred) {
             cube_storage st;
-            cube_error *cause = c->vt->initialize_memory(c->server, a->stream,
-                                                         a->storage.size, &st);
+            cube_error *cause =
+                core_storage_alloc(c, a->stream, a->storage.size, &st);
             if (cause) {
                 err = cube_error_wrap(cause, CUBE_ERR_STORAGE_MAPPING_FAILED,
                                       "buffer 0x%016llx, made in a dry run, "
@@ -383,7 +395,7 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
         free_record(a);
         return err;
     }
-    a->stream = st->id;
+    a->stream = st;
     if (cube_dry_run_active()) {
         /* A dry run hands out buffers without backing; they get memory at
          * their first real use. A size that can never fit is still
@@ -397,7 +409,7 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
         atomic_store_explicit(&a->deferred, 1, memory_order_relaxed);
         a->storage.size = size;
     } else {
-        err = c->vt->initialize_memory(c->server, st->id, size, &a->storage);
+        err = core_storage_alloc(c, st, size, &a->storage);
     }
     if (err) {
         free_record(a);
@@ -414,7 +426,8 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
         char args[64];
         snprintf(args, sizeof args, "{\"bytes\":%llu}",
                  (unsigned long long)size);
-        core_trace_instant("memory", "alloc", a->stream, core_clock_ns(), args);
+        core_trace_instant("memory", "alloc", st->base.id, core_clock_ns(),
+                           args);
     }
     cube_log_write(CUBE_LOG_TRACE, "memory", "alloc %llu bytes -> 0x%016llx",
                    (unsigned long long)size, (unsigned long long)out->bits);

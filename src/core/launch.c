@@ -352,7 +352,7 @@ static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
          * runs); a software graph keeps the dispatch. Either way no
          * buffer changes state until a replay. */
         if (c->vt->begin_capture)
-            err = c->vt->launch(c->server, st->id, &d);
+            err = c->vt->launch(c->server, &st->base, &d);
         if (!err)
             err = record(c, st, cc, &d, arg_of_param, r, count_res);
         core_stream_leave(st);
@@ -360,9 +360,9 @@ static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
     }
     int timed = c->stats || core_trace_on();
     uint64_t t0 = timed ? core_clock_ns() : 0;
-    err = c->vt->launch(c->server, st->id, &d);
+    err = c->vt->launch(c->server, &st->base, &d);
     if (timed)
-        account(k, cc, &d, st->id, t0);
+        account(k, cc, &d, st->base.id, t0);
     if (!err)
         st->launches++;
     core_stream_leave(st);

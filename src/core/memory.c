@@ -1,6 +1,8 @@
-/* The memory calls of the public API: layouts, installation, reports,
- * allocation modes and data layouts. Pools themselves live in src/memory;
- * the client validates, keeps per-stream mode state and forwards. */
+/* The memory calls of the public API: layouts, installation, usage and
+ * reports, cleanup, allocation modes and data layouts. Pools live in
+ * src/memory; the client owns one manager per stream (stream.c), so these
+ * calls go to the calling stream's manager without the backend, except
+ * cleanup, which first lets the backend give back what it holds aside. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,18 +51,47 @@ cube_error *cube_install_memory_pools(cube_client *c,
     cube_error *err = cube_memory_layout_validate(c, layout);
     if (err)
         return cube_error_prefix(err, "cube_install_memory_pools");
-    if (!c->vt->install_memory_pools)
-        return cube_error_new(CUBE_ERR_UNSUPPORTED,
-                              "cube_install_memory_pools: the %s backend "
-                              "has no configurable pools",
-                              c->vt->name);
+    /* Streams created from now on get the layout, whatever happens to the
+     * calling stream's pools. */
+    pthread_mutex_lock(&c->streams_lock);
+    c->layout = *layout;
+    c->has_layout = 1;
+    pthread_mutex_unlock(&c->streams_lock);
     core_stream *s = NULL;
     err = core_stream_enter(c, &s);
     if (err)
         return err;
-    err = c->vt->install_memory_pools(c->server, s->id, layout);
+    err = mem_install(s->base.memory, layout);
     core_stream_leave(s);
     return err;
+}
+
+cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
+{
+    CORE_CHECK_CLIENT(c, "cube_memory_usage_get");
+    if (!out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_usage_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    /* A stream that never existed holds nothing: not worth creating. */
+    core_stream *s = core_stream_find(c, cube_stream_current(c));
+    if (s)
+        mem_usage(s->base.memory, out);
+    return NULL;
+}
+
+cube_error *cube_memory_cleanup(cube_client *c)
+{
+    CORE_CHECK_CLIENT(c, "cube_memory_cleanup");
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    if (c->vt->memory_reclaim)
+        c->vt->memory_reclaim(c->server, &s->base);
+    mem_cleanup(s->base.memory);
+    core_stream_leave(s);
+    return NULL;
 }
 
 cube_error *cube_memory_report_get(cube_client *c, cube_memory_report *out)
@@ -70,30 +101,34 @@ cube_error *cube_memory_report_get(cube_client *c, cube_memory_report *out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_memory_report_get: out is NULL");
     memset(out, 0, sizeof *out);
-    cube_stream_id stream = cube_stream_current(c);
-    if (c->vt->memory_report)
-        return c->vt->memory_report(c->server, stream, out);
-    return c->vt->memory_usage(c->server, stream, &out->usage);
+    /* A stream that never allocated reports the pools it would get. */
+    core_stream *s = NULL;
+    cube_error *err = core_stream_get(c, &s);
+    if (err)
+        return err;
+    mem_report(s->base.memory, out);
+    return NULL;
 }
 
 cube_error *cube_memory_reset_peaks(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_reset_peaks");
-    if (!c->vt->memory_reset_peaks)
-        return NULL;
-    return c->vt->memory_reset_peaks(c->server, cube_stream_current(c));
+    core_stream *s = core_stream_find(c, cube_stream_current(c));
+    if (s)
+        mem_reset_peaks(s->base.memory);
+    return NULL;
 }
 
 cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
 {
+    (void)c;
     int want = s->alloc_mode == CUBE_ALLOC_PERSISTENT ||
                s->persistent_depth > 0 || s->prepared || s->capture;
-    if (want == s->persistent_sent || !c->vt->allocation_mode)
-        return NULL;
-    cube_error *err = c->vt->allocation_mode(c->server, s->id, want);
-    if (!err)
+    if (want != s->persistent_sent) {
+        mem_set_persistent(s->base.memory, want);
         s->persistent_sent = want;
-    return err;
+    }
+    return NULL;
 }
 
 cube_error *cube_allocation_mode_set(cube_client *c, cube_allocation_mode mode)

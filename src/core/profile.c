@@ -51,7 +51,7 @@ cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
     }
     uint64_t token = 0;
     if (!err && c->vt->start_profile)
-        err = c->vt->start_profile(c->server, s->id, &token);
+        err = c->vt->start_profile(c->server, &s->base, &token);
     if (!err) {
         core_window *w = &s->windows[s->window_count++];
         /* Tokens the caller sees never repeat, whatever the backend's
@@ -123,11 +123,11 @@ cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
     double seconds = 0;
     cube_timing_method method = CUBE_TIMING_HOST_CLOCK;
     if (c->vt->end_profile) {
-        err = c->vt->end_profile(c->server, s->id, w.backend_token, &seconds,
+        err = c->vt->end_profile(c->server, &s->base, w.backend_token, &seconds,
                                  &method);
     } else {
         /* Drain the work issued in the window, then read the clock. */
-        err = c->vt->sync(c->server, s->id, NULL, 0);
+        err = c->vt->sync(c->server, &s->base, NULL, 0);
         seconds = (double)(core_clock_ns() - w.start_ns) * 1e-9;
     }
     core_fault_note(c, err);
@@ -163,7 +163,7 @@ void cube_profile_abandon(cube_client *c, cube_profile_token token)
     long i = find_window(s, token);
     if (i >= 0) {
         if (c->vt->abandon_profile)
-            c->vt->abandon_profile(c->server, s->id,
+            c->vt->abandon_profile(c->server, &s->base,
                                    s->windows[i].backend_token);
         remove_window(s, i);
     }

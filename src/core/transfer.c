@@ -201,9 +201,9 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
             return err;
         }
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
-        err = c->vt->write(c->server, st->id, ops, n, sources);
+        err = c->vt->write(c->server, &st->base, ops, n, sources);
         if (t0)
-            trace_copy("write", st->id, t0, ops, n);
+            trace_copy("write", st->base.id, t0, ops, n);
         core_stream_note_failure(st, err);
         core_stream_leave(st);
     }
@@ -268,10 +268,10 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
             f->result = core_stream_refuse_in_capture(st, "cube_read");
             uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
             if (!f->result)
-                f->result = c->vt->read(c->server, st->id, ops, n, destinations,
+                f->result = c->vt->read(c->server, &st->base, ops, n, destinations,
                                         &f->pending);
             if (t0)
-                trace_copy("read", st->id, t0, ops, n);
+                trace_copy("read", st->base.id, t0, ops, n);
             core_stream_leave(st);
             core_fault_note(c, f->result);
         }

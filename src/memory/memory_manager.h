@@ -20,15 +20,8 @@
 #include "cubert/backend/server.h"
 #include "cubert/memory.h"
 
-/* What a backend's storage provides. */
-typedef struct mem_storage_ops {
-    void *self;
-    /* Reserves `size` bytes aligned to `align`. Errors:
-     * CUBE_ERR_OUT_OF_MEMORY. */
-    cube_error *(*alloc)(void *self, uint64_t size, uint64_t align,
-                         uint64_t *address);
-    void (*free)(void *self, uint64_t address, uint64_t size);
-} mem_storage_ops;
+/* What a backend's storage provides (server.h describes it). */
+typedef cube_storage_ops mem_storage_ops;
 
 /* The device the pools are built for. */
 typedef struct mem_device {

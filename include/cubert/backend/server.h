@@ -32,10 +32,45 @@ extern "C" {
 typedef struct cube_server_vtable cube_server_vtable;
 
 /* The base of every backend's server object: a backend struct starts with
- * this member so the client can reach the vtable. */
+ * this member so the client can reach the vtable. `client` is set by the
+ * client right after the backend's open returns; backends use it only
+ * through the cube_server_stream_* helpers below. */
 typedef struct cube_server {
     const cube_server_vtable *vt;
+    struct cube_client *client;
 } cube_server;
+
+/* A stream's memory manager (src/memory/memory_manager.h). */
+struct mem_manager;
+
+/* A stream as the client hands it to every stream slot. The client creates
+ * it the first time a stream id is used (the stream_open slot fills
+ * `impl`), builds its memory manager over the storage stream_open
+ * describes, and keeps both until the client closes: a backend keeps no
+ * stream table of its own and never looks a stream up by id.
+ *
+ * `index` is dense per client (0, 1, 2, ... in order of creation, below
+ * CUBE_MAX_STREAMS), so a backend can name a stream in a few bits and find
+ * it again with cube_server_stream_at. The fields do not change after
+ * stream_open returns. */
+typedef struct cube_server_stream {
+    cube_stream_id id;
+    uint32_t index;
+    struct mem_manager *memory; /* owned by the client */
+    void *impl;                 /* owned by the backend */
+} cube_server_stream;
+
+#define CUBE_MAX_STREAMS 65535u
+
+/* What a stream's memory manager allocates from: `alloc` reserves `size`
+ * bytes aligned to `align` (CUBE_ERR_OUT_OF_MEMORY when it cannot), `free`
+ * gives them back. Both may be called from any thread. */
+typedef struct cube_storage_ops {
+    void *self;
+    cube_error *(*alloc)(void *self, uint64_t size, uint64_t align,
+                         uint64_t *address);
+    void (*free)(void *self, uint64_t address, uint64_t size);
+} cube_storage_ops;
 
 /* Memory handed out by a backend: `address` is what kernels and copies use
  * (a host pointer on the CPU, a device address on GPUs); `cookie` is the
@@ -113,30 +148,51 @@ typedef struct cube_pending cube_pending;
 struct cube_server_vtable {
     const char *name;
 
-    /* Frees the server after all work is done. Never fails. */
+    /* Frees the server. The client calls it last, after every stream was
+     * drained and closed. Never fails. */
     void (*destroy)(cube_server *server);
 
     /* DeviceService: limits, features, memory. */
     cube_error *(*properties)(cube_server *server, cube_properties *out);
 
-    /* initialize_memory and release_memory are not serialized by stream:
-     * a buffer is released from whichever thread drops its last
-     * reference, and allocations skip the stream's lock to stay cheap. A
-     * backend's memory must be thread-safe.
+    /* stream_open: sets up the backend's side of a new stream (its
+     * stream->impl) and says in *storage where the stream's memory comes
+     * from. Called once per stream, with the client's stream table locked
+     * (keep it short). Errors: CUBE_ERR_OUT_OF_MEMORY, a driver error.
+     * stream_close (optional): frees stream->impl. Called at close, after
+     * every stream was drained and every stream's memory manager was
+     * destroyed (so the storage's free ran for all of its memory), in
+     * order of creation, before destroy. */
+    cube_error *(*stream_open)(cube_server *server, cube_server_stream *stream,
+                               cube_storage_ops *storage);
+    void (*stream_close)(cube_server *server, cube_server_stream *stream);
+
+    /* (optional) initialize_memory and release_memory, for a backend that
+     * keeps state per buffer around the manager's blocks. Default:
+     * mem_alloc and mem_free on the stream's manager. They are not
+     * serialized by stream: a buffer is released from whichever thread
+     * drops its last reference, and allocations skip the stream's lock to
+     * stay cheap. A backend's memory must be thread-safe.
      *
      * initialize_memory: backs a new buffer of `size` bytes for `stream`.
      * Errors: CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_BUFFER_TOO_BIG,
-     * CUBE_ERR_POOL_CAPACITY_EXCEEDED. */
-    cube_error *(*initialize_memory)(cube_server *server, cube_stream_id stream,
-                                     uint64_t size, cube_storage *out);
-    /* Returns memory of a buffer no handle names any more. The client calls
-     * this only once no queued work of the client uses it. */
-    void (*release_memory)(cube_server *server, cube_stream_id stream,
+     * CUBE_ERR_POOL_CAPACITY_EXCEEDED. release_memory: returns memory of a
+     * buffer no handle names any more to `stream`, the stream it came
+     * from. The client calls it only once no queued work of the client
+     * uses it. */
+    cube_error *(*initialize_memory)(cube_server *server,
+                                     cube_server_stream *stream, uint64_t size,
+                                     cube_storage *out);
+    void (*release_memory)(cube_server *server, cube_server_stream *stream,
                            cube_storage *storage);
+    /* (optional) memory_reclaim: gives back to the stream's manager what
+     * the backend holds aside (memory waiting for other streams' uses),
+     * before the client's memory_cleanup releases unused pages. */
+    void (*memory_reclaim)(cube_server *server, cube_server_stream *stream);
 
     /* read: copies each op's elements packed into dst[i]. May finish at
      * once (*pending = NULL) or leave a pending read for read_wait. */
-    cube_error *(*read)(cube_server *server, cube_stream_id stream,
+    cube_error *(*read)(cube_server *server, cube_server_stream *stream,
                         const cube_copy_op *ops, size_t n, void *const *dst,
                         cube_pending **pending);
     /* (optional) Waits for a pending read and frees it. */
@@ -144,19 +200,19 @@ struct cube_server_vtable {
 
     /* write: copies packed host data into each op's binding, in stream
      * order. The host memory may be reused when this returns. */
-    cube_error *(*write)(cube_server *server, cube_stream_id stream,
+    cube_error *(*write)(cube_server *server, cube_server_stream *stream,
                          const cube_copy_op *ops, size_t n,
                          const void *const *src);
 
     /* sync: waits for every task of `stream` (and for the last writers of
      * `bindings` on other streams), then reports a device fault if the
      * context is broken. The client adds the failure-store answer. */
-    cube_error *(*sync)(cube_server *server, cube_stream_id stream,
+    cube_error *(*sync)(cube_server *server, cube_server_stream *stream,
                         const cube_binding *bindings, size_t n);
 
     /* (optional) check: backend-specific enqueue-time state of bindings;
      * the client answers from its failure store first. */
-    cube_error *(*check)(cube_server *server, cube_stream_id stream,
+    cube_error *(*check)(cube_server *server, cube_server_stream *stream,
                          const cube_binding *bindings, size_t n);
 
     /* Compiles a kernel (the expand + compile half of launch) into
@@ -169,23 +225,11 @@ struct cube_server_vtable {
 
     /* launch: runs (or enqueues) a validated dispatch on `stream`. An error
      * means it did not run; the client records it on the written buffers. */
-    cube_error *(*launch)(cube_server *server, cube_stream_id stream,
+    cube_error *(*launch)(cube_server *server, cube_server_stream *stream,
                           const cube_dispatch *dispatch);
 
     /* flush: submits queued work; reports only a device fault. */
-    cube_error *(*flush)(cube_server *server, cube_stream_id stream);
-
-    /* memory_usage / memory_cleanup for `stream`. */
-    cube_error *(*memory_usage)(cube_server *server, cube_stream_id stream,
-                                cube_memory_usage *out);
-    cube_error *(*memory_cleanup)(cube_server *server, cube_stream_id stream);
-    /* (optional) memory_report: the stream's per-pool report, and the
-     * reset of its high-water marks. Default: a report without pools,
-     * holding memory_usage's totals; resetting does nothing. */
-    cube_error *(*memory_report)(cube_server *server, cube_stream_id stream,
-                                 cube_memory_report *out);
-    cube_error *(*memory_reset_peaks)(cube_server *server,
-                                      cube_stream_id stream);
+    cube_error *(*flush)(cube_server *server, cube_server_stream *stream);
 
     /* (optional) staging: host buffers for uploads. Default: aligned host
      * memory from the client. */
@@ -194,37 +238,33 @@ struct cube_server_vtable {
     void (*staging_free)(cube_server *server, void *buffer);
 
     /* (optional) The following follow the contract's defaults when NULL:
-     * allocation_mode and graph_prepare are no-ops; install_memory_pools
-     * is CUBE_ERR_UNSUPPORTED. Without begin_capture the client records
+     * graph_prepare is a no-op. Without begin_capture the client records
      * software graphs itself (and end_capture, replay, graph_destroy are
      * unused); without start_profile/end_profile the client times
-     * profiling windows on the host clock. `persistent` is nonzero while
-     * the stream's allocations should go to the persistent pool (its mode,
-     * a persistent window or a graph being prepared). */
-    cube_error *(*allocation_mode)(cube_server *server, cube_stream_id stream,
-                                   int persistent);
-    cube_error *(*graph_prepare)(cube_server *server, cube_stream_id stream);
-    cube_error *(*begin_capture)(cube_server *server, cube_stream_id stream);
-    cube_error *(*end_capture)(cube_server *server, cube_stream_id stream,
+     * profiling windows on the host clock. Memory usage, reports, layouts
+     * and the persistent routing of allocations are the client's: it
+     * owns each stream's memory manager. */
+    cube_error *(*graph_prepare)(cube_server *server,
+                                 cube_server_stream *stream);
+    cube_error *(*begin_capture)(cube_server *server,
+                                 cube_server_stream *stream);
+    cube_error *(*end_capture)(cube_server *server, cube_server_stream *stream,
                                uint64_t *graph);
-    cube_error *(*replay)(cube_server *server, cube_stream_id stream,
+    cube_error *(*replay)(cube_server *server, cube_server_stream *stream,
                           uint64_t graph);
-    void (*graph_destroy)(cube_server *server, cube_stream_id stream,
+    void (*graph_destroy)(cube_server *server, cube_server_stream *stream,
                           uint64_t graph);
-    cube_error *(*install_memory_pools)(cube_server *server,
-                                        cube_stream_id stream,
-                                        const cube_memory_layout *layout);
-    cube_error *(*start_profile)(cube_server *server, cube_stream_id stream,
-                                 uint64_t *token);
-    cube_error *(*end_profile)(cube_server *server, cube_stream_id stream,
+    cube_error *(*start_profile)(cube_server *server,
+                                 cube_server_stream *stream, uint64_t *token);
+    cube_error *(*end_profile)(cube_server *server, cube_server_stream *stream,
                                uint64_t token, double *seconds,
                                cube_timing_method *method);
-    void (*abandon_profile)(cube_server *server, cube_stream_id stream,
+    void (*abandon_profile)(cube_server *server, cube_server_stream *stream,
                             uint64_t token);
 
     /* (optional) ServerCommunication: a copy from this server's binding to
      * a peer server's binding. Default: CUBE_ERR_UNSUPPORTED. */
-    cube_error *(*copy_to_peer)(cube_server *server, cube_stream_id stream,
+    cube_error *(*copy_to_peer)(cube_server *server, cube_server_stream *stream,
                                 const cube_binding *src, cube_server *peer,
                                 const cube_binding *dst);
 };
@@ -239,6 +279,14 @@ typedef struct cube_backend {
     cube_error *(*open)(uint32_t index, const cube_client_options *options,
                         cube_server **out);
 } cube_backend;
+
+/* The stream of `server`'s client at `index` (see cube_server_stream), or
+ * NULL when there is none yet. Lock-free; any thread. */
+CUBE_API cube_server_stream *cube_server_stream_at(const cube_server *server,
+                                                   uint32_t index);
+/* How many streams `server`'s client has created so far: indices below it
+ * are valid. Lock-free; any thread. */
+CUBE_API uint32_t cube_server_stream_count(const cube_server *server);
 
 /* Accessors of a kernel object for backends (borrowed strings). */
 CUBE_API const char *cube_kernel_source(const cube_kernel *kernel);

@@ -16,7 +16,6 @@
 #include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
 #include "cubert/log.h"
-#include "backends/cpu/cpu_memory.h"
 
 extern const char cube_prelude_common[];
 extern const char cube_prelude_cpu[];
@@ -48,7 +47,6 @@ typedef struct cpu_server {
     cube_server base;
     cpu_jit *jit;
     cpu_workers *workers;
-    cpu_memory *memory;
     cube_properties props;
 } cpu_server;
 
@@ -121,86 +119,45 @@ static cube_error *cpu_properties(cube_server *server, cube_properties *out)
     return NULL;
 }
 
-/* --- memory --- */
+/* --- streams and memory ---
+ *
+ * Work runs at issue time, so a stream needs no state here; its memory is
+ * aligned host memory, pooled by the stream's manager (the client's). */
 
-static cube_error *cpu_initialize_memory(cube_server *server,
-                                         cube_stream_id stream, uint64_t size,
-                                         cube_storage *out)
+static cube_error *host_alloc(void *self, uint64_t size, uint64_t align,
+                              uint64_t *address)
 {
-    mem_manager *m = NULL;
-    cube_error *err =
-        cpu_memory_stream(((cpu_server *)server)->memory, stream, 1, &m);
-    return err ? err : mem_alloc(m, size, out);
+    (void)self;
+    uint64_t rounded = (size + align - 1) & ~(align - 1);
+    if (rounded < size || rounded > SIZE_MAX)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "%llu bytes do not fit the address space",
+                              (unsigned long long)size);
+    void *p = aligned_alloc((size_t)align, (size_t)rounded);
+    if (!p)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "the host refused %llu bytes",
+                              (unsigned long long)size);
+    *address = (uint64_t)(uintptr_t)p;
+    return NULL;
 }
 
-static void cpu_release_memory(cube_server *server, cube_stream_id stream,
-                               cube_storage *storage)
+static void host_free(void *self, uint64_t address, uint64_t size)
 {
-    mem_manager *m = NULL;
-    cube_error *err =
-        cpu_memory_stream(((cpu_server *)server)->memory, stream, 0, &m);
-    cube_error_free(err);
-    if (m)
-        mem_free(m, storage);
+    (void)self;
+    (void)size;
+    free((void *)(uintptr_t)address);
 }
 
-static cube_error *cpu_memory_usage(cube_server *server, cube_stream_id stream,
-                                    cube_memory_usage *out)
+static cube_error *cpu_stream_open(cube_server *server,
+                                   cube_server_stream *stream,
+                                   cube_storage_ops *storage)
 {
-    mem_manager *m = NULL;
-    cube_error *err =
-        cpu_memory_stream(((cpu_server *)server)->memory, stream, 0, &m);
-    if (m)
-        mem_usage(m, out);
-    return err;
-}
-
-static cube_error *cpu_memory_report(cube_server *server, cube_stream_id stream,
-                                     cube_memory_report *out)
-{
-    /* A stream that never allocated reports the pools it would get. */
-    mem_manager *m = NULL;
-    cube_error *err =
-        cpu_memory_stream(((cpu_server *)server)->memory, stream, 1, &m);
-    if (m)
-        mem_report(m, out);
-    return err;
-}
-
-static cube_error *cpu_memory_reset_peaks(cube_server *server,
-                                          cube_stream_id stream)
-{
-    mem_manager *m = NULL;
-    cube_error *err =
-        cpu_memory_stream(((cpu_server *)server)->memory, stream, 0, &m);
-    if (m)
-        mem_reset_peaks(m);
-    return err;
-}
-
-static cube_error *cpu_memory_cleanup(cube_server *server,
-                                      cube_stream_id stream)
-{
-    mem_manager *m = NULL;
-    cube_error *err =
-        cpu_memory_stream(((cpu_server *)server)->memory, stream, 0, &m);
-    if (m)
-        mem_cleanup(m);
-    return err;
-}
-
-static cube_error *cpu_install_memory_pools(cube_server *server,
-                                            cube_stream_id stream,
-                                            const cube_memory_layout *layout)
-{
-    return cpu_memory_install(((cpu_server *)server)->memory, stream, layout);
-}
-
-static cube_error *cpu_allocation_mode(cube_server *server,
-                                       cube_stream_id stream, int persistent)
-{
-    return cpu_memory_persistent(((cpu_server *)server)->memory, stream,
-                                 persistent);
+    (void)stream;
+    storage->self = server;
+    storage->alloc = host_alloc;
+    storage->free = host_free;
+    return NULL;
 }
 
 /* --- copies --- */
@@ -253,7 +210,7 @@ static void strided_copy(const cube_copy_op *op, unsigned char *host,
     }
 }
 
-static cube_error *cpu_read(cube_server *server, cube_stream_id stream,
+static cube_error *cpu_read(cube_server *server, cube_server_stream *stream,
                             const cube_copy_op *ops, size_t n, void *const *dst,
                             cube_pending **pending)
 {
@@ -265,7 +222,7 @@ static cube_error *cpu_read(cube_server *server, cube_stream_id stream,
     return NULL;
 }
 
-static cube_error *cpu_write(cube_server *server, cube_stream_id stream,
+static cube_error *cpu_write(cube_server *server, cube_server_stream *stream,
                              const cube_copy_op *ops, size_t n,
                              const void *const *src)
 {
@@ -276,7 +233,7 @@ static cube_error *cpu_write(cube_server *server, cube_stream_id stream,
     return NULL;
 }
 
-static cube_error *cpu_sync(cube_server *server, cube_stream_id stream,
+static cube_error *cpu_sync(cube_server *server, cube_server_stream *stream,
                             const cube_binding *bindings, size_t n)
 {
     /* Work completes before the call that issued it returns. */
@@ -287,7 +244,7 @@ static cube_error *cpu_sync(cube_server *server, cube_stream_id stream,
     return NULL;
 }
 
-static cube_error *cpu_flush(cube_server *server, cube_stream_id stream)
+static cube_error *cpu_flush(cube_server *server, cube_server_stream *stream)
 {
     (void)server;
     (void)stream;
@@ -493,7 +450,7 @@ static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
     return trap_check();
 }
 
-static cube_error *cpu_launch(cube_server *server, cube_stream_id stream,
+static cube_error *cpu_launch(cube_server *server, cube_server_stream *stream,
                               const cube_dispatch *d)
 {
     (void)stream;
@@ -563,7 +520,6 @@ static void cpu_destroy(cube_server *server)
 {
     cpu_server *s = (cpu_server *)server;
     cpu_workers_destroy(s->workers);
-    cpu_memory_destroy(s->memory);
     cpu_jit_destroy(s->jit);
     free(s);
 }
@@ -572,8 +528,7 @@ static const cube_server_vtable cpu_vtable = {
     .name = "cpu",
     .destroy = cpu_destroy,
     .properties = cpu_properties,
-    .initialize_memory = cpu_initialize_memory,
-    .release_memory = cpu_release_memory,
+    .stream_open = cpu_stream_open,
     .read = cpu_read,
     .write = cpu_write,
     .sync = cpu_sync,
@@ -581,12 +536,6 @@ static const cube_server_vtable cpu_vtable = {
     .compiled_release = cpu_compiled_release,
     .launch = cpu_launch,
     .flush = cpu_flush,
-    .memory_usage = cpu_memory_usage,
-    .memory_cleanup = cpu_memory_cleanup,
-    .memory_report = cpu_memory_report,
-    .memory_reset_peaks = cpu_memory_reset_peaks,
-    .install_memory_pools = cpu_install_memory_pools,
-    .allocation_mode = cpu_allocation_mode,
 };
 
 static cube_error *cpu_device_count(uint32_t *out)
@@ -623,13 +572,6 @@ static cube_error *cpu_open(uint32_t index, const cube_client_options *options,
                                ? options->cpu_threads
                                : (uint32_t)(cores > 0 ? cores : 1);
         err = cpu_workers_create(threads, &s->workers);
-    }
-    if (!err) {
-        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        mem_device dev = {CPU_ALIGNMENT, (pages > 0 && page > 0)
-                                             ? (uint64_t)pages * (uint64_t)page
-                                             : (uint64_t)1 << 32};
-        err = cpu_memory_create(&dev, &s->memory);
     }
     if (err) {
         cpu_workers_destroy(s->workers);

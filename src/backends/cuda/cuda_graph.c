@@ -44,7 +44,7 @@ cube_error *cuda_capture_note(cuda_stream *st, cuda_block *blk)
     return NULL;
 }
 
-cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
+cube_error *cuda_begin_capture(cube_server *server, cube_server_stream *stream)
 {
     cuda_server *s = (cuda_server *)server;
     cuda_stream *st = NULL;
@@ -53,7 +53,7 @@ cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
         return err;
     st->captured_count = 0;
     st->capture_failed = 0;
-    st->reserved_at_begin = reserved(st->mem);
+    st->reserved_at_begin = reserved(st->base->memory);
     /* Other streams waiting on this one during the capture use the record
      * made here (nothing captured runs before a replay). Under the
      * stream's lock, which they take to record its event: they see it
@@ -85,14 +85,14 @@ cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream)
     return NULL;
 }
 
-cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
+cube_error *cuda_end_capture(cube_server *server, cube_server_stream *stream,
                              uint64_t *graph)
 {
     cuda_server *s = (cuda_server *)server;
     *graph = 0;
-    cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_get(s, stream, 0, &st);
-    if (!err && (!st || !st->capturing))
+    cuda_stream *st = stream->impl;
+    cube_error *err = NULL;
+    if (!st->capturing)
         err =
             cube_error_new(CUBE_ERR_GRAPH_STATE, "the stream is not capturing");
     if (!err)
@@ -110,11 +110,11 @@ cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
     pthread_mutex_unlock(&s->deferred_lock);
     if (last)
         cuda_free_deferred(s, 0);
-    uint64_t grown = reserved(st->mem) - st->reserved_at_begin;
+    uint64_t grown = reserved(st->base->memory) - st->reserved_at_begin;
     if (r != CUDA_SUCCESS) {
         err = cuda_fail(s, r, CUBE_ERR_GRAPH_STATE,
                         "the capture was invalidated");
-    } else if (reserved(st->mem) > st->reserved_at_begin) {
+    } else if (reserved(st->base->memory) > st->reserved_at_begin) {
         err = cube_error_new(CUBE_ERR_GRAPH_STATE,
                              "the capture had to take %llu bytes of new "
                              "device memory; run the work once after "
@@ -161,7 +161,7 @@ cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
     return NULL;
 }
 
-cube_error *cuda_replay(cube_server *server, cube_stream_id stream,
+cube_error *cuda_replay(cube_server *server, cube_server_stream *stream,
                         uint64_t graph)
 {
     cuda_server *s = (cuda_server *)server;
@@ -186,7 +186,7 @@ cube_error *cuda_replay(cube_server *server, cube_stream_id stream,
     return shared ? cuda_stream_record(s, st) : NULL;
 }
 
-void cuda_graph_destroy(cube_server *server, cube_stream_id stream,
+void cuda_graph_destroy(cube_server *server, cube_server_stream *stream,
                         uint64_t graph)
 {
     (void)stream;
@@ -211,7 +211,7 @@ typedef struct cuda_window {
     CUevent start, end;
 } cuda_window;
 
-cube_error *cuda_start_profile(cube_server *server, cube_stream_id stream,
+cube_error *cuda_start_profile(cube_server *server, cube_server_stream *stream,
                                uint64_t *token)
 {
     cuda_server *s = (cuda_server *)server;
@@ -249,7 +249,7 @@ static void window_free(cuda_server *s, cuda_window *w)
     free(w);
 }
 
-cube_error *cuda_end_profile(cube_server *server, cube_stream_id stream,
+cube_error *cuda_end_profile(cube_server *server, cube_server_stream *stream,
                              uint64_t token, double *seconds,
                              cube_timing_method *method)
 {
@@ -276,7 +276,7 @@ cube_error *cuda_end_profile(cube_server *server, cube_stream_id stream,
     return cuda_inflight_reap(s, st, 0);
 }
 
-void cuda_abandon_profile(cube_server *server, cube_stream_id stream,
+void cuda_abandon_profile(cube_server *server, cube_server_stream *stream,
                           uint64_t token)
 {
     (void)stream;

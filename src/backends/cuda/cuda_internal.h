@@ -33,8 +33,7 @@
 #include "memory/memory_manager.h"
 
 #define CUDA_ALIGNMENT 256
-#define CUDA_MAX_STREAMS 4096 /* per client; a stream index has 16 bits */
-#define CUDA_USE_SLOTS 4      /* foreign streams a block tracks exactly */
+#define CUDA_USE_SLOTS 4 /* foreign streams a block tracks exactly */
 
 /* (stream index + 1) << 48 | sequence; 0 for "none". */
 #define CUDA_TAG(index, seq) ((((uint64_t)(index) + 1) << 48) | (seq))
@@ -74,12 +73,12 @@ typedef struct cuda_inflight {
     CUevent event;
 } cuda_inflight;
 
+/* The backend's side of a stream (its cube_server_stream's impl). */
 struct cuda_stream {
     cuda_server *server;
-    cube_stream_id id;
-    uint32_t index;
+    cube_server_stream *base; /* id, index, the stream's memory manager */
+    uint32_t index;           /* base->index */
     CUstream cu;
-    mem_manager *mem;
     /* Operations submitted; bumped by the stream's own calls and by
      * releases from other threads that make it wait. */
     _Atomic uint64_t seq;
@@ -138,14 +137,6 @@ struct cuda_server {
 
     disk_cache *cache;
 
-    /* Streams: a fixed array of pointers filled in as streams appear, so
-     * a stream found by index needs no lock. */
-    pthread_mutex_t streams_lock;
-    cuda_stream **streams; /* CUDA_MAX_STREAMS entries */
-    _Atomic uint32_t stream_count;
-    cube_memory_layout layout; /* what new streams get (under the lock) */
-    int has_layout;
-
     /* Block records: slabs, and the free list behind the per-thread
      * caches (cuda_streams.c). */
     pthread_mutex_t blocks_lock;
@@ -196,12 +187,15 @@ void cuda_free_later(cuda_server *s, cuda_stream *stream, uint64_t address);
 /* Frees what was deferred, when no capture runs (or all of it, when
  * `force`, at destroy). */
 void cuda_free_deferred(cuda_server *s, int force);
-/* The stream `id` (created on first use when `create`; else NULL when it
- * does not exist). Errors: CUBE_ERR_OUT_OF_MEMORY, a driver error,
- * CUBE_ERR_RESOURCE_LIMIT (too many streams). */
-cube_error *cuda_stream_get(cuda_server *s, cube_stream_id id, int create,
-                            cuda_stream **out);
-void cuda_streams_destroy(cuda_server *s);
+/* The stream at `index` of the client (which created it). */
+static inline cuda_stream *cuda_stream_at(cuda_server *s, uint32_t index)
+{
+    return cube_server_stream_at(&s->base, index)->impl;
+}
+static inline uint32_t cuda_stream_count(cuda_server *s)
+{
+    return cube_server_stream_count(&s->base);
+}
 /* Gives back the stream's released blocks whose other-stream uses have
  * completed; with `wait`, waits for all of them first. */
 void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait);
@@ -237,34 +231,27 @@ static inline uint64_t cuda_stream_next(cuda_stream *st)
  * _locked form: with st->lock held). */
 cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st);
 CUresult cuda_stream_record_locked(cuda_server *s, cuda_stream *st);
-/* The stream `id` (created on first use), with the server's context
- * current and its open read sealed: the preamble of every call that
- * enqueues work. */
-cube_error *cuda_stream_begin(cuda_server *s, cube_stream_id id,
+/* The backend's side of `stream`, with the server's context current and
+ * its open read sealed: the preamble of every call that enqueues work. */
+cube_error *cuda_stream_begin(cuda_server *s, cube_server_stream *stream,
                               cuda_stream **out);
 /* Makes `st` wait for stream `index` up to `seq`. */
 cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
                                  uint32_t index, uint64_t seq);
 
-/* The memory slots of the vtable (cuda_streams.c). */
-cube_error *cuda_initialize_memory(cube_server *server, cube_stream_id stream,
-                                   uint64_t size, cube_storage *out);
-void cuda_release_memory(cube_server *server, cube_stream_id stream,
+/* The stream and memory slots of the vtable (cuda_streams.c). */
+cube_error *cuda_stream_open(cube_server *server, cube_server_stream *stream,
+                             cube_storage_ops *storage);
+void cuda_stream_close(cube_server *server, cube_server_stream *stream);
+cube_error *cuda_initialize_memory(cube_server *server,
+                                   cube_server_stream *stream, uint64_t size,
+                                   cube_storage *out);
+void cuda_release_memory(cube_server *server, cube_server_stream *stream,
                          cube_storage *storage);
-cube_error *cuda_memory_usage(cube_server *server, cube_stream_id stream,
-                              cube_memory_usage *out);
-cube_error *cuda_memory_cleanup(cube_server *server, cube_stream_id stream);
-cube_error *cuda_memory_report(cube_server *server, cube_stream_id stream,
-                               cube_memory_report *out);
-cube_error *cuda_memory_reset_peaks(cube_server *server, cube_stream_id stream);
-cube_error *cuda_install_memory_pools(cube_server *server,
-                                      cube_stream_id stream,
-                                      const cube_memory_layout *layout);
-cube_error *cuda_allocation_mode(cube_server *server, cube_stream_id stream,
-                                 int persistent);
-cube_error *cuda_sync(cube_server *server, cube_stream_id stream,
+void cuda_memory_reclaim(cube_server *server, cube_server_stream *stream);
+cube_error *cuda_sync(cube_server *server, cube_server_stream *stream,
                       const cube_binding *bindings, size_t n);
-cube_error *cuda_flush(cube_server *server, cube_stream_id stream);
+cube_error *cuda_flush(cube_server *server, cube_server_stream *stream);
 
 /* --- cuda_transfer.c --- */
 cube_error *cuda_pinned_create(cuda_server *s);
@@ -272,11 +259,11 @@ void cuda_pinned_destroy(cuda_server *s);
 /* Gives back the stream's finished pinned blocks; with `all`, waits for
  * the rest first. */
 cube_error *cuda_inflight_reap(cuda_server *s, cuda_stream *st, int all);
-cube_error *cuda_read(cube_server *server, cube_stream_id stream,
+cube_error *cuda_read(cube_server *server, cube_server_stream *stream,
                       const cube_copy_op *ops, size_t n, void *const *dst,
                       cube_pending **pending);
 cube_error *cuda_read_wait(cube_server *server, cube_pending *pending);
-cube_error *cuda_write(cube_server *server, cube_stream_id stream,
+cube_error *cuda_write(cube_server *server, cube_server_stream *stream,
                        const cube_copy_op *ops, size_t n,
                        const void *const *src);
 /* Events from the server's pool (timing enabled). */
@@ -290,23 +277,23 @@ void cuda_staging_free(cube_server *server, void *buffer);
 cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
                          uint32_t mode, cube_compiled *out);
 void cuda_compiled_release(cube_server *server, cube_compiled *compiled);
-cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
+cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,
                         const cube_dispatch *dispatch);
 
 /* --- cuda_graph.c --- */
-cube_error *cuda_begin_capture(cube_server *server, cube_stream_id stream);
-cube_error *cuda_end_capture(cube_server *server, cube_stream_id stream,
+cube_error *cuda_begin_capture(cube_server *server, cube_server_stream *stream);
+cube_error *cuda_end_capture(cube_server *server, cube_server_stream *stream,
                              uint64_t *graph);
-cube_error *cuda_replay(cube_server *server, cube_stream_id stream,
+cube_error *cuda_replay(cube_server *server, cube_server_stream *stream,
                         uint64_t graph);
-void cuda_graph_destroy(cube_server *server, cube_stream_id stream,
+void cuda_graph_destroy(cube_server *server, cube_server_stream *stream,
                         uint64_t graph);
-cube_error *cuda_start_profile(cube_server *server, cube_stream_id stream,
+cube_error *cuda_start_profile(cube_server *server, cube_server_stream *stream,
                                uint64_t *token);
-cube_error *cuda_end_profile(cube_server *server, cube_stream_id stream,
+cube_error *cuda_end_profile(cube_server *server, cube_server_stream *stream,
                              uint64_t token, double *seconds,
                              cube_timing_method *method);
-void cuda_abandon_profile(cube_server *server, cube_stream_id stream,
+void cuda_abandon_profile(cube_server *server, cube_server_stream *stream,
                           uint64_t token);
 void cuda_events_destroy(cuda_server *s);
 /* Notes `blk` as used by the capture in progress on `st`. */

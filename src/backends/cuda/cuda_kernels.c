@@ -421,7 +421,7 @@ static cube_error *read_count(cuda_server *s, cuda_stream *st,
     return NULL;
 }
 
-cube_error *cuda_launch(cube_server *server, cube_stream_id stream,
+cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,
                         const cube_dispatch *d)
 {
     cuda_server *s = (cuda_server *)server;

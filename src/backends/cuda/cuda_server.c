@@ -105,14 +105,10 @@ static void cuda_destroy(cube_server *server)
     cuda_server *s = (cuda_server *)server;
     if (s->ctx) {
         cube_error_free(cuda_enter(s));
-        /* Work still queued on our streams finishes before its memory
-         * goes (the context is shared: others' work is not waited for). */
-        uint32_t n = atomic_load(&s->stream_count);
-        for (uint32_t i = 0; i < n; i++)
-            s->api->cuStreamSynchronize(s->streams[i]->cu);
+        /* The client drained and closed every stream before this; what
+         * is left deferred is pinned memory. */
         atomic_store(&s->captures, 0);
-        cuda_free_deferred(s, 1); /* needs the streams */
-        cuda_streams_destroy(s);
+        cuda_free_deferred(s, 1);
         cuda_pinned_destroy(s);
         cuda_events_destroy(s);
         s->api->cuDevicePrimaryCtxRelease(s->device);
@@ -121,8 +117,6 @@ static void cuda_destroy(cube_server *server)
         free(s->slabs[i]);
     free(s->slabs);
     disk_cache_close(s->cache);
-    free(s->streams);
-    pthread_mutex_destroy(&s->streams_lock);
     pthread_mutex_destroy(&s->blocks_lock);
     pthread_mutex_destroy(&s->staging_lock);
     pthread_mutex_destroy(&s->events_lock);
@@ -135,8 +129,11 @@ static const cube_server_vtable cuda_vtable = {
     .name = "cuda",
     .destroy = cuda_destroy,
     .properties = cuda_properties,
+    .stream_open = cuda_stream_open,
+    .stream_close = cuda_stream_close,
     .initialize_memory = cuda_initialize_memory,
     .release_memory = cuda_release_memory,
+    .memory_reclaim = cuda_memory_reclaim,
     .read = cuda_read,
     .read_wait = cuda_read_wait,
     .write = cuda_write,
@@ -145,18 +142,12 @@ static const cube_server_vtable cuda_vtable = {
     .compiled_release = cuda_compiled_release,
     .launch = cuda_launch,
     .flush = cuda_flush,
-    .memory_usage = cuda_memory_usage,
-    .memory_cleanup = cuda_memory_cleanup,
-    .memory_report = cuda_memory_report,
-    .memory_reset_peaks = cuda_memory_reset_peaks,
     .staging = cuda_staging,
     .staging_free = cuda_staging_free,
-    .allocation_mode = cuda_allocation_mode,
     .begin_capture = cuda_begin_capture,
     .end_capture = cuda_end_capture,
     .replay = cuda_replay,
     .graph_destroy = cuda_graph_destroy,
-    .install_memory_pools = cuda_install_memory_pools,
     .start_profile = cuda_start_profile,
     .end_profile = cuda_end_profile,
     .abandon_profile = cuda_abandon_profile,
@@ -235,16 +226,10 @@ static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
     s->ordinal = (int)index;
     static atomic_uint_fast64_t next_serial = 1;
     s->serial = atomic_fetch_add(&next_serial, 1);
-    pthread_mutex_init(&s->streams_lock, NULL);
     pthread_mutex_init(&s->blocks_lock, NULL);
     pthread_mutex_init(&s->staging_lock, NULL);
     pthread_mutex_init(&s->events_lock, NULL);
     pthread_mutex_init(&s->deferred_lock, NULL);
-    s->streams = calloc(CUDA_MAX_STREAMS, sizeof *s->streams);
-    if (!s->streams) {
-        cuda_destroy(&s->base);
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cuda server");
-    }
     CUresult r = a->cuDeviceGet(&s->device, (int)index);
     if (r != CUDA_SUCCESS)
         err = cuda_error(a, r, CUBE_ERR_UNAVAILABLE,

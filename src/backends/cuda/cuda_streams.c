@@ -103,19 +103,16 @@ static void device_free(void *self, uint64_t address, uint64_t size)
 
 static void stream_free(cuda_server *s, cuda_stream *st)
 {
-    if (!st)
-        return;
     if (st->cu) {
         s->api->cuStreamSynchronize(st->cu);
         cube_error_free(cuda_inflight_reap(s, st, 1));
     }
-    if (st->mem) {
-        /* Every stream drained before this (the context was synchronized):
-         * what waited for other streams' uses goes with the pools (block
-         * records go with the server's slabs). */
-        st->pending_count = 0;
-        mem_manager_destroy(st->mem);
-    }
+    if (st->count_host.address)
+        mem_free(s->pinned, &st->count_host);
+    /* The stream's manager is gone (the client destroys every manager
+     * before any stream): what waited for other streams' uses went with
+     * its pages (block records go with the server's slabs). */
+    st->pending_count = 0;
     pthread_mutex_destroy(&st->pending_lock);
     free(st->pending);
     if (st->event)
@@ -131,15 +128,19 @@ static void stream_free(cuda_server *s, cuda_stream *st)
     free(st);
 }
 
-static cube_error *stream_create(cuda_server *s, cube_stream_id id,
-                                 uint32_t index, cuda_stream **out)
+cube_error *cuda_stream_open(cube_server *server, cube_server_stream *stream,
+                             cube_storage_ops *storage)
 {
+    cuda_server *s = (cuda_server *)server;
+    cube_error *err = cuda_enter(s);
+    if (err)
+        return err;
     cuda_stream *st = calloc(1, sizeof *st);
     if (!st)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cuda stream");
     st->server = s;
-    st->id = id;
-    st->index = index;
+    st->base = stream;
+    st->index = stream->index;
     pthread_mutex_init(&st->lock, NULL);
     pthread_mutex_init(&st->pending_lock, NULL);
     const cuda_api *a = s->api;
@@ -149,90 +150,30 @@ static cube_error *stream_create(cuda_server *s, cube_stream_id id,
     if (r == CUDA_SUCCESS)
         r = a->cuEventCreate(&st->done, CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) {
-        cube_error *err =
-            cuda_fail(s, r, CUBE_ERR_INTERNAL, "cannot create a CUDA stream");
+        err = cuda_fail(s, r, CUBE_ERR_INTERNAL, "cannot create a CUDA stream");
         stream_free(s, st);
         return err;
     }
-    mem_storage_ops ops = {st, device_alloc, device_free};
-    mem_device dev = {CUDA_ALIGNMENT, s->props.memory_total};
-    cube_error *err = mem_manager_create(
-        &ops, &dev, s->has_layout ? &s->layout : NULL, &st->mem);
-    if (err) {
-        stream_free(s, st);
-        return err;
-    }
-    *out = st;
+    storage->self = st;
+    storage->alloc = device_alloc;
+    storage->free = device_free;
+    stream->impl = st;
     return NULL;
 }
 
-/* The stream a thread used last: streams live as long as their server and
- * serials are never reused, so a hit needs no lock. */
-/* (cppcheck does not follow members used through _Thread_local.) */
-typedef struct stream_cache {
-    // cppcheck-suppress unusedStructMember
-    uint64_t serial;
-    // cppcheck-suppress unusedStructMember
-    cube_stream_id id;
-    // cppcheck-suppress unusedStructMember
-    cuda_stream *stream;
-} stream_cache;
-static _Thread_local stream_cache last;
-
-cube_error *cuda_stream_get(cuda_server *s, cube_stream_id id, int create,
-                            cuda_stream **out)
+void cuda_stream_close(cube_server *server, cube_server_stream *stream)
 {
-    if (last.serial == s->serial && last.id == id) {
-        *out = last.stream;
-        return NULL;
-    }
-    *out = NULL;
-    uint32_t n = atomic_load_explicit(&s->stream_count, memory_order_acquire);
-    for (uint32_t i = 0; i < n; i++) {
-        if (s->streams[i]->id == id) {
-            *out = s->streams[i];
-            break;
-        }
-    }
-    cube_error *err = NULL;
-    if (!*out && create) {
-        pthread_mutex_lock(&s->streams_lock);
-        n = atomic_load(&s->stream_count);
-        for (uint32_t i = 0; i < n && !*out; i++)
-            if (s->streams[i]->id == id)
-                *out = s->streams[i];
-        if (!*out) {
-            if (n == CUDA_MAX_STREAMS) {
-                err = cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
-                                     "a CUDA client has at most %d streams",
-                                     CUDA_MAX_STREAMS);
-            } else {
-                err = cuda_enter(s);
-                if (!err)
-                    err = stream_create(s, id, n, out);
-                if (!err) {
-                    s->streams[n] = *out;
-                    atomic_store_explicit(&s->stream_count, n + 1,
-                                          memory_order_release);
-                }
-            }
-        }
-        pthread_mutex_unlock(&s->streams_lock);
-    }
-    if (*out) {
-        last.serial = s->serial;
-        last.id = id;
-        last.stream = *out;
-    }
-    return err;
-}
-
-void cuda_streams_destroy(cuda_server *s)
-{
-    uint32_t n = atomic_load(&s->stream_count);
-    for (uint32_t i = 0; i < n; i++)
-        stream_free(s, s->streams[i]);
-    atomic_store(&s->stream_count, 0);
+    cuda_server *s = (cuda_server *)server;
+    cuda_stream *st = stream->impl;
+    if (!st)
+        return;
+    cube_error_free(cuda_enter(s));
+    /* Memory given back while a capture was open still names its stream:
+     * the first close frees all of it, while every stream exists. */
+    atomic_store(&s->captures, 0);
+    cuda_free_deferred(s, 1);
+    stream_free(s, st);
+    stream->impl = NULL;
 }
 
 /* --- ordering --- */
@@ -258,12 +199,11 @@ cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st)
     return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventRecord") : NULL;
 }
 
-cube_error *cuda_stream_begin(cuda_server *s, cube_stream_id id,
+cube_error *cuda_stream_begin(cuda_server *s, cube_server_stream *stream,
                               cuda_stream **out)
 {
-    cube_error *err = cuda_stream_get(s, id, 1, out);
-    if (!err)
-        err = cuda_enter(s);
+    *out = stream->impl;
+    cube_error *err = cuda_enter(s);
     if (!err)
         err = cuda_stream_seal(s, *out);
     return err;
@@ -288,11 +228,11 @@ static cube_error *wait_on(cuda_server *s, CUstream cu, cuda_stream *other,
         cube_log_write(CUBE_LOG_TRACE, "cuda",
                        "a stream waits for stream 0x%016llx up to operation "
                        "%llu (its event covers %llu)",
-                       (unsigned long long)other->id, (unsigned long long)seq,
-                       (unsigned long long)*covered);
+                       (unsigned long long)other->base->id,
+                       (unsigned long long)seq, (unsigned long long)*covered);
     return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL,
                          "ordering after stream 0x%016llx",
-                         (unsigned long long)other->id)
+                         (unsigned long long)other->base->id)
              : NULL;
 }
 
@@ -318,7 +258,8 @@ cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
     if (st->capturing)
         return NULL; /* the capture began after waiting for everything */
     uint64_t covered = 0;
-    cube_error *err = wait_on(s, st->cu, s->streams[index], seq, &covered);
+    cube_error *err =
+        wait_on(s, st->cu, cuda_stream_at(s, index), seq, &covered);
     if (!err && covered > st->waited[index])
         st->waited[index] = covered;
     return err;
@@ -345,10 +286,10 @@ static cube_error *wait_for_uses(cuda_server *s, cuda_stream *st,
     cube_error *err = NULL;
     if (atomic_load(&blk->many)) {
         /* More streams than the slots remember: wait for all of them. */
-        uint32_t n = atomic_load(&s->stream_count);
+        uint32_t n = cuda_stream_count(s);
         for (uint32_t i = 0; i < n && !err; i++)
             err = cuda_stream_wait_for(s, st, i,
-                                       atomic_load(&s->streams[i]->seq));
+                                       atomic_load(&cuda_stream_at(s, i)->seq));
         return err;
     }
     for (int i = 0; i < CUDA_USE_SLOTS && !err; i++) {
@@ -390,12 +331,6 @@ int cuda_block_used(cuda_stream *st, cuda_block *blk, uint64_t seq, int written)
 }
 
 /* --- the memory slots --- */
-
-static cube_error *stream_of(cube_server *server, cube_stream_id id, int create,
-                             cuda_stream **out)
-{
-    return cuda_stream_get((cuda_server *)server, id, create, out);
-}
 
 /* Block records come from slabs the server owns (all freed with it) and
  * are recycled through a small per-thread cache, so allocating and
@@ -466,25 +401,23 @@ static void block_recycle(cuda_server *s, cuda_block *b)
     pthread_mutex_unlock(&s->blocks_lock);
 }
 
-cube_error *cuda_initialize_memory(cube_server *server, cube_stream_id stream,
-                                   uint64_t size, cube_storage *out)
+cube_error *cuda_initialize_memory(cube_server *server,
+                                   cube_server_stream *stream, uint64_t size,
+                                   cube_storage *out)
 {
     cuda_server *s = (cuda_server *)server;
-    cuda_stream *st = NULL;
-    cube_error *err = stream_of(server, stream, 1, &st);
-    if (err)
-        return err;
+    cuda_stream *st = stream->impl;
     cuda_pending_reap(s, st, 0);
     cuda_block *blk = block_new(s);
     if (!blk)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "buffer record");
-    err = mem_alloc(st->mem, size, &blk->inner);
+    cube_error *err = mem_alloc(stream->memory, size, &blk->inner);
     if (err && cube_error_code(err) == CUBE_ERR_OUT_OF_MEMORY &&
         atomic_load(&st->has_pending)) {
         /* Memory set aside for other streams' uses: wait for them. */
         cube_error_free(err);
         cuda_pending_reap(s, st, 1);
-        err = mem_alloc(st->mem, size, &blk->inner);
+        err = mem_alloc(stream->memory, size, &blk->inner);
     }
     if (err) {
         block_recycle(s, blk);
@@ -512,7 +445,7 @@ cube_error *cuda_initialize_memory(cube_server *server, cube_stream_id stream,
  * Nothing is enqueued on the other stream: its thread may be capturing. */
 static int use_done(cuda_server *s, uint32_t index, uint64_t seq, int wait)
 {
-    cuda_stream *o = s->streams[index];
+    cuda_stream *o = cuda_stream_at(s, index);
     pthread_mutex_lock(&o->lock);
     int covered = o->event_seq >= seq;
     pthread_mutex_unlock(&o->lock);
@@ -537,7 +470,7 @@ void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait)
         for (uint32_t k = 0; k < p->count && done; k++)
             done = use_done(s, p->waits[k].index, p->waits[k].seq, wait);
         if (done || wait) {
-            mem_free(st->mem, &p->blk->inner);
+            mem_free(st->base->memory, &p->blk->inner);
             block_recycle(s, p->blk);
         } else {
             st->pending[kept++] = *p;
@@ -548,7 +481,7 @@ void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait)
     pthread_mutex_unlock(&st->pending_lock);
 }
 
-void cuda_release_memory(cube_server *server, cube_stream_id stream,
+void cuda_release_memory(cube_server *server, cube_server_stream *stream,
                          cube_storage *storage)
 {
     (void)stream;
@@ -557,7 +490,7 @@ void cuda_release_memory(cube_server *server, cube_stream_id stream,
     cuda_stream *owner = blk->owner;
     if (!atomic_load(&blk->shared)) {
         /* Only its own stream used it: reuse there is in stream order. */
-        mem_free(owner->mem, &blk->inner);
+        mem_free(owner->base->memory, &blk->inner);
         block_recycle(s, blk);
         return;
     }
@@ -567,7 +500,7 @@ void cuda_release_memory(cube_server *server, cube_stream_id stream,
     if (atomic_load(&blk->many)) {
         /* More users than the slots remember: every stream's latest
          * record (each user recorded its event after its use). */
-        uint32_t n = atomic_load(&s->stream_count);
+        uint32_t n = cuda_stream_count(s);
         for (uint32_t i = 0; i < n && p.count < CUDA_USE_SLOTS + 1; i++)
             if (i != owner->index) {
                 p.waits[p.count].index = i;
@@ -599,7 +532,7 @@ void cuda_release_memory(cube_server *server, cube_stream_id stream,
         }
     }
     if (p.count == 0) {
-        mem_free(owner->mem, &blk->inner);
+        mem_free(owner->base->memory, &blk->inner);
         block_recycle(s, blk);
         return;
     }
@@ -613,7 +546,7 @@ void cuda_release_memory(cube_server *server, cube_stream_id stream,
             cube_error_free(cuda_enter(s));
             for (uint32_t k = 0; k < p.count; k++)
                 use_done(s, p.waits[k].index, p.waits[k].seq, 1);
-            mem_free(owner->mem, &blk->inner);
+            mem_free(owner->base->memory, &blk->inner);
             block_recycle(s, blk);
             return;
         }
@@ -625,91 +558,21 @@ void cuda_release_memory(cube_server *server, cube_stream_id stream,
     pthread_mutex_unlock(&owner->pending_lock);
 }
 
-cube_error *cuda_memory_usage(cube_server *server, cube_stream_id stream,
-                              cube_memory_usage *out)
-{
-    cuda_stream *st = NULL;
-    cube_error *err = stream_of(server, stream, 0, &st);
-    if (st)
-        mem_usage(st->mem, out);
-    return err;
-}
-
-cube_error *cuda_memory_cleanup(cube_server *server, cube_stream_id stream)
-{
-    cuda_stream *st = NULL;
-    cube_error *err = stream_of(server, stream, 0, &st);
-    if (!err && st)
-        err = cuda_enter((cuda_server *)server);
-    if (!err && st) {
-        cuda_pending_reap((cuda_server *)server, st, 0);
-        mem_cleanup(st->mem);
-    }
-    return err;
-}
-
-cube_error *cuda_memory_report(cube_server *server, cube_stream_id stream,
-                               cube_memory_report *out)
-{
-    cuda_stream *st = NULL;
-    cube_error *err = stream_of(server, stream, 1, &st);
-    if (st)
-        mem_report(st->mem, out);
-    return err;
-}
-
-cube_error *cuda_memory_reset_peaks(cube_server *server, cube_stream_id stream)
-{
-    cuda_stream *st = NULL;
-    cube_error *err = stream_of(server, stream, 0, &st);
-    if (st)
-        mem_reset_peaks(st->mem);
-    return err;
-}
-
-cube_error *cuda_install_memory_pools(cube_server *server,
-                                      cube_stream_id stream,
-                                      const cube_memory_layout *layout)
+void cuda_memory_reclaim(cube_server *server, cube_server_stream *stream)
 {
     cuda_server *s = (cuda_server *)server;
-    mem_device dev = {CUDA_ALIGNMENT, s->props.memory_total};
-    cube_error *err = mem_layout_validate(layout, &dev);
-    if (err)
-        return err;
-    cuda_stream *st = NULL;
-    err = stream_of(server, stream, 0, &st);
-    if (err)
-        return err;
-    pthread_mutex_lock(&s->streams_lock);
-    s->layout = *layout;
-    s->has_layout = 1;
-    pthread_mutex_unlock(&s->streams_lock);
-    if (!st) /* created with the layout on first use */
-        return stream_of(server, stream, 1, &st);
-    err = cuda_enter(s);
-    return err ? err : mem_install(st->mem, layout);
-}
-
-cube_error *cuda_allocation_mode(cube_server *server, cube_stream_id stream,
-                                 int persistent)
-{
-    cuda_stream *st = NULL;
-    cube_error *err = stream_of(server, stream, 1, &st);
-    if (!err)
-        mem_set_persistent(st->mem, persistent);
-    return err;
+    cube_error_free(cuda_enter(s));
+    cuda_pending_reap(s, stream->impl, 0);
 }
 
 /* --- barriers --- */
 
-cube_error *cuda_sync(cube_server *server, cube_stream_id stream,
+cube_error *cuda_sync(cube_server *server, cube_server_stream *stream,
                       const cube_binding *bindings, size_t n)
 {
     cuda_server *s = (cuda_server *)server;
-    cuda_stream *st = NULL;
-    cube_error *err = stream_of(server, stream, 1, &st);
-    if (!err)
-        err = cuda_enter(s);
+    cuda_stream *st = stream->impl;
+    cube_error *err = cuda_enter(s);
     for (size_t i = 0; i < n && !err; i++) {
         cuda_block *blk = bindings[i].storage->cookie;
         uint64_t w = atomic_load(&blk->writer);
@@ -726,16 +589,13 @@ cube_error *cuda_sync(cube_server *server, cube_stream_id stream,
     return cuda_inflight_reap(s, st, 0);
 }
 
-cube_error *cuda_flush(cube_server *server, cube_stream_id stream)
+cube_error *cuda_flush(cube_server *server, cube_server_stream *stream)
 {
     /* The driver submits work as it is enqueued; what is left to report is
      * a broken context. */
     cuda_server *s = (cuda_server *)server;
-    cuda_stream *st = NULL;
-    cube_error *err = stream_of(server, stream, 0, &st);
-    if (err || !st)
-        return err;
-    err = cuda_enter(s);
+    cuda_stream *st = stream->impl;
+    cube_error *err = cuda_enter(s);
     if (err)
         return err;
     CUresult r = s->api->cuEventQuery(st->done);

@@ -209,10 +209,6 @@ void cuda_pinned_destroy(cuda_server *s)
 {
     copier_destroy(s->copier);
     s->copier = NULL;
-    uint32_t n = atomic_load(&s->stream_count);
-    for (uint32_t i = 0; i < n; i++)
-        if (s->streams[i] && s->streams[i]->count_host.address)
-            mem_free(s->pinned, &s->streams[i]->count_host);
     free(s->staging);
     s->staging = NULL;
     if (s->pinned)
@@ -480,7 +476,7 @@ static cube_error *write_pipelined(cuda_server *s, cuda_stream *st,
     return err;
 }
 
-cube_error *cuda_write(cube_server *server, cube_stream_id stream,
+cube_error *cuda_write(cube_server *server, cube_server_stream *stream,
                        const cube_copy_op *ops, size_t n,
                        const void *const *src)
 {
@@ -624,7 +620,7 @@ static void pending_free(cuda_server *s, cube_pending *p)
     free(p);
 }
 
-cube_error *cuda_read(cube_server *server, cube_stream_id stream,
+cube_error *cuda_read(cube_server *server, cube_server_stream *stream,
                       const cube_copy_op *ops, size_t n, void *const *dst,
                       cube_pending **pending)
 {

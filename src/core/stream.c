@@ -1,0 +1,300 @@
+/* Streams: which stream a thread works on, the client's table of stream
+ * objects, and entering a stream to issue work on it.
+ *
+ * A stream object is created once, the first time its id is used, and
+ * lives until the client closes. It carries what backends see
+ * (cube_server_stream: id, dense index, memory manager, the backend's own
+ * state) and the client's per-stream state (capture, profiling windows,
+ * allocation mode) under the stream's lock.
+ *
+ * Locks: streams_lock (creating a stream; the layout new streams get) may
+ * be taken alone or before a memory manager's lock (the manager is built
+ * under it); a stream's `lock` is never taken while streams_lock is held.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/client_internal.h"
+#include "memory/memory_manager.h"
+
+static atomic_uint_fast64_t next_thread_stream = 1;
+
+/* The calling thread's own stream id (the same for every client). */
+static _Thread_local cube_stream_id thread_stream;
+
+/* Streams a thread chose with cube_stream_use, per client. */
+#define STREAM_OVERRIDES 8
+static _Thread_local struct {
+    // cppcheck-suppress unusedStructMember
+    uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
+    // cppcheck-suppress unusedStructMember
+    cube_stream_id stream;
+} overrides[STREAM_OVERRIDES];
+
+/* A thread's own stream id has the top bit set, so ids an application
+ * picks below 2^63 never land on some thread's stream by accident. */
+#define OWN_STREAM_BIT (1ull << 63)
+
+static cube_stream_id own_stream(void)
+{
+    if (!thread_stream)
+        thread_stream =
+            OWN_STREAM_BIT | atomic_fetch_add(&next_thread_stream, 1);
+    return thread_stream;
+}
+
+cube_stream_id cube_stream_current(cube_client *c)
+{
+    if (!c)
+        return 0;
+    for (int i = 0; i < STREAM_OVERRIDES; i++)
+        if (overrides[i].client_serial == c->serial)
+            return overrides[i].stream;
+    return own_stream();
+}
+
+cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
+{
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_stream_use: client is NULL");
+    int free_slot = -1;
+    for (int i = 0; i < STREAM_OVERRIDES; i++) {
+        if (overrides[i].client_serial == c->serial) {
+            if (stream == 0)
+                overrides[i].client_serial = 0;
+            else
+                overrides[i].stream = stream;
+            return NULL;
+        }
+        if (overrides[i].client_serial == 0 && free_slot < 0)
+            free_slot = i;
+    }
+    if (stream == 0)
+        return NULL;
+    if (free_slot < 0)
+        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                              "cube_stream_use: a thread may name streams on "
+                              "at most %d clients at once",
+                              STREAM_OVERRIDES);
+    overrides[free_slot].client_serial = c->serial;
+    overrides[free_slot].stream = stream;
+    return NULL;
+}
+
+/* --- the table --- */
+
+core_stream *core_stream_at(const cube_client *c, uint32_t index)
+{
+    if (index >= atomic_load_explicit(&c->stream_count, memory_order_acquire))
+        return NULL;
+    /* The chunk was published before the count that covers it. */
+    core_stream **chunk = atomic_load_explicit(
+        &((cube_client *)c)->stream_chunks[index / CORE_STREAM_CHUNK],
+        memory_order_acquire);
+    return chunk[index % CORE_STREAM_CHUNK];
+}
+
+cube_server_stream *cube_server_stream_at(const cube_server *server,
+                                          uint32_t index)
+{
+    core_stream *s = core_stream_at(server->client, index);
+    return s ? &s->base : NULL;
+}
+
+uint32_t cube_server_stream_count(const cube_server *server)
+{
+    return atomic_load_explicit(&server->client->stream_count,
+                                memory_order_acquire);
+}
+
+core_stream *core_stream_find(cube_client *c, cube_stream_id id)
+{
+    uint32_t n = atomic_load_explicit(&c->stream_count, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++) {
+        core_stream *s = core_stream_at(c, i);
+        if (s->base.id == id)
+            return s;
+    }
+    return NULL;
+}
+
+static void stream_free(cube_client *c, core_stream *s)
+{
+    if (s->base.memory)
+        mem_manager_destroy(s->base.memory);
+    s->base.memory = NULL;
+    if (c->vt->stream_close)
+        c->vt->stream_close(c->server, &s->base);
+    pthread_mutex_destroy(&s->lock);
+    free(s->windows);
+    cube_error_free(s->last_failure);
+    free(s);
+}
+
+/* Creates stream `id` at the next index. Under streams_lock. */
+static cube_error *stream_create(cube_client *c, cube_stream_id id,
+                                 core_stream **out)
+{
+    uint32_t index =
+        atomic_load_explicit(&c->stream_count, memory_order_relaxed);
+    if (index >= CUBE_MAX_STREAMS)
+        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                              "a client has at most %u streams",
+                              CUBE_MAX_STREAMS);
+    uint32_t k = index / CORE_STREAM_CHUNK;
+    core_stream **chunk =
+        atomic_load_explicit(&c->stream_chunks[k], memory_order_relaxed);
+    if (!chunk) {
+        chunk = calloc(CORE_STREAM_CHUNK, sizeof *chunk);
+        if (!chunk)
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream table");
+        atomic_store_explicit(&c->stream_chunks[k], chunk,
+                              memory_order_release);
+    }
+    core_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream");
+    s->base.id = id;
+    s->base.index = index;
+    pthread_mutex_init(&s->lock, NULL);
+    cube_storage_ops ops;
+    memset(&ops, 0, sizeof ops);
+    cube_error *err = c->vt->stream_open(c->server, &s->base, &ops);
+    if (err) {
+        pthread_mutex_destroy(&s->lock);
+        free(s);
+        return err;
+    }
+    mem_device dev = {c->props.memory_alignment, c->props.memory_total};
+    err = mem_manager_create(&ops, &dev, c->has_layout ? &c->layout : NULL,
+                             &s->base.memory);
+    if (err) {
+        stream_free(c, s);
+        return err;
+    }
+    chunk[index % CORE_STREAM_CHUNK] = s;
+    atomic_store_explicit(&c->stream_count, index + 1, memory_order_release);
+    *out = s;
+    return NULL;
+}
+
+void core_streams_destroy(cube_client *c)
+{
+    uint32_t n = atomic_load(&c->stream_count);
+    /* Every manager first: a backend's storage may need its stream state
+     * (and other streams') to give memory back. */
+    for (uint32_t i = 0; i < n; i++) {
+        core_stream *s = core_stream_at(c, i);
+        mem_manager_destroy(s->base.memory);
+        s->base.memory = NULL;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        stream_free(c, core_stream_at(c, i));
+    for (uint32_t k = 0; k < CORE_STREAM_CHUNKS; k++)
+        free(atomic_load(&c->stream_chunks[k]));
+    memset(c->stream_chunks, 0, sizeof c->stream_chunks);
+    atomic_store(&c->stream_count, 0);
+}
+
+/* The stream a thread used last, per thread: streams live as long as their
+ * client and client serials are never reused, so a hit needs no lock. */
+static _Thread_local struct {
+    // cppcheck-suppress unusedStructMember
+    uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
+    // cppcheck-suppress unusedStructMember
+    cube_stream_id id;
+    // cppcheck-suppress unusedStructMember
+    core_stream *stream;
+} last_stream;
+
+cube_error *core_stream_get(cube_client *c, core_stream **out)
+{
+    cube_stream_id id = cube_stream_current(c);
+    if (last_stream.client_serial == c->serial && last_stream.id == id) {
+        *out = last_stream.stream;
+        return NULL;
+    }
+    core_stream *s = core_stream_find(c, id);
+    if (!s) {
+        pthread_mutex_lock(&c->streams_lock);
+        /* Another thread naming the same id may have created it. */
+        s = core_stream_find(c, id);
+        cube_error *err = s ? NULL : stream_create(c, id, &s);
+        pthread_mutex_unlock(&c->streams_lock);
+        if (err)
+            return err;
+    }
+    last_stream.client_serial = c->serial;
+    last_stream.id = id;
+    last_stream.stream = s;
+    *out = s;
+    return NULL;
+}
+
+cube_error *core_stream_enter(cube_client *c, core_stream **out)
+{
+    core_stream *s = NULL;
+    cube_error *err = core_stream_get(c, &s);
+    if (err)
+        return err;
+    pthread_mutex_lock(&s->lock);
+    *out = s;
+    return NULL;
+}
+
+void core_stream_leave(core_stream *s)
+{
+    pthread_mutex_unlock(&s->lock);
+}
+
+cube_error *core_stream_refuse_in_capture(const core_stream *s,
+                                          const char *operation)
+{
+    if (!s->capture)
+        return NULL;
+    return cube_error_new(CUBE_ERR_GRAPH_STATE,
+                          "%s: stream 0x%016llx is capturing a graph; a "
+                          "capture cannot record this, so it is refused "
+                          "until cube_graph_end",
+                          operation, (unsigned long long)s->base.id);
+}
+
+void core_stream_note_failure(core_stream *s, const cube_error *err)
+{
+    if (!err)
+        return;
+    s->failures++;
+    if (s->window_count) {
+        /* Kept only for open windows, which report it as their cause. */
+        cube_error_free(s->last_failure);
+        s->last_failure = cube_error_clone(err);
+    }
+}
+
+void core_stream_note_failure_now(cube_client *c, const cube_error *err)
+{
+    core_stream *s = NULL;
+    cube_error *e = core_stream_enter(c, &s);
+    if (e) {
+        cube_error_free(e);
+        return;
+    }
+    core_stream_note_failure(s, err);
+    core_stream_leave(s);
+}
+
+cube_error *cube_stream_ids(cube_client *c, cube_stream_id *ids,
+                            size_t capacity, size_t *count)
+{
+    if (!c || !count || (capacity && !ids))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "cube_stream_ids: %s",
+                              !c       ? "client is NULL"
+                              : !count ? "count is NULL"
+                                       : "ids is NULL with capacity > 0");
+    uint32_t n = atomic_load_explicit(&c->stream_count, memory_order_acquire);
+    *count = n;
+    for (uint32_t i = 0; i < n && i < capacity; i++)
+        ids[i] = core_stream_at(c, i)->base.id;
+    return NULL;
+}
