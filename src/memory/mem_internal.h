@@ -144,6 +144,14 @@ struct mem_manager {
     mem_block *spare; /* records to reuse, linked by next */
     uint64_t spare_count;
     mem_slab *slabs;
+    /* Storage given back under the lock, handed to ops.free only once the
+     * lock is dropped (mem_unlock): a storage free may block (a device
+     * free waits for its stream), and other threads' pool hits must not
+     * wait behind it. */
+    struct mem_put {
+        uint64_t address, size;
+    } * puts;
+    uint32_t put_count, put_cap;
 };
 
 /* layout.c: a power-of-two alignment and a memory size >= it.
@@ -182,6 +190,9 @@ void mem_record_give(mem_manager *m, mem_block *b);
  * unused and retries once. Errors: CUBE_ERR_OUT_OF_MEMORY. */
 cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address);
 void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size);
+/* Drops the manager's lock, then gives the storage what mem_storage_put
+ * queued meanwhile. Every path that takes m->lock leaves through it. */
+void mem_unlock(mem_manager *m);
 
 /* Monotonic milliseconds. */
 uint64_t mem_now_ms(void);

@@ -176,6 +176,15 @@ static uint64_t release_unused(mem_manager *m)
     return released;
 }
 
+/* Gives the queued storage back now, under the lock: for the
+ * out-of-memory retry, which needs it gone before asking again. */
+static void puts_flush_locked(mem_manager *m)
+{
+    for (uint32_t i = 0; i < m->put_count; i++)
+        m->ops.free(m->ops.self, m->puts[i].address, m->puts[i].size);
+    m->put_count = 0;
+}
+
 cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
 {
     cube_error *err =
@@ -183,6 +192,7 @@ cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
     if (!err)
         return NULL;
     uint64_t released = release_unused(m);
+    puts_flush_locked(m);
     if (released > 0) {
         cube_log_write(CUBE_LOG_INFO, "memory",
                        "the storage refused %llu bytes (%s); released %llu "
@@ -203,7 +213,36 @@ cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
 
 void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size)
 {
-    m->ops.free(m->ops.self, address, size);
+    if (m->put_count == m->put_cap) {
+        uint32_t cap = m->put_cap ? m->put_cap * 2 : 8;
+        struct mem_put *grown = realloc(m->puts, cap * sizeof *grown);
+        if (!grown) {
+            /* No room to queue it: give it back now, lock held. */
+            m->ops.free(m->ops.self, address, size);
+            return;
+        }
+        m->puts = grown;
+        m->put_cap = cap;
+    }
+    m->puts[m->put_count].address = address;
+    m->puts[m->put_count].size = size;
+    m->put_count++;
+}
+
+void mem_unlock(mem_manager *m)
+{
+    uint32_t n = m->put_count;
+    if (n == 0) {
+        pthread_mutex_unlock(&m->lock);
+        return;
+    }
+    struct mem_put *puts = m->puts;
+    m->puts = NULL;
+    m->put_count = m->put_cap = 0;
+    pthread_mutex_unlock(&m->lock);
+    for (uint32_t i = 0; i < n; i++)
+        m->ops.free(m->ops.self, puts[i].address, puts[i].size);
+    free(puts);
 }
 
 /* --- the large tail: one block of the rounded size per request --- */
@@ -395,12 +434,13 @@ void mem_manager_destroy(mem_manager *m)
         pool_fini(m, &m->pools[i]);
     mem_pool_drop_all(m, &m->pools[MEM_TAIL]);
     mem_persistent_fini(m, &m->pools[MEM_PERSISTENT]);
-    pthread_mutex_unlock(&m->lock);
+    mem_unlock(m);
     while (m->slabs) {
         mem_slab *slab = m->slabs;
         m->slabs = slab->next;
         free(slab);
     }
+    free(m->puts);
     pthread_mutex_destroy(&m->lock);
     free(m);
 }
@@ -463,13 +503,13 @@ cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out)
     pthread_mutex_lock(&m->lock);
     expire_if_due(m);
     if (records_reserve(m) != 0) {
-        pthread_mutex_unlock(&m->lock);
+        mem_unlock(m);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "no host memory for block records");
     }
     mem_block *b = NULL;
     cube_error *err = route(m, size, &b);
-    pthread_mutex_unlock(&m->lock);
+    mem_unlock(m);
     if (err)
         return err;
     out->address = b->address;
@@ -489,7 +529,7 @@ void mem_free(mem_manager *m, cube_storage *storage)
     pthread_mutex_lock(&m->lock);
     if (pool < first || pool >= end || !b->requested ||
         b->address != storage->address) {
-        pthread_mutex_unlock(&m->lock);
+        mem_unlock(m);
         cube_log_write(CUBE_LOG_ERROR, "memory",
                        "mem_free: the storage at 0x%llx is not a live block "
                        "of this manager; ignored",
@@ -506,7 +546,7 @@ void mem_free(mem_manager *m, cube_storage *storage)
         mem_sliced_free(m, b);
     else
         mem_exclusive_free(m, b);
-    pthread_mutex_unlock(&m->lock);
+    mem_unlock(m);
     storage->cookie = NULL;
 }
 
@@ -516,7 +556,7 @@ void mem_usage(mem_manager *m, cube_memory_usage *out)
         return;
     pthread_mutex_lock(&m->lock);
     usage_locked(m, out);
-    pthread_mutex_unlock(&m->lock);
+    mem_unlock(m);
 }
 
 static void pool_report(const mem_pool *p, cube_pool_report *r)
@@ -546,7 +586,7 @@ void mem_report(mem_manager *m, cube_memory_report *out)
     pool_report(&m->pools[MEM_PERSISTENT], &out->pools[n++]);
     out->count = n;
     usage_locked(m, &out->usage);
-    pthread_mutex_unlock(&m->lock);
+    mem_unlock(m);
 }
 
 static void stats_reset_peaks(mem_stats *st)
@@ -566,7 +606,7 @@ void mem_reset_peaks(mem_manager *m)
         stats_reset_peaks(&m->pools[i].st);
     stats_reset_peaks(&m->pools[MEM_TAIL].st);
     stats_reset_peaks(&m->pools[MEM_PERSISTENT].st);
-    pthread_mutex_unlock(&m->lock);
+    mem_unlock(m);
 }
 
 void mem_cleanup(mem_manager *m)
@@ -576,7 +616,7 @@ void mem_cleanup(mem_manager *m)
     pthread_mutex_lock(&m->lock);
     uint64_t released = release_unused(m);
     mem_persistent_prune(&m->pools[MEM_PERSISTENT]);
-    pthread_mutex_unlock(&m->lock);
+    mem_unlock(m);
     if (released)
         cube_log_write(CUBE_LOG_DEBUG, "memory",
                        "cleanup gave back %llu unused bytes", (ull)released);
@@ -594,7 +634,7 @@ cube_error *mem_install(mem_manager *m, const cube_memory_layout *layout)
     cube_memory_usage u;
     usage_locked(m, &u);
     if (u.buffers) {
-        pthread_mutex_unlock(&m->lock);
+        mem_unlock(m);
         return cube_error_new(CUBE_ERR_POOLS_IN_USE,
                               "the pools cannot be rebuilt while %llu "
                               "buffers (%llu bytes) are live in them; the "
@@ -604,7 +644,7 @@ cube_error *mem_install(mem_manager *m, const cube_memory_layout *layout)
     mem_pool built[CUBE_MAX_POOLS];
     err = pools_build(m, layout, built);
     if (err) {
-        pthread_mutex_unlock(&m->lock);
+        mem_unlock(m);
         return err;
     }
     /* Nothing is live: finishing the old pools releases all they hold. */
@@ -613,7 +653,7 @@ cube_error *mem_install(mem_manager *m, const cube_memory_layout *layout)
     mem_persistent_release(m, &m->pools[MEM_PERSISTENT]);
     mem_persistent_prune(&m->pools[MEM_PERSISTENT]);
     pools_adopt(m, layout, built);
-    pthread_mutex_unlock(&m->lock);
+    mem_unlock(m);
     return NULL;
 }
 
@@ -623,5 +663,5 @@ void mem_set_persistent(mem_manager *m, int persistent)
         return;
     pthread_mutex_lock(&m->lock);
     m->persistent = persistent != 0;
-    pthread_mutex_unlock(&m->lock);
+    mem_unlock(m);
 }

@@ -14,6 +14,7 @@
 
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
+#include "memory/mem_internal.h"
 #include "memory/memory_manager.h"
 
 #define KIB (1ull << 10)
@@ -1280,6 +1281,81 @@ static void test_fragmentation_resistance(void **state)
 
 /* --- bad input --- */
 
+/* A storage that notes, at each free, whether the manager's lock is held
+ * (a device free may block; other threads must not wait behind it). */
+typedef struct probing_storage {
+    fake_storage inner;
+    mem_manager *m;
+    uint64_t frees_locked, frees_unlocked;
+} probing_storage;
+
+static cube_error *probing_alloc(void *self, uint64_t size, uint64_t align,
+                                 uint64_t *address)
+{
+    return fake_alloc(&((probing_storage *)self)->inner, size, align, address);
+}
+
+static void probing_free(void *self, uint64_t address, uint64_t size)
+{
+    probing_storage *p = self;
+    if (p->m && pthread_mutex_trylock(&p->m->lock) == 0) {
+        pthread_mutex_unlock(&p->m->lock);
+        p->frees_unlocked++;
+    } else {
+        p->frees_locked++;
+    }
+    fake_free(&p->inner, address, size);
+}
+
+static void test_storage_is_freed_outside_the_lock(void **state)
+{
+    (void)state;
+    probing_storage p;
+    memset(&p, 0, sizeof p);
+    mem_storage_ops ops = {&p, probing_alloc, probing_free};
+    mem_device dev = {256, 64 * GIB};
+    cube_memory_layout l = one_pool(CUBE_POOL_SLICED, 4 * MIB, 0);
+    assert_null(mem_manager_create(&ops, &dev, &l, &p.m));
+    /* The large tail frees at release; a sliced page at cleanup; every
+     * page at an install and at destroy. */
+    cube_storage big = take(p.m, 64 * MIB);
+    mem_free(p.m, &big);
+    cube_storage small = take(p.m, 1024);
+    mem_free(p.m, &small);
+    mem_cleanup(p.m);
+    small = take(p.m, 1024);
+    mem_free(p.m, &small);
+    cube_memory_layout other = one_pool(CUBE_POOL_SLICED, 8 * MIB, 0);
+    assert_null(mem_install(p.m, &other));
+    small = take(p.m, 1024);
+    mem_manager *m = p.m;
+    mem_manager_destroy(m);
+    assert_int_equal(p.frees_locked, 0);
+    assert_true(p.frees_unlocked >= 4);
+    assert_int_equal(p.inner.allocs, p.inner.frees);
+    assert_int_equal(p.inner.live_bytes, 0);
+}
+
+/* Out of memory: what the manager releases must reach the storage before
+ * it asks again, even though frees normally wait for the unlock. */
+static void test_retry_after_release_sees_the_freed_storage(void **state)
+{
+    (void)state;
+    fake_storage s;
+    memset(&s, 0, sizeof s);
+    s.limit = 16 * MIB;
+    cube_memory_layout l = one_pool(CUBE_POOL_SLICED, 8 * MIB, 0);
+    mem_manager *m = make(&s, 256, 64 * GIB, &l);
+    cube_storage a = take(m, 1024), b = take(m, 8 * MIB);
+    mem_free(m, &a);
+    mem_free(m, &b);
+    /* Both pages are held unused; a 12 MiB request needs them gone. */
+    cube_storage c = take(m, 12 * MIB);
+    mem_free(m, &c);
+    mem_manager_destroy(m);
+    assert_int_equal(s.allocs, s.frees);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -1475,6 +1551,8 @@ int main(void)
         cmocka_unit_test(test_report_agrees_and_peaks_reset),
         cmocka_unit_test(test_allocate_release_allocate),
         cmocka_unit_test(test_fragmentation_resistance),
+        cmocka_unit_test(test_storage_is_freed_outside_the_lock),
+        cmocka_unit_test(test_retry_after_release_sees_the_freed_storage),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_destroy_returns_live_blocks),
         cmocka_unit_test(test_threads_share_a_manager),
