@@ -45,10 +45,19 @@
  * device the program says why and exits 77 (skipped).
  *
  *   ./build/bench/bench_cuda [--device N] [--json FILE] [--peer-only]
+ *                            [--phases LIST] [--graph-detail]
  *
  * --device N uses "cuda:N" and the driver's device N (default 0); --json
  * also writes the figures to FILE; --peer-only measures the driver side
  * alone (cubert's column reads n/a), for when the backend is missing.
+ * --phases runs only the phases named, in the order given (comma
+ * separated, a name may come back: check, launch, sustained, graph, alloc,
+ * pinned, pageable, roundtrip, compile, cross; "all", the default, is that
+ * list in that order); launch needs the add3 buffers, so it runs check
+ * first where no check ran before it. --graph-detail adds to the graph
+ * phase each side replayed alone (no alternation) and, for the driver,
+ * the host time of the launch calls and the device time between two
+ * events around the replays, per node.
  * Built only where CMake finds the CUDA toolkit; the program links
  * libcuda and NVRTC, so it starts only where the driver is installed.
  */
@@ -249,6 +258,7 @@ static CUmodule nvrtc_module(const char *source, int major, int minor)
 
 static struct {
     int peer_only;
+    int graph_detail;
     int device;
     char device_name[32]; /* "cuda:N" */
     cube_client *client;
@@ -668,12 +678,29 @@ static struct {
     CUdeviceptr da, db, dc, dout;
     unsigned int zero, n;
     void *noop_params[1], *add3_params[5];
+    int checked; /* the add3 buffers exist and were checked */
 } K;
+
+/* What every phase needs: the empty kernel on both sides (cubert's
+ * compiles at its first launch) and the 4-buffer kernel's description. */
+static void prepare_kernels(void)
+{
+    K.zero = 0;
+    K.noop_params[0] = &K.zero;
+    if (!S.peer_only) {
+        K.noop = make_kernel("noop", cube_noop_src, 1);
+        K.add3 = make_kernel("add3", cube_add3_src, ADD_DIM);
+        K.noop_args[0] = cube_arg_u32(0);
+    }
+}
 
 /* Fills the inputs on both sides, runs the 4-buffer kernel once over a
  * poisoned output and checks every element. */
 static void setup_and_check_add3(void)
 {
+    if (K.checked)
+        return;
+    K.checked = 1;
     const uint64_t bytes = (uint64_t)ADD_N * sizeof(float);
     float *a = xmalloc(bytes), *b = xmalloc(bytes), *c = xmalloc(bytes);
     float *poison = xmalloc(bytes), *back = xmalloc(bytes);
@@ -684,7 +711,6 @@ static void setup_and_check_add3(void)
     }
     memset(poison, 0xff, bytes); /* NaN */
     K.n = ADD_N;
-    K.zero = 0;
 
     CK(cuCtxSetCurrent(S.ctx));
     CK(cuMemAlloc(&K.da, bytes));
@@ -695,7 +721,6 @@ static void setup_and_check_add3(void)
     CK(cuMemcpyHtoD(K.db, b, bytes));
     CK(cuMemcpyHtoD(K.dc, c, bytes));
     CK(cuMemcpyHtoD(K.dout, poison, bytes));
-    K.noop_params[0] = &K.zero;
     K.add3_params[0] = &K.da;
     K.add3_params[1] = &K.db;
     K.add3_params[2] = &K.dc;
@@ -715,13 +740,10 @@ static void setup_and_check_add3(void)
         }
 
     if (!S.peer_only) {
-        K.noop = make_kernel("noop", cube_noop_src, 1);
-        K.add3 = make_kernel("add3", cube_add3_src, ADD_DIM);
         ok(cube_create(S.client, a, bytes, &K.a), "cube_create(a)");
         ok(cube_create(S.client, b, bytes, &K.b), "cube_create(b)");
         ok(cube_create(S.client, c, bytes, &K.c), "cube_create(c)");
         ok(cube_create(S.client, poison, bytes, &K.out), "cube_create(out)");
-        K.noop_args[0] = cube_arg_u32(0);
         K.add3_args[0] = cube_arg_buffer(K.a);
         K.add3_args[1] = cube_arg_buffer(K.b);
         K.add3_args[2] = cube_arg_buffer(K.c);
@@ -806,6 +828,7 @@ static double med(double *v, int n, double per, int cubert)
 
 static void bench_launch_cost(void)
 {
+    setup_and_check_add3(); /* a2 launches over the add3 buffers */
     static double tc[LAUNCH4_BATCHES], td[LAUNCH4_BATCHES];
     job jc = noop_job(LAUNCH_BATCH, 1), jd = noop_job(LAUNCH_BATCH, 0);
     alternate(cb_launches, &jc, dr_launches, &jd, 2, LAUNCH_BATCHES, tc, td);
@@ -853,6 +876,82 @@ static void bench_sustained(void)
 
 /* --- (c) graph replay --- */
 
+/* The number of threads of this process (from /proc/self/status), or -1. */
+static int process_threads(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int n = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    fclose(f);
+    return n;
+}
+
+/* --graph-detail: each side replayed alone, and the driver's replays
+ * split into the host time of the launch calls and the device time
+ * between two events recorded around them. One line each, µs per node,
+ * medians of GRAPH_ROUNDS rounds after 2 warm-up rounds. */
+static void graph_detail(const job *jc, const job *jd, double alt_c,
+                         double alt_d)
+{
+    double per = (double)GRAPH_REPLAYS * GRAPH_NODES * 1e3;
+    double wall[GRAPH_ROUNDS], host[GRAPH_ROUNDS], dev[GRAPH_ROUNDS];
+    CK(cuCtxSetCurrent(S.ctx));
+    for (int r = -2; r < GRAPH_ROUNDS; r++) {
+        double t0 = now_ns();
+        for (int i = 0; i < jd->n; i++)
+            CK(cuGraphLaunch(jd->exec, S.stream));
+        double t1 = now_ns();
+        CK(cuStreamSynchronize(S.stream));
+        double t2 = now_ns();
+        if (r >= 0) {
+            wall[r] = t2 - t0;
+            host[r] = t1 - t0;
+        }
+    }
+    CUevent e0, e1;
+    CK(cuEventCreate(&e0, CU_EVENT_DEFAULT));
+    CK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
+    for (int r = -2; r < GRAPH_ROUNDS; r++) {
+        CK(cuEventRecord(e0, S.stream));
+        for (int i = 0; i < jd->n; i++)
+            CK(cuGraphLaunch(jd->exec, S.stream));
+        CK(cuEventRecord(e1, S.stream));
+        CK(cuStreamSynchronize(S.stream));
+        float ms = 0;
+        CK(cuEventElapsedTime(&ms, e0, e1));
+        if (r >= 0)
+            dev[r] = (double)ms * 1e6;
+    }
+    CK(cuEventDestroy(e0));
+    CK(cuEventDestroy(e1));
+    printf("    graph detail (µs per node, median of %d rounds of %d "
+           "replays):\n",
+           GRAPH_ROUNDS, GRAPH_REPLAYS);
+    printf("    detail alternated-cubert wall=%.4f\n", alt_c);
+    printf("    detail alternated-driver wall=%.4f\n", alt_d);
+    double w = median(wall, GRAPH_ROUNDS) / per;
+    double h = median(host, GRAPH_ROUNDS) / per;
+    double d = median(dev, GRAPH_ROUNDS) / per;
+    printf("    detail driver-alone wall=%.4f device=%.4f launch=%.4f\n", w, d,
+           h);
+    if (!S.peer_only) {
+        for (int r = -2; r < GRAPH_ROUNDS; r++) {
+            double t = cb_replays(jc);
+            if (r >= 0)
+                wall[r] = t;
+        }
+        printf("    detail cubert-alone wall=%.4f\n",
+               median(wall, GRAPH_ROUNDS) / per);
+    }
+    printf("    detail process threads=%d\n", process_threads());
+    fflush(stdout);
+}
+
 static void bench_graph(void)
 {
     job jc = noop_job(GRAPH_REPLAYS, 1), jd = noop_job(GRAPH_REPLAYS, 0);
@@ -885,8 +984,10 @@ static void bench_graph(void)
              "graph replay per node, %d empty launches per graph, %d "
              "replays + sync per round, median of %d",
              GRAPH_NODES, GRAPH_REPLAYS, GRAPH_ROUNDS);
-    report("c", name, "µs/node", "us/node", med(tc, GRAPH_ROUNDS, per, 1),
-           med(td, GRAPH_ROUNDS, per, 0), '<', 1.05);
+    double c = med(tc, GRAPH_ROUNDS, per, 1), d = med(td, GRAPH_ROUNDS, per, 0);
+    report("c", name, "µs/node", "us/node", c, d, '<', 1.05);
+    if (S.graph_detail)
+        graph_detail(&jc, &jd, c, d);
 
     if (!S.peer_only)
         ok(cube_graph_destroy(S.client, jc.graph), "cube_graph_destroy");
@@ -1294,10 +1395,21 @@ static void bench_compile(void)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: bench_cuda [--device N] [--json FILE] [--peer-only]\n"
+               "                  [--phases LIST] [--graph-detail]\n"
                "  cubert's CUDA backend beside the raw CUDA driver on GPU N "
                "(default 0).\n"
-               "  --json FILE  also write the figures as JSON\n"
-               "  --peer-only  measure the driver side only\n"
+               "  --json FILE     also write the figures as JSON\n"
+               "  --peer-only     measure the driver side only\n"
+               "  --phases LIST   run these phases in this order, comma "
+               "separated:\n"
+               "                  check, launch, sustained, graph, alloc, "
+               "pinned, pageable,\n"
+               "                  roundtrip, compile, cross (default: all, "
+               "in this order)\n"
+               "  --graph-detail  in the graph phase, also time each side "
+               "alone and split\n"
+               "                  the driver's replays into launch calls "
+               "and device time\n"
                "Exits 77 when cubert cannot open the CUDA device.\n");
 }
 
@@ -1448,15 +1560,75 @@ static void bench_cross_stream(void)
     CK(cuModuleUnload(m));
 }
 
+/* --- phases --- */
+
+typedef struct phase {
+    const char *name;
+    void (*run)(void);
+} phase;
+
+/* In the order of a full run. */
+static const phase all_phases[] = {
+    {"check", setup_and_check_add3}, {"launch", bench_launch_cost},
+    {"sustained", bench_sustained},  {"graph", bench_graph},
+    {"alloc", bench_alloc},          {"pinned", bench_pinned},
+    {"pageable", bench_pageable},    {"roundtrip", bench_roundtrip},
+    {"compile", bench_compile},      {"cross", bench_cross_stream}};
+#define NPHASES ((int)(sizeof all_phases / sizeof all_phases[0]))
+#define MAX_RUN 32
+
+/* Parses "graph" or "launch,alloc,graph" (or "all") into run[]; returns
+ * the count, or -1 after printing what is wrong. */
+static int parse_phases(const char *list, int run[MAX_RUN])
+{
+    int n = 0;
+    const char *p = list;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        int found = -1;
+        for (int i = 0; i < NPHASES; i++)
+            if (strlen(all_phases[i].name) == len &&
+                strncmp(p, all_phases[i].name, len) == 0)
+                found = i;
+        if (len == 3 && strncmp(p, "all", 3) == 0) {
+            for (int i = 0; i < NPHASES && n < MAX_RUN; i++)
+                run[n++] = i;
+        } else if (found < 0) {
+            fprintf(stderr, "bench_cuda: unknown phase '%.*s'\n", (int)len, p);
+            return -1;
+        } else if (n == MAX_RUN) {
+            fprintf(stderr, "bench_cuda: at most %d phases\n", MAX_RUN);
+            return -1;
+        } else {
+            run[n++] = found;
+        }
+        if (!p[len])
+            break;
+        p += len + 1;
+    }
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], CHILD_FLAG) == 0)
         return first_launch_child(argv[2]);
 
     const char *json = NULL;
+    int run[MAX_RUN], nrun = 0;
+    for (int i = 0; i < NPHASES; i++)
+        run[nrun++] = i;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
             json = argv[++i];
+        } else if (strcmp(argv[i], "--phases") == 0 && i + 1 < argc) {
+            nrun = parse_phases(argv[++i], run);
+            if (nrun < 0) {
+                usage(stderr);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--graph-detail") == 0) {
+            S.graph_detail = 1;
         } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
             char *end = NULL;
             long d = strtol(argv[++i], &end, 10);
@@ -1554,16 +1726,9 @@ int main(int argc, char **argv)
            "kernels compiled by NVRTC to CUBIN for sm_%d%d\n",
            S.cc_major, S.cc_minor);
 
-    setup_and_check_add3();
-    bench_launch_cost();
-    bench_sustained();
-    bench_graph();
-    bench_alloc();
-    bench_pinned();
-    bench_pageable();
-    bench_roundtrip();
-    bench_compile();
-    bench_cross_stream();
+    prepare_kernels();
+    for (int i = 0; i < nrun; i++)
+        all_phases[run[i]].run();
 
     print_table();
     if (json)
@@ -1571,19 +1736,23 @@ int main(int argc, char **argv)
                    S.peer_only ? NULL : &props);
 
     if (!S.peer_only) {
-        ok(cube_handle_release(S.client, K.a), "cube_handle_release");
-        ok(cube_handle_release(S.client, K.b), "cube_handle_release");
-        ok(cube_handle_release(S.client, K.c), "cube_handle_release");
-        ok(cube_handle_release(S.client, K.out), "cube_handle_release");
+        if (K.checked) {
+            ok(cube_handle_release(S.client, K.a), "cube_handle_release");
+            ok(cube_handle_release(S.client, K.b), "cube_handle_release");
+            ok(cube_handle_release(S.client, K.c), "cube_handle_release");
+            ok(cube_handle_release(S.client, K.out), "cube_handle_release");
+        }
         cube_kernel_release(K.noop);
         cube_kernel_release(K.add3);
         cube_client_close(S.client);
     }
     CK(cuCtxSetCurrent(S.ctx));
-    CK(cuMemFree(K.da));
-    CK(cuMemFree(K.db));
-    CK(cuMemFree(K.dc));
-    CK(cuMemFree(K.dout));
+    if (K.checked) {
+        CK(cuMemFree(K.da));
+        CK(cuMemFree(K.db));
+        CK(cuMemFree(K.dc));
+        CK(cuMemFree(K.dout));
+    }
     CK(cuModuleUnload(K.module));
     CK(cuStreamDestroy(S.stream));
     CK(cuDevicePrimaryCtxRelease(S.dev));
