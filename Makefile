@@ -7,7 +7,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-fast test-install test-asan test-tsan bench install clean info
+.PHONY: all deps build demo test test-fast test-install test-asan test-tsan test-thread-safety bench install clean info
 
 all: build
 
@@ -32,8 +32,8 @@ info: build
 	./$(BUILD)/cubert info
 
 # Unit tests and the conformance suite, then the same under ASan+UBSan and
-# under TSan.
-test: test-fast test-install test-asan test-tsan
+# under TSan, and the library through clang's thread-safety analysis.
+test: test-fast test-install test-asan test-tsan test-thread-safety
 
 # Installs into a scratch prefix and builds a program against it with
 # pkg-config and with CMake's find_package.
@@ -60,6 +60,16 @@ test-tsan:
 	cd $(BUILD)-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -j $(JOBS)
 
+# The library built by clang with -Wthread-safety (as errors): locks taken
+# and dropped on every path, functions that need a lock called with it,
+# guarded globals used under their lock (src/base/mutex.h).
+test-thread-safety:
+	@./tools/install-deps.sh clang
+	cmake -S . -B $(BUILD)-thread-safety -DCMAKE_C_COMPILER=clang \
+	  -DCMAKE_BUILD_TYPE=Debug -DCUBE_BUILD_TESTS=OFF -DCUBE_BUILD_BENCH=OFF \
+	  -DCMAKE_C_FLAGS="-Wthread-safety -Wthread-safety-beta" $(CMAKE_FLAGS)
+	cmake --build $(BUILD)-thread-safety -j $(JOBS)
+
 bench: build
 	./$(BUILD)/bench/bench_cpu
 	./$(BUILD)/bench/bench_memory
@@ -69,4 +79,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-thread-safety

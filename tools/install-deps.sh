@@ -1,9 +1,11 @@
 #!/bin/sh
 # Installs the Debian packages cubert's build needs, when they are missing.
 # As root it runs apt-get; otherwise it prints the exact command to run.
+# Arguments name extra packages one make target needs (clang for the
+# thread-safety build).
 set -eu
 
-PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev"
+PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev $*"
 
 missing=""
 for p in $PACKAGES; do

@@ -113,12 +113,12 @@ cube_error *cube_client_open(const char *device,
     c->tag = (uint32_t)(c->serial % 4095) + 1;
     snprintf(c->device, sizeof c->device, "%s:%u", name, index);
     core_handles_init(c);
-    pthread_mutex_init(&c->failure_lock, NULL);
-    pthread_mutex_init(&c->streams_lock, NULL);
-    pthread_mutex_init(&c->cache_lock, NULL);
+    cube_mutex_init(&c->failure_lock);
+    cube_mutex_init(&c->streams_lock);
+    cube_mutex_init(&c->cache_lock);
     pthread_cond_init(&c->cache_cv, NULL);
-    pthread_mutex_init(&c->staging_lock, NULL);
-    pthread_mutex_init(&c->graphs_lock, NULL);
+    cube_mutex_init(&c->staging_lock);
+    cube_mutex_init(&c->graphs_lock);
     atomic_init(&c->faulted, 0);
     core_trace_from_env();
     /* Launch timing for the per-kernel summary costs two clock reads per
@@ -176,12 +176,12 @@ void cube_client_close(cube_client *c)
     core_streams_destroy(c);
     c->vt->destroy(c->server);
     cube_error_free(c->fault);
-    pthread_mutex_destroy(&c->failure_lock);
-    pthread_mutex_destroy(&c->streams_lock);
-    pthread_mutex_destroy(&c->cache_lock);
+    cube_mutex_destroy(&c->failure_lock);
+    cube_mutex_destroy(&c->streams_lock);
+    cube_mutex_destroy(&c->cache_lock);
     pthread_cond_destroy(&c->cache_cv);
-    pthread_mutex_destroy(&c->staging_lock);
-    pthread_mutex_destroy(&c->graphs_lock);
+    cube_mutex_destroy(&c->staging_lock);
+    cube_mutex_destroy(&c->graphs_lock);
     free(c);
 }
 
@@ -292,8 +292,9 @@ cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
     for (size_t i = 0; i < n; i++)
         b[i] = core_binding(&r[i]);
     core_stream *st = NULL;
-    err = core_stream_enter(c, &st);
+    err = core_stream_get(c, &st);
     if (!err) {
+        core_stream_lock(st);
         err = core_stream_refuse_in_capture(st, "cube_sync");
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         /* The barrier first, so a device fault counts... */
@@ -302,7 +303,7 @@ cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
         if (t0)
             core_trace_span("sync", "sync", st->base.id, t0, core_clock_ns(),
                             NULL);
-        core_stream_leave(st);
+        core_stream_unlock(st);
         core_fault_note(c, err);
     }
     /* ...then the claim check a read would make. */
@@ -317,11 +318,12 @@ cube_error *cube_flush(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_flush");
     core_stream *st = NULL;
-    cube_error *err = core_stream_enter(c, &st);
+    cube_error *err = core_stream_get(c, &st);
     if (err)
         return err;
+    core_stream_lock(st);
     err = c->vt->flush(c->server, &st->base);
-    core_stream_leave(st);
+    core_stream_unlock(st);
     /* Only a broken context is the flush's to report. */
     if (err && cube_error_code(err) != CUBE_ERR_DEVICE_FAULT) {
         cube_log_write(CUBE_LOG_WARN, "client",

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "base/mutex.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
 #include "cubert/cubert.h"
@@ -69,17 +70,26 @@ typedef struct core_graph core_graph;
  * stream. */
 typedef struct core_stream {
     cube_server_stream base;
-    pthread_mutex_t lock;
-    int prepared;         /* cube_graph_prepare called, capture not begun */
-    core_graph *capture;  /* the graph being recorded, or NULL */
-    core_window *windows; /* open profiling windows */
-    size_t window_count, window_cap;
-    cube_allocation_mode alloc_mode; /* cube_allocation_mode_set */
-    uint32_t persistent_depth;       /* open persistent windows */
-    int persistent_sent;             /* what the backend was last told */
-    uint64_t launches;               /* dispatches run on this stream */
-    uint64_t failures;               /* launches, writes, replays that failed */
-    cube_error *last_failure;        /* the latest of those */
+    cube_mutex lock;
+    /* cube_graph_prepare called, capture not begun */
+    int prepared CUBE_GUARDED_FIELD(lock);
+    /* the graph being recorded, or NULL */
+    core_graph *capture CUBE_GUARDED_FIELD(lock);
+    /* open profiling windows */
+    core_window *windows CUBE_GUARDED_FIELD(lock);
+    size_t window_count CUBE_GUARDED_FIELD(lock);
+    size_t window_cap CUBE_GUARDED_FIELD(lock);
+    /* cube_allocation_mode_set */
+    cube_allocation_mode alloc_mode CUBE_GUARDED_FIELD(lock);
+    /* open persistent windows */
+    uint32_t persistent_depth CUBE_GUARDED_FIELD(lock);
+    /* what the memory manager was last told */
+    int persistent_sent CUBE_GUARDED_FIELD(lock);
+    /* dispatches run on this stream */
+    uint64_t launches CUBE_GUARDED_FIELD(lock);
+    /* launches, writes, replays that failed, and the latest of them */
+    uint64_t failures CUBE_GUARDED_FIELD(lock);
+    cube_error *last_failure CUBE_GUARDED_FIELD(lock);
 } core_stream;
 
 typedef struct core_cache_entry {
@@ -113,37 +123,41 @@ struct cube_client {
     /* The handle table: chunks of slots that never move (a fixed array of
      * chunk pointers, filled in as needed), so lookups take no lock;
      * handles_lock guards creating slots and the free list. */
-    pthread_mutex_t handles_lock;
-    _Atomic(core_slot *) *chunks;  /* CORE_MAX_CHUNKS entries */
-    atomic_uint slot_count;        /* slots ever used */
-    uint32_t free_head, free_tail; /* FIFO of free slots, UINT32_MAX: none */
+    cube_mutex handles_lock;
+    _Atomic(core_slot *) *chunks; /* CORE_MAX_CHUNKS entries */
+    atomic_uint slot_count;       /* slots ever used */
+    /* FIFO of free slots, UINT32_MAX: none */
+    uint32_t free_head CUBE_GUARDED_FIELD(handles_lock);
+    uint32_t free_tail CUBE_GUARDED_FIELD(handles_lock);
 
-    pthread_mutex_t defer_lock; /* backs deferred allocations, once */
+    cube_mutex defer_lock; /* backs deferred allocations, once */
 
-    pthread_mutex_t failure_lock;
+    cube_mutex failure_lock;
     atomic_int faulted;
-    cube_error *fault; /* under failure_lock */
+    cube_error *fault CUBE_GUARDED_FIELD(failure_lock);
 
     /* Streams: chunks of pointers that never move, filled in order, so a
      * stream is found by index without a lock; streams_lock guards
      * creating one (and the layout new streams get). */
-    pthread_mutex_t streams_lock;
+    cube_mutex streams_lock;
     _Atomic(core_stream **) stream_chunks[CORE_STREAM_CHUNKS];
     atomic_uint stream_count;
-    cube_memory_layout layout; /* what new streams get, when has_layout */
-    int has_layout;
+    /* what new streams get, when has_layout */
+    cube_memory_layout layout CUBE_GUARDED_FIELD(streams_lock);
+    int has_layout CUBE_GUARDED_FIELD(streams_lock);
 
-    pthread_mutex_t cache_lock;
+    cube_mutex cache_lock;
     pthread_cond_t cache_cv; /* a compile finished */
     /* Buckets are pushed to under cache_lock and read without it. */
     _Atomic(core_cache_entry *) cache[CORE_CACHE_BUCKETS];
 
-    pthread_mutex_t staging_lock;
-    void **staging;
-    size_t staging_count, staging_cap;
+    cube_mutex staging_lock;
+    void **staging CUBE_GUARDED_FIELD(staging_lock);
+    size_t staging_count CUBE_GUARDED_FIELD(staging_lock);
+    size_t staging_cap CUBE_GUARDED_FIELD(staging_lock);
 
-    pthread_mutex_t graphs_lock;
-    core_graph *graphs; /* live graphs, a list */
+    cube_mutex graphs_lock;
+    core_graph *graphs CUBE_GUARDED_FIELD(graphs_lock); /* live, a list */
 
     int stats;         /* time every launch for the summary at close */
     int bounds_always; /* every launch bounds-checked (configuration) */
@@ -195,16 +209,19 @@ core_stream *core_stream_at(const cube_client *c, uint32_t index);
 /* Closes every stream: memory managers first, then the backend's side
  * (client close, after every stream drained). */
 void core_streams_destroy(cube_client *c);
-/* The calling thread's stream, locked. Errors: CUBE_ERR_OUT_OF_MEMORY. */
-cube_error *core_stream_enter(cube_client *c, core_stream **out);
-void core_stream_leave(core_stream *s);
+/* Takes and drops the stream's lock, which serializes the calls that
+ * issue work on it (see the lock order in docs/threading.md). */
+void core_stream_lock(core_stream *s) CUBE_ACQUIRE(s->lock);
+void core_stream_unlock(core_stream *s) CUBE_RELEASE(s->lock);
 /* CUBE_ERR_GRAPH_STATE when `s` is capturing (for operations a capture
  * cannot record), else NULL. Call with the stream entered. */
 cube_error *core_stream_refuse_in_capture(const core_stream *s,
-                                          const char *operation);
+                                          const char *operation)
+    CUBE_REQUIRES(s->lock);
 /* Counts a failure of work on `s` for its profiling windows. Call with the
  * stream entered. */
-void core_stream_note_failure(core_stream *s, const cube_error *err);
+void core_stream_note_failure(core_stream *s, const cube_error *err)
+    CUBE_REQUIRES(s->lock);
 /* The same, entering the stream itself. */
 void core_stream_note_failure_now(cube_client *c, const cube_error *err);
 
@@ -212,7 +229,8 @@ void core_stream_note_failure_now(cube_client *c, const cube_error *err);
 /* Tells the backend whether the stream's allocations are persistent now
  * (its mode, a persistent window, a graph being prepared) when that
  * changed. Call with the stream entered. */
-cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s);
+cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
+    CUBE_REQUIRES(s->lock);
 
 /* --- graph.c --- */
 /* Records a validated dispatch into the stream's capture. `written` and

@@ -8,10 +8,10 @@
 void core_failure_record(cube_client *c, core_alloc *a, const cube_error *err)
 {
     cube_error *copy = cube_error_clone(err);
-    pthread_mutex_lock(&c->failure_lock);
+    cube_mutex_lock(&c->failure_lock);
     cube_error *old = atomic_load_explicit(&a->failure, memory_order_relaxed);
     atomic_store_explicit(&a->failure, copy, memory_order_release);
-    pthread_mutex_unlock(&c->failure_lock);
+    cube_mutex_unlock(&c->failure_lock);
     cube_error_free(old);
 }
 
@@ -19,10 +19,10 @@ void core_failure_clear(cube_client *c, core_alloc *a)
 {
     if (!atomic_load_explicit(&a->failure, memory_order_acquire))
         return; /* already trusted: no lock */
-    pthread_mutex_lock(&c->failure_lock);
+    cube_mutex_lock(&c->failure_lock);
     cube_error *old = atomic_load_explicit(&a->failure, memory_order_relaxed);
     atomic_store_explicit(&a->failure, NULL, memory_order_release);
-    pthread_mutex_unlock(&c->failure_lock);
+    cube_mutex_unlock(&c->failure_lock);
     cube_error_free(old);
 }
 
@@ -32,10 +32,10 @@ cube_error *core_failure_get(cube_client *c, core_alloc *a)
         return NULL; /* trusted: no lock */
     /* The copy is made under the lock: a concurrent record or clear frees
      * the old error only after leaving it. */
-    pthread_mutex_lock(&c->failure_lock);
+    cube_mutex_lock(&c->failure_lock);
     cube_error *copy = cube_error_clone(
         atomic_load_explicit(&a->failure, memory_order_relaxed));
-    pthread_mutex_unlock(&c->failure_lock);
+    cube_mutex_unlock(&c->failure_lock);
     return copy;
 }
 
@@ -77,9 +77,9 @@ cube_error *core_failure_claim_check(cube_client *c, const core_resolved *r,
 
 cube_error *core_fault_get(cube_client *c)
 {
-    pthread_mutex_lock(&c->failure_lock);
+    cube_mutex_lock(&c->failure_lock);
     cube_error *copy = cube_error_clone(c->fault);
-    pthread_mutex_unlock(&c->failure_lock);
+    cube_mutex_unlock(&c->failure_lock);
     return copy;
 }
 
@@ -87,9 +87,9 @@ void core_fault_note(cube_client *c, const cube_error *err)
 {
     if (cube_error_code(err) != CUBE_ERR_DEVICE_FAULT)
         return;
-    pthread_mutex_lock(&c->failure_lock);
+    cube_mutex_lock(&c->failure_lock);
     if (!c->fault)
         c->fault = cube_error_clone(err);
-    pthread_mutex_unlock(&c->failure_lock);
+    cube_mutex_unlock(&c->failure_lock);
     atomic_store_explicit(&c->faulted, 1, memory_order_release);
 }

@@ -140,9 +140,10 @@ cube_error *cube_graph_prepare(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_prepare");
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     err = core_stream_refuse_in_capture(s, "cube_graph_prepare");
     if (!err && c->vt->graph_prepare)
         err = c->vt->graph_prepare(c->server, &s->base);
@@ -154,7 +155,7 @@ cube_error *cube_graph_prepare(cube_client *c)
         if (err)
             s->prepared = 0;
     }
-    core_stream_leave(s);
+    core_stream_unlock(s);
     return err;
 }
 
@@ -162,9 +163,10 @@ cube_error *cube_graph_begin(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_begin");
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     if (s->capture)
         err = cube_error_new(CUBE_ERR_GRAPH_STATE,
                              "cube_graph_begin: stream 0x%016llx is already "
@@ -188,7 +190,7 @@ cube_error *cube_graph_begin(cube_client *c)
             s->capture = NULL;
         }
     }
-    core_stream_leave(s);
+    core_stream_unlock(s);
     return err;
 }
 
@@ -200,9 +202,10 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
                               c ? "out" : "client");
     *out = 0;
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     core_graph *g = s->capture;
     cube_error *hw_err = NULL;
     if (g) {
@@ -222,7 +225,7 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
             cube_error_free(mode);
         }
     }
-    core_stream_leave(s);
+    core_stream_unlock(s);
     if (!g)
         return cube_error_new(CUBE_ERR_GRAPH_STATE,
                               "cube_graph_end: the calling stream is not "
@@ -235,10 +238,10 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
     }
     g->id = atomic_fetch_add(&next_graph_id, 1);
     g->refs = 1;
-    pthread_mutex_lock(&c->graphs_lock);
+    cube_mutex_lock(&c->graphs_lock);
     g->next = c->graphs;
     c->graphs = g;
-    pthread_mutex_unlock(&c->graphs_lock);
+    cube_mutex_unlock(&c->graphs_lock);
     cube_log_write(CUBE_LOG_DEBUG, "launch",
                    "graph %llu: %zu launches, %zu buffers pinned",
                    (unsigned long long)g->id, g->count, g->pinned.count);
@@ -249,21 +252,21 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
 /* The live graph `id`, with a reference taken; NULL when there is none. */
 static core_graph *acquire(cube_client *c, cube_graph_id id)
 {
-    pthread_mutex_lock(&c->graphs_lock);
+    cube_mutex_lock(&c->graphs_lock);
     core_graph *g = c->graphs;
     while (g && g->id != id)
         g = g->next;
     if (g)
         g->refs++;
-    pthread_mutex_unlock(&c->graphs_lock);
+    cube_mutex_unlock(&c->graphs_lock);
     return g;
 }
 
 static void release(cube_client *c, core_graph *g)
 {
-    pthread_mutex_lock(&c->graphs_lock);
+    cube_mutex_lock(&c->graphs_lock);
     int last = --g->refs == 0;
-    pthread_mutex_unlock(&c->graphs_lock);
+    cube_mutex_unlock(&c->graphs_lock);
     if (last)
         graph_free(c, g);
 }
@@ -294,10 +297,9 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
     }
     core_stream *s = NULL;
     if (!err)
-        err = core_stream_enter(c, &s);
-    else
-        s = NULL;
+        err = core_stream_get(c, &s);
     if (s) {
+        core_stream_lock(s);
         if (s->capture)
             err = cube_error_new(CUBE_ERR_GRAPH_STATE,
                                  "cube_graph_replay: the calling stream is "
@@ -323,7 +325,7 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
         /* A refusal ran nothing and failed nothing. */
         if (cube_error_code(err) != CUBE_ERR_GRAPH_STATE)
             core_stream_note_failure(s, err);
-        core_stream_leave(s);
+        core_stream_unlock(s);
         core_fault_note(c, err);
     } else if (err) {
         core_stream_note_failure_now(c, err);
@@ -344,7 +346,7 @@ cube_error *cube_graph_destroy(cube_client *c, cube_graph_id id)
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_graph_destroy: client is NULL");
-    pthread_mutex_lock(&c->graphs_lock);
+    cube_mutex_lock(&c->graphs_lock);
     core_graph **p = &c->graphs;
     while (*p && (*p)->id != id)
         p = &(*p)->next;
@@ -355,7 +357,7 @@ cube_error *cube_graph_destroy(cube_client *c, cube_graph_id id)
         /* Replays in progress hold references: the last one frees it. */
         last = --g->refs == 0;
     }
-    pthread_mutex_unlock(&c->graphs_lock);
+    cube_mutex_unlock(&c->graphs_lock);
     if (last)
         graph_free(c, g);
     return NULL;

@@ -39,8 +39,8 @@ static uint32_t state_refs(uint64_t state)
 
 void core_handles_init(cube_client *c)
 {
-    pthread_mutex_init(&c->handles_lock, NULL);
-    pthread_mutex_init(&c->defer_lock, NULL);
+    cube_mutex_init(&c->handles_lock);
+    cube_mutex_init(&c->defer_lock);
     c->free_head = c->free_tail = NO_SLOT;
     atomic_init(&c->slot_count, 0);
     /* The chunk pointers are allocated once and never move; a failure
@@ -160,8 +160,8 @@ void core_handles_destroy(cube_client *c)
     for (uint32_t k = 0; c->chunks && k < CORE_MAX_CHUNKS; k++)
         free(atomic_load(&c->chunks[k]));
     free((void *)c->chunks);
-    pthread_mutex_destroy(&c->handles_lock);
-    pthread_mutex_destroy(&c->defer_lock);
+    cube_mutex_destroy(&c->handles_lock);
+    cube_mutex_destroy(&c->defer_lock);
 }
 
 /* A free slot index, under handles_lock. A new slot starts at
@@ -206,7 +206,7 @@ static void put_slot(cube_client *c, uint32_t i, core_slot *s)
     uint32_t gen = (state_gen(atomic_load(&s->state)) + 1) & GEN_MASK;
     if (gen == 0)
         gen = 1;
-    pthread_mutex_lock(&c->handles_lock);
+    cube_mutex_lock(&c->handles_lock);
     s->alloc = NULL;
     s->next_free = NO_SLOT;
     atomic_store_explicit(&s->state, (uint64_t)gen << 32, memory_order_release);
@@ -215,7 +215,7 @@ static void put_slot(cube_client *c, uint32_t i, core_slot *s)
     else
         slot_at(c, c->free_tail)->next_free = i;
     c->free_tail = i;
-    pthread_mutex_unlock(&c->handles_lock);
+    cube_mutex_unlock(&c->handles_lock);
 }
 
 /* The live slot `h` names, with its count raised by one (a pin), or NULL.
@@ -318,7 +318,7 @@ cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n)
         core_alloc *a = r[i].alloc;
         if (!a || !atomic_load_explicit(&a->deferred, memory_order_acquire))
             continue;
-        pthread_mutex_lock(&c->defer_lock);
+        cube_mutex_lock(&c->defer_lock);
         if (a->deferred) {
             cube_storage st;
             cube_error *cause =
@@ -335,7 +335,7 @@ cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n)
                 atomic_store_explicit(&a->deferred, 0, memory_order_release);
             }
         }
-        pthread_mutex_unlock(&c->defer_lock);
+        cube_mutex_unlock(&c->defer_lock);
         if (err)
             core_failure_record(c, a, err);
     }
@@ -354,10 +354,10 @@ static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
                            uint64_t size, cube_handle *out)
 {
     uint32_t i = 0;
-    pthread_mutex_lock(&c->handles_lock);
+    cube_mutex_lock(&c->handles_lock);
     cube_error *err = take_slot(c, &i);
     if (err) {
-        pthread_mutex_unlock(&c->handles_lock);
+        cube_mutex_unlock(&c->handles_lock);
         return err;
     }
     core_slot *s = slot_at(c, i);
@@ -369,7 +369,7 @@ static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
         state_gen(atomic_load_explicit(&s->state, memory_order_relaxed));
     /* The fields above become visible with the count of one. */
     atomic_store_explicit(&s->state, (gen << 32) | 1, memory_order_release);
-    pthread_mutex_unlock(&c->handles_lock);
+    cube_mutex_unlock(&c->handles_lock);
     *out = make_handle(c, i, (uint32_t)gen & GEN_MASK);
     return NULL;
 }

@@ -59,23 +59,23 @@ static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
         *out = &hit->compiled;
         return NULL;
     }
-    pthread_mutex_lock(&c->cache_lock);
+    cube_mutex_lock(&c->cache_lock);
     for (;;) {
         core_cache_entry *e = find_entry(c, k, key, cmode);
         if (!e)
             break;
         if (atomic_load_explicit(&e->state, memory_order_acquire) == 1) {
             *out = &e->compiled;
-            pthread_mutex_unlock(&c->cache_lock);
+            cube_mutex_unlock(&c->cache_lock);
             return NULL;
         }
         /* Another thread compiles it; if that fails, the entry is marked
          * failed and this thread tries itself. */
-        pthread_cond_wait(&c->cache_cv, &c->cache_lock);
+        cube_cond_wait(&c->cache_cv, &c->cache_lock);
     }
     core_cache_entry *fresh = calloc(1, sizeof *fresh);
     if (!fresh) {
-        pthread_mutex_unlock(&c->cache_lock);
+        cube_mutex_unlock(&c->cache_lock);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel cache");
     }
     fresh->key = key;
@@ -86,14 +86,14 @@ static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
     size_t bucket = key % CORE_CACHE_BUCKETS;
     fresh->next = atomic_load_explicit(&c->cache[bucket], memory_order_relaxed);
     atomic_store_explicit(&c->cache[bucket], fresh, memory_order_release);
-    pthread_mutex_unlock(&c->cache_lock);
+    cube_mutex_unlock(&c->cache_lock);
 
     cube_error *err = c->vt->compile(c->server, k, cmode, &fresh->compiled);
 
-    pthread_mutex_lock(&c->cache_lock);
+    cube_mutex_lock(&c->cache_lock);
     atomic_store_explicit(&fresh->state, err ? -1 : 1, memory_order_release);
     pthread_cond_broadcast(&c->cache_cv);
-    pthread_mutex_unlock(&c->cache_lock);
+    cube_mutex_unlock(&c->cache_lock);
     if (err)
         return err;
     *out = &fresh->compiled;
@@ -344,9 +344,10 @@ static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
             d.bindings[p] = core_binding(&r[arg_of_param[p]]);
     }
     core_stream *st = NULL;
-    cube_error *err = core_stream_enter(c, &st);
+    cube_error *err = core_stream_get(c, &st);
     if (err)
         return err;
+    core_stream_lock(st);
     if (st->capture) {
         /* A hardware graph records on the device's own queue (nothing
          * runs); a software graph keeps the dispatch. Either way no
@@ -355,7 +356,7 @@ static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
             err = c->vt->launch(c->server, &st->base, &d);
         if (!err)
             err = record(c, st, cc, &d, arg_of_param, r, count_res);
-        core_stream_leave(st);
+        core_stream_unlock(st);
         return err;
     }
     int timed = c->stats || core_trace_on();
@@ -365,7 +366,7 @@ static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
         account(k, cc, &d, st->base.id, t0);
     if (!err)
         st->launches++;
-    core_stream_leave(st);
+    core_stream_unlock(st);
     core_fault_note(c, err);
     if (cube_log_enabled(CUBE_LOG_DEBUG))
         cube_log_write(CUBE_LOG_DEBUG, "launch",

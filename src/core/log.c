@@ -9,14 +9,15 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include "base/mutex.h"
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
 
 static _Atomic int log_level = CUBE_LOG_WARN;
-static pthread_mutex_t sink_lock = PTHREAD_MUTEX_INITIALIZER;
-static cube_log_sink_fn sink_fn;
-static void *sink_user;
-static FILE *sink_file;
+static cube_mutex sink_lock = CUBE_MUTEX_INIT;
+static cube_log_sink_fn sink_fn CUBE_GUARDED_BY(sink_lock);
+static void *sink_user CUBE_GUARDED_BY(sink_lock);
+static FILE *sink_file CUBE_GUARDED_BY(sink_lock);
 
 static const char *level_name(cube_log_level level)
 {
@@ -47,10 +48,10 @@ int cube_log_enabled(cube_log_level level)
 
 void cube_log_set_sink(cube_log_sink_fn sink, void *user)
 {
-    pthread_mutex_lock(&sink_lock);
+    cube_mutex_lock(&sink_lock);
     sink_fn = sink;
     sink_user = user;
-    pthread_mutex_unlock(&sink_lock);
+    cube_mutex_unlock(&sink_lock);
 }
 
 cube_error *cube_log_set_file(const char *path)
@@ -69,12 +70,12 @@ cube_error *cube_log_set_file(const char *path)
                               "cube_log_set_file: cannot open '%s'", path);
     }
     setvbuf(f, NULL, _IOLBF, 0);
-    pthread_mutex_lock(&sink_lock);
+    cube_mutex_lock(&sink_lock);
     if (sink_file)
         fclose(sink_file);
     sink_file = f;
     sink_fn = NULL;
-    pthread_mutex_unlock(&sink_lock);
+    cube_mutex_unlock(&sink_lock);
     return NULL;
 }
 
@@ -122,14 +123,14 @@ void cube_log_write(cube_log_level level, const char *category, const char *fmt,
     }
     if (!category)
         category = "cubert";
-    pthread_mutex_lock(&sink_lock);
+    cube_mutex_lock(&sink_lock);
     if (sink_fn) {
         sink_fn(sink_user, level, category, msg);
     } else {
         FILE *out = sink_file ? sink_file : stderr;
         fprintf(out, "cubert %s [%s] %s\n", level_name(level), category, msg);
     }
-    pthread_mutex_unlock(&sink_lock);
+    cube_mutex_unlock(&sink_lock);
     if (msg != stack_buf)
         free(msg);
 }

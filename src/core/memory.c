@@ -53,16 +53,17 @@ cube_error *cube_install_memory_pools(cube_client *c,
         return cube_error_prefix(err, "cube_install_memory_pools");
     /* Streams created from now on get the layout, whatever happens to the
      * calling stream's pools. */
-    pthread_mutex_lock(&c->streams_lock);
+    cube_mutex_lock(&c->streams_lock);
     c->layout = *layout;
     c->has_layout = 1;
-    pthread_mutex_unlock(&c->streams_lock);
+    cube_mutex_unlock(&c->streams_lock);
     core_stream *s = NULL;
-    err = core_stream_enter(c, &s);
+    err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     err = mem_install(s->base.memory, layout);
-    core_stream_leave(s);
+    core_stream_unlock(s);
     return err;
 }
 
@@ -84,13 +85,14 @@ cube_error *cube_memory_cleanup(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_cleanup");
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     if (c->vt->memory_reclaim)
         c->vt->memory_reclaim(c->server, &s->base);
     mem_cleanup(s->base.memory);
-    core_stream_leave(s);
+    core_stream_unlock(s);
     return NULL;
 }
 
@@ -140,15 +142,16 @@ cube_error *cube_allocation_mode_set(cube_client *c, cube_allocation_mode mode)
                               "cube_allocation_mode",
                               (int)mode);
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     cube_allocation_mode old = s->alloc_mode;
     s->alloc_mode = mode;
     err = core_stream_sync_persistent(c, s);
     if (err)
         s->alloc_mode = old;
-    core_stream_leave(s);
+    core_stream_unlock(s);
     return err;
 }
 
@@ -156,14 +159,15 @@ cube_error *cube_persistent_begin(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_persistent_begin");
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     s->persistent_depth++;
     err = core_stream_sync_persistent(c, s);
     if (err)
         s->persistent_depth--;
-    core_stream_leave(s);
+    core_stream_unlock(s);
     return err;
 }
 
@@ -171,11 +175,12 @@ cube_error *cube_persistent_end(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_persistent_end");
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     if (s->persistent_depth == 0) {
-        core_stream_leave(s);
+        core_stream_unlock(s);
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_persistent_end: no persistent window is "
                               "open on the calling stream");
@@ -184,7 +189,7 @@ cube_error *cube_persistent_end(cube_client *c)
     err = core_stream_sync_persistent(c, s);
     if (err)
         s->persistent_depth++;
-    core_stream_leave(s);
+    core_stream_unlock(s);
     return err;
 }
 

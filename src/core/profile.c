@@ -35,9 +35,10 @@ cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
                               "cube_profile_start: out is NULL");
     *out = 0;
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     err = core_stream_refuse_in_capture(s, "cube_profile_start");
     if (!err && s->window_count == s->window_cap) {
         size_t cap = s->window_cap ? s->window_cap * 2 : 4;
@@ -65,7 +66,7 @@ cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
         w->start_ns = core_clock_ns();
         *out = w->token;
     }
-    core_stream_leave(s);
+    core_stream_unlock(s);
     /* err is a fresh error object, not derived from token. */
     // cppcheck-suppress returnDanglingLifetime
     return err;
@@ -101,12 +102,13 @@ cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
     out->method = CUBE_TIMING_HOST_CLOCK;
     out->launches = 0;
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err)
         return err;
+    core_stream_lock(s);
     long i = find_window(s, token);
     if (i < 0) {
-        core_stream_leave(s);
+        core_stream_unlock(s);
         return cube_error_new(CUBE_ERR_PROFILE,
                               "cube_profile_end: token %llu is not an open "
                               "window of the calling stream (unknown, "
@@ -116,7 +118,7 @@ cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
     /* The window stays open: the caller can end it after the capture. */
     err = core_stream_refuse_in_capture(s, "cube_profile_end");
     if (err) {
-        core_stream_leave(s);
+        core_stream_unlock(s);
         return err;
     }
     core_window w = s->windows[i];
@@ -146,7 +148,7 @@ cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
         out->launches = s->launches - w.launches_at_start;
     }
     remove_window(s, i);
-    core_stream_leave(s);
+    core_stream_unlock(s);
     return err;
 }
 
@@ -155,11 +157,12 @@ void cube_profile_abandon(cube_client *c, cube_profile_token token)
     if (!c)
         return;
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
+    cube_error *err = core_stream_get(c, &s);
     if (err) {
         cube_error_free(err);
         return;
     }
+    core_stream_lock(s);
     long i = find_window(s, token);
     if (i >= 0) {
         if (c->vt->abandon_profile)
@@ -167,5 +170,5 @@ void cube_profile_abandon(cube_client *c, cube_profile_token token)
                                    s->windows[i].backend_token);
         remove_window(s, i);
     }
-    core_stream_leave(s);
+    core_stream_unlock(s);
 }

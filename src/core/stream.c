@@ -126,7 +126,7 @@ static void stream_free(cube_client *c, core_stream *s)
     s->base.memory = NULL;
     if (c->vt->stream_close)
         c->vt->stream_close(c->server, &s->base);
-    pthread_mutex_destroy(&s->lock);
+    cube_mutex_destroy(&s->lock);
     free(s->windows);
     cube_error_free(s->last_failure);
     free(s);
@@ -157,12 +157,12 @@ static cube_error *stream_create(cube_client *c, cube_stream_id id,
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream");
     s->base.id = id;
     s->base.index = index;
-    pthread_mutex_init(&s->lock, NULL);
+    cube_mutex_init(&s->lock);
     cube_storage_ops ops;
     memset(&ops, 0, sizeof ops);
     cube_error *err = c->vt->stream_open(c->server, &s->base, &ops);
     if (err) {
-        pthread_mutex_destroy(&s->lock);
+        cube_mutex_destroy(&s->lock);
         free(s);
         return err;
     }
@@ -217,11 +217,11 @@ cube_error *core_stream_get(cube_client *c, core_stream **out)
     }
     core_stream *s = core_stream_find(c, id);
     if (!s) {
-        pthread_mutex_lock(&c->streams_lock);
+        cube_mutex_lock(&c->streams_lock);
         /* Another thread naming the same id may have created it. */
         s = core_stream_find(c, id);
         cube_error *err = s ? NULL : stream_create(c, id, &s);
-        pthread_mutex_unlock(&c->streams_lock);
+        cube_mutex_unlock(&c->streams_lock);
         if (err)
             return err;
     }
@@ -232,20 +232,14 @@ cube_error *core_stream_get(cube_client *c, core_stream **out)
     return NULL;
 }
 
-cube_error *core_stream_enter(cube_client *c, core_stream **out)
+void core_stream_lock(core_stream *s)
 {
-    core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
-    if (err)
-        return err;
-    pthread_mutex_lock(&s->lock);
-    *out = s;
-    return NULL;
+    cube_mutex_lock(&s->lock);
 }
 
-void core_stream_leave(core_stream *s)
+void core_stream_unlock(core_stream *s)
 {
-    pthread_mutex_unlock(&s->lock);
+    cube_mutex_unlock(&s->lock);
 }
 
 cube_error *core_stream_refuse_in_capture(const core_stream *s,
@@ -275,13 +269,14 @@ void core_stream_note_failure(core_stream *s, const cube_error *err)
 void core_stream_note_failure_now(cube_client *c, const cube_error *err)
 {
     core_stream *s = NULL;
-    cube_error *e = core_stream_enter(c, &s);
+    cube_error *e = core_stream_get(c, &s);
     if (e) {
         cube_error_free(e);
         return;
     }
+    core_stream_lock(s);
     core_stream_note_failure(s, err);
-    core_stream_leave(s);
+    core_stream_unlock(s);
 }
 
 cube_error *cube_stream_ids(cube_client *c, cube_stream_id *ids,

@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/mutex.h"
 #include "core/config.h"
 #include "core/trace.h"
 #include "cubert/backend/errors.h"
@@ -46,21 +47,24 @@ typedef struct stream_slot {
 } stream_slot;
 
 static atomic_int trace_active;
-static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
+static cube_mutex trace_lock = CUBE_MUTEX_INIT;
 static pthread_once_t trace_hooks_once = PTHREAD_ONCE_INIT;
 static pthread_once_t trace_env_once = PTHREAD_ONCE_INIT;
 
 /* Everything below is under trace_lock. */
-static FILE *trace_file;
-static char *trace_path;
-static uint64_t trace_t0;
-static long trace_pid;
-static int trace_failed;     /* a write failed */
-static int trace_warned;     /* the failure was logged */
-static uint64_t trace_lost;  /* events dropped for want of memory */
-static stream_slot *streams; /* open addressing, capacity a power of two */
-static size_t stream_cap, stream_count;
-static uint32_t next_tid;
+static FILE *trace_file CUBE_GUARDED_BY(trace_lock);
+static char *trace_path CUBE_GUARDED_BY(trace_lock);
+static uint64_t trace_t0 CUBE_GUARDED_BY(trace_lock);
+static long trace_pid CUBE_GUARDED_BY(trace_lock);
+static int trace_failed CUBE_GUARDED_BY(trace_lock); /* a write failed */
+static int trace_warned CUBE_GUARDED_BY(trace_lock); /* that was logged */
+/* events dropped for want of memory */
+static uint64_t trace_lost CUBE_GUARDED_BY(trace_lock);
+/* open addressing, capacity a power of two */
+static stream_slot *streams CUBE_GUARDED_BY(trace_lock);
+static size_t stream_cap CUBE_GUARDED_BY(trace_lock);
+static size_t stream_count CUBE_GUARDED_BY(trace_lock);
+static uint32_t next_tid CUBE_GUARDED_BY(trace_lock);
 
 uint64_t core_clock_ns(void)
 {
@@ -230,6 +234,13 @@ static uint32_t hash_stream(cube_stream_id id)
     return (uint32_t)id;
 }
 
+/* Called with trace_lock held. */
+static void streams_clear(void) CUBE_REQUIRES(trace_lock);
+static int streams_grow(void) CUBE_REQUIRES(trace_lock);
+static void note_write(int rc) CUBE_REQUIRES(trace_lock);
+static uint32_t stream_tid(cube_stream_id stream) CUBE_REQUIRES(trace_lock);
+static double trace_us(uint64_t ns) CUBE_REQUIRES(trace_lock);
+
 static void streams_clear(void)
 {
     free(streams);
@@ -345,7 +356,7 @@ static void trace_emit(const char *ph, const char *cat, const char *name,
     event_parts(&head, &tail, ph, cat, name, args_json);
     int fail_now = 0;
     char path[256] = "";
-    pthread_mutex_lock(&trace_lock);
+    cube_mutex_lock(&trace_lock);
     if (trace_file) {
         if (head.oom || tail.oom) {
             trace_lost++;
@@ -373,7 +384,7 @@ static void trace_emit(const char *ph, const char *cat, const char *name,
             snprintf(path, sizeof path, "%s", trace_path);
         }
     }
-    pthread_mutex_unlock(&trace_lock);
+    cube_mutex_unlock(&trace_lock);
     report_failure(fail_now, path);
     text_free(&head);
     text_free(&tail);
@@ -412,14 +423,20 @@ static void trace_at_exit(void)
 /* fork(): the writer's lock is held across the fork so the child gets a
  * consistent copy; the child then drops the trace without writing a byte
  * of it, its unwritten buffer sent to /dev/null. */
+/* The analysis cannot follow a lock taken in one handler and dropped in
+ * another. */
+static void trace_fork_prepare(void) CUBE_NO_TSA;
+static void trace_fork_parent(void) CUBE_NO_TSA;
+static void trace_fork_child(void) CUBE_NO_TSA;
+
 static void trace_fork_prepare(void)
 {
-    pthread_mutex_lock(&trace_lock);
+    cube_mutex_lock(&trace_lock);
 }
 
 static void trace_fork_parent(void)
 {
-    pthread_mutex_unlock(&trace_lock);
+    cube_mutex_unlock(&trace_lock);
 }
 
 static void trace_fork_child(void)
@@ -439,7 +456,7 @@ static void trace_fork_child(void)
         trace_path = NULL;
         streams_clear();
     }
-    pthread_mutex_unlock(&trace_lock);
+    cube_mutex_unlock(&trace_lock);
 }
 
 static void trace_install_hooks(void)
@@ -461,18 +478,18 @@ cube_error *cube_trace_start(const char *path)
                               "cube_trace_start: path is NULL or empty");
     pthread_once(&trace_hooks_once, trace_install_hooks);
 
-    pthread_mutex_lock(&trace_lock);
+    cube_mutex_lock(&trace_lock);
     if (trace_file) {
         cube_error *err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                                          "cube_trace_start: a trace is already "
                                          "being written to '%s'",
                                          trace_path);
-        pthread_mutex_unlock(&trace_lock);
+        cube_mutex_unlock(&trace_lock);
         return err;
     }
     char *copy = strdup(path);
     if (!copy) {
-        pthread_mutex_unlock(&trace_lock);
+        cube_mutex_unlock(&trace_lock);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_trace_start");
     }
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -480,7 +497,7 @@ cube_error *cube_trace_start(const char *path)
     if (!f) {
         if (fd >= 0)
             close(fd);
-        pthread_mutex_unlock(&trace_lock);
+        cube_mutex_unlock(&trace_lock);
         free(copy);
         return cube_error_new(CUBE_ERR_IO,
                               "cube_trace_start: cannot open '%s' for writing",
@@ -501,16 +518,16 @@ cube_error *cube_trace_start(const char *path)
                        trace_pid));
     trace_t0 = core_clock_ns();
     atomic_store_explicit(&trace_active, 1, memory_order_release);
-    pthread_mutex_unlock(&trace_lock);
+    cube_mutex_unlock(&trace_lock);
     cube_log_write(CUBE_LOG_INFO, "trace", "writing a trace to '%s'", path);
     return NULL;
 }
 
 cube_error *cube_trace_stop(void)
 {
-    pthread_mutex_lock(&trace_lock);
+    cube_mutex_lock(&trace_lock);
     if (!trace_file) {
-        pthread_mutex_unlock(&trace_lock);
+        cube_mutex_unlock(&trace_lock);
         return NULL;
     }
     atomic_store_explicit(&trace_active, 0, memory_order_release);
@@ -527,7 +544,7 @@ cube_error *cube_trace_stop(void)
         failed = 1;
     if (fclose(f) != 0)
         failed = 1;
-    pthread_mutex_unlock(&trace_lock);
+    cube_mutex_unlock(&trace_lock);
 
     cube_error *err = NULL;
     if (failed)
@@ -551,9 +568,9 @@ static void trace_start_from_config(void)
     const char *path = core_config_trace_path();
     if (!path || !*path)
         return;
-    pthread_mutex_lock(&trace_lock);
+    cube_mutex_lock(&trace_lock);
     int running = trace_file != NULL;
-    pthread_mutex_unlock(&trace_lock);
+    cube_mutex_unlock(&trace_lock);
     if (running)
         return;
     cube_error *err = cube_trace_start(path);

@@ -189,13 +189,14 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
         return err;
     }
     core_stream *st = NULL;
-    err = core_stream_enter(c, &st);
+    err = core_stream_get(c, &st);
     if (!err) {
+        core_stream_lock(st);
         err = core_stream_refuse_in_capture(st, "cube_write");
         if (err) {
             /* Refused, not failed: nothing was written and no buffer
              * changes state. */
-            core_stream_leave(st);
+            core_stream_unlock(st);
             unpin(c, r, n);
             free(ops);
             return err;
@@ -205,7 +206,7 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
         if (t0)
             trace_copy("write", st->base.id, t0, ops, n);
         core_stream_note_failure(st, err);
-        core_stream_leave(st);
+        core_stream_unlock(st);
     }
     for (size_t i = 0; i < n; i++) {
         if (err) {
@@ -263,16 +264,17 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
         f->result = core_materialize(c, r, n);
     if (!f->result) {
         core_stream *st = NULL;
-        f->result = core_stream_enter(c, &st);
+        f->result = core_stream_get(c, &st);
         if (!f->result) {
+            core_stream_lock(st);
             f->result = core_stream_refuse_in_capture(st, "cube_read");
             uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
             if (!f->result)
-                f->result = c->vt->read(c->server, &st->base, ops, n, destinations,
-                                        &f->pending);
+                f->result = c->vt->read(c->server, &st->base, ops, n,
+                                        destinations, &f->pending);
             if (t0)
                 trace_copy("read", st->base.id, t0, ops, n);
-            core_stream_leave(st);
+            core_stream_unlock(st);
             core_fault_note(c, f->result);
         }
     }
@@ -395,14 +397,14 @@ cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
     }
     if (err)
         return err;
-    pthread_mutex_lock(&c->staging_lock);
+    cube_mutex_lock(&c->staging_lock);
     if (c->staging_count + n > c->staging_cap) {
         size_t cap = c->staging_cap ? c->staging_cap : 16;
         while (cap < c->staging_count + n)
             cap *= 2;
         void **grown = realloc(c->staging, cap * sizeof *grown);
         if (!grown) {
-            pthread_mutex_unlock(&c->staging_lock);
+            cube_mutex_unlock(&c->staging_lock);
             for (size_t i = 0; i < n; i++) {
                 staging_release(c, out[i]);
                 out[i] = NULL;
@@ -414,7 +416,7 @@ cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
     }
     for (size_t i = 0; i < n; i++)
         c->staging[c->staging_count++] = out[i];
-    pthread_mutex_unlock(&c->staging_lock);
+    cube_mutex_unlock(&c->staging_lock);
     return NULL;
 }
 
@@ -425,19 +427,19 @@ cube_error *cube_staging_free(cube_client *c, void *buffer)
                               "cube_staging_free: client is NULL");
     if (!buffer)
         return NULL;
-    pthread_mutex_lock(&c->staging_lock);
+    cube_mutex_lock(&c->staging_lock);
     size_t i = 0;
     while (i < c->staging_count && c->staging[i] != buffer)
         i++;
     if (i == c->staging_count) {
-        pthread_mutex_unlock(&c->staging_lock);
+        cube_mutex_unlock(&c->staging_lock);
         return cube_error_new(CUBE_ERR_NOT_FOUND,
                               "cube_staging_free: %p is not a staging buffer "
                               "of this client",
                               buffer);
     }
     staging_forget_locked(c, i);
-    pthread_mutex_unlock(&c->staging_lock);
+    cube_mutex_unlock(&c->staging_lock);
     staging_release(c, buffer);
     return NULL;
 }

@@ -29,6 +29,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "base/mutex.h"
 #include "memory/memory_manager.h"
 
 typedef struct mem_pool mem_pool;
@@ -132,18 +133,21 @@ struct mem_pool {
 
 typedef struct mem_slab mem_slab;
 
+/* Everything but ops, dev and shift (set at creation) is under `lock`. */
 struct mem_manager {
-    pthread_mutex_t lock;
+    cube_mutex lock;
     mem_storage_ops ops;
     mem_device dev;
-    unsigned shift; /* log2 of the alignment */
-    uint32_t count; /* pools of the layout */
-    int persistent;
-    uint64_t next_expiry_ms; /* earliest exclusive release; UINT64_MAX */
-    mem_pool pools[MEM_POOL_SLOTS];
-    mem_block *spare; /* records to reuse, linked by next */
-    uint64_t spare_count;
-    mem_slab *slabs;
+    unsigned shift;                          /* log2 of the alignment */
+    uint32_t count CUBE_GUARDED_FIELD(lock); /* pools of the layout */
+    int persistent CUBE_GUARDED_FIELD(lock);
+    /* earliest exclusive release; UINT64_MAX */
+    uint64_t next_expiry_ms CUBE_GUARDED_FIELD(lock);
+    mem_pool pools[MEM_POOL_SLOTS] CUBE_GUARDED_FIELD(lock);
+    /* records to reuse, linked by next */
+    mem_block *spare CUBE_GUARDED_FIELD(lock);
+    uint64_t spare_count CUBE_GUARDED_FIELD(lock);
+    mem_slab *slabs CUBE_GUARDED_FIELD(lock);
     /* Storage given back under the lock, handed to ops.free only once the
      * lock is dropped (mem_unlock): a storage free may block (a device
      * free waits for its stream), and other threads' pool hits must not
@@ -183,16 +187,18 @@ static inline uint64_t mem_round(const mem_manager *m, uint64_t size)
 /* A spare record (the caller made sure one is there: mem_alloc keeps at
  * least MEM_SPARE_MIN before it routes). */
 #define MEM_SPARE_MIN 2
-mem_block *mem_record_take(mem_manager *m);
-void mem_record_give(mem_manager *m, mem_block *b);
+mem_block *mem_record_take(mem_manager *m) CUBE_REQUIRES(m->lock);
+void mem_record_give(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
 
 /* Storage with out-of-memory handling: on a refusal, releases everything
  * unused and retries once. Errors: CUBE_ERR_OUT_OF_MEMORY. */
-cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address);
-void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size);
+cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
+    CUBE_REQUIRES(m->lock);
+void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size)
+    CUBE_REQUIRES(m->lock);
 /* Drops the manager's lock, then gives the storage what mem_storage_put
  * queued meanwhile. Every path that takes m->lock leaves through it. */
-void mem_unlock(mem_manager *m);
+void mem_unlock(mem_manager *m) CUBE_RELEASE(m->lock);
 
 /* Monotonic milliseconds. */
 uint64_t mem_now_ms(void);
@@ -214,7 +220,7 @@ void mem_pool_link(mem_pool *p, mem_block *b);
 void mem_pool_unlink(mem_pool *p, mem_block *b);
 /* Gives every block of the pool's block list back to the storage, live or
  * not (not for sliced pools). */
-void mem_pool_drop_all(mem_manager *m, mem_pool *p);
+void mem_pool_drop_all(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
 
 /* Pool operations. alloc: *out is the live block, or NULL with no error
  * when the pool's cap leaves no room (the caller spills over). release:
@@ -224,24 +230,26 @@ void mem_pool_drop_all(mem_manager *m, mem_pool *p);
  * when that is 0). fini: gives back every page, live or not. */
 cube_error *mem_sliced_init(mem_manager *m, mem_pool *p);
 cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
-                             mem_block **out);
-void mem_sliced_free(mem_manager *m, mem_block *b);
-uint64_t mem_sliced_release(mem_manager *m, mem_pool *p);
-void mem_sliced_fini(mem_manager *m, mem_pool *p);
+                             mem_block **out) CUBE_REQUIRES(m->lock);
+void mem_sliced_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
+uint64_t mem_sliced_release(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
+void mem_sliced_fini(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
 
 cube_error *mem_exclusive_init(mem_manager *m, mem_pool *p);
 cube_error *mem_exclusive_alloc(mem_manager *m, mem_pool *p, uint64_t size,
-                                mem_block **out);
-void mem_exclusive_free(mem_manager *m, mem_block *b);
-uint64_t mem_exclusive_release(mem_manager *m, mem_pool *p, uint64_t now_ms);
-void mem_exclusive_fini(mem_manager *m, mem_pool *p);
+                                mem_block **out) CUBE_REQUIRES(m->lock);
+void mem_exclusive_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
+uint64_t mem_exclusive_release(mem_manager *m, mem_pool *p, uint64_t now_ms)
+    CUBE_REQUIRES(m->lock);
+void mem_exclusive_fini(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
 
 cube_error *mem_persistent_alloc(mem_manager *m, mem_pool *p, uint64_t size,
-                                 mem_block **out);
-void mem_persistent_free(mem_manager *m, mem_block *b);
-uint64_t mem_persistent_release(mem_manager *m, mem_pool *p);
+                                 mem_block **out) CUBE_REQUIRES(m->lock);
+void mem_persistent_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
+uint64_t mem_persistent_release(mem_manager *m, mem_pool *p)
+    CUBE_REQUIRES(m->lock);
 /* Forgets sizes no block has any more (after a release). */
 void mem_persistent_prune(mem_pool *p);
-void mem_persistent_fini(mem_manager *m, mem_pool *p);
+void mem_persistent_fini(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
 
 #endif /* CUBE_MEMORY_MEM_INTERNAL_H */

@@ -20,6 +20,18 @@ typedef unsigned long long ull;
 
 /* --- records --- */
 
+/* Called with m->lock held. */
+static int records_reserve(mem_manager *m) CUBE_REQUIRES(m->lock);
+static void expire(mem_manager *m, uint64_t now) CUBE_REQUIRES(m->lock);
+static void expire_if_due(mem_manager *m) CUBE_REQUIRES(m->lock);
+static uint64_t release_unused(mem_manager *m) CUBE_REQUIRES(m->lock);
+static cube_error *tail_alloc(mem_manager *m, uint64_t size, mem_block **out)
+    CUBE_REQUIRES(m->lock);
+static void tail_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
+static void pool_fini(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
+static cube_error *route(mem_manager *m, uint64_t size, mem_block **out)
+    CUBE_REQUIRES(m->lock);
+
 static int records_reserve(mem_manager *m)
 {
     if (m->spare_count >= MEM_SPARE_MIN)
@@ -233,13 +245,13 @@ void mem_unlock(mem_manager *m)
 {
     uint32_t n = m->put_count;
     if (n == 0) {
-        pthread_mutex_unlock(&m->lock);
+        cube_mutex_unlock(&m->lock);
         return;
     }
     struct mem_put *puts = m->puts;
     m->puts = NULL;
     m->put_count = m->put_cap = 0;
-    pthread_mutex_unlock(&m->lock);
+    cube_mutex_unlock(&m->lock);
     for (uint32_t i = 0; i < n; i++)
         m->ops.free(m->ops.self, puts[i].address, puts[i].size);
     free(puts);
@@ -392,7 +404,7 @@ cube_error *mem_manager_create(const mem_storage_ops *ops,
         free(m);
         return err;
     }
-    if (pthread_mutex_init(&m->lock, NULL) != 0) {
+    if (cube_mutex_init(&m->lock) != 0) {
         for (uint32_t i = 0; i < layout->count; i++)
             mem_bins_fini(&built[i].bins);
         free(m);
@@ -422,7 +434,7 @@ void mem_manager_destroy(mem_manager *m)
 {
     if (!m)
         return;
-    pthread_mutex_lock(&m->lock);
+    cube_mutex_lock(&m->lock);
     cube_memory_usage u;
     usage_locked(m, &u);
     if (u.buffers)
@@ -441,7 +453,7 @@ void mem_manager_destroy(mem_manager *m)
         free(slab);
     }
     free(m->puts);
-    pthread_mutex_destroy(&m->lock);
+    cube_mutex_destroy(&m->lock);
     free(m);
 }
 
@@ -500,7 +512,7 @@ cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out)
                               "a buffer of %llu bytes can never fit: the "
                               "device holds %llu bytes",
                               (ull)size, (ull)m->dev.memory_size);
-    pthread_mutex_lock(&m->lock);
+    cube_mutex_lock(&m->lock);
     expire_if_due(m);
     if (records_reserve(m) != 0) {
         mem_unlock(m);
@@ -526,7 +538,7 @@ void mem_free(mem_manager *m, cube_storage *storage)
     uintptr_t pool = (uintptr_t)b->pool;
     uintptr_t first = (uintptr_t)&m->pools[0];
     uintptr_t end = (uintptr_t)&m->pools[MEM_POOL_SLOTS];
-    pthread_mutex_lock(&m->lock);
+    cube_mutex_lock(&m->lock);
     if (pool < first || pool >= end || !b->requested ||
         b->address != storage->address) {
         mem_unlock(m);
@@ -554,7 +566,7 @@ void mem_usage(mem_manager *m, cube_memory_usage *out)
 {
     if (!m || !out)
         return;
-    pthread_mutex_lock(&m->lock);
+    cube_mutex_lock(&m->lock);
     usage_locked(m, out);
     mem_unlock(m);
 }
@@ -578,7 +590,7 @@ void mem_report(mem_manager *m, cube_memory_report *out)
     if (!m || !out)
         return;
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock(&m->lock);
+    cube_mutex_lock(&m->lock);
     uint32_t n = 0;
     for (uint32_t i = 0; i < m->count; i++)
         pool_report(&m->pools[i], &out->pools[n++]);
@@ -601,7 +613,7 @@ void mem_reset_peaks(mem_manager *m)
 {
     if (!m)
         return;
-    pthread_mutex_lock(&m->lock);
+    cube_mutex_lock(&m->lock);
     for (uint32_t i = 0; i < m->count; i++)
         stats_reset_peaks(&m->pools[i].st);
     stats_reset_peaks(&m->pools[MEM_TAIL].st);
@@ -613,7 +625,7 @@ void mem_cleanup(mem_manager *m)
 {
     if (!m)
         return;
-    pthread_mutex_lock(&m->lock);
+    cube_mutex_lock(&m->lock);
     uint64_t released = release_unused(m);
     mem_persistent_prune(&m->pools[MEM_PERSISTENT]);
     mem_unlock(m);
@@ -630,7 +642,7 @@ cube_error *mem_install(mem_manager *m, const cube_memory_layout *layout)
     cube_error *err = mem_layout_validate(layout, &m->dev);
     if (err)
         return err;
-    pthread_mutex_lock(&m->lock);
+    cube_mutex_lock(&m->lock);
     cube_memory_usage u;
     usage_locked(m, &u);
     if (u.buffers) {
@@ -661,7 +673,7 @@ void mem_set_persistent(mem_manager *m, int persistent)
 {
     if (!m)
         return;
-    pthread_mutex_lock(&m->lock);
+    cube_mutex_lock(&m->lock);
     m->persistent = persistent != 0;
     mem_unlock(m);
 }

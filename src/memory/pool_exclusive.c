@@ -45,6 +45,9 @@ static void lru_append(mem_pool *p, mem_block *b)
 
 /* Gives a free page back to the storage. */
 static void page_drop(mem_manager *m, mem_pool *p, mem_block *b)
+    CUBE_REQUIRES(m->lock);
+
+static void page_drop(mem_manager *m, mem_pool *p, mem_block *b)
 {
     mem_bins_remove(&p->bins, b);
     lru_unlink(p, b);

@@ -74,6 +74,12 @@ static uint64_t page_size_for(const mem_pool *p, uint64_t extent)
 
 /* A new page of `size` bytes, as one free slice (not in the bins); NULL
  * and *err when the page cannot be had. */
+/* Called with m->lock held. */
+static mem_block *page_new(mem_manager *m, mem_pool *p, uint64_t size,
+                           cube_error **err) CUBE_REQUIRES(m->lock);
+static void page_drop(mem_manager *m, mem_pool *p, mem_page *page)
+    CUBE_REQUIRES(m->lock);
+
 static mem_block *page_new(mem_manager *m, mem_pool *p, uint64_t size,
                            cube_error **err)
 {

@@ -1298,8 +1298,8 @@ static cube_error *probing_alloc(void *self, uint64_t size, uint64_t align,
 static void probing_free(void *self, uint64_t address, uint64_t size)
 {
     probing_storage *p = self;
-    if (p->m && pthread_mutex_trylock(&p->m->lock) == 0) {
-        pthread_mutex_unlock(&p->m->lock);
+    if (p->m && cube_mutex_trylock(&p->m->lock)) {
+        cube_mutex_unlock(&p->m->lock);
         p->frees_unlocked++;
     } else {
         p->frees_locked++;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "base/mutex.h"
 #include "backends/cpu/cpu_workers.h"
 #include "cubert/backend/errors.h"
 
@@ -24,12 +25,12 @@ typedef struct cpu_job {
 struct cpu_workers {
     pthread_t *threads;
     uint32_t count; /* worker threads (the caller not counted) */
-    pthread_mutex_t lock;
+    cube_mutex lock;
     pthread_cond_t work_cv;
     pthread_cond_t done_cv;
-    cpu_job *jobs;
+    cpu_job *jobs CUBE_GUARDED_FIELD(lock);
     atomic_uint_fast64_t epoch;
-    int stop;
+    int stop CUBE_GUARDED_FIELD(lock);
 };
 
 static pthread_key_t local_key;
@@ -101,28 +102,28 @@ static void *worker_main(void *arg)
 {
     cpu_workers *w = arg;
     cpu_thread_local *local = cpu_thread_local_get();
-    pthread_mutex_lock(&w->lock);
+    cube_mutex_lock(&w->lock);
     while (!w->stop) {
         cpu_job *j = find_job_locked(w);
         if (j) {
             j->helpers++;
-            pthread_mutex_unlock(&w->lock);
+            cube_mutex_unlock(&w->lock);
             work_on(j, local);
-            pthread_mutex_lock(&w->lock);
+            cube_mutex_lock(&w->lock);
             if (--j->helpers == 0)
                 pthread_cond_broadcast(&w->done_cv);
             continue;
         }
         /* Spin a little before sleeping: launches often come in bursts. */
         uint64_t seen = atomic_load(&w->epoch);
-        pthread_mutex_unlock(&w->lock);
+        cube_mutex_unlock(&w->lock);
         for (int i = 0; i < 2000 && atomic_load(&w->epoch) == seen; i++)
             sched_yield();
-        pthread_mutex_lock(&w->lock);
+        cube_mutex_lock(&w->lock);
         if (!w->stop && atomic_load(&w->epoch) == seen && !find_job_locked(w))
-            pthread_cond_wait(&w->work_cv, &w->lock);
+            cube_cond_wait(&w->work_cv, &w->lock);
     }
-    pthread_mutex_unlock(&w->lock);
+    cube_mutex_unlock(&w->lock);
     return NULL;
 }
 
@@ -132,7 +133,7 @@ cube_error *cpu_workers_create(uint32_t threads, cpu_workers **out)
     cpu_workers *w = calloc(1, sizeof *w);
     if (!w)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cpu worker pool");
-    pthread_mutex_init(&w->lock, NULL);
+    cube_mutex_init(&w->lock);
     pthread_cond_init(&w->work_cv, NULL);
     pthread_cond_init(&w->done_cv, NULL);
     uint32_t n = threads > 1 ? threads - 1 : 0;
@@ -157,17 +158,17 @@ void cpu_workers_destroy(cpu_workers *w)
 {
     if (!w)
         return;
-    pthread_mutex_lock(&w->lock);
+    cube_mutex_lock(&w->lock);
     w->stop = 1;
     atomic_fetch_add(&w->epoch, 1);
     pthread_cond_broadcast(&w->work_cv);
-    pthread_mutex_unlock(&w->lock);
+    cube_mutex_unlock(&w->lock);
     for (uint32_t i = 0; i < w->count; i++)
         pthread_join(w->threads[i], NULL);
     free(w->threads);
     pthread_cond_destroy(&w->work_cv);
     pthread_cond_destroy(&w->done_cv);
-    pthread_mutex_destroy(&w->lock);
+    cube_mutex_destroy(&w->lock);
     free(w);
 }
 
@@ -193,7 +194,7 @@ cube_error *cpu_workers_run(cpu_workers *w, uint32_t total, uint32_t chunk,
     atomic_init(&j.next, 0);
     atomic_init(&j.done, 0);
     atomic_init(&j.error, NULL);
-    pthread_mutex_lock(&w->lock);
+    cube_mutex_lock(&w->lock);
     j.next_job = w->jobs;
     /* The job lives on this stack: it leaves the list, and every helper
      * leaves it, before this function returns. */
@@ -201,11 +202,11 @@ cube_error *cpu_workers_run(cpu_workers *w, uint32_t total, uint32_t chunk,
     w->jobs = &j;
     atomic_fetch_add(&w->epoch, 1);
     pthread_cond_broadcast(&w->work_cv);
-    pthread_mutex_unlock(&w->lock);
+    cube_mutex_unlock(&w->lock);
 
     work_on(&j, local);
 
-    pthread_mutex_lock(&w->lock);
+    cube_mutex_lock(&w->lock);
     for (cpu_job **p = &w->jobs; *p; p = &(*p)->next_job) {
         if (*p == &j) {
             *p = j.next_job;
@@ -214,7 +215,7 @@ cube_error *cpu_workers_run(cpu_workers *w, uint32_t total, uint32_t chunk,
     }
     /* No new helper can join now; wait for those inside to leave. */
     while (j.helpers > 0)
-        pthread_cond_wait(&w->done_cv, &w->lock);
-    pthread_mutex_unlock(&w->lock);
+        cube_cond_wait(&w->done_cv, &w->lock);
+    cube_mutex_unlock(&w->lock);
     return atomic_load(&j.error);
 }
