@@ -1,16 +1,16 @@
-/* Hardware graphs through stream capture, and profiling with CUDA events.
+/* Hardware graphs through stream capture.
  *
  * A capture runs in thread-local mode, so other threads' driver calls
  * cannot invalidate it. Launches inside it are recorded by the driver, not
- * run; the blocks they touch are noted so a replay can order itself after
- * their writers on other streams and mark them written. A capture during
- * which the stream's pools had to take new device memory is rejected at
- * its end: its graph would depend on memory the warm-up did not hold. */
+ * run; the blocks they touch are noted (cuda_block_before_use) so a replay
+ * can order itself after their writers on other streams and mark them
+ * written. A capture during which the stream's pools had to take new
+ * device memory is rejected at its end: its graph would depend on memory
+ * the warm-up did not hold. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
-#include "cubert/log.h"
 
 typedef struct cuda_graph {
     CUgraph graph;
@@ -25,23 +25,6 @@ static uint64_t reserved(mem_manager *m)
     cube_memory_usage u;
     mem_usage(m, &u);
     return u.bytes_reserved;
-}
-
-cube_error *cuda_capture_note(cuda_stream *st, cuda_block *blk)
-{
-    for (size_t i = 0; i < st->captured_count; i++)
-        if (st->captured[i] == blk)
-            return NULL;
-    if (st->captured_count == st->captured_cap) {
-        size_t cap = st->captured_cap ? st->captured_cap * 2 : 32;
-        cuda_block **grown = realloc(st->captured, cap * sizeof *grown);
-        if (!grown)
-            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
-        st->captured = grown;
-        st->captured_cap = cap;
-    }
-    st->captured[st->captured_count++] = blk;
-    return NULL;
 }
 
 cube_error *cuda_begin_capture(cube_server *server, cube_server_stream *stream)
@@ -203,84 +186,4 @@ void cuda_graph_destroy(cube_server *server, cube_server_stream *stream,
     s->api->cuGraphDestroy(cg->graph);
     free(cg->blocks);
     free(cg);
-}
-
-/* --- profiling --- */
-
-typedef struct cuda_window {
-    CUevent start, end;
-} cuda_window;
-
-cube_error *cuda_start_profile(cube_server *server, cube_server_stream *stream,
-                               uint64_t *token)
-{
-    cuda_server *s = (cuda_server *)server;
-    cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_begin(s, stream, &st);
-    if (err)
-        return err;
-    cuda_window *w = calloc(1, sizeof *w);
-    if (!w)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "profile");
-    err = cuda_event_get(s, &w->start);
-    if (!err)
-        err = cuda_event_get(s, &w->end);
-    if (!err) {
-        CUresult r = s->api->cuEventRecord(w->start, st->cu);
-        if (r != CUDA_SUCCESS)
-            err = cuda_fail(s, r, CUBE_ERR_PROFILE, "cuEventRecord");
-    }
-    if (err) {
-        if (w->start)
-            cuda_event_put(s, w->start);
-        if (w->end)
-            cuda_event_put(s, w->end);
-        free(w);
-        return err;
-    }
-    *token = (uint64_t)(uintptr_t)w;
-    return NULL;
-}
-
-static void window_free(cuda_server *s, cuda_window *w)
-{
-    cuda_event_put(s, w->start);
-    cuda_event_put(s, w->end);
-    free(w);
-}
-
-cube_error *cuda_end_profile(cube_server *server, cube_server_stream *stream,
-                             uint64_t token, double *seconds,
-                             cube_timing_method *method)
-{
-    cuda_server *s = (cuda_server *)server;
-    cuda_window *w = (cuda_window *)(uintptr_t)token;
-    cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_begin(s, stream, &st);
-    if (err) {
-        window_free(s, w);
-        return err;
-    }
-    const cuda_api *a = s->api;
-    float ms = 0;
-    CUresult r = a->cuEventRecord(w->end, st->cu);
-    if (r == CUDA_SUCCESS)
-        r = a->cuEventSynchronize(w->end);
-    if (r == CUDA_SUCCESS)
-        r = a->cuEventElapsedTime(&ms, w->start, w->end);
-    window_free(s, w);
-    if (r != CUDA_SUCCESS)
-        return cuda_fail(s, r, CUBE_ERR_PROFILE, "timing a profile window");
-    *seconds = (double)ms / 1e3;
-    *method = CUBE_TIMING_DEVICE;
-    return cuda_inflight_reap(s, st, 0);
-}
-
-void cuda_abandon_profile(cube_server *server, cube_server_stream *stream,
-                          uint64_t token)
-{
-    (void)stream;
-    /* The start event may still be pending: re-recording a pooled event
-     * later is allowed, so it goes back without a wait. */
-    window_free((cuda_server *)server, (cuda_window *)(uintptr_t)token);
 }

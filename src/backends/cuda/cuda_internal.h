@@ -1,10 +1,13 @@
 /* The CUDA backend's internals, shared by the files of src/backends/cuda.
  *
- * One server per client, on the device's primary context (shared with the
- * CUDA runtime and the libraries built on it, so device pointers pass
- * between them), a non-blocking CUDA stream per cubert stream, device
- * memory through one pooled manager per stream, pinned host memory through
- * a pooled manager of its own.
+ * One server per client (each cube_client_open opens its own), on the
+ * device's primary context (shared with the CUDA runtime and the libraries
+ * built on it, so device pointers pass between them). The client creates
+ * the streams and owns them, each with its memory manager; the backend
+ * gives each stream a non-blocking CUDA stream (a cuda_stream, the
+ * cube_server_stream's impl) and the device memory its manager allocates
+ * from. Pinned host memory goes through a pooled manager of the server's
+ * own.
  *
  * Ordering across streams (docs/architecture.md): every operation a stream
  * submits gets the next value of the stream's sequence counter. A buffer
@@ -18,6 +21,32 @@
  * its owner stream was made to wait for those uses, and a block handed out
  * again starts with its owner's current position as its "writer", so a
  * first use elsewhere also waits for the memory's previous life.
+ *
+ * One file per concept, in layers: a file calls only functions of the
+ * files listed before it here (tools/check-layers.sh checks it). From the
+ * bottom up:
+ *
+ *   cuda_api.c       the driver and NVRTC, loaded with dlopen (cuda_api.h)
+ *   cuda_context.c   the primary context, entering it, failed calls, faults
+ *   cuda_events.c    the pool of CUDA events
+ *   cuda_memory.c    device storage, frees deferred past captures, block
+ *                    records, the memory slots, released blocks set aside
+ *   cuda_copier.c    the threads that pack and unpack pageable memory
+ *   cuda_pinned.c    the pinned pool, staging buffers, pinned blocks in
+ *                    flight
+ *   cuda_stream.c    stream open and close, the cross-stream event and
+ *                    waits, sync and flush
+ *   cuda_ordering.c  a buffer's last writer and users, the waits before a
+ *                    use
+ *   cuda_transfer.c  reads and writes, the open read, cuda_stream_begin
+ *   cuda_kernels.c   compiling: NVRTC, module loading, the disk cache
+ *   cuda_launch.c    launches: arguments, dynamic cube counts
+ *   cuda_graph.c     capture, replay, destroy
+ *   cuda_profile.c   profiling windows
+ *   cuda_server.c    properties, open and destroy, the vtable, the backend
+ *
+ * The structures come first (every layer sees them); then one section per
+ * file, in the same order.
  */
 #ifndef CUBE_CUDA_INTERNAL_H
 #define CUBE_CUDA_INTERNAL_H
@@ -120,7 +149,7 @@ struct cuda_stream {
     _Atomic(cube_pending *) open_read;
 };
 
-/* The copy helpers (cuda_transfer.c). */
+/* The copy helpers (cuda_copier.c). */
 typedef struct cuda_copier cuda_copier;
 
 struct cuda_server {
@@ -138,7 +167,7 @@ struct cuda_server {
     disk_cache *cache;
 
     /* Block records: slabs, and the free list behind the per-thread
-     * caches (cuda_streams.c). */
+     * caches (cuda_memory.c). */
     pthread_mutex_t blocks_lock;
     cuda_block *free_blocks;
     void **slabs;
@@ -160,34 +189,15 @@ struct cuda_server {
     struct cuda_deferred *deferred;
     size_t deferred_count, deferred_cap;
 
-    /* Events for profiling windows, recycled. */
+    /* Events for profiling windows, transfers and reads, recycled
+     * (cuda_events.c). */
     pthread_mutex_t events_lock;
     CUevent *free_events;
     size_t free_event_count, free_event_cap;
 };
 
-/* --- cuda_server.c --- */
-/* Makes the server's context current on the calling thread. */
-cube_error *cuda_enter(cuda_server *s);
-/* A cube_error for a failed driver call; notes a device fault. */
-cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
-                      const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* Memory given back while a capture was running: freed when none is. */
-typedef struct cuda_deferred {
-    cuda_stream *stream; /* device memory: the stream whose pool it was */
-    uint64_t address;    /* NULL stream: pinned host memory */
-} cuda_deferred;
-
-/* --- cuda_streams.c --- */
-/* Frees device or pinned memory now, or after the running captures end.
- * `stream` is the owner of device memory, NULL for pinned memory. */
-void cuda_free_later(cuda_server *s, cuda_stream *stream, uint64_t address);
-/* Frees what was deferred, when no capture runs (or all of it, when
- * `force`, at destroy). */
-void cuda_free_deferred(cuda_server *s, int force);
-/* The stream at `index` of the client (which created it). */
+/* The stream at `index` of the client (which created it), and how many
+ * the client has; lock-free, any thread. */
 static inline cuda_stream *cuda_stream_at(cuda_server *s, uint32_t index)
 {
     return cube_server_stream_at(&s->base, index)->impl;
@@ -196,10 +206,110 @@ static inline uint32_t cuda_stream_count(cuda_server *s)
 {
     return cube_server_stream_count(&s->base);
 }
+
+/* --- cuda_context.c --- */
+/* Makes the server's context current on the calling thread. */
+cube_error *cuda_enter(cuda_server *s);
+/* A cube_error for a failed driver call; notes a device fault. */
+cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
+                      const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Retains the device's primary context into s->ctx and makes it current
+ * (cuda_destroy releases it). Errors: CUBE_ERR_DEVICE_FAULT when an
+ * earlier fault broke it for the rest of the process, CUBE_ERR_UNAVAILABLE
+ * otherwise. */
+cube_error *cuda_context_create(cuda_server *s);
+
+/* --- cuda_events.c --- */
+/* Events from the server's pool (timing enabled). */
+cube_error *cuda_event_get(cuda_server *s, CUevent *out);
+void cuda_event_put(cuda_server *s, CUevent ev);
+/* Destroys the pooled events (at destroy). */
+void cuda_events_destroy(cuda_server *s);
+
+/* --- cuda_memory.c --- */
+/* The storage of a stream's memory manager (`self` is its cuda_stream):
+ * cuMemAlloc, and cuMemFree through cuda_free_later. */
+cube_error *cuda_device_alloc(void *self, uint64_t size, uint64_t align,
+                              uint64_t *address);
+void cuda_device_free(void *self, uint64_t address, uint64_t size);
+/* Memory given back while a capture was running: freed when none is. */
+typedef struct cuda_deferred {
+    cuda_stream *stream; /* device memory: the stream whose pool it was */
+    uint64_t address;    /* NULL stream: pinned host memory */
+} cuda_deferred;
+/* Frees device or pinned memory now, or after the running captures end.
+ * `stream` is the owner of device memory, NULL for pinned memory. */
+void cuda_free_later(cuda_server *s, cuda_stream *stream, uint64_t address);
+/* Frees what was deferred, when no capture runs (or all of it, when
+ * `force`, at destroy). */
+void cuda_free_deferred(cuda_server *s, int force);
 /* Gives back the stream's released blocks whose other-stream uses have
  * completed; with `wait`, waits for all of them first. */
 void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait);
+/* The memory slots of the vtable. */
+cube_error *cuda_initialize_memory(cube_server *server,
+                                   cube_server_stream *stream, uint64_t size,
+                                   cube_storage *out);
+void cuda_release_memory(cube_server *server, cube_server_stream *stream,
+                         cube_storage *storage);
+void cuda_memory_reclaim(cube_server *server, cube_server_stream *stream);
 
+/* --- cuda_copier.c --- */
+/* Starts the helper threads (fewer when threads cannot be created); NULL
+ * when out of memory. */
+cuda_copier *cuda_copier_create(void);
+/* Stops the helpers and frees them (NULL: nothing). */
+void cuda_copier_destroy(cuda_copier *c);
+/* memcpy, spread over the helpers when large and when they are free. */
+void cuda_copy_bytes(cuda_copier *c, void *dst, const void *src,
+                     uint64_t bytes);
+
+/* --- cuda_pinned.c --- */
+/* The pinned pool and the copy helpers, at open; destroy frees both and
+ * the staging list. */
+cube_error *cuda_pinned_create(cuda_server *s);
+void cuda_pinned_destroy(cuda_server *s);
+/* The staging slots of the vtable: pinned buffers for the client. */
+cube_error *cuda_staging(cube_server *server, const uint64_t *sizes, size_t n,
+                         void **out);
+void cuda_staging_free(cube_server *server, void *buffer);
+/* Whether [p, p + bytes) lies inside a buffer handed out by cube_staging. */
+int cuda_is_pinned(cuda_server *s, const void *p, uint64_t bytes);
+/* Gives back the stream's finished pinned blocks; with `all`, waits for
+ * the rest first. */
+cube_error *cuda_inflight_reap(cuda_server *s, cuda_stream *st, int all);
+/* Hands `pinned` to the stream until the work enqueued so far is done. */
+cube_error *cuda_inflight_push(cuda_server *s, cuda_stream *st,
+                               cube_storage *pinned);
+/* A pinned block of `bytes` for a write on `st`, after giving back what
+ * finished and, past the limit, waiting for the oldest. */
+cube_error *cuda_stage(cuda_server *s, cuda_stream *st, uint64_t bytes,
+                       cube_storage *out);
+
+/* --- cuda_stream.c --- */
+/* The stream slots of the vtable. */
+cube_error *cuda_stream_open(cube_server *server, cube_server_stream *stream,
+                             cube_storage_ops *storage);
+void cuda_stream_close(cube_server *server, cube_server_stream *stream);
+/* Counts an operation submitted on `st`; returns its sequence. */
+static inline uint64_t cuda_stream_next(cuda_stream *st)
+{
+    return atomic_fetch_add(&st->seq, 1) + 1;
+}
+/* Records `st`'s cross-stream event to cover everything submitted (the
+ * _locked form: with st->lock held). */
+cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st);
+CUresult cuda_stream_record_locked(cuda_server *s, cuda_stream *st);
+/* Makes `st` wait for stream `index` up to `seq`. */
+cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
+                                 uint32_t index, uint64_t seq);
+/* The barrier slots of the vtable. */
+cube_error *cuda_sync(cube_server *server, cube_server_stream *stream,
+                      const cube_binding *bindings, size_t n);
+cube_error *cuda_flush(cube_server *server, cube_server_stream *stream);
+
+/* --- cuda_ordering.c --- */
 /* Orders `st` after the last write of `blk` on another stream and, when
  * `write`, after other streams' earlier uses of it. Call before submitting
  * work on `st` that touches `blk` (inside a capture it notes the block for
@@ -212,53 +322,12 @@ cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
  * are for this write. Sequences come from cuda_stream_next. */
 int cuda_block_used(cuda_stream *st, cuda_block *blk, uint64_t seq,
                     int written);
-/* Call before enqueueing anything on `st`: gives the open read, if any,
- * its own completion event first. */
-cube_error *cuda_stream_seal_slow(cuda_server *s, cuda_stream *st);
-static inline cube_error *cuda_stream_seal(cuda_server *s, cuda_stream *st)
-{
-    if (!atomic_load_explicit(&st->open_read, memory_order_acquire))
-        return NULL;
-    return cuda_stream_seal_slow(s, st);
-}
 
-/* Counts an operation submitted on `st`; returns its sequence. */
-static inline uint64_t cuda_stream_next(cuda_stream *st)
-{
-    return atomic_fetch_add(&st->seq, 1) + 1;
-}
-/* Records `st`'s cross-stream event to cover everything submitted (the
- * _locked form: with st->lock held). */
-cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st);
-CUresult cuda_stream_record_locked(cuda_server *s, cuda_stream *st);
+/* --- cuda_transfer.c --- */
 /* The backend's side of `stream`, with the server's context current and
  * its open read sealed: the preamble of every call that enqueues work. */
 cube_error *cuda_stream_begin(cuda_server *s, cube_server_stream *stream,
                               cuda_stream **out);
-/* Makes `st` wait for stream `index` up to `seq`. */
-cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
-                                 uint32_t index, uint64_t seq);
-
-/* The stream and memory slots of the vtable (cuda_streams.c). */
-cube_error *cuda_stream_open(cube_server *server, cube_server_stream *stream,
-                             cube_storage_ops *storage);
-void cuda_stream_close(cube_server *server, cube_server_stream *stream);
-cube_error *cuda_initialize_memory(cube_server *server,
-                                   cube_server_stream *stream, uint64_t size,
-                                   cube_storage *out);
-void cuda_release_memory(cube_server *server, cube_server_stream *stream,
-                         cube_storage *storage);
-void cuda_memory_reclaim(cube_server *server, cube_server_stream *stream);
-cube_error *cuda_sync(cube_server *server, cube_server_stream *stream,
-                      const cube_binding *bindings, size_t n);
-cube_error *cuda_flush(cube_server *server, cube_server_stream *stream);
-
-/* --- cuda_transfer.c --- */
-cube_error *cuda_pinned_create(cuda_server *s);
-void cuda_pinned_destroy(cuda_server *s);
-/* Gives back the stream's finished pinned blocks; with `all`, waits for
- * the rest first. */
-cube_error *cuda_inflight_reap(cuda_server *s, cuda_stream *st, int all);
 cube_error *cuda_read(cube_server *server, cube_server_stream *stream,
                       const cube_copy_op *ops, size_t n, void *const *dst,
                       cube_pending **pending);
@@ -266,17 +335,28 @@ cube_error *cuda_read_wait(cube_server *server, cube_pending *pending);
 cube_error *cuda_write(cube_server *server, cube_server_stream *stream,
                        const cube_copy_op *ops, size_t n,
                        const void *const *src);
-/* Events from the server's pool (timing enabled). */
-cube_error *cuda_event_get(cuda_server *s, CUevent *out);
-void cuda_event_put(cuda_server *s, CUevent ev);
-cube_error *cuda_staging(cube_server *server, const uint64_t *sizes, size_t n,
-                         void **out);
-void cuda_staging_free(cube_server *server, void *buffer);
 
 /* --- cuda_kernels.c --- */
+#define CUDA_ENTRY_PARAMS (1 + 2 * CUBE_MAX_PARAMS)
+#define CUDA_PARAM_BUFFER 4096 /* the driver's limit on parameter bytes */
+
+/* A compiled kernel: cube_compiled's impl. */
+typedef struct cuda_kernel {
+    CUmodule module;
+    CUfunction function;
+    uint32_t shared_bytes;
+    /* The entry's parameters packed as the driver lays them out (offsets
+     * from cuFuncGetParamInfo): a launch hands over one buffer instead of
+     * a pointer per parameter. packed_bytes 0: not available. */
+    uint32_t packed_bytes;
+    uint16_t offset[CUDA_ENTRY_PARAMS];
+} cuda_kernel;
+
 cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
                          uint32_t mode, cube_compiled *out);
 void cuda_compiled_release(cube_server *server, cube_compiled *compiled);
+
+/* --- cuda_launch.c --- */
 cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,
                         const cube_dispatch *dispatch);
 
@@ -288,6 +368,8 @@ cube_error *cuda_replay(cube_server *server, cube_server_stream *stream,
                         uint64_t graph);
 void cuda_graph_destroy(cube_server *server, cube_server_stream *stream,
                         uint64_t graph);
+
+/* --- cuda_profile.c --- */
 cube_error *cuda_start_profile(cube_server *server, cube_server_stream *stream,
                                uint64_t *token);
 cube_error *cuda_end_profile(cube_server *server, cube_server_stream *stream,
@@ -295,8 +377,7 @@ cube_error *cuda_end_profile(cube_server *server, cube_server_stream *stream,
                              cube_timing_method *method);
 void cuda_abandon_profile(cube_server *server, cube_server_stream *stream,
                           uint64_t token);
-void cuda_events_destroy(cuda_server *s);
-/* Notes `blk` as used by the capture in progress on `st`. */
-cube_error *cuda_capture_note(cuda_stream *st, cuda_block *blk);
+
+/* cuda_server.c shares nothing: it defines cube_backend_cuda. */
 
 #endif /* CUBE_CUDA_INTERNAL_H */

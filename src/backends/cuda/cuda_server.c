@@ -1,39 +1,12 @@
-/* The CUDA backend: opening a device, its properties, the vtable.
- * cuda_internal.h describes the design; each concept has its own file. */
-#include <stdarg.h>
+/* The CUDA backend: a device's properties, opening and destroying the
+ * server, the vtable and the backend's entry for the registry.
+ * cuda_internal.h describes the design and the order of the files. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
 #include "cubert/log.h"
-
-cube_error *cuda_enter(cuda_server *s)
-{
-    CUcontext cur = NULL;
-    s->api->cuCtxGetCurrent(&cur);
-    if (cur == s->ctx)
-        return NULL;
-    CUresult r = s->api->cuCtxSetCurrent(s->ctx);
-    if (r != CUDA_SUCCESS)
-        return cuda_fail(s, r, CUBE_ERR_INTERNAL,
-                         "cannot make the CUDA context current");
-    return NULL;
-}
-
-cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
-                      const char *fmt, ...)
-{
-    char context[384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(context, sizeof context, fmt, ap);
-    va_end(ap);
-    if (cuda_result_is_fault(r) && !atomic_exchange(&s->faulted, 1))
-        cube_log_write(CUBE_LOG_ERROR, "cuda", "device fault: %s: %s", context,
-                       cuda_result_text(s->api, r));
-    return cuda_error(s->api, r, code, "%s", context);
-}
 
 /* --- properties --- */
 
@@ -169,40 +142,6 @@ static cube_error *cuda_device_count(uint32_t *out)
     return NULL;
 }
 
-static cube_error *create_context(cuda_server *s)
-{
-    const cuda_api *a = s->api;
-    /* The device's primary context, the one the CUDA runtime, PyTorch and
-     * CuPy use: device pointers pass between them and cubert as they are.
-     * (A context of our own would isolate nothing: the driver keeps a
-     * sticky fault per process and device, whatever the context.) */
-    CUresult r = a->cuDevicePrimaryCtxRetain(&s->ctx, s->device);
-    if (r == CUDA_SUCCESS)
-        r = a->cuCtxSetCurrent(s->ctx);
-    if (cuda_result_is_fault(r)) {
-        /* The fault outlives the clients that saw it: nothing in this
-         * process can clear it. */
-        if (s->ctx)
-            a->cuDevicePrimaryCtxRelease(s->device);
-        s->ctx = NULL;
-        return cube_error_new(CUBE_ERR_DEVICE_FAULT,
-                              "CUDA device %d is unusable in this process "
-                              "after a device fault (%s): the CUDA driver "
-                              "keeps such a fault until the process exits; "
-                              "run the work again in a new process",
-                              s->ordinal, cuda_result_text(a, r));
-    }
-    if (r != CUDA_SUCCESS) {
-        if (s->ctx)
-            a->cuDevicePrimaryCtxRelease(s->device);
-        s->ctx = NULL;
-        return cuda_error(a, r, CUBE_ERR_UNAVAILABLE,
-                          "cannot use the context of CUDA device %d",
-                          s->ordinal);
-    }
-    return NULL;
-}
-
 static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
                              cube_server **out)
 {
@@ -237,7 +176,7 @@ static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
     if (!err)
         err = fill_properties(s);
     if (!err)
-        err = create_context(s);
+        err = cuda_context_create(s);
     if (!err)
         err = cuda_pinned_create(s);
     if (!err) {

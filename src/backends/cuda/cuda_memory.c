@@ -1,5 +1,10 @@
-/* CUDA streams, device memory per stream, and ordering across streams
- * (cuda_internal.h describes the scheme). */
+/* Device memory: the storage behind each stream's memory manager (the
+ * client owns the managers; cuda_stream_open hands them this storage),
+ * device and pinned memory whose free waits for the running captures to
+ * end, the block
+ * records that carry a buffer's cross-stream state, and the memory slots
+ * of the vtable: a released block other streams used is set aside until
+ * their uses have completed (cuda_internal.h describes the scheme). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,8 +13,8 @@
 
 /* --- device storage for the memory managers --- */
 
-static cube_error *device_alloc(void *self, uint64_t size, uint64_t align,
-                                uint64_t *address)
+cube_error *cuda_device_alloc(void *self, uint64_t size, uint64_t align,
+                              uint64_t *address)
 {
     cuda_stream *st = self;
     cuda_server *s = st->server;
@@ -92,245 +97,14 @@ void cuda_free_deferred(cuda_server *s, int force)
     pthread_mutex_unlock(&s->deferred_lock);
 }
 
-static void device_free(void *self, uint64_t address, uint64_t size)
+void cuda_device_free(void *self, uint64_t address, uint64_t size)
 {
     cuda_stream *st = self;
     (void)size;
     cuda_free_later(st->server, st, address);
 }
 
-/* --- streams --- */
-
-static void stream_free(cuda_server *s, cuda_stream *st)
-{
-    if (st->cu) {
-        s->api->cuStreamSynchronize(st->cu);
-        cube_error_free(cuda_inflight_reap(s, st, 1));
-    }
-    if (st->count_host.address)
-        mem_free(s->pinned, &st->count_host);
-    /* The stream's manager is gone (the client destroys every manager
-     * before any stream): what waited for other streams' uses went with
-     * its pages (block records go with the server's slabs). */
-    st->pending_count = 0;
-    pthread_mutex_destroy(&st->pending_lock);
-    free(st->pending);
-    if (st->event)
-        s->api->cuEventDestroy(st->event);
-    if (st->done)
-        s->api->cuEventDestroy(st->done);
-    if (st->cu)
-        s->api->cuStreamDestroy(st->cu);
-    pthread_mutex_destroy(&st->lock);
-    free(st->waited);
-    free(st->inflight);
-    free(st->captured);
-    free(st);
-}
-
-cube_error *cuda_stream_open(cube_server *server, cube_server_stream *stream,
-                             cube_storage_ops *storage)
-{
-    cuda_server *s = (cuda_server *)server;
-    cube_error *err = cuda_enter(s);
-    if (err)
-        return err;
-    cuda_stream *st = calloc(1, sizeof *st);
-    if (!st)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cuda stream");
-    st->server = s;
-    st->base = stream;
-    st->index = stream->index;
-    pthread_mutex_init(&st->lock, NULL);
-    pthread_mutex_init(&st->pending_lock, NULL);
-    const cuda_api *a = s->api;
-    CUresult r = a->cuStreamCreate(&st->cu, CU_STREAM_NON_BLOCKING);
-    if (r == CUDA_SUCCESS)
-        r = a->cuEventCreate(&st->event, CU_EVENT_DISABLE_TIMING);
-    if (r == CUDA_SUCCESS)
-        r = a->cuEventCreate(&st->done, CU_EVENT_DISABLE_TIMING);
-    if (r != CUDA_SUCCESS) {
-        err = cuda_fail(s, r, CUBE_ERR_INTERNAL, "cannot create a CUDA stream");
-        stream_free(s, st);
-        return err;
-    }
-    storage->self = st;
-    storage->alloc = device_alloc;
-    storage->free = device_free;
-    stream->impl = st;
-    return NULL;
-}
-
-void cuda_stream_close(cube_server *server, cube_server_stream *stream)
-{
-    cuda_server *s = (cuda_server *)server;
-    cuda_stream *st = stream->impl;
-    if (!st)
-        return;
-    cube_error_free(cuda_enter(s));
-    /* Memory given back while a capture was open still names its stream:
-     * the first close frees all of it, while every stream exists. */
-    atomic_store(&s->captures, 0);
-    cuda_free_deferred(s, 1);
-    stream_free(s, st);
-    stream->impl = NULL;
-}
-
-/* --- ordering --- */
-
-CUresult cuda_stream_record_locked(cuda_server *s, cuda_stream *st)
-{
-    /* Read before recording: every operation counted by then was submitted
-     * before it was counted, so the record covers it. */
-    uint64_t seq = atomic_load(&st->seq);
-    if (st->event_seq >= seq)
-        return CUDA_SUCCESS;
-    CUresult r = s->api->cuEventRecord(st->event, st->cu);
-    if (r == CUDA_SUCCESS)
-        st->event_seq = seq;
-    return r;
-}
-
-cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st)
-{
-    pthread_mutex_lock(&st->lock);
-    CUresult r = cuda_stream_record_locked(s, st);
-    pthread_mutex_unlock(&st->lock);
-    return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventRecord") : NULL;
-}
-
-cube_error *cuda_stream_begin(cuda_server *s, cube_server_stream *stream,
-                              cuda_stream **out)
-{
-    *out = stream->impl;
-    cube_error *err = cuda_enter(s);
-    if (!err)
-        err = cuda_stream_seal(s, *out);
-    return err;
-}
-
-/* Makes `cu` wait for `other` up to `seq`; returns the sequence the wait
- * covers (0 when nothing was needed). */
-static cube_error *wait_on(cuda_server *s, CUstream cu, cuda_stream *other,
-                           uint64_t seq, uint64_t *covered)
-{
-    CUresult r = CUDA_SUCCESS;
-    pthread_mutex_lock(&other->lock);
-    if (other->event_seq < seq && !other->capturing)
-        r = cuda_stream_record_locked(s, other);
-    /* A capturing stream had its event recorded when the capture began,
-     * and nothing captured has run: that record covers what there is. */
-    if (r == CUDA_SUCCESS)
-        r = s->api->cuStreamWaitEvent(cu, other->event, 0);
-    *covered = other->event_seq;
-    pthread_mutex_unlock(&other->lock);
-    if (cube_log_enabled(CUBE_LOG_TRACE))
-        cube_log_write(CUBE_LOG_TRACE, "cuda",
-                       "a stream waits for stream 0x%016llx up to operation "
-                       "%llu (its event covers %llu)",
-                       (unsigned long long)other->base->id,
-                       (unsigned long long)seq, (unsigned long long)*covered);
-    return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL,
-                         "ordering after stream 0x%016llx",
-                         (unsigned long long)other->base->id)
-             : NULL;
-}
-
-cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
-                                 uint32_t index, uint64_t seq)
-{
-    if (index == st->index || seq == 0)
-        return NULL;
-    if (index >= st->waited_cap) {
-        uint32_t cap = st->waited_cap ? st->waited_cap : 8;
-        while (cap <= index)
-            cap *= 2;
-        uint64_t *grown = realloc(st->waited, cap * sizeof *grown);
-        if (!grown)
-            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream ordering");
-        memset(grown + st->waited_cap, 0,
-               (cap - st->waited_cap) * sizeof *grown);
-        st->waited = grown;
-        st->waited_cap = cap;
-    }
-    if (st->waited[index] >= seq)
-        return NULL;
-    if (st->capturing)
-        return NULL; /* the capture began after waiting for everything */
-    uint64_t covered = 0;
-    cube_error *err =
-        wait_on(s, st->cu, cuda_stream_at(s, index), seq, &covered);
-    if (!err && covered > st->waited[index])
-        st->waited[index] = covered;
-    return err;
-}
-
-static void note_use(cuda_stream *st, cuda_block *blk, uint64_t seq)
-{
-    uint64_t tag = CUDA_TAG(st->index, seq);
-    for (int i = 0; i < CUDA_USE_SLOTS; i++) {
-        uint64_t cur = atomic_load(&blk->uses[i]);
-        while (cur == 0 || CUDA_TAG_INDEX(cur) == st->index) {
-            if (atomic_compare_exchange_weak(&blk->uses[i], &cur, tag))
-                return;
-        }
-    }
-    atomic_store(&blk->many, 1);
-}
-
-/* Before a write on `st`: every other stream's use of the block, issued
- * earlier, must be done first (a write after a read elsewhere). */
-static cube_error *wait_for_uses(cuda_server *s, cuda_stream *st,
-                                 cuda_block *blk)
-{
-    cube_error *err = NULL;
-    if (atomic_load(&blk->many)) {
-        /* More streams than the slots remember: wait for all of them. */
-        uint32_t n = cuda_stream_count(s);
-        for (uint32_t i = 0; i < n && !err; i++)
-            err = cuda_stream_wait_for(s, st, i,
-                                       atomic_load(&cuda_stream_at(s, i)->seq));
-        return err;
-    }
-    for (int i = 0; i < CUDA_USE_SLOTS && !err; i++) {
-        uint64_t u = atomic_load(&blk->uses[i]);
-        if (u && CUDA_TAG_INDEX(u) != st->index)
-            err =
-                cuda_stream_wait_for(s, st, CUDA_TAG_INDEX(u), CUDA_TAG_SEQ(u));
-    }
-    return err;
-}
-
-cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
-                                  cuda_block *blk, int write)
-{
-    if (st->capturing)
-        return cuda_capture_note(st, blk);
-    uint64_t w = atomic_load_explicit(&blk->writer, memory_order_acquire);
-    cube_error *err = NULL;
-    if (w && CUDA_TAG_INDEX(w) != st->index)
-        err = cuda_stream_wait_for(s, st, CUDA_TAG_INDEX(w), CUDA_TAG_SEQ(w));
-    if (!err && write &&
-        atomic_load_explicit(&blk->shared, memory_order_relaxed))
-        err = wait_for_uses(s, st, blk);
-    return err;
-}
-
-int cuda_block_used(cuda_stream *st, cuda_block *blk, uint64_t seq, int written)
-{
-    if (blk->owner != st &&
-        !atomic_load_explicit(&blk->shared, memory_order_relaxed))
-        atomic_store(&blk->shared, 1);
-    /* Only blocks two streams touch need their uses remembered. */
-    if (atomic_load_explicit(&blk->shared, memory_order_relaxed))
-        note_use(st, blk, seq);
-    if (written)
-        atomic_store_explicit(&blk->writer, CUDA_TAG(st->index, seq),
-                              memory_order_release);
-    return atomic_load_explicit(&blk->shared, memory_order_relaxed);
-}
-
-/* --- the memory slots --- */
+/* --- block records --- */
 
 /* Block records come from slabs the server owns (all freed with it) and
  * are recycled through a small per-thread cache, so allocating and
@@ -400,6 +174,8 @@ static void block_recycle(cuda_server *s, cuda_block *b)
     s->free_blocks = b;
     pthread_mutex_unlock(&s->blocks_lock);
 }
+
+/* --- the memory slots --- */
 
 cube_error *cuda_initialize_memory(cube_server *server,
                                    cube_server_stream *stream, uint64_t size,
@@ -563,44 +339,4 @@ void cuda_memory_reclaim(cube_server *server, cube_server_stream *stream)
     cuda_server *s = (cuda_server *)server;
     cube_error_free(cuda_enter(s));
     cuda_pending_reap(s, stream->impl, 0);
-}
-
-/* --- barriers --- */
-
-cube_error *cuda_sync(cube_server *server, cube_server_stream *stream,
-                      const cube_binding *bindings, size_t n)
-{
-    cuda_server *s = (cuda_server *)server;
-    cuda_stream *st = stream->impl;
-    cube_error *err = cuda_enter(s);
-    for (size_t i = 0; i < n && !err; i++) {
-        cuda_block *blk = bindings[i].storage->cookie;
-        uint64_t w = atomic_load(&blk->writer);
-        if (w && CUDA_TAG_INDEX(w) != st->index)
-            err =
-                cuda_stream_wait_for(s, st, CUDA_TAG_INDEX(w), CUDA_TAG_SEQ(w));
-    }
-    if (err)
-        return err;
-    CUresult r = s->api->cuStreamSynchronize(st->cu);
-    if (r != CUDA_SUCCESS)
-        return cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuStreamSynchronize");
-    cuda_pending_reap(s, st, 0);
-    return cuda_inflight_reap(s, st, 0);
-}
-
-cube_error *cuda_flush(cube_server *server, cube_server_stream *stream)
-{
-    /* The driver submits work as it is enqueued; what is left to report is
-     * a broken context. */
-    cuda_server *s = (cuda_server *)server;
-    cuda_stream *st = stream->impl;
-    cube_error *err = cuda_enter(s);
-    if (err)
-        return err;
-    CUresult r = s->api->cuEventQuery(st->done);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY &&
-        cuda_result_is_fault(r))
-        return cuda_fail(s, r, CUBE_ERR_INTERNAL, "flush");
-    return NULL;
 }

@@ -1,0 +1,46 @@
+/* The server's pool of CUDA events (timing enabled), recycled: profiling
+ * windows, pinned blocks in flight, reads and the rings of pipelined reads
+ * take theirs from here. */
+#include <stdlib.h>
+
+#include "backends/cuda/cuda_internal.h"
+
+cube_error *cuda_event_get(cuda_server *s, CUevent *out)
+{
+    pthread_mutex_lock(&s->events_lock);
+    if (s->free_event_count) {
+        *out = s->free_events[--s->free_event_count];
+        pthread_mutex_unlock(&s->events_lock);
+        return NULL;
+    }
+    pthread_mutex_unlock(&s->events_lock);
+    CUresult r = s->api->cuEventCreate(out, CU_EVENT_DEFAULT);
+    return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventCreate") : NULL;
+}
+
+void cuda_event_put(cuda_server *s, CUevent ev)
+{
+    pthread_mutex_lock(&s->events_lock);
+    if (s->free_event_count == s->free_event_cap) {
+        size_t cap = s->free_event_cap ? s->free_event_cap * 2 : 32;
+        CUevent *grown = realloc(s->free_events, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&s->events_lock);
+            s->api->cuEventDestroy(ev);
+            return;
+        }
+        s->free_events = grown;
+        s->free_event_cap = cap;
+    }
+    s->free_events[s->free_event_count++] = ev;
+    pthread_mutex_unlock(&s->events_lock);
+}
+
+void cuda_events_destroy(cuda_server *s)
+{
+    for (size_t i = 0; i < s->free_event_count; i++)
+        s->api->cuEventDestroy(s->free_events[i]);
+    free(s->free_events);
+    s->free_events = NULL;
+    s->free_event_count = s->free_event_cap = 0;
+}
