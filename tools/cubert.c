@@ -1,6 +1,7 @@
 /* cubert — the command-line program.
  *
- *   cubert info                         backends, and each one's properties
+ *   cubert info                         backends, each one's properties,
+ *                                       and the configuration
  *   cubert demo [--device D] [--size N] a tiled matrix product, a reduction
  *                                       and a softmax, checked against C
  *   cubert memory [--device D] [--json] [--demo]
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cubert/backend/config.h"
 #include "cubert/cubert.h"
 
 #define EXIT_USAGE 2
@@ -33,7 +35,9 @@ static void usage(FILE *f)
         "commands:\n"
         "  info                      list the backends and, for each, its\n"
         "                            device properties or why it is\n"
-        "                            unavailable\n"
+        "                            unavailable; then every configuration\n"
+        "                            key, its value and where it came from\n"
+        "                            (default, environment or the file)\n"
         "  demo [--device D] [--size N]\n"
         "                            run a tiled matrix product (N x N,\n"
         "                            default 256), a reduction of 1M floats\n"
@@ -175,6 +179,59 @@ static void print_properties(const cube_properties *p, const char *indent)
            p->timing == CUBE_TIMING_DEVICE ? "device timer" : "host clock");
 }
 
+/* A key's value as `info` shows it: the value in force, else what the
+ * default is. */
+static const char *config_value_text(const cube_config_value *v, char *buf,
+                                     size_t cap)
+{
+    const cube_config_key *key = v->key;
+    if (v->origin == CUBE_CONFIG_UNSET)
+        return key->default_text ? key->default_text : "";
+    switch (key->type) {
+    case CUBE_CONFIG_UINT:
+        snprintf(buf, cap, "%u", (unsigned)v->number);
+        return buf;
+    case CUBE_CONFIG_WORD:
+        for (const cube_config_word *w = key->words; w && w->word; w++)
+            if (!w->alias && (uint32_t)w->value == v->number)
+                return w->word;
+        snprintf(buf, cap, "%u", (unsigned)v->number);
+        return buf;
+    case CUBE_CONFIG_TEXT:
+    case CUBE_CONFIG_PATH: break;
+    }
+    /* An empty value means something (cache_dir: no disk cache). */
+    return v->text && *v->text ? v->text : "\"\"";
+}
+
+static void print_configuration(void)
+{
+    const char *file = cube_config_file();
+    printf("\n[configuration]\n");
+    printf("  file: %s\n", file ? file : "none");
+    int width = 0;
+    cube_config_value v;
+    for (size_t i = 0; cube_config_entry(i, &v) == 0; i++) {
+        int n = (int)strlen(v.key->name);
+        width = n > width ? n : width;
+    }
+    for (size_t i = 0; cube_config_entry(i, &v) == 0; i++) {
+        char buf[32];
+        printf("  %-*s  %s (", width, v.key->name,
+               config_value_text(&v, buf, sizeof buf));
+        if (v.origin == CUBE_CONFIG_ENVIRONMENT)
+            printf("environment, %s", v.variable);
+        else if (v.origin == CUBE_CONFIG_FILE)
+            printf("file %s", v.file ? v.file : "");
+        else
+            printf("default");
+        printf(")");
+        if (v.rejected)
+            printf("; %s='%s' is not usable, ignored", v.variable, v.rejected);
+        printf("\n");
+    }
+}
+
 static int cmd_info(int argc, char **argv)
 {
     if (argc > 0) {
@@ -231,6 +288,7 @@ static int cmd_info(int argc, char **argv)
         }
         cube_client_close(client);
     }
+    print_configuration();
     return 0;
 }
 

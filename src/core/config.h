@@ -1,11 +1,15 @@
-/* Configuration: the optional configuration file and the settings that do
- * not live in core_config (client_internal.h).
+/* Configuration: the optional configuration file, the table of keys and
+ * the settings that do not live in core_config (client_internal.h).
  *
  * Settings come from CUBERT_* environment variables and from a file of
- * `key = value` lines; a variable wins over the file. Both are read once per
- * process, by the first of core_config_get, core_config_bounds_always,
- * core_config_trace_path or core_config_trace_origin. docs/configuration.md
- * lists every key.
+ * `key = value` lines; a variable wins over the file. Every key is one
+ * cube_config_key (cubert/backend/config.h): the core's are listed in
+ * config.c, each backend's in its cube_backend. The core's settings are
+ * read once per process, by the first of core_config_get,
+ * core_config_bounds_always, core_config_trace_path or
+ * core_config_trace_origin; backends look theirs up with
+ * cube_config_lookup when they open. docs/configuration.md lists every
+ * key.
  *
  * Thread safety: every function may be called from any thread.
  */
@@ -15,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cubert/backend/config.h"
 #include "cubert/log.h"
 
 /* Longest path value kept, terminator included. */
@@ -23,6 +28,8 @@
 #define CORE_CONFIG_LINE_MAX 4096
 /* Largest file read. */
 #define CORE_CONFIG_FILE_MAX ((size_t)256 * 1024)
+/* Backends' keys a file can set, over all backends. */
+#define CORE_CONFIG_BACKEND_KEYS 16
 
 /* Bits of core_config_file.set: which keys the file gave a usable value. */
 enum {
@@ -36,7 +43,7 @@ enum {
 };
 
 /* What a configuration file says. A field is meaningful only when its bit
- * is in `set`. */
+ * is in `set`; backend[i] only when bit i is in `backend_set`. */
 typedef struct core_config_file {
     unsigned set;
     cube_log_level log_level;
@@ -46,6 +53,10 @@ typedef struct core_config_file {
     char device[64];
     char trace[CORE_CONFIG_PATH_MAX];
     int bounds_always; /* bounds_check: 0 "launch", 1 "always" */
+    /* The backends' keys, as written, in the order core_config_key_at
+     * lists them after the core's. */
+    unsigned backend_set;
+    char backend[CORE_CONFIG_BACKEND_KEYS][CUBE_CONFIG_TEXT_MAX + 1];
 } core_config_file;
 
 /* Parses the text of a configuration file into *out, which it first
@@ -56,14 +67,16 @@ typedef struct core_config_file {
  * starts a comment at the beginning of a line or after a blank outside
  * double quotes; blanks around keys and values are trimmed; a value may be
  * wrapped in double quotes (kept verbatim, no escapes). Keys are the
- * variables' names without CUBERT_, in any case. A later line for the same
- * key replaces an earlier one. An empty value leaves the key unset, except
- * for cache_dir, where it turns the disk cache off.
+ * names of the keys (the core's and the backends'), in any case. A later
+ * line for the same key replaces an earlier one. An empty value leaves the
+ * key unset, except for keys flagged CUBE_CONFIG_EMPTY_IS_VALUE (cache_dir,
+ * where it turns the disk cache off).
  *
- * A line that is not `key = value`, names an unknown key, holds a value the
- * key does not accept, or is longer than CORE_CONFIG_LINE_MAX bytes is
- * logged as a warning ("config" category) naming the origin, line number
- * and key, and ignored. Never fails. */
+ * A line that is not `key = value`, names an unknown key or one only the
+ * environment sets, holds a value the key does not accept, or is longer
+ * than CORE_CONFIG_LINE_MAX bytes is logged as a warning ("config"
+ * category) naming the origin, line number and key, and ignored. Never
+ * fails. */
 void core_config_parse_text(const char *origin, const char *text,
                             core_config_file *out);
 
@@ -98,5 +111,17 @@ const char *core_config_trace_path(void);
 /* Where core_config_trace_path came from, for messages: "CUBERT_TRACE" or
  * "the trace key of <file>"; "" when unset. */
 const char *core_config_trace_origin(void);
+
+/* Key `index` of all keys: the core's, then each backend's in the order of
+ * core_backends(). *owner (may be NULL) is set to "core" or the backend's
+ * name. NULL past the last key. Reads no setting. */
+const cube_config_key *core_config_key_at(size_t index, const char **owner);
+
+/* Key `name`'s value as cube_config_lookup finds it, but from the parsed
+ * file *file (read from `path`, which may be NULL) instead of the one the
+ * process read, and logging a variable the key does not accept only when
+ * `warn` is nonzero. Returns 0, or -1 when there is no such key. */
+int core_config_resolve(const core_config_file *file, const char *path,
+                        const char *name, int warn, cube_config_value *out);
 
 #endif /* CUBE_CORE_CONFIG_H */

@@ -382,6 +382,155 @@ static void test_locate(void **state)
     assert_null(core_config_locate(NULL, 0, NULL));
 }
 
+/* --- the backends' keys and lookups --------------------------------------- */
+
+/* Restores a variable the test changed; ctest sets CUBERT_CACHE_DIR. */
+typedef struct saved_env {
+    const char *name;
+    char *value; /* NULL: was unset */
+} saved_env;
+
+static saved_env env_save(const char *name)
+{
+    const char *old = getenv(name);
+    saved_env s = {name, old ? strdup(old) : NULL};
+    return s;
+}
+
+static void env_restore(saved_env s)
+{
+    if (s.value)
+        setenv(s.name, s.value, 1);
+    else
+        unsetenv(s.name);
+    free(s.value);
+}
+
+/* The file sets a backend's keys too (the CPU backend's: it is always
+ * built); the variable wins over it. */
+static void test_backend_keys(void **state)
+{
+    (void)state;
+    saved_env cc = env_save("CUBERT_CPU_CC");
+    unsetenv("CUBERT_CPU_CC");
+    unsetenv("CUBERT_CPU_CFLAGS");
+    core_config_parse_text("b.conf",
+                           "cpu_cc = clang\n"
+                           "CPU_CFLAGS = \"-O1 -g\"  # debug\n"
+                           "config = /etc/elsewhere.conf\n",
+                           &fc);
+    /* Only the environment names the file. */
+    assert_int_equal(cap.count, 1);
+    assert_true(warned("b.conf:3:", "'config'", "CUBERT_CONFIG"));
+    assert_int_equal(fc.set, 0);
+
+    cube_config_value v;
+    char where[128];
+    assert_int_equal(core_config_resolve(&fc, "b.conf", "cpu_cc", 1, &v), 0);
+    assert_int_equal(v.origin, CUBE_CONFIG_FILE);
+    assert_string_equal(v.text, "clang");
+    assert_string_equal(v.file, "b.conf");
+    assert_string_equal(v.owner, "cpu");
+    assert_string_equal(v.variable, "CUBERT_CPU_CC");
+    assert_null(v.rejected);
+    assert_string_equal(cube_config_where(&v, where, sizeof where),
+                        "cpu_cc in b.conf");
+    assert_int_equal(core_config_resolve(&fc, "b.conf", "CPU_cflags", 1, &v),
+                     0);
+    assert_string_equal(v.text, "-O1 -g");
+
+    /* An empty line unsets the key. */
+    core_config_parse_text("e.conf", "cpu_cflags = -g\ncpu_cflags =\n", &fc);
+    assert_int_equal(fc.backend_set, 0);
+    assert_int_equal(core_config_resolve(&fc, "e.conf", "cpu_cflags", 1, &v),
+                     0);
+    assert_int_equal(v.origin, CUBE_CONFIG_UNSET);
+    assert_null(v.text);
+    assert_string_equal(cube_config_where(&v, where, sizeof where), "default");
+    core_config_parse_text("b.conf", "cpu_cc = clang\n", &fc);
+
+    /* The variable wins; an empty one counts as unset. */
+    setenv("CUBERT_CPU_CC", "tcc", 1);
+    assert_int_equal(core_config_resolve(&fc, "b.conf", "cpu_cc", 1, &v), 0);
+    assert_int_equal(v.origin, CUBE_CONFIG_ENVIRONMENT);
+    assert_string_equal(v.text, "tcc");
+    assert_string_equal(cube_config_where(&v, where, sizeof where),
+                        "CUBERT_CPU_CC");
+    setenv("CUBERT_CPU_CC", "", 1);
+    assert_int_equal(core_config_resolve(&fc, "b.conf", "cpu_cc", 1, &v), 0);
+    assert_int_equal(v.origin, CUBE_CONFIG_FILE);
+
+    /* No such key. */
+    assert_int_equal(core_config_resolve(&fc, "b.conf", "cpu_ccc", 1, &v), -1);
+    assert_null(v.key);
+    assert_int_equal(core_config_resolve(&fc, "b.conf", NULL, 1, &v), -1);
+    assert_int_equal(cap.count, 1);
+    env_restore(cc);
+}
+
+/* A variable the key does not accept gives way to the file, is logged only
+ * when asked, and is kept in `rejected`. */
+static void test_resolve_rejected(void **state)
+{
+    (void)state;
+    saved_env cache = env_save("CUBERT_CACHE_DIR");
+    saved_env threads = env_save("CUBERT_CPU_THREADS");
+    saved_env bounds = env_save("CUBERT_BOUNDS_CHECK");
+    unsetenv("CUBERT_DEVICE");
+    core_config_parse_text("r.conf", "cpu_threads = 5\nbounds_check = always\n",
+                           &fc);
+    cube_config_value v;
+    setenv("CUBERT_CPU_THREADS", "lots", 1);
+    assert_int_equal(core_config_resolve(&fc, "r.conf", "cpu_threads", 0, &v),
+                     0);
+    assert_int_equal(cap.count, 0);
+    assert_int_equal(v.origin, CUBE_CONFIG_FILE);
+    assert_int_equal(v.number, 5);
+    assert_null(v.text);
+    assert_string_equal(v.rejected, "lots");
+    assert_int_equal(core_config_resolve(&fc, "r.conf", "cpu_threads", 1, &v),
+                     0);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned("CUBERT_CPU_THREADS='lots'", "1..4096", "ignored"));
+
+    /* Words in any case; the value is the word's. */
+    setenv("CUBERT_BOUNDS_CHECK", "LAUNCH", 1);
+    assert_int_equal(core_config_resolve(&fc, "r.conf", "bounds_check", 1, &v),
+                     0);
+    assert_int_equal(v.origin, CUBE_CONFIG_ENVIRONMENT);
+    assert_int_equal(v.number, 0);
+    unsetenv("CUBERT_BOUNDS_CHECK");
+    assert_int_equal(core_config_resolve(&fc, "r.conf", "bounds_check", 1, &v),
+                     0);
+    assert_int_equal(v.origin, CUBE_CONFIG_FILE);
+    assert_int_equal(v.number, 1);
+
+    /* Set nowhere. */
+    assert_int_equal(core_config_resolve(&fc, "r.conf", "device", 1, &v), 0);
+    assert_int_equal(v.origin, CUBE_CONFIG_UNSET);
+    assert_string_equal(v.owner, "core");
+
+    /* A path too long for the key; an empty cache_dir is a value. */
+    char long_dir[CORE_CONFIG_PATH_MAX + 1];
+    memset(long_dir, 'd', CORE_CONFIG_PATH_MAX);
+    long_dir[CORE_CONFIG_PATH_MAX] = '\0';
+    setenv("CUBERT_CACHE_DIR", long_dir, 1);
+    cap.count = 0;
+    assert_int_equal(core_config_resolve(&fc, "r.conf", "cache_dir", 1, &v), 0);
+    assert_int_equal(v.origin, CUBE_CONFIG_UNSET);
+    assert_non_null(v.rejected);
+    assert_true(warned("CUBERT_CACHE_DIR", "longer than 1023 bytes", NULL));
+    setenv("CUBERT_CACHE_DIR", "", 1);
+    assert_int_equal(core_config_resolve(&fc, "r.conf", "cache_dir", 1, &v), 0);
+    assert_int_equal(v.origin, CUBE_CONFIG_ENVIRONMENT);
+    assert_string_equal(v.text, "");
+    assert_int_equal(cap.count, 1);
+
+    env_restore(bounds);
+    env_restore(threads);
+    env_restore(cache);
+}
+
 /* --- the one-time read ---------------------------------------------------- */
 
 /* The only test that triggers the one-time read: the file gives every key,
@@ -457,6 +606,63 @@ static void test_read_once(void **state)
     unlink(path);
 }
 
+/* After the one-time read (test_read_once): lookups use the file the
+ * process read and the environment as it is now; a listing never logs. */
+static void test_lookup_and_entries(void **state)
+{
+    (void)state;
+    const char *path = core_config_file_path();
+    assert_non_null(path);
+    assert_string_equal(cube_config_file(), path);
+    saved_env threads = env_save("CUBERT_CPU_THREADS");
+    cube_config_value v;
+    unsetenv("CUBERT_DEVICE");
+    assert_int_equal(cube_config_lookup("device", &v), 0);
+    assert_int_equal(v.origin, CUBE_CONFIG_FILE);
+    assert_string_equal(v.text, "cpu");
+    assert_string_equal(v.file, path);
+
+    /* The variable as it is now, while the core keeps what it read. */
+    setenv("CUBERT_DEVICE", "cuda:2", 1);
+    assert_int_equal(cube_config_lookup("DEVICE", &v), 0);
+    assert_int_equal(v.origin, CUBE_CONFIG_ENVIRONMENT);
+    assert_string_equal(cube_config_text("device"), "cuda:2");
+    assert_string_equal(core_config_get()->device, "cpu");
+    unsetenv("CUBERT_DEVICE");
+    assert_null(cube_config_text("cpu_threads")); /* a number, not text */
+    assert_null(cube_config_text("no_such_key"));
+    assert_int_equal(cube_config_lookup("no_such_key", &v), -1);
+    assert_int_equal(cube_config_lookup(NULL, &v), -1);
+    assert_int_equal(cube_config_lookup("device", NULL), -1);
+
+    /* Every key once, in the table's order, without a warning even for a
+     * variable that is not usable. */
+    setenv("CUBERT_CPU_THREADS", "many", 1);
+    cap.count = 0;
+    size_t n = 0;
+    int threads_seen = 0;
+    for (; cube_config_entry(n, &v) == 0; n++) {
+        assert_ptr_equal(v.key, core_config_key_at(n, NULL));
+        if (strcmp(v.key->name, "cpu_threads") == 0) {
+            threads_seen = 1;
+            assert_string_equal(v.rejected, "many");
+            assert_int_equal(v.origin, CUBE_CONFIG_FILE);
+            assert_int_equal(v.number, 3);
+        }
+    }
+    assert_true(threads_seen);
+    assert_null(core_config_key_at(n, NULL));
+    assert_int_equal(cube_config_entry(n, &v), -1);
+    assert_int_equal(cube_config_entry(0, NULL), -1);
+    assert_int_equal(cap.count, 0);
+
+    /* A lookup does warn. */
+    assert_int_equal(cube_config_lookup("cpu_threads", &v), 0);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned("CUBERT_CPU_THREADS='many'", "ignored", NULL));
+    env_restore(threads);
+}
+
 int main(void)
 {
     const char *base = getenv("TMPDIR");
@@ -482,7 +688,15 @@ int main(void)
                                         teardown_capture),
         cmocka_unit_test_setup_teardown(test_locate, setup_capture,
                                         teardown_capture),
+        cmocka_unit_test_setup_teardown(test_backend_keys, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_resolve_rejected, setup_capture,
+                                        teardown_capture),
+        /* The tests above never trigger the one-time read; this one does,
+         * and the ones after it rely on it. */
         cmocka_unit_test_setup_teardown(test_read_once, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_lookup_and_entries, setup_capture,
                                         teardown_capture),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -278,6 +278,9 @@ typedef struct cube_backend {
     /* Opens device `index`. */
     cube_error *(*open)(uint32_t index, const cube_client_options *options,
                         cube_server **out);
+    /* The backend's configuration keys (cubert/backend/config.h), ended by
+     * an entry whose name is NULL; NULL when it has none. */
+    const struct cube_config_key *config_keys;
 } cube_backend;
 
 /* The stream of `server`'s client at `index` (see cube_server_stream), or

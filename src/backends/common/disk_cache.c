@@ -40,6 +40,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
+#include "cubert/backend/config.h"
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
 
@@ -411,6 +412,7 @@ fail:
 
 /* -------------------------------------------------------------- opening */
 
+/* XDG_CACHE_HOME and HOME are the system's, not cubert keys. */
 static const char *disk_cache_env(const char *name)
 {
     const char *v = getenv(name);
@@ -424,7 +426,9 @@ static char *disk_cache_default_dir(const char *backend, bool *oom)
     const char *base;
     const char *middle;
     *oom = false;
-    if ((base = disk_cache_env("CUBERT_CACHE_DIR")) != NULL) {
+    /* An empty cache_dir (the cache off) reaches disk_cache_open as dir ""
+     * from the client; here it counts as unset. */
+    if ((base = cube_config_text("cache_dir")) != NULL && *base) {
         middle = "";
     } else if ((base = disk_cache_env("XDG_CACHE_HOME")) != NULL &&
                base[0] == '/') {

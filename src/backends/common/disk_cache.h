@@ -2,9 +2,10 @@
  * (the CPU backend stores shared objects, the CUDA backend CUBIN or PTX).
  *
  * One directory per backend, private to the user (0700, owned by them;
- * default $CUBERT_CACHE_DIR/<backend>, else $XDG_CACHE_HOME/cubert/<backend>
- * when that is absolute, else $HOME/.cache/cubert/<backend>; with none of
- * them the cache is off). The directory is checked once, when the cache is
+ * default <cache_dir>/<backend> (the configuration key: $CUBERT_CACHE_DIR,
+ * else the file's), else $XDG_CACHE_HOME/cubert/<backend> when that is
+ * absolute, else $HOME/.cache/cubert/<backend>; with none of them the cache
+ * is off). The directory is checked once, when the cache is
  * opened, and every later access is relative to it and follows no symbolic
  * link, so swapping the path afterwards cannot redirect the cache. An entry is
  * two files: <key><ext> holds the artifact's bytes exactly, <key>.meta a text

@@ -723,11 +723,26 @@ static char *cpu_jit_join_fixed_flags(void)
     return b.data;
 }
 
+/* TMPDIR is the system's, not a cubert key. */
 static const char *cpu_jit_env(const char *name)
 {
     const char *v = getenv(name);
     return v && *v ? v : NULL;
 }
+
+const cube_config_key cpu_config_keys[] = {
+    {.name = "cpu_cc",
+     .type = CUBE_CONFIG_TEXT,
+     .max_len = CUBE_CONFIG_TEXT_MAX,
+     .default_text = "cc",
+     .doc = "the C compiler the CPU backend runs: a program name or a path"},
+    {.name = "cpu_cflags",
+     .type = CUBE_CONFIG_TEXT,
+     .max_len = CUBE_CONFIG_TEXT_MAX,
+     .default_text = "none",
+     .doc = "extra options for every CPU kernel compilation, separated by "
+            "blanks"},
+    {.name = NULL}};
 
 void cpu_jit_destroy(cpu_jit *jit)
 {
@@ -756,10 +771,10 @@ cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out)
 
     const char *cc = options ? options->cc : NULL;
     if (!cc || !*cc)
-        cc = cpu_jit_env("CUBERT_CPU_CC");
+        cc = cube_config_text("cpu_cc");
     const char *cflags = options ? options->cflags : NULL;
     if (!cflags)
-        cflags = getenv("CUBERT_CPU_CFLAGS");
+        cflags = cube_config_text("cpu_cflags");
     const char *tmp = cpu_jit_env("TMPDIR");
     jit->cc = strdup(cc ? cc : "cc");
     jit->cflags = strdup(cflags ? cflags : "");

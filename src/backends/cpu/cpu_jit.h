@@ -16,17 +16,22 @@
 
 #include <stdint.h>
 
+#include "cubert/backend/config.h"
 #include "cubert/error.h"
+
+/* The CPU backend's configuration keys (cpu_cc, cpu_cflags), for its
+ * cube_backend: the compiler is what reads them. */
+extern const cube_config_key cpu_config_keys[];
 
 typedef struct cpu_jit cpu_jit;
 typedef struct cpu_module cpu_module;
 
 typedef struct cpu_jit_options {
-    /* Compiler command (a program name or path); NULL: $CUBERT_CPU_CC, else
-     * "cc". */
+    /* Compiler command (a program name or path); NULL: the key cpu_cc
+     * ($CUBERT_CPU_CC, else the file's), else "cc". */
     const char *cc;
-    /* Extra flags appended to every compile (space separated); NULL:
-     * $CUBERT_CPU_CFLAGS, else none. */
+    /* Extra flags appended to every compile (space separated); NULL: the
+     * key cpu_cflags, else none. */
     const char *cflags;
     /* Cache directory; NULL: the default above; "" disables the disk
      * cache (objects are then built in a private temporary directory). */

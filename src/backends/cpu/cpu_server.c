@@ -584,4 +584,5 @@ static cube_error *cpu_open(uint32_t index, const cube_client_options *options,
     return NULL;
 }
 
-const cube_backend cube_backend_cpu = {"cpu", cpu_device_count, cpu_open};
+const cube_backend cube_backend_cpu = {"cpu", cpu_device_count, cpu_open,
+                                       .config_keys = cpu_config_keys};

@@ -14,18 +14,39 @@ static cuda_api api;
 static char load_failure[512]; /* empty: loaded */
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
-/* Opens the first library of `names` that loads; records the path. */
-static void *open_first(const char *env, const char *const *names, char *path,
+const cube_config_key cuda_config_keys[] = {
+    {.name = "cuda_library",
+     .type = CUBE_CONFIG_TEXT,
+     .max_len = CUBE_CONFIG_TEXT_MAX,
+     .default_text = "libcuda.so.1, else libcuda.so",
+     .doc = "the CUDA driver library to load: a path or a name the dynamic "
+            "loader finds"},
+    {.name = "nvrtc_library",
+     .type = CUBE_CONFIG_TEXT,
+     .max_len = CUBE_CONFIG_TEXT_MAX,
+     .default_text = "libnvrtc.so.13, .12, libnvrtc.so, then "
+                     "/usr/local/cuda/lib64/libnvrtc.so",
+     .doc = "the NVRTC library to load: a path or a name the dynamic loader "
+            "finds"},
+    {.name = NULL}};
+
+/* Opens the library configuration key `key` names, else the first of
+ * `names` that loads; records the path. */
+static void *open_first(const char *key, const char *const *names, char *path,
                         size_t cap, char *why, size_t why_cap)
 {
-    const char *forced = getenv(env);
-    if (forced && *forced) {
-        void *h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);
-        if (!h)
-            snprintf(why, why_cap, "%s=%s cannot be loaded: %s", env, forced,
-                     dlerror());
-        else
-            snprintf(path, cap, "%s", forced);
+    cube_config_value forced;
+    cube_config_lookup(key, &forced);
+    if (forced.text && *forced.text) {
+        void *h = dlopen(forced.text, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            char where[512];
+            snprintf(why, why_cap, "%s: cannot load '%s': %s",
+                     cube_config_where(&forced, where, sizeof where),
+                     forced.text, dlerror());
+        } else {
+            snprintf(path, cap, "%s", forced.text);
+        }
         return h;
     }
     const char *last = "";
@@ -75,7 +96,7 @@ static void load(void)
     static const char *const rtc_names[] = {
         "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
         "/usr/local/cuda/lib64/libnvrtc.so", NULL};
-    void *drv = open_first("CUBERT_CUDA_LIBRARY", drv_names, api.driver_path,
+    void *drv = open_first("cuda_library", drv_names, api.driver_path,
                            sizeof api.driver_path, why, sizeof why);
     if (!drv) {
         snprintf(load_failure, sizeof load_failure,
@@ -148,7 +169,7 @@ static void load(void)
         return;
     }
 
-    void *rtc = open_first("CUBERT_NVRTC_LIBRARY", rtc_names, api.nvrtc_path,
+    void *rtc = open_first("nvrtc_library", rtc_names, api.nvrtc_path,
                            sizeof api.nvrtc_path, why, sizeof why);
     if (!rtc) {
         snprintf(load_failure, sizeof load_failure,

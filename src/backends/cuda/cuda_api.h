@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cubert/backend/config.h"
 #include "cubert/error.h"
 
 typedef int CUresult;
@@ -208,9 +209,14 @@ typedef struct cuda_api {
  * Errors: CUBE_ERR_UNAVAILABLE with the reason (no driver library, no
  * NVRTC, an entry point missing, cuInit failed, no device). The result is
  * remembered: later calls answer the same. The returned table is static.
- * $CUBERT_CUDA_LIBRARY and $CUBERT_NVRTC_LIBRARY name the libraries to
- * load instead of the default search. */
+ * The keys cuda_library and nvrtc_library ($CUBERT_CUDA_LIBRARY,
+ * $CUBERT_NVRTC_LIBRARY) name the libraries to load instead of the default
+ * search. */
 cube_error *cuda_api_load(const cuda_api **out);
+
+/* The CUDA backend's configuration keys, for its cube_backend: the loader
+ * is what reads them. */
+extern const cube_config_key cuda_config_keys[];
 
 /* "CUDA_ERROR_NAME (description)" for `r`, in a static string. */
 const char *cuda_result_text(const cuda_api *api, CUresult r);

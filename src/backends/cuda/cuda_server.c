@@ -203,4 +203,5 @@ static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
     return NULL;
 }
 
-const cube_backend cube_backend_cuda = {"cuda", cuda_device_count, cuda_open};
+const cube_backend cube_backend_cuda = {"cuda", cuda_device_count, cuda_open,
+                                        .config_keys = cuda_config_keys};
