@@ -39,7 +39,11 @@
  * on a condition variable until the end, as cubert's copy helpers do;
  * --prelaunch N launches the measured kernel N times back to back, then
  * synchronizes, before the later measurements (bench_cuda's launch
- * phases do 1.1M launches before its graph phase); --alternate replays a
+ * phases do 1.1M launches before its graph phase), handing the driver one
+ * packed parameter buffer (as cubert does) with --prelaunch-extra, an
+ * array of parameter pointers otherwise, and on two streams in turn
+ * (three rounds each, as bench_cuda alternates its sides) with
+ * --prelaunch-two; --alternate replays a
  * second graph of the same shape on a second stream between the rounds,
  * the side that goes first flipping every round, as bench_cuda alternates
  * cubert and the driver.
@@ -189,10 +193,12 @@ static struct {
     int params;    /* PARAMS_* */
     int with_add3; /* --module with-add3 */
     long streams, events, pinned_mib, devmem_mib, threads, prelaunch;
+    int prelaunch_extra; /* prelaunches hand one packed parameter buffer */
+    int prelaunch_two;   /* and take turns on two streams, three rounds */
     int alternate;
     int rounds, replays, nodes;
     const char *label;
-} O = {0, PARAMS_NONE, 0, 0, 0, 0, 0, 0, 0, 0, 30, 20, 100, "run"};
+} O = {0, PARAMS_NONE, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 30, 20, 100, "run"};
 
 static struct {
     CUdevice dev;
@@ -376,7 +382,8 @@ static void usage(FILE *f)
             "usage: graph_replay_driver [--device N] [--params none|u32|abi]\n"
             "         [--module alone|with-add3] [--streams N] [--events N]\n"
             "         [--pinned MIB] [--devmem MIB] [--threads K]\n"
-            "         [--prelaunch N] [--alternate] [--rounds R]\n"
+            "         [--prelaunch N] [--prelaunch-extra] [--prelaunch-two]\n"
+            "         [--alternate] [--rounds R]\n"
             "         [--replays N] [--nodes N] [--label TEXT]\n"
             "  Replays a graph of empty kernels with the CUDA driver alone\n"
             "  and prints µs per node: plain-before (nothing held),\n"
@@ -410,6 +417,12 @@ static void parse(int argc, char **argv)
             exit(0);
         } else if (strcmp(a, "--alternate") == 0) {
             O.alternate = 1;
+            continue;
+        } else if (strcmp(a, "--prelaunch-extra") == 0) {
+            O.prelaunch_extra = 1;
+            continue;
+        } else if (strcmp(a, "--prelaunch-two") == 0) {
+            O.prelaunch_two = 1;
             continue;
         }
         if (!v) {
@@ -585,8 +598,25 @@ int main(int argc, char **argv)
         CK(cuModuleGetFunction(&kf, kmod, "noop"));
         capture(&kernel, kf, params, S.stream);
     }
-    for (long i = 0; i < O.prelaunch; i++)
-        CK(cuLaunchKernel(kf, 1, 1, 1, 1, 1, 1, 0, S.stream, params, NULL));
+    /* As cubert launches: one packed buffer through `extra`. */
+    _Alignas(16) unsigned char packed[16] = {0};
+    size_t packed_size = O.params == PARAMS_ABI   ? 8
+                         : O.params == PARAMS_U32 ? 4
+                                                  : 0;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed,
+                     CU_LAUNCH_PARAM_BUFFER_SIZE, &packed_size,
+                     CU_LAUNCH_PARAM_END};
+    CUstream second = NULL;
+    if (O.prelaunch_two)
+        CK(cuStreamCreate(&second, CU_STREAM_NON_BLOCKING));
+    for (int round = 0; round < (O.prelaunch_two ? 6 : 1); round++) {
+        CUstream on = round % 2 ? second : S.stream;
+        for (long i = 0; i < O.prelaunch; i++)
+            CK(cuLaunchKernel(kf, 1, 1, 1, 1, 1, 1, 0, on,
+                              O.prelaunch_extra ? NULL : params,
+                              O.prelaunch_extra ? extra : NULL));
+        CK(cuStreamSynchronize(on));
+    }
     CK(cuStreamSynchronize(S.stream));
 
     graph partner;
@@ -604,6 +634,8 @@ int main(int argc, char **argv)
     }
 
     /* teardown */
+    if (second)
+        CK(cuStreamDestroy(second));
     if (O.alternate) {
         graph_destroy(&partner);
         CK(cuStreamDestroy(S.partner_stream));
