@@ -97,8 +97,9 @@ cube_memory_layout_validate(cube_client *client,
  * Errors: CUBE_ERR_INVALID_ARGUMENT (a bad layout; nothing changes),
  * CUBE_ERR_POOLS_IN_USE (the calling stream kept its old layout because
  * buffers are live in it; the layout still applies to streams created
- * later — retry after releasing them), CUBE_ERR_STREAM_UNAVAILABLE,
- * CUBE_ERR_UNSUPPORTED (a backend without configurable pools). */
+ * later — retry after releasing them), CUBE_ERR_OUT_OF_MEMORY (the
+ * calling stream could not be created). Every backend has configurable
+ * pools: the client owns each stream's memory manager. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_install_memory_pools(cube_client *client,
                           const cube_memory_layout *layout);
