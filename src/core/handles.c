@@ -1,6 +1,11 @@
 /* The handle table: generation-checked slots, so a released or foreign
  * handle is refused instead of dereferenced. Handle bits: tag (12) |
- * generation (20) | slot index (32). */
+ * generation (20) | slot index (32).
+ *
+ * Locks (docs/threading.md): defer_lock, then the backend's memory locks
+ * (backing a dry-run buffer); handles_lock alone, never held while
+ * memory is given back.
+ */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,8 @@
-/* Launch: validation, the compiled-kernel cache, the failure contract. */
+/* Launch: validation, the compiled-kernel cache, the failure contract.
+ *
+ * Locks (docs/threading.md): the stream's lock across the backend's
+ * launch; cache_lock alone, never held across a compile.
+ */
 #include <stdlib.h>
 #include <string.h>
 

@@ -2,7 +2,11 @@
  * reports, cleanup, allocation modes and data layouts. Pools live in
  * src/memory; the client owns one manager per stream (stream.c), so these
  * calls go to the calling stream's manager without the backend, except
- * cleanup, which first lets the backend give back what it holds aside. */
+ * cleanup, which first lets the backend give back what it holds aside.
+ *
+ * Locks (docs/threading.md): the stream's lock, then its memory manager's
+ * (install, cleanup) or the backend's (memory_reclaim); streams_lock alone.
+ */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,10 @@
 /* The memory manager: records, storage with out-of-memory retry, routing,
  * the large tail, usage, reports and installing layouts (see
- * memory_manager.h; accounting is defined in mem_internal.h). */
+ * memory_manager.h; accounting is defined in mem_internal.h).
+ *
+ * Locks (docs/threading.md): the manager's lock across the storage's
+ * alloc; the storage's free runs after it is dropped (mem_unlock).
+ */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

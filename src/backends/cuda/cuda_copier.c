@@ -1,6 +1,10 @@
 /* The copy helpers: a few threads that share a large memcpy with the
  * caller, to pack pageable host memory into pinned chunks and to unpack
- * it (one core cannot fill the memory bandwidth). */
+ * it (one core cannot fill the memory bandwidth).
+ *
+ * Locks (docs/threading.md): busy (one parallel copy), then lock (the
+ * helpers' job).
+ */
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +17,8 @@
 #define CUDA_MAX_COPIERS 16
 
 struct cuda_copier {
-    pthread_mutex_t busy; /* one parallel copy at a time */
-    pthread_mutex_t lock;
+    cube_mutex busy; /* one parallel copy at a time */
+    cube_mutex lock;
     pthread_cond_t wake, done;
     pthread_t threads[CUDA_MAX_COPIERS];
     unsigned count;      /* helper threads */
@@ -42,12 +46,12 @@ static void part_of(const cuda_copier *c, unsigned who, uint64_t *off,
 static void *copier_main(void *arg)
 {
     cuda_copier *c = arg;
-    pthread_mutex_lock(&c->lock);
+    cube_mutex_lock(&c->lock);
     unsigned who = c->finished++; /* 1..count, in start order */
     uint64_t seen = 0;
     for (;;) {
         while (!c->quit && c->generation == seen)
-            pthread_cond_wait(&c->wake, &c->lock);
+            cube_cond_wait(&c->wake, &c->lock);
         if (c->quit)
             break;
         seen = c->generation;
@@ -55,14 +59,14 @@ static void *copier_main(void *arg)
         part_of(c, who, &off, &len);
         unsigned char *dst = c->dst;
         const unsigned char *src = c->src;
-        pthread_mutex_unlock(&c->lock);
+        cube_mutex_unlock(&c->lock);
         if (len)
             memcpy(dst + off, src + off, len);
-        pthread_mutex_lock(&c->lock);
+        cube_mutex_lock(&c->lock);
         if (++c->finished == c->count)
             pthread_cond_signal(&c->done);
     }
-    pthread_mutex_unlock(&c->lock);
+    cube_mutex_unlock(&c->lock);
     return NULL;
 }
 
@@ -70,16 +74,16 @@ void cuda_copier_destroy(cuda_copier *c)
 {
     if (!c)
         return;
-    pthread_mutex_lock(&c->lock);
+    cube_mutex_lock(&c->lock);
     c->quit = 1;
     pthread_cond_broadcast(&c->wake);
-    pthread_mutex_unlock(&c->lock);
+    cube_mutex_unlock(&c->lock);
     for (unsigned i = 0; i < c->count; i++)
         pthread_join(c->threads[i], NULL);
     pthread_cond_destroy(&c->wake);
     pthread_cond_destroy(&c->done);
-    pthread_mutex_destroy(&c->lock);
-    pthread_mutex_destroy(&c->busy);
+    cube_mutex_destroy(&c->lock);
+    cube_mutex_destroy(&c->busy);
     free(c);
 }
 
@@ -88,8 +92,8 @@ cuda_copier *cuda_copier_create(void)
     cuda_copier *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
-    pthread_mutex_init(&c->busy, NULL);
-    pthread_mutex_init(&c->lock, NULL);
+    cube_mutex_init(&c->busy);
+    cube_mutex_init(&c->lock);
     pthread_cond_init(&c->wake, NULL);
     pthread_cond_init(&c->done, NULL);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -99,7 +103,7 @@ cuda_copier *cuda_copier_create(void)
     if (want > CUDA_MAX_COPIERS)
         want = CUDA_MAX_COPIERS;
     /* The caller copies a part too: want - 1 helpers. */
-    pthread_mutex_lock(&c->lock);
+    cube_mutex_lock(&c->lock);
     c->finished = 1;
     for (unsigned i = 0; i + 1 < want; i++) {
         if (pthread_create(&c->threads[i], NULL, copier_main, c) != 0)
@@ -107,11 +111,11 @@ cuda_copier *cuda_copier_create(void)
         c->count++;
     }
     /* Helpers number themselves from c->finished; wait until all have. */
-    pthread_mutex_unlock(&c->lock);
+    cube_mutex_unlock(&c->lock);
     for (;;) {
-        pthread_mutex_lock(&c->lock);
+        cube_mutex_lock(&c->lock);
         unsigned started = c->finished - 1;
-        pthread_mutex_unlock(&c->lock);
+        cube_mutex_unlock(&c->lock);
         if (started >= c->count)
             break;
         sched_yield();
@@ -122,27 +126,31 @@ cuda_copier *cuda_copier_create(void)
 /* memcpy, spread over the helpers when large and when they are free. */
 void cuda_copy_bytes(cuda_copier *c, void *dst, const void *src, uint64_t bytes)
 {
-    if (!c || c->count == 0 || bytes < CUDA_PARALLEL_MIN ||
-        pthread_mutex_trylock(&c->busy) != 0) {
+    if (!c || c->count == 0 || bytes < CUDA_PARALLEL_MIN) {
         memcpy(dst, src, bytes);
         return;
     }
-    pthread_mutex_lock(&c->lock);
+    /* Another thread's copy has the helpers: copy alone. */
+    if (!cube_mutex_trylock(&c->busy)) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    cube_mutex_lock(&c->lock);
     c->dst = dst;
     c->src = src;
     c->bytes = bytes;
     c->finished = 0;
     c->generation++;
     pthread_cond_broadcast(&c->wake);
-    pthread_mutex_unlock(&c->lock);
+    cube_mutex_unlock(&c->lock);
     uint64_t off, len;
     part_of(c, 0, &off, &len);
     if (len)
         memcpy((unsigned char *)dst + off, (const unsigned char *)src + off,
                len);
-    pthread_mutex_lock(&c->lock);
+    cube_mutex_lock(&c->lock);
     while (c->finished < c->count)
-        pthread_cond_wait(&c->done, &c->lock);
-    pthread_mutex_unlock(&c->lock);
-    pthread_mutex_unlock(&c->busy);
+        cube_cond_wait(&c->done, &c->lock);
+    cube_mutex_unlock(&c->lock);
+    cube_mutex_unlock(&c->busy);
 }

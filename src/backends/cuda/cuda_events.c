@@ -7,25 +7,25 @@
 
 cube_error *cuda_event_get(cuda_server *s, CUevent *out)
 {
-    pthread_mutex_lock(&s->events_lock);
+    cube_mutex_lock(&s->events_lock);
     if (s->free_event_count) {
         *out = s->free_events[--s->free_event_count];
-        pthread_mutex_unlock(&s->events_lock);
+        cube_mutex_unlock(&s->events_lock);
         return NULL;
     }
-    pthread_mutex_unlock(&s->events_lock);
+    cube_mutex_unlock(&s->events_lock);
     CUresult r = s->api->cuEventCreate(out, CU_EVENT_DEFAULT);
     return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventCreate") : NULL;
 }
 
 void cuda_event_put(cuda_server *s, CUevent ev)
 {
-    pthread_mutex_lock(&s->events_lock);
+    cube_mutex_lock(&s->events_lock);
     if (s->free_event_count == s->free_event_cap) {
         size_t cap = s->free_event_cap ? s->free_event_cap * 2 : 32;
         CUevent *grown = realloc(s->free_events, cap * sizeof *grown);
         if (!grown) {
-            pthread_mutex_unlock(&s->events_lock);
+            cube_mutex_unlock(&s->events_lock);
             s->api->cuEventDestroy(ev);
             return;
         }
@@ -33,7 +33,7 @@ void cuda_event_put(cuda_server *s, CUevent ev)
         s->free_event_cap = cap;
     }
     s->free_events[s->free_event_count++] = ev;
-    pthread_mutex_unlock(&s->events_lock);
+    cube_mutex_unlock(&s->events_lock);
 }
 
 void cuda_events_destroy(cuda_server *s)

@@ -6,7 +6,11 @@
  * can order itself after their writers on other streams and mark them
  * written. A capture during which the stream's pools had to take new
  * device memory is rejected at its end: its graph would depend on memory
- * the warm-up did not hold. */
+ * the warm-up did not hold.
+ *
+ * Locks (docs/threading.md): deferred_lock, then the stream's lock, at
+ * the start of a capture; the end takes them one at a time.
+ */
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,11 +45,14 @@ cube_error *cuda_begin_capture(cube_server *server, cube_server_stream *stream)
      * made here (nothing captured runs before a replay). Under the
      * stream's lock, which they take to record its event: they see it
      * recorded before the capture, or capturing, never in between. */
-    /* The count of captures changes under deferred_lock, which a free
-     * holds from its check to its end: no free runs while a capture
-     * starts (freeing may synchronize the device, breaking captures). */
-    pthread_mutex_lock(&s->deferred_lock);
-    pthread_mutex_lock(&st->lock);
+    /* The count of captures changes under deferred_lock, and only when
+     * no free is running (a free may synchronize the device, breaking
+     * captures); frees count themselves under the same lock and start
+     * only while no capture runs. */
+    cube_mutex_lock(&s->deferred_lock);
+    while (s->frees_running)
+        cube_cond_wait(&s->frees_idle, &s->deferred_lock);
+    cube_mutex_lock(&st->lock);
     CUresult r = cuda_stream_record_locked(s, st);
     if (r == CUDA_SUCCESS)
         r = s->api->cuStreamBeginCapture(st->cu,
@@ -54,8 +61,8 @@ cube_error *cuda_begin_capture(cube_server *server, cube_server_stream *stream)
         st->capturing = 1;
         atomic_fetch_add(&s->captures, 1);
     }
-    pthread_mutex_unlock(&st->lock);
-    pthread_mutex_unlock(&s->deferred_lock);
+    cube_mutex_unlock(&st->lock);
+    cube_mutex_unlock(&s->deferred_lock);
     if (r != CUDA_SUCCESS)
         return cuda_fail(s, r, CUBE_ERR_GRAPH_STATE, "cuStreamBeginCapture");
     /* The capture is thread-local, so other threads cannot break it; this
@@ -83,14 +90,14 @@ cube_error *cuda_end_capture(cube_server *server, cube_server_stream *stream,
     if (err)
         return err;
     CUgraph g = NULL;
-    pthread_mutex_lock(&st->lock);
+    cube_mutex_lock(&st->lock);
     CUresult r = s->api->cuStreamEndCapture(st->cu, &g);
     st->capturing = 0;
-    pthread_mutex_unlock(&st->lock);
+    cube_mutex_unlock(&st->lock);
     s->api->cuThreadExchangeStreamCaptureMode(&st->capture_thread_mode);
-    pthread_mutex_lock(&s->deferred_lock);
+    cube_mutex_lock(&s->deferred_lock);
     int last = atomic_fetch_sub(&s->captures, 1) == 1;
-    pthread_mutex_unlock(&s->deferred_lock);
+    cube_mutex_unlock(&s->deferred_lock);
     if (last)
         cuda_free_deferred(s, 0);
     uint64_t grown = reserved(st->base->memory) - st->reserved_at_begin;

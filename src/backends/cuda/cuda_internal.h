@@ -55,6 +55,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "base/mutex.h"
 #include "backends/common/disk_cache.h"
 #include "backends/cuda/cuda_api.h"
 #include "cubert/backend/errors.h"
@@ -113,9 +114,9 @@ struct cuda_stream {
     _Atomic uint64_t seq;
     /* The cross-stream event and the sequence its last record covers;
      * under `lock` (other streams record and wait on it). */
-    pthread_mutex_t lock;
+    cube_mutex lock;
     CUevent event;
-    uint64_t event_seq;
+    uint64_t event_seq CUBE_GUARDED_FIELD(lock);
     /* The highest sequence of each other stream this one already waits
      * for; touched only by calls on this stream (the client serializes
      * them). Indexed by stream index. */
@@ -136,9 +137,10 @@ struct cuda_stream {
     int capture_thread_mode; /* the capturing thread's mode before it */
     /* Released blocks waiting for other streams' uses (under
      * pending_lock: releases come from any thread). */
-    pthread_mutex_t pending_lock;
-    cuda_pending_free *pending;
-    size_t pending_count, pending_cap;
+    cube_mutex pending_lock;
+    cuda_pending_free *pending CUBE_GUARDED_FIELD(pending_lock);
+    size_t pending_count CUBE_GUARDED_FIELD(pending_lock);
+    size_t pending_cap CUBE_GUARDED_FIELD(pending_lock);
     atomic_int has_pending;
     /* 16 bytes of pinned memory a dynamic cube count is read into. */
     cube_storage count_host;
@@ -168,32 +170,40 @@ struct cuda_server {
 
     /* Block records: slabs, and the free list behind the per-thread
      * caches (cuda_memory.c). */
-    pthread_mutex_t blocks_lock;
-    cuda_block *free_blocks;
-    void **slabs;
-    size_t slab_count;
+    cube_mutex blocks_lock;
+    cuda_block *free_blocks CUBE_GUARDED_FIELD(blocks_lock);
+    void **slabs CUBE_GUARDED_FIELD(blocks_lock);
+    size_t slab_count CUBE_GUARDED_FIELD(blocks_lock);
 
     /* Pinned host memory: the staging manager and the buffers handed out
      * through cube_staging (to tell pinned sources from pageable ones). */
     mem_manager *pinned;
-    pthread_mutex_t staging_lock;
-    cube_storage *staging;
-    size_t staging_count, staging_cap;
+    cube_mutex staging_lock;
+    cube_storage *staging CUBE_GUARDED_FIELD(staging_lock);
+    size_t staging_count CUBE_GUARDED_FIELD(staging_lock);
+    size_t staging_cap CUBE_GUARDED_FIELD(staging_lock);
     cuda_copier *copier;
 
     /* Streams capturing now, and the memory whose release waits for them
      * to end: freeing device or pinned memory may synchronize, which
      * would break a capture on another thread. */
     atomic_int captures;
-    pthread_mutex_t deferred_lock;
-    struct cuda_deferred *deferred;
-    size_t deferred_count, deferred_cap;
+    cube_mutex deferred_lock;
+    struct cuda_deferred *deferred CUBE_GUARDED_FIELD(deferred_lock);
+    size_t deferred_count CUBE_GUARDED_FIELD(deferred_lock);
+    size_t deferred_cap CUBE_GUARDED_FIELD(deferred_lock);
+    /* Frees running now, each with no lock held (a free may wait for a
+     * stream): a capture starts only when there are none, and a free
+     * starts only when no capture runs. */
+    int frees_running CUBE_GUARDED_FIELD(deferred_lock);
+    pthread_cond_t frees_idle; /* frees_running reached 0 */
 
     /* Events for profiling windows, transfers and reads, recycled
      * (cuda_events.c). */
-    pthread_mutex_t events_lock;
-    CUevent *free_events;
-    size_t free_event_count, free_event_cap;
+    cube_mutex events_lock;
+    CUevent *free_events CUBE_GUARDED_FIELD(events_lock);
+    size_t free_event_count CUBE_GUARDED_FIELD(events_lock);
+    size_t free_event_cap CUBE_GUARDED_FIELD(events_lock);
 };
 
 /* The stream at `index` of the client (which created it), and how many
@@ -300,7 +310,8 @@ static inline uint64_t cuda_stream_next(cuda_stream *st)
 /* Records `st`'s cross-stream event to cover everything submitted (the
  * _locked form: with st->lock held). */
 cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st);
-CUresult cuda_stream_record_locked(cuda_server *s, cuda_stream *st);
+CUresult cuda_stream_record_locked(cuda_server *s, cuda_stream *st)
+    CUBE_REQUIRES(st->lock);
 /* Makes `st` wait for stream `index` up to `seq`. */
 cube_error *cuda_stream_wait_for(cuda_server *s, cuda_stream *st,
                                  uint32_t index, uint64_t seq);

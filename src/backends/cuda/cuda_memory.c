@@ -4,7 +4,13 @@
  * end, the block
  * records that carry a buffer's cross-stream state, and the memory slots
  * of the vtable: a released block other streams used is set aside until
- * their uses have completed (cuda_internal.h describes the scheme). */
+ * their uses have completed (cuda_internal.h describes the scheme).
+ *
+ * Locks (docs/threading.md): a stream's pending_lock, then another
+ * stream's lock, the stream's memory manager and blocks_lock; dropped
+ * before any wait on the host. deferred_lock alone, never held across a
+ * free.
+ */
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,21 +61,34 @@ static void free_now(cuda_server *s, cuda_stream *st, uint64_t address)
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
 }
 
+/* A free that ran (with no lock held) is over; the last one lets a
+ * waiting capture start. */
+static void frees_end(cuda_server *s)
+{
+    cube_mutex_lock(&s->deferred_lock);
+    if (--s->frees_running == 0)
+        pthread_cond_broadcast(&s->frees_idle);
+    cube_mutex_unlock(&s->deferred_lock);
+}
+
 void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
 {
     cube_error_free(cuda_enter(s));
-    /* Held through the free: a capture cannot start meanwhile. */
-    pthread_mutex_lock(&s->deferred_lock);
+    cube_mutex_lock(&s->deferred_lock);
     if (atomic_load(&s->captures) == 0) {
+        /* Counted, so no capture starts until it is over; run without the
+         * lock, so other threads' frees do not queue behind its wait. */
+        s->frees_running++;
+        cube_mutex_unlock(&s->deferred_lock);
         free_now(s, st, address);
-        pthread_mutex_unlock(&s->deferred_lock);
+        frees_end(s);
         return;
     }
     if (s->deferred_count == s->deferred_cap) {
         size_t cap = s->deferred_cap ? s->deferred_cap * 2 : 16;
         cuda_deferred *grown = realloc(s->deferred, cap * sizeof *grown);
         if (!grown) {
-            pthread_mutex_unlock(&s->deferred_lock);
+            cube_mutex_unlock(&s->deferred_lock);
             /* Cannot remember it: leak it rather than break a capture. */
             cube_log_write(CUBE_LOG_WARN, "memory",
                            "out of host memory while a capture runs; %s "
@@ -84,17 +103,30 @@ void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
     s->deferred[s->deferred_count].stream = st;
     s->deferred[s->deferred_count].address = address;
     s->deferred_count++;
-    pthread_mutex_unlock(&s->deferred_lock);
+    cube_mutex_unlock(&s->deferred_lock);
 }
 
 void cuda_free_deferred(cuda_server *s, int force)
 {
-    pthread_mutex_lock(&s->deferred_lock);
-    while (s->deferred_count && (force || atomic_load(&s->captures) == 0)) {
-        cuda_deferred d = s->deferred[--s->deferred_count];
-        free_now(s, d.stream, d.address);
+    cube_mutex_lock(&s->deferred_lock);
+    if (s->deferred_count == 0 || (!force && atomic_load(&s->captures) != 0)) {
+        cube_mutex_unlock(&s->deferred_lock);
+        return;
     }
-    pthread_mutex_unlock(&s->deferred_lock);
+    /* The list is taken whole and freed without the lock, counted as a
+     * running free like any other. */
+    cuda_deferred *list = s->deferred;
+    size_t n = s->deferred_count;
+    s->deferred = NULL;
+    s->deferred_count = s->deferred_cap = 0;
+    s->frees_running++;
+    cube_mutex_unlock(&s->deferred_lock);
+    while (n > 0) {
+        n--;
+        free_now(s, list[n].stream, list[n].address);
+    }
+    free(list);
+    frees_end(s);
 }
 
 void cuda_device_free(void *self, uint64_t address, uint64_t size)
@@ -132,7 +164,7 @@ static cuda_block *block_new(cuda_server *s)
         block_cache.count--;
         return b;
     }
-    pthread_mutex_lock(&s->blocks_lock);
+    cube_mutex_lock(&s->blocks_lock);
     if (!s->free_blocks) {
         cuda_block *slab = malloc(CUDA_BLOCK_SLAB * sizeof *slab);
         void **grown =
@@ -140,7 +172,7 @@ static cuda_block *block_new(cuda_server *s)
                  : NULL;
         if (!grown) {
             free(slab);
-            pthread_mutex_unlock(&s->blocks_lock);
+            cube_mutex_unlock(&s->blocks_lock);
             return NULL;
         }
         s->slabs = grown;
@@ -152,7 +184,7 @@ static cuda_block *block_new(cuda_server *s)
     }
     cuda_block *b = s->free_blocks;
     s->free_blocks = b->next_free;
-    pthread_mutex_unlock(&s->blocks_lock);
+    cube_mutex_unlock(&s->blocks_lock);
     return b;
 }
 
@@ -169,10 +201,10 @@ static void block_recycle(cuda_server *s, cuda_block *b)
         block_cache.count++;
         return;
     }
-    pthread_mutex_lock(&s->blocks_lock);
+    cube_mutex_lock(&s->blocks_lock);
     b->next_free = s->free_blocks;
     s->free_blocks = b;
-    pthread_mutex_unlock(&s->blocks_lock);
+    cube_mutex_unlock(&s->blocks_lock);
 }
 
 /* --- the memory slots --- */
@@ -222,9 +254,9 @@ cube_error *cuda_initialize_memory(cube_server *server,
 static int use_done(cuda_server *s, uint32_t index, uint64_t seq, int wait)
 {
     cuda_stream *o = cuda_stream_at(s, index);
-    pthread_mutex_lock(&o->lock);
+    cube_mutex_lock(&o->lock);
     int covered = o->event_seq >= seq;
-    pthread_mutex_unlock(&o->lock);
+    cube_mutex_unlock(&o->lock);
     if (!covered)
         return 0; /* its thread records it with its next shared use */
     CUresult r = wait ? s->api->cuEventSynchronize(o->event)
@@ -233,15 +265,15 @@ static int use_done(cuda_server *s, uint32_t index, uint64_t seq, int wait)
     return r != CUDA_ERROR_NOT_READY;
 }
 
-void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait)
+/* Gives back the released blocks of `list` whose other-stream uses have
+ * completed (all of them, waiting, when `wait`); returns how many are
+ * kept, packed at the front. */
+static size_t reap_list(cuda_server *s, cuda_stream *st,
+                        cuda_pending_free *list, size_t n, int wait)
 {
-    if (!atomic_load_explicit(&st->has_pending, memory_order_acquire))
-        return;
-    cube_error_free(cuda_enter(s));
-    pthread_mutex_lock(&st->pending_lock);
     size_t kept = 0;
-    for (size_t i = 0; i < st->pending_count; i++) {
-        cuda_pending_free *p = &st->pending[i];
+    for (size_t i = 0; i < n; i++) {
+        cuda_pending_free *p = &list[i];
         int done = 1;
         for (uint32_t k = 0; k < p->count && done; k++)
             done = use_done(s, p->waits[k].index, p->waits[k].seq, wait);
@@ -249,12 +281,35 @@ void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait)
             mem_free(st->base->memory, &p->blk->inner);
             block_recycle(s, p->blk);
         } else {
-            st->pending[kept++] = *p;
+            list[kept++] = *p;
         }
     }
-    st->pending_count = kept;
-    atomic_store(&st->has_pending, kept != 0);
-    pthread_mutex_unlock(&st->pending_lock);
+    return kept;
+}
+
+void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait)
+{
+    if (!atomic_load_explicit(&st->has_pending, memory_order_acquire))
+        return;
+    cube_error_free(cuda_enter(s));
+    cube_mutex_lock(&st->pending_lock);
+    if (!wait) {
+        /* Queries only: nothing here waits. */
+        st->pending_count = reap_list(s, st, st->pending, st->pending_count, 0);
+        atomic_store(&st->has_pending, st->pending_count != 0);
+        cube_mutex_unlock(&st->pending_lock);
+        return;
+    }
+    /* Waiting on the host: the list is taken whole, so releases from
+     * other threads go on into a new one meanwhile. */
+    cuda_pending_free *list = st->pending;
+    size_t n = st->pending_count;
+    st->pending = NULL;
+    st->pending_count = st->pending_cap = 0;
+    atomic_store(&st->has_pending, 0);
+    cube_mutex_unlock(&st->pending_lock);
+    reap_list(s, st, list, n, 1);
+    free(list);
 }
 
 void cuda_release_memory(cube_server *server, cube_server_stream *stream,
@@ -312,12 +367,12 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
         block_recycle(s, blk);
         return;
     }
-    pthread_mutex_lock(&owner->pending_lock);
+    cube_mutex_lock(&owner->pending_lock);
     if (owner->pending_count == owner->pending_cap) {
         size_t cap = owner->pending_cap ? owner->pending_cap * 2 : 16;
         cuda_pending_free *grown = realloc(owner->pending, cap * sizeof *grown);
         if (!grown) {
-            pthread_mutex_unlock(&owner->pending_lock);
+            cube_mutex_unlock(&owner->pending_lock);
             /* Cannot keep it aside: wait for its users here. */
             cube_error_free(cuda_enter(s));
             for (uint32_t k = 0; k < p.count; k++)
@@ -331,7 +386,7 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
     }
     owner->pending[owner->pending_count++] = p;
     atomic_store_explicit(&owner->has_pending, 1, memory_order_release);
-    pthread_mutex_unlock(&owner->pending_lock);
+    cube_mutex_unlock(&owner->pending_lock);
 }
 
 void cuda_memory_reclaim(cube_server *server, cube_server_stream *stream)

@@ -1,7 +1,11 @@
 /* Pinned host memory: the server's pooled manager of it, the buffers
  * handed out through cube_staging (a transfer from or to one needs no
  * staging of its own), and the pinned blocks of a stream's transfers,
- * held until the stream is past their copies. */
+ * held until the stream is past their copies.
+ *
+ * Locks (docs/threading.md): the pinned manager's lock, then
+ * deferred_lock (a pinned page given back); staging_lock alone.
+ */
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -81,12 +85,12 @@ cube_error *cuda_staging(cube_server *server, const uint64_t *sizes, size_t n,
         err = mem_alloc(s->pinned, sizes[made], &b);
         if (err)
             break;
-        pthread_mutex_lock(&s->staging_lock);
+        cube_mutex_lock(&s->staging_lock);
         if (s->staging_count == s->staging_cap) {
             size_t cap = s->staging_cap ? s->staging_cap * 2 : 16;
             cube_storage *grown = realloc(s->staging, cap * sizeof *grown);
             if (!grown) {
-                pthread_mutex_unlock(&s->staging_lock);
+                cube_mutex_unlock(&s->staging_lock);
                 mem_free(s->pinned, &b);
                 err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "staging");
                 break;
@@ -95,7 +99,7 @@ cube_error *cuda_staging(cube_server *server, const uint64_t *sizes, size_t n,
             s->staging_cap = cap;
         }
         s->staging[s->staging_count++] = b;
-        pthread_mutex_unlock(&s->staging_lock);
+        cube_mutex_unlock(&s->staging_lock);
         out[made] = (void *)(uintptr_t)b.address;
     }
     if (err) {
@@ -111,17 +115,17 @@ void cuda_staging_free(cube_server *server, void *buffer)
 {
     cuda_server *s = (cuda_server *)server;
     uint64_t a = (uint64_t)(uintptr_t)buffer;
-    pthread_mutex_lock(&s->staging_lock);
+    cube_mutex_lock(&s->staging_lock);
     for (size_t i = 0; i < s->staging_count; i++) {
         if (s->staging[i].address == a) {
             cube_storage b = s->staging[i];
             s->staging[i] = s->staging[--s->staging_count];
-            pthread_mutex_unlock(&s->staging_lock);
+            cube_mutex_unlock(&s->staging_lock);
             mem_free(s->pinned, &b);
             return;
         }
     }
-    pthread_mutex_unlock(&s->staging_lock);
+    cube_mutex_unlock(&s->staging_lock);
 }
 
 /* Whether [p, p + bytes) lies inside a buffer handed out by cube_staging. */
@@ -129,13 +133,13 @@ int cuda_is_pinned(cuda_server *s, const void *p, uint64_t bytes)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     int found = 0;
-    pthread_mutex_lock(&s->staging_lock);
+    cube_mutex_lock(&s->staging_lock);
     for (size_t i = 0; i < s->staging_count && !found; i++) {
         const cube_storage *st = &s->staging[i];
         found = a >= st->address && a - st->address <= st->size &&
                 bytes <= st->size - (a - st->address);
     }
-    pthread_mutex_unlock(&s->staging_lock);
+    cube_mutex_unlock(&s->staging_lock);
     return found;
 }
 

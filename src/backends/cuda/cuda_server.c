@@ -90,10 +90,11 @@ static void cuda_destroy(cube_server *server)
         free(s->slabs[i]);
     free(s->slabs);
     disk_cache_close(s->cache);
-    pthread_mutex_destroy(&s->blocks_lock);
-    pthread_mutex_destroy(&s->staging_lock);
-    pthread_mutex_destroy(&s->events_lock);
-    pthread_mutex_destroy(&s->deferred_lock);
+    cube_mutex_destroy(&s->blocks_lock);
+    cube_mutex_destroy(&s->staging_lock);
+    cube_mutex_destroy(&s->events_lock);
+    cube_mutex_destroy(&s->deferred_lock);
+    pthread_cond_destroy(&s->frees_idle);
     free(s->deferred);
     free(s);
 }
@@ -165,10 +166,11 @@ static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
     s->ordinal = (int)index;
     static atomic_uint_fast64_t next_serial = 1;
     s->serial = atomic_fetch_add(&next_serial, 1);
-    pthread_mutex_init(&s->blocks_lock, NULL);
-    pthread_mutex_init(&s->staging_lock, NULL);
-    pthread_mutex_init(&s->events_lock, NULL);
-    pthread_mutex_init(&s->deferred_lock, NULL);
+    cube_mutex_init(&s->blocks_lock);
+    cube_mutex_init(&s->staging_lock);
+    cube_mutex_init(&s->events_lock);
+    cube_mutex_init(&s->deferred_lock);
+    pthread_cond_init(&s->frees_idle, NULL);
     CUresult r = a->cuDeviceGet(&s->device, (int)index);
     if (r != CUDA_SUCCESS)
         err = cuda_error(a, r, CUBE_ERR_UNAVAILABLE,

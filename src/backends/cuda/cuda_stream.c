@@ -22,7 +22,7 @@ static void stream_free(cuda_server *s, cuda_stream *st)
      * before any stream): what waited for other streams' uses went with
      * its pages (block records go with the server's slabs). */
     st->pending_count = 0;
-    pthread_mutex_destroy(&st->pending_lock);
+    cube_mutex_destroy(&st->pending_lock);
     free(st->pending);
     if (st->event)
         s->api->cuEventDestroy(st->event);
@@ -30,7 +30,7 @@ static void stream_free(cuda_server *s, cuda_stream *st)
         s->api->cuEventDestroy(st->done);
     if (st->cu)
         s->api->cuStreamDestroy(st->cu);
-    pthread_mutex_destroy(&st->lock);
+    cube_mutex_destroy(&st->lock);
     free(st->waited);
     free(st->inflight);
     free(st->captured);
@@ -50,8 +50,8 @@ cube_error *cuda_stream_open(cube_server *server, cube_server_stream *stream,
     st->server = s;
     st->base = stream;
     st->index = stream->index;
-    pthread_mutex_init(&st->lock, NULL);
-    pthread_mutex_init(&st->pending_lock, NULL);
+    cube_mutex_init(&st->lock);
+    cube_mutex_init(&st->pending_lock);
     const cuda_api *a = s->api;
     CUresult r = a->cuStreamCreate(&st->cu, CU_STREAM_NON_BLOCKING);
     if (r == CUDA_SUCCESS)
@@ -102,9 +102,9 @@ CUresult cuda_stream_record_locked(cuda_server *s, cuda_stream *st)
 
 cube_error *cuda_stream_record(cuda_server *s, cuda_stream *st)
 {
-    pthread_mutex_lock(&st->lock);
+    cube_mutex_lock(&st->lock);
     CUresult r = cuda_stream_record_locked(s, st);
-    pthread_mutex_unlock(&st->lock);
+    cube_mutex_unlock(&st->lock);
     return r ? cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventRecord") : NULL;
 }
 
@@ -114,7 +114,7 @@ static cube_error *wait_on(cuda_server *s, CUstream cu, cuda_stream *other,
                            uint64_t seq, uint64_t *covered)
 {
     CUresult r = CUDA_SUCCESS;
-    pthread_mutex_lock(&other->lock);
+    cube_mutex_lock(&other->lock);
     if (other->event_seq < seq && !other->capturing)
         r = cuda_stream_record_locked(s, other);
     /* A capturing stream had its event recorded when the capture began,
@@ -122,7 +122,7 @@ static cube_error *wait_on(cuda_server *s, CUstream cu, cuda_stream *other,
     if (r == CUDA_SUCCESS)
         r = s->api->cuStreamWaitEvent(cu, other->event, 0);
     *covered = other->event_seq;
-    pthread_mutex_unlock(&other->lock);
+    cube_mutex_unlock(&other->lock);
     if (cube_log_enabled(CUBE_LOG_TRACE))
         cube_log_write(CUBE_LOG_TRACE, "cuda",
                        "a stream waits for stream 0x%016llx up to operation "

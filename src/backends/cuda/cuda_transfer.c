@@ -3,7 +3,11 @@
  * the previous chunk), pitched 2-D copies for strided layouts, reads whose
  * wait is on the caller's side. The latest read gets its completion event
  * only when more work follows it (the open read): cuda_stream_begin, the
- * preamble of every call that enqueues work, gives it one. */
+ * preamble of every call that enqueues work, gives it one.
+ *
+ * Locks (docs/threading.md): the stream's lock, then events_lock (an
+ * open read gets its event).
+ */
 #include <stdlib.h>
 #include <string.h>
 
@@ -317,9 +321,9 @@ cube_error *cuda_read(cube_server *server, cube_server_stream *stream,
     if (!err && queued) {
         /* No event yet: see cuda_stream.open_read. */
         p->stream = st;
-        pthread_mutex_lock(&st->lock);
+        cube_mutex_lock(&st->lock);
         atomic_store(&st->open_read, p);
-        pthread_mutex_unlock(&st->lock);
+        cube_mutex_unlock(&st->lock);
     }
     if (err) {
         if (queued)
@@ -341,7 +345,7 @@ static cube_error *cuda_stream_seal_slow(cuda_server *s, cuda_stream *st)
 {
     CUresult r = CUDA_SUCCESS;
     cube_error *err = NULL;
-    pthread_mutex_lock(&st->lock);
+    cube_mutex_lock(&st->lock);
     cube_pending *p = atomic_load(&st->open_read);
     if (p) {
         err = cuda_event_get(s, &p->event);
@@ -354,7 +358,7 @@ static cube_error *cuda_stream_seal_slow(cuda_server *s, cuda_stream *st)
         }
         atomic_store(&st->open_read, NULL);
     }
-    pthread_mutex_unlock(&st->lock);
+    cube_mutex_unlock(&st->lock);
     if (!err && r != CUDA_SUCCESS)
         err = cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuEventRecord");
     return err;
@@ -384,11 +388,11 @@ cube_error *cuda_read_wait(cube_server *server, cube_pending *p)
     cuda_server *s = (cuda_server *)server;
     cube_error *err = cuda_enter(s);
     cuda_stream *st = p->stream;
-    pthread_mutex_lock(&st->lock);
+    cube_mutex_lock(&st->lock);
     if (atomic_load(&st->open_read) == p)
         atomic_store(&st->open_read, NULL);
     CUevent ev = p->event;
-    pthread_mutex_unlock(&st->lock);
+    cube_mutex_unlock(&st->lock);
     /* Nothing was enqueued after the read (else it has an event): the
      * stream's end is the read's end. */
     CUresult r = err  ? CUDA_SUCCESS
