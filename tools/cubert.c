@@ -134,6 +134,7 @@ static void print_features(uint32_t f)
         {CUBE_FEATURE_DYNAMIC_COUNT, "dynamic-count"},
         {CUBE_FEATURE_GRAPHS, "graphs"},
         {CUBE_FEATURE_PINNED_STAGING, "pinned-staging"},
+        {CUBE_FEATURE_KERNELS, "kernels"},
     };
     int any = 0;
     uint32_t known = 0;

@@ -47,7 +47,8 @@ typedef struct cube_client_options {
 /* Default options (every field zero except struct_size). */
 CUBE_API cube_client_options cube_client_options_default(void);
 
-/* Opens `device`: "cpu", "cuda", "cuda:N", or NULL for $CUBERT_DEVICE, else
+/* Opens `device`: "cpu", "cuda", "cuda:N" (N in decimal digits, 0..1024),
+ * "null" (host memory, no kernels), or NULL for $CUBERT_DEVICE, else
  * "cpu". `options` may be NULL.
  * Errors: CUBE_ERR_INVALID_ARGUMENT (out NULL, malformed device string or
  * options), CUBE_ERR_NOT_FOUND (unknown backend, device index out of range),
@@ -70,6 +71,15 @@ typedef enum cube_timing_method {
     CUBE_TIMING_DEVICE = 1
 } cube_timing_method;
 
+/* Feature bits of cube_properties.features: what the device can do beyond
+ * holding and copying memory. A program (and the conformance suite) tests
+ * a bit before it relies on the feature.
+ * - CUBE_FEATURE_KERNELS: the backend compiles and runs cube C kernels.
+ *   Without it (the null backend) every launch fails at compile with
+ *   CUBE_ERR_UNSUPPORTED, recorded on the launch's buffers like any launch
+ *   failure; memory, copies, barriers, the failure store, streams and
+ *   profiling windows work as usual. The other bits describe kernel
+ *   features and mean nothing without this one. */
 enum {
     CUBE_FEATURE_ATOMIC_F32_ADD = 1u << 0,
     CUBE_FEATURE_F64 = 1u << 1,
@@ -78,7 +88,8 @@ enum {
     CUBE_FEATURE_BOUNDS_CHECK = 1u << 4,
     CUBE_FEATURE_DYNAMIC_COUNT = 1u << 5,
     CUBE_FEATURE_GRAPHS = 1u << 6,
-    CUBE_FEATURE_PINNED_STAGING = 1u << 7
+    CUBE_FEATURE_PINNED_STAGING = 1u << 7,
+    CUBE_FEATURE_KERNELS = 1u << 8
 };
 
 typedef struct cube_properties {

@@ -36,7 +36,9 @@ static cube_error *parse_device(const char *device, char *name, size_t cap,
         char *end;
         errno = 0;
         unsigned long v = strtoul(colon + 1, &end, 10);
-        if (errno || *end || end == colon + 1 || v > 1024)
+        /* Digits only: strtoul would also take " 1", "+1" and "-1". */
+        if (errno || *end || end == colon + 1 || v > 1024 || colon[1] < '0' ||
+            colon[1] > '9')
             return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                                   "cube_client_open: device index in '%s' is "
                                   "not a number in 0..1024",

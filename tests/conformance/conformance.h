@@ -1,7 +1,9 @@
 /* The conformance suite: shared state, helpers and the list of tests.
  *
  * The suite is written once against the public API (cubert/cubert.h) and
- * run once per backend: `conformance cpu`, `conformance cuda`. Every test is
+ * run once per backend: `conformance cpu`, `conformance cuda`,
+ * `conformance null`. A test that needs a feature the backend does not
+ * report is skipped there (CONF_TEST_NEEDS, below). Every test is
  * named after what it proves; the ones about reads, syncs, checks, flushes,
  * launches and Skip follow the sentences of the server contract
  * (reference/server-trait.txt) one by one.
@@ -115,9 +117,14 @@ cube_error *conf_write(cube_handle h, const void *src, uint64_t size);
 
 cube_error *conf_launch(cube_kernel *k, cube_count count, const cube_arg *args,
                         size_t nargs, uint32_t mode);
-/* Makes `h`'s allocation carry a launch failure (a RESOURCE_LIMIT launch
- * that would have written it). */
+/* Makes `h`'s allocation carry a launch failure: a launch that would have
+ * written it fails, with conf_mark_code(). */
 void conf_mark_failed(cube_handle h);
+/* The code of the failure conf_mark_failed leaves: CUBE_ERR_RESOURCE_LIMIT
+ * where kernels run (the launch is over the cube dimension limit),
+ * CUBE_ERR_UNSUPPORTED on a backend without CUBE_FEATURE_KERNELS (the
+ * launch fails at compile). Either way the failure store holds it. */
+cube_code conf_mark_code(void);
 /* Asserts that reading h is refused with SEVERAL whose causes include
  * `cause` somewhere, and that the destination was not touched. */
 void conf_expect_refused_at(cube_handle h, uint64_t size, cube_code cause,
@@ -128,6 +135,8 @@ void conf_expect_refused_at(cube_handle h, uint64_t size, cube_code cause,
 cube_kernel *conf_kernel(const char *name, const char *source, uint32_t dx,
                          uint32_t dy, uint32_t dz);
 int conf_is_cpu(void);
+/* Whether the backend compiles and runs kernels (CUBE_FEATURE_KERNELS). */
+int conf_runs_kernels(void);
 uint32_t conf_div_up(uint64_t n, uint32_t d);
 
 /* The code of err (CUBE_OK for NULL; CUBE_ERR_INTERNAL for an error
@@ -165,6 +174,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(client_open_null_device_uses_default)                                    \
     X(client_open_malformed_device_is_invalid_argument)                        \
     X(client_open_unknown_backend_or_index_is_not_found)                       \
+    X(client_open_bad_index_of_the_backend_under_test_is_refused)              \
     X(client_open_bad_options_struct_size_is_invalid_argument)                 \
     X(client_open_with_options_works)                                          \
     X(client_close_frees_what_the_caller_did_not_release)                      \
@@ -326,6 +336,8 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(profile_window_counts_replayed_launches)                                 \
     X(profile_token_of_another_threads_stream_is_profile_error)                \
     X(profile_null_arguments_are_invalid_argument)                             \
+    X(profile_windows_around_copies_and_a_failed_launch)                       \
+    X(dry_run_launch_changes_no_buffer_or_failure_record)                      \
     X(dry_run_launches_compile_and_validate_but_change_no_buffer)              \
     X(dry_run_scopes_nest_and_launches_run_after_the_last_end)                 \
     X(dry_run_end_without_begin_is_ignored)                                    \
@@ -385,6 +397,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(streams_buffer_released_while_another_stream_reads_it_waits_for_it)      \
     X(streams_dynamic_count_written_on_another_stream_is_waited_for)           \
     X(streams_failure_on_one_stream_is_reported_on_others_until_rewritten)     \
+    X(streams_copies_failures_and_releases_cross_streams)                      \
     X(streams_ids_list_each_stream_once_explicit_ids_are_separate_queues)      \
     X(streams_device_fault_breaks_every_call_until_the_client_is_reopened)
 
@@ -399,15 +412,31 @@ void conf_device_fault_scenario(void **state);
 CONF_TESTS(CONF_DECLARE)
 #undef CONF_DECLARE
 
-/* Defines test `name` with a body that takes no arguments. */
-#define CONF_TEST(name)                                                        \
+/* Skips the running test (cmocka reports it SKIPPED, not passed) unless
+ * the backend reports every bit of `features` (CUBE_FEATURE_*) in
+ * cube_properties.features; `names` spells them for the message. */
+void conf_require(uint32_t features, const char *names);
+
+/* Defines test `name`, which runs only on backends that report every bit
+ * of `features` and is skipped on the others, with a body that takes no
+ * arguments. The check comes before the body, so a skipped test made
+ * nothing it would have to release. A test that launches a kernel (other
+ * than through conf_mark_failed) needs CUBE_FEATURE_KERNELS:
+ *
+ *     CONF_TEST_NEEDS(kernel_..., CUBE_FEATURE_KERNELS) { ... }
+ */
+#define CONF_TEST_NEEDS(name, features)                                        \
     static void name##__body(void);                                            \
     void name(void **state)                                                    \
     {                                                                          \
         (void)state;                                                           \
+        conf_require((features), #features);                                   \
         name##__body();                                                        \
         conf.finished = 1;                                                     \
     }                                                                          \
     static void name##__body(void)
+
+/* Defines test `name`, which every backend runs. */
+#define CONF_TEST(name) CONF_TEST_NEEDS(name, 0u)
 
 #endif /* CUBE_CONFORMANCE_H */

@@ -463,7 +463,8 @@ int main(int argc, char **argv)
 {
     if (argc != 2 && !(argc == 3 && strcmp(argv[2], "--device-fault") == 0)) {
         fprintf(stderr,
-                "usage: %s <backend> [--device-fault]   (cpu, cuda, cuda:N)\n",
+                "usage: %s <backend> [--device-fault]   (cpu, cuda, cuda:N, "
+                "null)\n",
                 argv[0]);
         return 2;
     }

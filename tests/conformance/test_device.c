@@ -107,7 +107,9 @@ static const cube_code d_ok3[3] = {CUBE_OK, CUBE_OK, CUBE_OK};
 static const char *const d_chain_what[3] = {"spin", "rewrite",
                                             "shift (checked)"};
 
-CONF_TEST(device_graph_chain_of_three_kernels_replays_like_direct_launches)
+CONF_TEST_NEEDS(
+    device_graph_chain_of_three_kernels_replays_like_direct_launches,
+    CUBE_FEATURE_KERNELS)
 {
     enum { ROUNDS = 5 };
     const uint32_t n = d_n(), iters = d_iters();
@@ -173,7 +175,8 @@ CONF_TEST(device_graph_chain_of_three_kernels_replays_like_direct_launches)
     free(prev_y);
 }
 
-CONF_TEST(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable)
+CONF_TEST_NEEDS(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable,
+                CUBE_FEATURE_KERNELS)
 {
     const uint32_t n = d_n(), iters = d_iters();
     const uint64_t bytes = n * 4ull;
@@ -264,7 +267,9 @@ CONF_TEST(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable)
     free(want);
 }
 
-CONF_TEST(device_graph_capture_that_allocates_follows_the_backends_graph_kind)
+CONF_TEST_NEEDS(
+    device_graph_capture_that_allocates_follows_the_backends_graph_kind,
+    CUBE_FEATURE_KERNELS)
 {
     /* A size no earlier test asked for, odd, so no cached block fits. */
     const uint64_t big =
@@ -362,7 +367,9 @@ static void d_expect_method(const cube_profile_result *r)
         assert_int_equal(r->method, CUBE_TIMING_DEVICE);
 }
 
-CONF_TEST(device_profile_window_times_real_work_and_inner_window_is_not_longer)
+CONF_TEST_NEEDS(
+    device_profile_window_times_real_work_and_inner_window_is_not_longer,
+    CUBE_FEATURE_KERNELS)
 {
     const uint32_t n = d_n(), iters = 4 * d_iters();
     const uint64_t bytes = n * 4ull;
@@ -691,7 +698,8 @@ done:
     return NULL;
 }
 
-CONF_TEST(device_eight_threads_own_streams_200_rounds_share_one_input)
+CONF_TEST_NEEDS(device_eight_threads_own_streams_200_rounds_share_one_input,
+                CUBE_FEATURE_KERNELS)
 {
     const uint32_t nmax = conf_is_cpu() ? 3000u : (1u << 18);
     const uint64_t bytes = nmax * 4ull;

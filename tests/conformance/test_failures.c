@@ -75,7 +75,8 @@ static void expect_floats(cube_handle h, uint32_t n, float scale, float base)
     free(v);
 }
 
-CONF_TEST(launch_compile_error_returns_compile_with_compiler_log)
+CONF_TEST_NEEDS(launch_compile_error_returns_compile_with_compiler_log,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = conf_empty(16), y = conf_empty(16), z = conf_empty(16);
     cube_error *err = launch_broken(x, y, z, EXEC);
@@ -97,7 +98,8 @@ CONF_TEST(launch_compile_error_returns_compile_with_compiler_log)
     conf_release(z);
 }
 
-CONF_TEST(launch_compile_error_is_recorded_on_bound_buffers)
+CONF_TEST_NEEDS(launch_compile_error_is_recorded_on_bound_buffers,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(4, 1), y = floats(4, 2), z = floats(4, 3);
     cube_handle bystander = floats(4, 4);
@@ -114,7 +116,8 @@ CONF_TEST(launch_compile_error_is_recorded_on_bound_buffers)
     conf_release(bystander);
 }
 
-CONF_TEST(read_of_buffer_whose_writer_failed_returns_several)
+CONF_TEST_NEEDS(read_of_buffer_whose_writer_failed_returns_several,
+                CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 100 };
     cube_handle x = floats(COUNT, 0), y = floats(COUNT, 50);
@@ -165,7 +168,8 @@ CONF_TEST(read_refusal_leaves_every_destination_untouched)
     conf_release(bad);
 }
 
-CONF_TEST(read_several_has_one_cause_per_failed_buffer)
+CONF_TEST_NEEDS(read_several_has_one_cause_per_failed_buffer,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(4, 0), y = floats(4, 0), z = floats(4, 0);
     cube_handle ok = floats(4, 0), w = floats(4, 0);
@@ -205,7 +209,8 @@ CONF_TEST(read_several_has_one_cause_per_failed_buffer)
     conf_release(w);
 }
 
-CONF_TEST(read_refuses_failed_buffer_whichever_stream_ran_the_launch)
+CONF_TEST_NEEDS(read_refuses_failed_buffer_whichever_stream_ran_the_launch,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 0);
     cube_stream_id own = cube_stream_current(conf.client);
@@ -234,16 +239,16 @@ CONF_TEST(read_of_slice_of_failed_buffer_is_refused)
     cube_handle lo = conf_slice(all, 0, 128), hi = conf_slice(all, 128, 128);
     /* A launch that should have written the upper half fails. */
     conf_mark_failed(hi);
-    CONF_EXPECT_REFUSED(hi, 128, CUBE_ERR_RESOURCE_LIMIT);
+    CONF_EXPECT_REFUSED(hi, 128, conf_mark_code());
     /* The failure is the allocation's: every view of it is suspect. */
-    CONF_EXPECT_REFUSED(all, 256, CUBE_ERR_RESOURCE_LIMIT);
-    CONF_EXPECT_REFUSED(lo, 128, CUBE_ERR_RESOURCE_LIMIT);
+    CONF_EXPECT_REFUSED(all, 256, conf_mark_code());
+    CONF_EXPECT_REFUSED(lo, 128, conf_mark_code());
     conf_release(lo);
     conf_release(hi);
     conf_release(all);
 }
 
-CONF_TEST(check_answers_launch_failure_instantly)
+CONF_TEST_NEEDS(check_answers_launch_failure_instantly, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(8, 0), y = floats(8, 0), z = floats(8, 0);
     cube_handle ok = floats(8, 0);
@@ -266,7 +271,8 @@ CONF_TEST(check_answers_launch_failure_instantly)
     conf_release(ok);
 }
 
-CONF_TEST(check_of_trusted_buffers_or_no_handles_is_null)
+CONF_TEST_NEEDS(check_of_trusted_buffers_or_no_handles_is_null,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle a = floats(8, 0), b = floats(8, 0);
     cube_handle bad = floats(8, 0);
@@ -284,7 +290,7 @@ CONF_TEST(check_of_trusted_buffers_or_no_handles_is_null)
     conf_release(bad);
 }
 
-CONF_TEST(sync_drains_then_reports_failed_buffers)
+CONF_TEST_NEEDS(sync_drains_then_reports_failed_buffers, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 5000 };
     cube_handle x = floats(COUNT, 0), y = conf_empty(COUNT * 4);
@@ -306,7 +312,7 @@ CONF_TEST(sync_drains_then_reports_failed_buffers)
     conf_release(bad);
 }
 
-CONF_TEST(sync_with_no_handles_is_the_plain_barrier)
+CONF_TEST_NEEDS(sync_with_no_handles_is_the_plain_barrier, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 3000 };
     cube_handle x = floats(COUNT, 1), y = conf_empty(COUNT * 4);
@@ -347,7 +353,7 @@ CONF_TEST(check_and_sync_refuse_released_handles)
     conf_release(a);
 }
 
-CONF_TEST(flush_does_not_report_launch_failure)
+CONF_TEST_NEEDS(flush_does_not_report_launch_failure, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(4, 0), y = floats(4, 0), z = floats(4, 0);
     CONF_OK(cube_flush(conf.client));
@@ -378,7 +384,7 @@ CONF_TEST(full_write_clears_failure)
         conf_pattern(v, n, 80 + (uint32_t)s);
         cube_handle h = conf_empty(n);
         conf_mark_failed(h);
-        CONF_EXPECT_REFUSED(h, n, CUBE_ERR_RESOURCE_LIMIT);
+        CONF_EXPECT_REFUSED(h, n, conf_mark_code());
         CONF_WRITE_OK(h, v, n);
         CONF_OK(cube_check(conf.client, &h, 1));
         CONF_OK(cube_sync(conf.client, &h, 1));
@@ -412,7 +418,7 @@ CONF_TEST(partial_write_keeps_failure)
     cube_handle half = conf_slice(h, 0, 128);
     CONF_WRITE_OK(half, v, 128);
     CONF_EXPECT(cube_check(conf.client, &h, 1), CUBE_ERR_SEVERAL);
-    CONF_EXPECT_REFUSED(half, 128, CUBE_ERR_RESOURCE_LIMIT);
+    CONF_EXPECT_REFUSED(half, 128, conf_mark_code());
     /* The first bytes through the whole handle. */
     cube_copy_desc d = cube_copy_desc_contiguous(h, 200, 1);
     const void *src[1] = {v};
@@ -432,7 +438,7 @@ CONF_TEST(partial_write_keeps_failure)
     conf_release(h);
 }
 
-CONF_TEST(failed_input_carries_forward_to_outputs)
+CONF_TEST_NEEDS(failed_input_carries_forward_to_outputs, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 100 };
     cube_handle x = floats(COUNT, 0), y = floats(COUNT, 7);
@@ -460,7 +466,7 @@ CONF_TEST(failed_input_carries_forward_to_outputs)
     conf_release(z);
 }
 
-CONF_TEST(failed_inout_buffer_refuses_launch)
+CONF_TEST_NEEDS(failed_inout_buffer_refuses_launch, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 64 };
     cube_handle x = floats(COUNT, 0), y = floats(COUNT, 0);
@@ -474,7 +480,8 @@ CONF_TEST(failed_inout_buffer_refuses_launch)
     conf_release(y);
 }
 
-CONF_TEST(failed_dynamic_count_buffer_carries_forward)
+CONF_TEST_NEEDS(failed_dynamic_count_buffer_carries_forward,
+                CUBE_FEATURE_KERNELS)
 {
     uint32_t c[3] = {1, 1, 1};
     cube_handle cnt = conf_create(c, sizeof c);
@@ -491,7 +498,7 @@ CONF_TEST(failed_dynamic_count_buffer_carries_forward)
     conf_release(y);
 }
 
-CONF_TEST(successful_launch_clears_output_failure)
+CONF_TEST_NEEDS(successful_launch_clears_output_failure, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 64 };
     cube_handle x = floats(COUNT, 0), y = floats(COUNT, 0);
@@ -505,7 +512,8 @@ CONF_TEST(successful_launch_clears_output_failure)
     conf_release(y);
 }
 
-CONF_TEST(launch_over_unit_limit_is_resource_limit_on_outputs)
+CONF_TEST_NEEDS(launch_over_unit_limit_is_resource_limit_on_outputs,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 3);
     cube_error *err = launch_limits(conf.k.too_many_units, x, y, EXEC);
@@ -525,7 +533,8 @@ CONF_TEST(launch_over_unit_limit_is_resource_limit_on_outputs)
     conf_release(m);
 }
 
-CONF_TEST(launch_over_cube_dim_limit_is_resource_limit)
+CONF_TEST_NEEDS(launch_over_cube_dim_limit_is_resource_limit,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 0);
     CONF_EXPECT(launch_limits(conf.k.dim_z_over, x, y, EXEC),
@@ -536,7 +545,8 @@ CONF_TEST(launch_over_cube_dim_limit_is_resource_limit)
     conf_release(y);
 }
 
-CONF_TEST(launch_over_shared_memory_limit_is_resource_limit)
+CONF_TEST_NEEDS(launch_over_shared_memory_limit_is_resource_limit,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(32, 0), y = floats(32, 0);
     cube_arg args[2] = {cube_arg_buffer(x), cube_arg_buffer(y)};
@@ -551,7 +561,7 @@ CONF_TEST(launch_over_shared_memory_limit_is_resource_limit)
     conf_release(y);
 }
 
-CONF_TEST(launch_at_shared_memory_limit_runs)
+CONF_TEST_NEEDS(launch_at_shared_memory_limit_runs, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(64, 0), y = conf_empty(64 * 4);
     cube_arg args[2] = {cube_arg_buffer(x), cube_arg_buffer(y)};
@@ -565,7 +575,8 @@ CONF_TEST(launch_at_shared_memory_limit_runs)
     conf_release(y);
 }
 
-CONF_TEST(launch_cube_count_over_limit_is_resource_limit)
+CONF_TEST_NEEDS(launch_cube_count_over_limit_is_resource_limit,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 0);
     cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
@@ -599,7 +610,8 @@ CONF_TEST(launch_cube_count_over_limit_is_resource_limit)
     conf_release(y);
 }
 
-CONF_TEST(launch_argument_count_mismatch_is_invalid_and_marks_outputs)
+CONF_TEST_NEEDS(launch_argument_count_mismatch_is_invalid_and_marks_outputs,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 0);
     /* scale takes (x, y, a): give (x, y). */
@@ -625,7 +637,8 @@ CONF_TEST(launch_argument_count_mismatch_is_invalid_and_marks_outputs)
     conf_release(y);
 }
 
-CONF_TEST(launch_scalar_for_buffer_is_invalid_and_marks_outputs)
+CONF_TEST_NEEDS(launch_scalar_for_buffer_is_invalid_and_marks_outputs,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 0);
     /* (x, scalar, scalar): the output position holds no buffer. */
@@ -645,7 +658,8 @@ CONF_TEST(launch_scalar_for_buffer_is_invalid_and_marks_outputs)
     conf_release(y);
 }
 
-CONF_TEST(launch_buffer_for_scalar_is_invalid_and_marks_outputs)
+CONF_TEST_NEEDS(launch_buffer_for_scalar_is_invalid_and_marks_outputs,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 0);
     cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
@@ -658,7 +672,8 @@ CONF_TEST(launch_buffer_for_scalar_is_invalid_and_marks_outputs)
     conf_release(y);
 }
 
-CONF_TEST(launch_wrong_scalar_size_is_invalid_and_marks_outputs)
+CONF_TEST_NEEDS(launch_wrong_scalar_size_is_invalid_and_marks_outputs,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 0);
     static const uint32_t sizes[] = {1, 2, 8};
@@ -708,7 +723,8 @@ CONF_TEST(launch_zero_static_count_is_invalid_and_records_nothing)
     conf_release(y);
 }
 
-CONF_TEST(launch_unknown_mode_bits_are_invalid_and_record_nothing)
+CONF_TEST_NEEDS(launch_unknown_mode_bits_are_invalid_and_record_nothing,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 9);
     static const uint32_t modes[] = {1u << 2, 1u << 31, 0xFFFFFFFFu,
@@ -785,7 +801,8 @@ CONF_TEST(launch_released_or_foreign_handle_is_not_found_records_nothing)
     conf_release(y);
 }
 
-CONF_TEST(launch_kernel_name_not_in_source_is_compile_error)
+CONF_TEST_NEEDS(launch_kernel_name_not_in_source_is_compile_error,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle y = floats(4, 0);
     cube_arg a = cube_arg_buffer(y);
@@ -800,7 +817,7 @@ CONF_TEST(launch_kernel_name_not_in_source_is_compile_error)
 
 /* --- Skip --- */
 
-CONF_TEST(skip_launch_leaves_buffers_unchanged)
+CONF_TEST_NEEDS(skip_launch_leaves_buffers_unchanged, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 100 };
     cube_handle x = floats(COUNT, 1), y = floats(COUNT, 50);
@@ -821,7 +838,7 @@ CONF_TEST(skip_launch_leaves_buffers_unchanged)
     conf_release(y);
 }
 
-CONF_TEST(skip_launch_still_reports_compile_error)
+CONF_TEST_NEEDS(skip_launch_still_reports_compile_error, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(4, 0), y = floats(4, 0), z = floats(4, 0);
     cube_error *err = launch_broken(x, y, z, CUBE_LAUNCH_SKIP);
@@ -845,7 +862,8 @@ CONF_TEST(skip_launch_still_reports_compile_error)
     conf_release(z);
 }
 
-CONF_TEST(skip_launch_still_validates_limits_and_arguments)
+CONF_TEST_NEEDS(skip_launch_still_validates_limits_and_arguments,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(32, 0), y = floats(32, 0);
     CONF_EXPECT(launch_limits(conf.k.too_many_units, x, y, CUBE_LAUNCH_SKIP),
@@ -878,7 +896,7 @@ CONF_TEST(skip_launch_still_validates_limits_and_arguments)
     conf_release(y);
 }
 
-CONF_TEST(skip_then_execute_runs_the_kernel)
+CONF_TEST_NEEDS(skip_then_execute_runs_the_kernel, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 50 };
     uint32_t init[COUNT], got[COUNT];

@@ -175,7 +175,8 @@ static void g_fail_with_at(const char *what, cube_error *err, const char *file,
 
 /* --- the lifecycle --- */
 
-CONF_TEST(graph_capture_records_launches_without_running_them)
+CONF_TEST_NEEDS(graph_capture_records_launches_without_running_them,
+                CUBE_FEATURE_KERNELS)
 {
     float x0[GN], y0[GN], want[GN];
     g_fill_host(x0, 1, 1);
@@ -210,7 +211,8 @@ CONF_TEST(graph_capture_records_launches_without_running_them)
     conf_release(y);
 }
 
-CONF_TEST(graph_replays_equal_the_same_launches_made_directly)
+CONF_TEST_NEEDS(graph_replays_equal_the_same_launches_made_directly,
+                CUBE_FEATURE_KERNELS)
 {
     enum { K = 4 };
     /* Three different kernels: fill (OUT u32), scale (IN, OUT),
@@ -273,7 +275,8 @@ CONF_TEST(graph_replays_equal_the_same_launches_made_directly)
         conf_release(all[i]);
 }
 
-CONF_TEST(graph_replay_uses_inputs_rewritten_between_replays)
+CONF_TEST_NEEDS(graph_replay_uses_inputs_rewritten_between_replays,
+                CUBE_FEATURE_KERNELS)
 {
     float x0[GN], want[GN];
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
@@ -301,7 +304,8 @@ CONF_TEST(graph_replay_uses_inputs_rewritten_between_replays)
     conf_release(y);
 }
 
-CONF_TEST(graph_replay_reads_dynamic_count_from_its_buffer)
+CONF_TEST_NEEDS(graph_replay_reads_dynamic_count_from_its_buffer,
+                CUBE_FEATURE_KERNELS)
 {
     enum { DIM = 32, MAXC = 8, COUNT = DIM * MAXC };
     uint32_t cnt0[3] = {2, 1, 1}, fill[COUNT], got[COUNT];
@@ -345,7 +349,9 @@ CONF_TEST(graph_replay_reads_dynamic_count_from_its_buffer)
     conf_release(y);
 }
 
-CONF_TEST(graph_end_returns_distinct_nonzero_ids_and_unprepares_the_stream)
+CONF_TEST_NEEDS(
+    graph_end_returns_distinct_nonzero_ids_and_unprepares_the_stream,
+    CUBE_FEATURE_KERNELS)
 {
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
     CONF_OK(cube_graph_prepare(conf.client));
@@ -381,7 +387,8 @@ CONF_TEST(graph_end_returns_distinct_nonzero_ids_and_unprepares_the_stream)
     conf_release(y);
 }
 
-CONF_TEST(graph_prepare_twice_is_harmless_and_refused_while_capturing)
+CONF_TEST_NEEDS(graph_prepare_twice_is_harmless_and_refused_while_capturing,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
     CONF_OK(cube_graph_prepare(conf.client));
@@ -411,7 +418,8 @@ CONF_TEST(graph_prepare_twice_is_harmless_and_refused_while_capturing)
 
 /* --- lifecycle misuse --- */
 
-CONF_TEST(graph_begin_without_prepare_is_graph_state)
+CONF_TEST_NEEDS(graph_begin_without_prepare_is_graph_state,
+                CUBE_FEATURE_KERNELS)
 {
     CONF_EXPECT(cube_graph_begin(conf.client), CUBE_ERR_GRAPH_STATE);
     /* Nothing is being captured: launches run and reads work. */
@@ -429,7 +437,9 @@ CONF_TEST(graph_begin_without_prepare_is_graph_state)
     conf_release(y);
 }
 
-CONF_TEST(graph_begin_while_capturing_is_graph_state_and_capture_continues)
+CONF_TEST_NEEDS(
+    graph_begin_while_capturing_is_graph_state_and_capture_continues,
+    CUBE_FEATURE_KERNELS)
 {
     cube_handle x = g_floats(1, 1), y = g_floats(10, 2);
     float x0[GN], y0[GN], want[GN];
@@ -461,7 +471,7 @@ CONF_TEST(graph_begin_while_capturing_is_graph_state_and_capture_continues)
     conf_release(y);
 }
 
-CONF_TEST(graph_end_without_begin_is_graph_state)
+CONF_TEST_NEEDS(graph_end_without_begin_is_graph_state, CUBE_FEATURE_KERNELS)
 {
     cube_graph_id id = 123;
     CONF_EXPECT(cube_graph_end(conf.client, &id), CUBE_ERR_GRAPH_STATE);
@@ -486,7 +496,8 @@ CONF_TEST(graph_end_without_begin_is_graph_state)
     conf_release(y);
 }
 
-CONF_TEST(graph_refused_end_leaves_the_stream_prepared)
+CONF_TEST_NEEDS(graph_refused_end_leaves_the_stream_prepared,
+                CUBE_FEATURE_KERNELS)
 {
     /* A call out of lifecycle order is refused and changes nothing: the
      * stream armed by prepare stays armed. */
@@ -509,7 +520,8 @@ CONF_TEST(graph_refused_end_leaves_the_stream_prepared)
     g_destroy(id);
 }
 
-CONF_TEST(graph_replay_of_unknown_or_destroyed_id_is_graph_state)
+CONF_TEST_NEEDS(graph_replay_of_unknown_or_destroyed_id_is_graph_state,
+                CUBE_FEATURE_KERNELS)
 {
     CONF_EXPECT(cube_graph_replay(conf.client, 0), CUBE_ERR_GRAPH_STATE);
     CONF_EXPECT(cube_graph_replay(conf.client, UINT64_MAX),
@@ -538,7 +550,8 @@ CONF_TEST(graph_replay_of_unknown_or_destroyed_id_is_graph_state)
     conf_release(y);
 }
 
-CONF_TEST(graph_replay_from_capturing_stream_is_graph_state)
+CONF_TEST_NEEDS(graph_replay_from_capturing_stream_is_graph_state,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = g_floats(1, 1), y = g_floats(0, 0);
     cube_handle z = g_floats(5, 1);
@@ -586,7 +599,8 @@ CONF_TEST(graph_replay_from_capturing_stream_is_graph_state)
     conf_release(z);
 }
 
-CONF_TEST(graph_capture_is_per_stream_other_streams_run_and_replay)
+CONF_TEST_NEEDS(graph_capture_is_per_stream_other_streams_run_and_replay,
+                CUBE_FEATURE_KERNELS)
 {
     const cube_stream_id other = 0x6A0000000000001ull;
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
@@ -640,7 +654,9 @@ CONF_TEST(graph_capture_is_per_stream_other_streams_run_and_replay)
 
 /* --- inside the capture window --- */
 
-CONF_TEST(graph_capture_refuses_read_write_sync_and_profile_then_continues)
+CONF_TEST_NEEDS(
+    graph_capture_refuses_read_write_sync_and_profile_then_continues,
+    CUBE_FEATURE_KERNELS)
 {
     float x0[GN], y0[GN], want[GN];
     cube_handle x = g_floats(1, 1), y = g_floats(-3, 0.5f);
@@ -728,7 +744,7 @@ CONF_TEST(graph_capture_refuses_read_write_sync_and_profile_then_continues)
     conf_release(y);
 }
 
-CONF_TEST(graph_capture_allows_check_and_allocation)
+CONF_TEST_NEEDS(graph_capture_allows_check_and_allocation, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
     cube_handle bad = g_floats(0, 0);
@@ -770,7 +786,8 @@ CONF_TEST(graph_capture_allows_check_and_allocation)
     conf_release(bad);
 }
 
-CONF_TEST(graph_pins_buffer_allocated_in_window_until_destroy)
+CONF_TEST_NEEDS(graph_pins_buffer_allocated_in_window_until_destroy,
+                CUBE_FEATURE_KERNELS)
 {
     float x0[GN], want[GN];
     cube_handle x = g_floats(2, 0.5f), w = conf_empty(GBYTES);
@@ -814,7 +831,8 @@ CONF_TEST(graph_pins_buffer_allocated_in_window_until_destroy)
     conf_release(w);
 }
 
-CONF_TEST(graph_keeps_recorded_buffers_alive_after_their_handles_go)
+CONF_TEST_NEEDS(graph_keeps_recorded_buffers_alive_after_their_handles_go,
+                CUBE_FEATURE_KERNELS)
 {
     float x0[GN], want[GN];
     cube_handle x = g_floats(4, -0.25f), y = conf_empty(GBYTES);
@@ -846,7 +864,8 @@ CONF_TEST(graph_keeps_recorded_buffers_alive_after_their_handles_go)
     conf_release(w);
 }
 
-CONF_TEST(graph_prepare_and_warm_up_leave_the_capture_nothing_to_allocate)
+CONF_TEST_NEEDS(graph_prepare_and_warm_up_leave_the_capture_nothing_to_allocate,
+                CUBE_FEATURE_KERNELS)
 {
     float x0[GN], want[GN];
     cube_handle x = g_floats(1, 2), y = conf_empty(GBYTES);
@@ -881,7 +900,9 @@ CONF_TEST(graph_prepare_and_warm_up_leave_the_capture_nothing_to_allocate)
     conf_release(y);
 }
 
-CONF_TEST(graph_launch_failing_validation_in_window_is_returned_not_recorded)
+CONF_TEST_NEEDS(
+    graph_launch_failing_validation_in_window_is_returned_not_recorded,
+    CUBE_FEATURE_KERNELS)
 {
     float x0[GN], y0[GN], want[GN];
     cube_handle x = g_floats(1, 1), y = g_floats(20, -1);
@@ -951,7 +972,7 @@ CONF_TEST(graph_launch_failing_validation_in_window_is_returned_not_recorded)
 
 /* --- destroy --- */
 
-CONF_TEST(graph_destroy_of_unknown_id_is_a_noop)
+CONF_TEST_NEEDS(graph_destroy_of_unknown_id_is_a_noop, CUBE_FEATURE_KERNELS)
 {
     CONF_OK(cube_graph_destroy(conf.client, 0));
     CONF_OK(cube_graph_destroy(conf.client, UINT64_MAX));
@@ -978,7 +999,8 @@ CONF_TEST(graph_destroy_of_unknown_id_is_a_noop)
     conf_release(y);
 }
 
-CONF_TEST(graph_destroy_right_after_replay_leaves_its_results_intact)
+CONF_TEST_NEEDS(graph_destroy_right_after_replay_leaves_its_results_intact,
+                CUBE_FEATURE_KERNELS)
 {
     float x0[GN], want[GN];
     cube_handle x = g_floats(3, 3), w = conf_empty(GBYTES);
@@ -1019,7 +1041,9 @@ CONF_TEST(graph_destroy_right_after_replay_leaves_its_results_intact)
 
 /* --- failures --- */
 
-CONF_TEST(graph_failed_input_fails_replay_and_outputs_until_a_replay_lands)
+CONF_TEST_NEEDS(
+    graph_failed_input_fails_replay_and_outputs_until_a_replay_lands,
+    CUBE_FEATURE_KERNELS)
 {
     float x0[GN], want[GN];
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
@@ -1074,7 +1098,8 @@ CONF_TEST(graph_failed_input_fails_replay_and_outputs_until_a_replay_lands)
         conf_release(all[i]);
 }
 
-CONF_TEST(graph_recorded_launch_changes_no_failure_state_until_replay)
+CONF_TEST_NEEDS(graph_recorded_launch_changes_no_failure_state_until_replay,
+                CUBE_FEATURE_KERNELS)
 {
     float x0[GN], want[GN];
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
@@ -1098,7 +1123,8 @@ CONF_TEST(graph_recorded_launch_changes_no_failure_state_until_replay)
     conf_release(y);
 }
 
-CONF_TEST(graph_buffer_written_before_read_is_not_a_replay_input)
+CONF_TEST_NEEDS(graph_buffer_written_before_read_is_not_a_replay_input,
+                CUBE_FEATURE_KERNELS)
 {
     /* y is written (OUT) by the first launch, then updated (INOUT) by the
      * second: its earlier contents are no input of the graph. Made
@@ -1143,7 +1169,8 @@ CONF_TEST(graph_buffer_written_before_read_is_not_a_replay_input)
     conf_release(y);
 }
 
-CONF_TEST(graph_buffer_read_before_written_stays_a_replay_input)
+CONF_TEST_NEEDS(graph_buffer_read_before_written_stays_a_replay_input,
+                CUBE_FEATURE_KERNELS)
 {
     /* w is read (y += w) before the graph rewrites it (w = 2x): its bytes
      * at replay time are an input, and a failure on it refuses the
@@ -1186,7 +1213,8 @@ CONF_TEST(graph_buffer_read_before_written_stays_a_replay_input)
     conf_release(y);
 }
 
-CONF_TEST(graph_left_undestroyed_is_freed_by_client_close)
+CONF_TEST_NEEDS(graph_left_undestroyed_is_freed_by_client_close,
+                CUBE_FEATURE_KERNELS)
 {
     cube_client *c = NULL;
     CONF_OK(cube_client_open(conf.backend, NULL, &c));
@@ -1326,7 +1354,8 @@ static void gt_warm_kernels(void)
     conf_release(h);
 }
 
-CONF_TEST(graph_two_threads_capture_and_replay_their_own_graphs_at_once)
+CONF_TEST_NEEDS(graph_two_threads_capture_and_replay_their_own_graphs_at_once,
+                CUBE_FEATURE_KERNELS)
 {
     gt_warm_kernels();
     pthread_barrier_t barrier;
@@ -1380,7 +1409,8 @@ static void *gt_replay_main(void *arg)
     }
 }
 
-CONF_TEST(graph_replayed_from_several_threads_at_once)
+CONF_TEST_NEEDS(graph_replayed_from_several_threads_at_once,
+                CUBE_FEATURE_KERNELS)
 {
     enum { REPLAYERS = 4, EACH = 50 };
     gt_warm_kernels();
@@ -1422,7 +1452,8 @@ CONF_TEST(graph_replayed_from_several_threads_at_once)
     conf_release(u);
 }
 
-CONF_TEST(graph_destroyed_while_other_threads_replay_it_is_safe)
+CONF_TEST_NEEDS(graph_destroyed_while_other_threads_replay_it_is_safe,
+                CUBE_FEATURE_KERNELS)
 {
     enum { REPLAYERS = 3 };
     gt_warm_kernels();
@@ -1478,7 +1509,7 @@ CONF_TEST(graph_destroyed_while_other_threads_replay_it_is_safe)
 
 /* --- dry run and arguments --- */
 
-CONF_TEST(graph_replay_inside_dry_run_does_nothing)
+CONF_TEST_NEEDS(graph_replay_inside_dry_run_does_nothing, CUBE_FEATURE_KERNELS)
 {
     float x0[GN], y0[GN], want[GN];
     cube_handle x = g_floats(1, 1), y = g_floats(7, 7);
@@ -1508,7 +1539,8 @@ CONF_TEST(graph_replay_inside_dry_run_does_nothing)
     conf_release(y);
 }
 
-CONF_TEST(graph_null_client_or_out_is_invalid_argument)
+CONF_TEST_NEEDS(graph_null_client_or_out_is_invalid_argument,
+                CUBE_FEATURE_KERNELS)
 {
     CONF_EXPECT(cube_graph_prepare(NULL), CUBE_ERR_INVALID_ARGUMENT);
     CONF_EXPECT(cube_graph_begin(NULL), CUBE_ERR_INVALID_ARGUMENT);

@@ -10,7 +10,8 @@
 
 #define EXEC CUBE_LAUNCH_EXECUTE
 
-CONF_TEST(kernel_scale_add_elementwise_for_uneven_sizes)
+CONF_TEST_NEEDS(kernel_scale_add_elementwise_for_uneven_sizes,
+                CUBE_FEATURE_KERNELS)
 {
     static const uint32_t sizes[] = {1, 2, 63, 64, 65, 127, 1000, 4097, 100003};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
@@ -48,7 +49,8 @@ CONF_TEST(kernel_scale_add_elementwise_for_uneven_sizes)
     }
 }
 
-CONF_TEST(kernel_launches_on_one_stream_run_in_order)
+CONF_TEST_NEEDS(kernel_launches_on_one_stream_run_in_order,
+                CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 777, ROUNDS = 10 };
     float x[COUNT], y[COUNT], got[COUNT];
@@ -78,7 +80,7 @@ CONF_TEST(kernel_launches_on_one_stream_run_in_order)
     conf_release(hz);
 }
 
-CONF_TEST(kernel_on_slices_writes_only_the_slice)
+CONF_TEST_NEEDS(kernel_on_slices_writes_only_the_slice, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 300, OFF = 100, LEN = 70 };
     float all[COUNT], got[COUNT];
@@ -151,20 +153,21 @@ static void check_positions(cube_kernel *k, uint32_t dx, uint32_t dy,
     conf_release(lin);
 }
 
-CONF_TEST(kernel_2d_positions_match_reference)
+CONF_TEST_NEEDS(kernel_2d_positions_match_reference, CUBE_FEATURE_KERNELS)
 {
     check_positions(conf.k.pos2d, 8, 4, 1, 3, 5, 1);
     check_positions(conf.k.pos2d, 8, 4, 1, 1, 1, 1);
     check_positions(conf.k.pos2d, 8, 4, 1, 7, 2, 3); /* 2-D cubes, 3-D count */
 }
 
-CONF_TEST(kernel_3d_positions_match_reference)
+CONF_TEST_NEEDS(kernel_3d_positions_match_reference, CUBE_FEATURE_KERNELS)
 {
     check_positions(conf.k.pos3d, 4, 2, 3, 2, 3, 2);
     check_positions(conf.k.pos3d, 4, 2, 3, 5, 1, 1);
 }
 
-CONF_TEST(kernel_scalars_of_every_size_arrive_intact)
+CONF_TEST_NEEDS(kernel_scalars_of_every_size_arrive_intact,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle fd = conf_empty(2 * sizeof(double));
     cube_handle iu = conf_empty(4 * sizeof(uint64_t));
@@ -194,7 +197,8 @@ CONF_TEST(kernel_scalars_of_every_size_arrive_intact)
     conf_release(iu);
 }
 
-CONF_TEST(kernel_shared_memory_reverse_with_cube_dims_1_4_256_1024)
+CONF_TEST_NEEDS(kernel_shared_memory_reverse_with_cube_dims_1_4_256_1024,
+                CUBE_FEATURE_KERNELS)
 {
     static const uint32_t dims[4] = {1, 4, 256, 1024};
     for (int k = 0; k < 4; k++) {
@@ -223,7 +227,8 @@ CONF_TEST(kernel_shared_memory_reverse_with_cube_dims_1_4_256_1024)
     }
 }
 
-CONF_TEST(kernel_shared_memory_tree_reduction_with_cube_sync)
+CONF_TEST_NEEDS(kernel_shared_memory_tree_reduction_with_cube_sync,
+                CUBE_FEATURE_KERNELS)
 {
     static const uint32_t dims[3] = {4, 256, 1024};
     for (int k = 0; k < 3; k++) {
@@ -250,7 +255,7 @@ CONF_TEST(kernel_shared_memory_tree_reduction_with_cube_sync)
     }
 }
 
-CONF_TEST(kernel_atomic_u32_and_i32_adds_are_exact)
+CONF_TEST_NEEDS(kernel_atomic_u32_and_i32_adds_are_exact, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 65536, BINS = 16 };
     uint32_t *x = malloc(COUNT * 4);
@@ -285,7 +290,7 @@ CONF_TEST(kernel_atomic_u32_and_i32_adds_are_exact)
     free(x);
 }
 
-CONF_TEST(kernel_atomic_f32_add_is_exact)
+CONF_TEST_NEEDS(kernel_atomic_f32_add_is_exact, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 65536 };
     float *x = malloc(COUNT * 4);
@@ -305,7 +310,8 @@ CONF_TEST(kernel_atomic_f32_add_is_exact)
     free(x);
 }
 
-CONF_TEST(kernel_dynamic_count_sees_count_written_by_previous_kernel)
+CONF_TEST_NEEDS(kernel_dynamic_count_sees_count_written_by_previous_kernel,
+                CUBE_FEATURE_KERNELS)
 {
     enum { DIM = 32, MAXC = 8, COUNT = DIM * MAXC };
     /* The count lives in a slice of a larger buffer, after junk. */
@@ -375,7 +381,8 @@ CONF_TEST(kernel_dynamic_count_buffer_under_12_bytes_is_invalid)
 /* Three neighbouring slices of one allocation: A | B | C. */
 enum { NB = 100 };
 
-CONF_TEST(kernel_checked_write_past_end_leaves_neighbours_intact)
+CONF_TEST_NEEDS(kernel_checked_write_past_end_leaves_neighbours_intact,
+                CUBE_FEATURE_KERNELS)
 {
     uint32_t init[3 * NB], got[3 * NB];
     for (uint32_t i = 0; i < NB; i++) {
@@ -413,7 +420,7 @@ CONF_TEST(kernel_checked_write_past_end_leaves_neighbours_intact)
     conf_release(all);
 }
 
-CONF_TEST(kernel_checked_read_past_end_gives_zero)
+CONF_TEST_NEEDS(kernel_checked_read_past_end_gives_zero, CUBE_FEATURE_KERNELS)
 {
     uint32_t init[3 * NB];
     for (uint32_t i = 0; i < 3 * NB; i++)
@@ -444,7 +451,7 @@ CONF_TEST(kernel_checked_read_past_end_gives_zero)
     conf_release(all);
 }
 
-CONF_TEST(kernel_math_functions_and_device_helpers)
+CONF_TEST_NEEDS(kernel_math_functions_and_device_helpers, CUBE_FEATURE_KERNELS)
 {
     enum { COUNT = 200 };
     float x[COUNT], got[COUNT];
@@ -465,7 +472,8 @@ CONF_TEST(kernel_math_functions_and_device_helpers)
     conf_release(hy);
 }
 
-CONF_TEST(kernel_source_with_two_entries_runs_the_named_one)
+CONF_TEST_NEEDS(kernel_source_with_two_entries_runs_the_named_one,
+                CUBE_FEATURE_KERNELS)
 {
     uint32_t zero = 0, got = 0;
     cube_handle y = conf_create(&zero, 4);
@@ -478,7 +486,7 @@ CONF_TEST(kernel_source_with_two_entries_runs_the_named_one)
     conf_release(y);
 }
 
-CONF_TEST(kernel_object_is_usable_on_two_clients)
+CONF_TEST_NEEDS(kernel_object_is_usable_on_two_clients, CUBE_FEATURE_KERNELS)
 {
     cube_client *other = NULL;
     CONF_OK(cube_client_open(conf.backend, NULL, &other));
@@ -573,7 +581,7 @@ CONF_TEST(kernel_id_is_stable_and_distinguishes_kernels)
     cube_kernel_release(NULL);
 }
 
-CONF_TEST(kernel_retain_release_keeps_kernel_alive)
+CONF_TEST_NEEDS(kernel_retain_release_keeps_kernel_alive, CUBE_FEATURE_KERNELS)
 {
     /* A copy of the fill kernel with its own object: retained twice,
      * released three times; launches work until the last release. */

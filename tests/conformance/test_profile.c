@@ -82,10 +82,11 @@ static cube_profile_result p_end(cube_profile_token t)
     return r;
 }
 
-/* The method a backend measures with: the host clock on the CPU. */
+/* The method a backend measures with: the host clock on the CPU, and on
+ * every backend whose properties say it times on the host clock. */
 static void p_expect_method(const cube_profile_result *r)
 {
-    if (conf_is_cpu())
+    if (conf_is_cpu() || conf.props.timing == CUBE_TIMING_HOST_CLOCK)
         assert_int_equal(r->method, CUBE_TIMING_HOST_CLOCK);
     else
         assert_true(r->method == CUBE_TIMING_HOST_CLOCK ||
@@ -110,7 +111,8 @@ static void p_expect_floats(cube_handle h, float base, float step)
 
 /* --- profiling windows --- */
 
-CONF_TEST(profile_window_reports_duration_method_and_launch_count)
+CONF_TEST_NEEDS(profile_window_reports_duration_method_and_launch_count,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     /* Work before the window is not the window's. */
@@ -139,7 +141,7 @@ CONF_TEST(profile_window_reports_duration_method_and_launch_count)
     conf_release(y);
 }
 
-CONF_TEST(profile_windows_nest)
+CONF_TEST_NEEDS(profile_windows_nest, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     cube_profile_token a = p_start();
@@ -175,7 +177,7 @@ CONF_TEST(profile_windows_nest)
     conf_release(y);
 }
 
-CONF_TEST(profile_windows_overlap)
+CONF_TEST_NEEDS(profile_windows_overlap, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     cube_profile_token a = p_start();
@@ -196,7 +198,7 @@ CONF_TEST(profile_windows_overlap)
     conf_release(y);
 }
 
-CONF_TEST(profile_end_twice_is_profile_error)
+CONF_TEST_NEEDS(profile_end_twice_is_profile_error, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     cube_profile_token t = p_start();
@@ -231,7 +233,7 @@ CONF_TEST(profile_end_of_unknown_token_is_profile_error)
     assert_int_equal(r.launches, 0);
 }
 
-CONF_TEST(profile_abandon_drops_the_window)
+CONF_TEST_NEEDS(profile_abandon_drops_the_window, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     cube_profile_token keep = p_start();
@@ -263,7 +265,8 @@ CONF_TEST(profile_abandon_drops_the_window)
     conf_release(y);
 }
 
-CONF_TEST(profile_failed_launch_in_window_fails_end_with_its_cause)
+CONF_TEST_NEEDS(profile_failed_launch_in_window_fails_end_with_its_cause,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     cube_handle a = conf_empty(16), b = conf_empty(16), c = conf_empty(16);
@@ -303,7 +306,8 @@ CONF_TEST(profile_failed_launch_in_window_fails_end_with_its_cause)
     conf_release(y);
 }
 
-CONF_TEST(profile_failure_outside_the_window_does_not_fail_it)
+CONF_TEST_NEEDS(profile_failure_outside_the_window_does_not_fail_it,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     cube_handle a = conf_empty(16), b = conf_empty(16), c = conf_empty(16);
@@ -329,7 +333,7 @@ CONF_TEST(profile_failure_outside_the_window_does_not_fail_it)
     conf_release(y);
 }
 
-CONF_TEST(profile_failed_replay_in_window_fails_end)
+CONF_TEST_NEEDS(profile_failed_replay_in_window_fails_end, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = conf_empty(PBYTES);
     cube_handle j1 = conf_empty(16), j2 = conf_empty(16);
@@ -362,7 +366,8 @@ CONF_TEST(profile_failed_replay_in_window_fails_end)
     conf_release(j2);
 }
 
-CONF_TEST(profile_refused_calls_do_not_fail_the_window)
+CONF_TEST_NEEDS(profile_refused_calls_do_not_fail_the_window,
+                CUBE_FEATURE_KERNELS)
 {
     /* A call refused for its lifecycle order ran no work and failed no
      * work: the window around it measures the work that did run. */
@@ -413,7 +418,7 @@ CONF_TEST(profile_refused_calls_do_not_fail_the_window)
     assert_int_equal(r.launches, 1);
 }
 
-CONF_TEST(profile_window_counts_replayed_launches)
+CONF_TEST_NEEDS(profile_window_counts_replayed_launches, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     CONF_OK(cube_graph_prepare(conf.client));
@@ -473,7 +478,8 @@ static void *p_peer_main(void *arg)
     return NULL;
 }
 
-CONF_TEST(profile_token_of_another_threads_stream_is_profile_error)
+CONF_TEST_NEEDS(profile_token_of_another_threads_stream_is_profile_error,
+                CUBE_FEATURE_KERNELS)
 {
     p_peer p;
     memset(&p, 0, sizeof p);
@@ -530,6 +536,58 @@ CONF_TEST(profile_null_arguments_are_invalid_argument)
     assert_int_equal(r.launches, 0);
 }
 
+/* Needs no kernel: windows around copies only, nested, measure on the
+ * backend's clock and count no launch; a launch that fails inside a window
+ * (a compile error, or CUBE_ERR_UNSUPPORTED where the backend runs no
+ * kernels) fails the window with that failure as its cause; an abandoned
+ * window is gone. */
+CONF_TEST(profile_windows_around_copies_and_a_failed_launch)
+{
+    float *v = malloc(PBYTES);
+    assert_non_null(v);
+    for (uint32_t i = 0; i < PN; i++)
+        v[i] = (float)i;
+    cube_handle x = conf_empty(PBYTES);
+    cube_profile_token outer = p_start();
+    CONF_WRITE_OK(x, v, PBYTES);
+    cube_profile_token inner = p_start();
+    assert_true(inner != outer);
+    CONF_READ_OK(x, v, PBYTES);
+    cube_profile_result ri = p_end(inner);
+    CONF_WRITE_OK(x, v, PBYTES);
+    cube_profile_result ro = p_end(outer);
+    assert_int_equal(ri.launches, 0);
+    assert_int_equal(ro.launches, 0);
+    assert_true(ri.seconds >= 0);
+    assert_true(ro.seconds >= ri.seconds);
+    assert_true(ro.seconds < 60);
+    p_expect_method(&ri);
+    p_expect_method(&ro);
+    free(v);
+
+    cube_handle a = conf_empty(16), b = conf_empty(16), c = conf_empty(16);
+    cube_code want =
+        conf_runs_kernels() ? CUBE_ERR_COMPILE : CUBE_ERR_UNSUPPORTED;
+    cube_profile_token t = p_start();
+    CONF_EXPECT(p_broken(a, b, c), want);
+    cube_profile_result r;
+    cube_error *err = cube_profile_end(conf.client, t, &r);
+    CONF_CODE(err, CUBE_ERR_PROFILE);
+    assert_true(conf_error_has_code(err, want));
+    cube_error_free(err);
+    CONF_EXPECT(cube_profile_end(conf.client, t, &r), CUBE_ERR_PROFILE);
+
+    float few[2];
+    t = p_start();
+    CONF_READ_OK(x, few, sizeof few);
+    cube_profile_abandon(conf.client, t);
+    CONF_EXPECT(cube_profile_end(conf.client, t, &r), CUBE_ERR_PROFILE);
+    conf_release(a);
+    conf_release(b);
+    conf_release(c);
+    conf_release(x);
+}
+
 /* --- dry run --- */
 
 static const char SRC_DRY_PROBE[] =
@@ -546,7 +604,43 @@ static void p_dry_run_reset(void)
         cube_dry_run_end();
 }
 
-CONF_TEST(dry_run_launches_compile_and_validate_but_change_no_buffer)
+/* Needs no kernel: a launch inside a dry run changes no buffer and no
+ * failure record, whether it compiles (a Skip) or fails to (a backend that
+ * runs no kernels still says so); after the scope the same launch runs,
+ * or fails and is recorded on its buffer. */
+CONF_TEST(dry_run_launch_changes_no_buffer_or_failure_record)
+{
+    enum { N = 64 };
+    uint32_t before[N], got[N];
+    conf_pattern(before, sizeof before, 0xD7);
+    cube_handle y = conf_create(before, sizeof before);
+    cube_arg args[2] = {cube_arg_buffer(y), cube_arg_u32(5)};
+    cube_count two = cube_count_static(2, 1, 1); /* fill: 32 units a cube */
+    cube_code want = conf_runs_kernels() ? CUBE_OK : CUBE_ERR_UNSUPPORTED;
+    p_dry_run_reset();
+    cube_dry_run_begin();
+    cube_code in_scope =
+        conf_code(conf_launch(conf.k.fill, two, args, 2, EXEC));
+    cube_dry_run_end();
+    assert_int_equal(in_scope, want);
+    CONF_OK(cube_check(conf.client, &y, 1));
+    CONF_READ_OK(y, got, sizeof got);
+    assert_memory_equal(got, before, sizeof got);
+
+    assert_int_equal(conf_code(conf_launch(conf.k.fill, two, args, 2, EXEC)),
+                     want);
+    if (conf_runs_kernels()) {
+        CONF_READ_OK(y, got, sizeof got);
+        for (uint32_t i = 0; i < N; i++)
+            assert_int_equal(got[i], 5 + i);
+    } else {
+        CONF_EXPECT_REFUSED(y, sizeof got, CUBE_ERR_UNSUPPORTED);
+    }
+    conf_release(y);
+}
+
+CONF_TEST_NEEDS(dry_run_launches_compile_and_validate_but_change_no_buffer,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(5, 0);
     cube_handle a = p_floats(0, 1), b = p_floats(0, 2), c = p_floats(0, 3);
@@ -599,7 +693,8 @@ CONF_TEST(dry_run_launches_compile_and_validate_but_change_no_buffer)
         conf_release(all[i]);
 }
 
-CONF_TEST(dry_run_scopes_nest_and_launches_run_after_the_last_end)
+CONF_TEST_NEEDS(dry_run_scopes_nest_and_launches_run_after_the_last_end,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     p_dry_run_reset();
@@ -627,7 +722,7 @@ CONF_TEST(dry_run_scopes_nest_and_launches_run_after_the_last_end)
     conf_release(y);
 }
 
-CONF_TEST(dry_run_end_without_begin_is_ignored)
+CONF_TEST_NEEDS(dry_run_end_without_begin_is_ignored, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     p_dry_run_reset();
@@ -679,7 +774,8 @@ static void *p_dry_launch_main(void *arg)
     return NULL;
 }
 
-CONF_TEST(dry_run_scope_covers_launches_from_other_threads)
+CONF_TEST_NEEDS(dry_run_scope_covers_launches_from_other_threads,
+                CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     p_dry_run_reset();

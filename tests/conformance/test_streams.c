@@ -143,7 +143,8 @@ static void s_several_at(cube_error *err, cube_code cause, const char *expr,
  * Producer and consumer on two streams, one thread
  * ======================================================================== */
 
-CONF_TEST(streams_consumer_waits_for_the_last_in_place_rewrite_on_another)
+CONF_TEST_NEEDS(streams_consumer_waits_for_the_last_in_place_rewrite_on_another,
+                CUBE_FEATURE_KERNELS)
 {
     const cube_stream_id sa = S_STREAM(1, 1), sb = S_STREAM(1, 2);
     const uint32_t n = s_n(), iters = s_iters();
@@ -196,7 +197,9 @@ CONF_TEST(streams_consumer_waits_for_the_last_in_place_rewrite_on_another)
     free(want);
 }
 
-CONF_TEST(streams_rewrite_waits_for_reads_issued_earlier_on_another_stream)
+CONF_TEST_NEEDS(
+    streams_rewrite_waits_for_reads_issued_earlier_on_another_stream,
+    CUBE_FEATURE_KERNELS)
 {
     const cube_stream_id sa = S_STREAM(2, 1), sb = S_STREAM(2, 2);
     const uint32_t n = s_n(), iters = s_iters();
@@ -424,7 +427,8 @@ done:
     return NULL;
 }
 
-CONF_TEST(streams_two_threads_hand_off_in_place_rewrites_round_by_round)
+CONF_TEST_NEEDS(streams_two_threads_hand_off_in_place_rewrites_round_by_round,
+                CUBE_FEATURE_KERNELS)
 {
     /* Compile first: the threads measure ordering, not the compiler. */
     cube_handle warm = conf_empty(1024);
@@ -471,7 +475,9 @@ CONF_TEST(streams_two_threads_hand_off_in_place_rewrites_round_by_round)
  * A buffer released while another stream still reads it
  * ======================================================================== */
 
-CONF_TEST(streams_buffer_released_while_another_stream_reads_it_waits_for_it)
+CONF_TEST_NEEDS(
+    streams_buffer_released_while_another_stream_reads_it_waits_for_it,
+    CUBE_FEATURE_KERNELS)
 {
     enum { GARBAGE = 8 };
     const cube_stream_id sa = S_STREAM(4, 1), sb = S_STREAM(4, 2);
@@ -522,7 +528,8 @@ CONF_TEST(streams_buffer_released_while_another_stream_reads_it_waits_for_it)
  * A dynamic cube count written on another stream
  * ======================================================================== */
 
-CONF_TEST(streams_dynamic_count_written_on_another_stream_is_waited_for)
+CONF_TEST_NEEDS(streams_dynamic_count_written_on_another_stream_is_waited_for,
+                CUBE_FEATURE_KERNELS)
 {
     enum { DIM = 32, MAXC = 8, COUNT = DIM * MAXC };
     const cube_stream_id sa = S_STREAM(5, 1), sb = S_STREAM(5, 2);
@@ -578,7 +585,9 @@ CONF_TEST(streams_dynamic_count_written_on_another_stream_is_waited_for)
  * Failures across streams
  * ======================================================================== */
 
-CONF_TEST(streams_failure_on_one_stream_is_reported_on_others_until_rewritten)
+CONF_TEST_NEEDS(
+    streams_failure_on_one_stream_is_reported_on_others_until_rewritten,
+    CUBE_FEATURE_KERNELS)
 {
     enum { FN = 1000 };
     const cube_stream_id sa = S_STREAM(6, 1), sb = S_STREAM(6, 2);
@@ -656,6 +665,74 @@ CONF_TEST(streams_failure_on_one_stream_is_reported_on_others_until_rewritten)
 }
 
 /* ========================================================================
+ * Copies, failures and releases across streams, with no kernel
+ * ======================================================================== */
+
+/* What streams owe a caller on any backend, one that runs no kernels
+ * included: a write on one stream is what a read on another sees, with no
+ * barrier on the writer's stream; a failure recorded on one stream is
+ * refused by reads, checks and syncs on the others until a full write on
+ * yet another clears it; a buffer may be released on a stream other
+ * than the one that made it. */
+CONF_TEST(streams_copies_failures_and_releases_cross_streams)
+{
+    enum { N = 1u << 14 };
+    const cube_stream_id sa = S_STREAM(9, 1), sb = S_STREAM(9, 2);
+    const cube_stream_id sc = S_STREAM(9, 3);
+    unsigned char *v = malloc(N), *w = malloc(N), *got = malloc(N);
+    assert_non_null(v);
+    assert_non_null(w);
+    assert_non_null(got);
+    conf_pattern(v, N, 0xB1);
+    conf_pattern(w, N, 0xB2);
+
+    /* A makes and writes; B reads. */
+    s_use(sa);
+    cube_handle x = conf_create(v, N);
+    cube_handle y = conf_empty(N);
+    CONF_WRITE_OK(y, w, N);
+    s_use(sb);
+    CONF_READ_OK(x, got, N);
+    assert_memory_equal(got, v, N);
+    CONF_READ_OK(y, got, N);
+    assert_memory_equal(got, w, N);
+    /* B rewrites the lower half of x through a slice; A reads it all. */
+    cube_handle lo = conf_slice(x, 0, N / 2);
+    CONF_WRITE_OK(lo, w, N / 2);
+    s_use(sa);
+    CONF_READ_OK(x, got, N);
+    assert_memory_equal(got, w, N / 2);
+    assert_memory_equal(got + N / 2, v + N / 2, N / 2);
+
+    /* A: a launch that should have written y fails; B and C see it. */
+    conf_mark_failed(y);
+    s_use(sb);
+    CONF_EXPECT_REFUSED(y, N, conf_mark_code());
+    S_SEVERAL(cube_check(conf.client, &y, 1), conf_mark_code());
+    s_use(sc);
+    S_SEVERAL(cube_sync(conf.client, &y, 1), conf_mark_code());
+    CONF_OK(cube_sync(conf.client, NULL, 0));
+    CONF_OK(cube_check(conf.client, &x, 1));
+    /* C: a full write clears it for every stream. */
+    CONF_WRITE_OK(y, v, N);
+    s_use(sa);
+    CONF_OK(cube_check(conf.client, &y, 1));
+    CONF_READ_OK(y, got, N);
+    assert_memory_equal(got, v, N);
+
+    /* Released on streams other than the one that made them. */
+    s_use(sb);
+    conf_release(lo);
+    conf_release(x);
+    s_use(sc);
+    conf_release(y);
+    s_use(0);
+    free(v);
+    free(w);
+    free(got);
+}
+
+/* ========================================================================
  * Stream ids
  * ======================================================================== */
 
@@ -707,7 +784,9 @@ static cube_stream_id *s_ids(size_t *n)
     return ids;
 }
 
-CONF_TEST(streams_ids_list_each_stream_once_explicit_ids_are_separate_queues)
+CONF_TEST_NEEDS(
+    streams_ids_list_each_stream_once_explicit_ids_are_separate_queues,
+    CUBE_FEATURE_KERNELS)
 {
     const cube_stream_id s1 = S_STREAM(7, 1), s2 = S_STREAM(7, 2);
     const uint32_t n = s_n(), iters = s_iters();
@@ -941,7 +1020,9 @@ void conf_device_fault_scenario(void **state)
 /* Runs the scenario above in a child process (this program again, in its
  * --device-fault mode) and then checks that this process's client, which
  * shared nothing with the child, still works. */
-CONF_TEST(streams_device_fault_breaks_every_call_until_the_client_is_reopened)
+CONF_TEST_NEEDS(
+    streams_device_fault_breaks_every_call_until_the_client_is_reopened,
+    CUBE_FEATURE_KERNELS)
 {
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -1154,7 +1154,8 @@ static uint64_t st_stream_buffers(cube_stream_id s, int cleanup)
     return u.buffers;
 }
 
-CONF_TEST(stress_mixed_operations_from_eight_threads_on_several_streams)
+CONF_TEST_NEEDS(stress_mixed_operations_from_eight_threads_on_several_streams,
+                CUBE_FEATURE_KERNELS)
 {
     st_warm_kernels();
     long long ops = st_env("CUBE_STRESS_OPS", ST_DEFAULT_OPS);
@@ -1464,7 +1465,8 @@ done:
     return NULL;
 }
 
-CONF_TEST(stress_producer_consumer_across_streams_with_in_place_rewrites)
+CONF_TEST_NEEDS(stress_producer_consumer_across_streams_with_in_place_rewrites,
+                CUBE_FEATURE_KERNELS)
 {
     st_warm_kernels();
     const cube_stream_id sa = 0x5715E55100000001ull;
@@ -1743,7 +1745,7 @@ static void fx_scenario(cube_stream_id base, int threaded)
     free(c);
 }
 
-CONF_TEST(stress_failures_cross_streams)
+CONF_TEST_NEEDS(stress_failures_cross_streams, CUBE_FEATURE_KERNELS)
 {
     /* Once with this thread switching streams, once with every step on a
      * thread of its own. */

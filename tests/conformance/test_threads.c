@@ -116,7 +116,8 @@ static cube_stream_id *all_streams(size_t *n)
     return ids;
 }
 
-CONF_TEST(threads_four_share_one_client_for_200_rounds)
+CONF_TEST_NEEDS(threads_four_share_one_client_for_200_rounds,
+                CUBE_FEATURE_KERNELS)
 {
     /* Compile before the threads start, so they measure sharing, not the
      * compiler. */
@@ -181,7 +182,8 @@ CONF_TEST(stream_ids_lists_every_stream_used)
     conf_release(h);
 }
 
-CONF_TEST(stream_use_switches_and_restores_the_stream)
+CONF_TEST_NEEDS(stream_use_switches_and_restores_the_stream,
+                CUBE_FEATURE_KERNELS)
 {
     cube_stream_id own = cube_stream_current(conf.client);
     assert_true(own != 0);
@@ -250,7 +252,8 @@ static void *peer_read(void *arg)
     return NULL;
 }
 
-CONF_TEST(stream_work_written_on_one_stream_is_read_on_another)
+CONF_TEST_NEEDS(stream_work_written_on_one_stream_is_read_on_another,
+                CUBE_FEATURE_KERNELS)
 {
     const cube_stream_id sa = 0x7EA0000000000004ull, sb = 0x7EA0000000000005ull;
     uint32_t got[256];

@@ -139,12 +139,28 @@ cube_error *conf_launch(cube_kernel *k, cube_count count, const cube_arg *args,
     return cube_launch(conf.client, k, count, args, nargs, mode);
 }
 
+cube_code conf_mark_code(void)
+{
+    return conf_runs_kernels() ? CUBE_ERR_RESOURCE_LIMIT : CUBE_ERR_UNSUPPORTED;
+}
+
 void conf_mark_failed(cube_handle h)
 {
     cube_arg a = cube_arg_buffer(h);
     CONF_EXPECT(conf_launch(conf.k.mark, cube_count_static(1, 1, 1), &a, 1,
                             CUBE_LAUNCH_EXECUTE),
-                CUBE_ERR_RESOURCE_LIMIT);
+                conf_mark_code());
+}
+
+void conf_require(uint32_t features, const char *names)
+{
+    uint32_t missing = features & ~conf.props.features;
+    if (!missing)
+        return;
+    print_message("skipped: the %s backend does not report %s (features "
+                  "0x%x)\n",
+                  conf.props.backend, names, conf.props.features);
+    skip();
 }
 
 void conf_expect_refused_at(cube_handle h, uint64_t size, cube_code cause,
@@ -198,6 +214,11 @@ cube_kernel *conf_kernel(const char *name, const char *source, uint32_t dx,
 int conf_is_cpu(void)
 {
     return strcmp(conf.props.backend, "cpu") == 0;
+}
+
+int conf_runs_kernels(void)
+{
+    return (conf.props.features & CUBE_FEATURE_KERNELS) != 0;
 }
 
 uint32_t conf_div_up(uint64_t n, uint32_t d)

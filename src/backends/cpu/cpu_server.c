@@ -110,6 +110,7 @@ static void fill_properties(cpu_server *s)
     p->features = CUBE_FEATURE_ATOMIC_F32_ADD | CUBE_FEATURE_F64 |
                   CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
                   CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT;
+    p->features |= CUBE_FEATURE_KERNELS;
     p->timing = CUBE_TIMING_HOST_CLOCK;
 }
 

@@ -61,6 +61,7 @@ static cube_error *fill_properties(cuda_server *s)
                   CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
                   CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT |
                   CUBE_FEATURE_GRAPHS | CUBE_FEATURE_PINNED_STAGING;
+    p->features |= CUBE_FEATURE_KERNELS;
     p->timing = CUBE_TIMING_DEVICE;
     return NULL;
 }
