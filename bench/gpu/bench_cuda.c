@@ -51,9 +51,9 @@
  * also writes the figures to FILE; --peer-only measures the driver side
  * alone (cubert's column reads n/a), for when the backend is missing.
  * --phases runs only the phases named, in the order given (comma
- * separated, a name may come back: check, launch, sustained, graph, alloc,
- * pinned, pageable, roundtrip, compile, cross; "all", the default, is that
- * list in that order); launch needs the add3 buffers, so it runs check
+ * separated, a name may come back: check, graph, launch, sustained,
+ * alloc, pinned, pageable, roundtrip, compile, cross, threads; "all", the
+ * default, is that list in that order); launch needs the add3 buffers, so it runs check
  * first where no check ran before it. --graph-detail adds to the graph
  * phase each side replayed alone (no alternation) and, for the driver,
  * the host time of the launch calls and the device time between two
@@ -64,6 +64,7 @@
 #include <cuda.h>
 #include <errno.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <math.h>
 #include <nvrtc.h>
 #include <stdint.h>
@@ -470,7 +471,7 @@ typedef struct result {
     double aim;
 } result;
 
-#define MAX_RESULTS 32
+#define MAX_RESULTS 48
 static result results[MAX_RESULTS];
 static int nresults;
 
@@ -1402,10 +1403,10 @@ static void usage(FILE *f)
                "  --peer-only     measure the driver side only\n"
                "  --phases LIST   run these phases in this order, comma "
                "separated:\n"
-               "                  check, launch, sustained, graph, alloc, "
+               "                  check, graph, launch, sustained, alloc, "
                "pinned, pageable,\n"
-               "                  roundtrip, compile, cross (default: all, "
-               "in this order)\n"
+               "                  roundtrip, compile, cross, threads "
+               "(default: all, in this order)\n"
                "  --graph-detail  in the graph phase, also time each side "
                "alone and split\n"
                "                  the driver's replays into launch calls "
@@ -1560,6 +1561,119 @@ static void bench_cross_stream(void)
     CK(cuModuleUnload(m));
 }
 
+/* --- (t) launch throughput from several threads, each on its own stream --- */
+
+#define THREAD_LAUNCHES 20000
+#define THREAD_ROUNDS 5
+#define MAX_THREADS 16
+
+typedef struct thread_run {
+    int cubert;
+    int threads;
+    pthread_barrier_t start, end;
+    CUstream streams[MAX_THREADS];
+} thread_run;
+
+typedef struct thread_arg {
+    thread_run *run;
+    int index;
+} thread_arg;
+
+static void *launch_thread(void *p)
+{
+    const thread_arg *a = p;
+    thread_run *run = a->run;
+    if (run->cubert) {
+        /* The first launch creates the thread's own stream: before the
+         * clock starts. */
+        ok(cube_launch(S.client, K.noop, cube_count_static(1, 1, 1),
+                       K.noop_args, 1, CUBE_LAUNCH_EXECUTE),
+           "cube_launch");
+        ok(cube_sync(S.client, NULL, 0), "cube_sync");
+    } else {
+        CK(cuCtxSetCurrent(S.ctx));
+    }
+    pthread_barrier_wait(&run->start);
+    for (int i = 0; i < THREAD_LAUNCHES; i++) {
+        if (run->cubert)
+            ok(cube_launch(S.client, K.noop, cube_count_static(1, 1, 1),
+                           K.noop_args, 1, CUBE_LAUNCH_EXECUTE),
+               "cube_launch");
+        else
+            CK(cuLaunchKernel(K.f_noop, 1, 1, 1, 1, 1, 1, 0,
+                              run->streams[a->index], K.noop_params, NULL));
+    }
+    if (run->cubert)
+        ok(cube_sync(S.client, NULL, 0), "cube_sync");
+    else
+        CK(cuStreamSynchronize(run->streams[a->index]));
+    pthread_barrier_wait(&run->end);
+    return NULL;
+}
+
+/* Launches per second from `threads` threads of one side. */
+static double thread_round(thread_run *run)
+{
+    pthread_t tid[MAX_THREADS];
+    thread_arg args[MAX_THREADS];
+    pthread_barrier_init(&run->start, NULL, (unsigned)run->threads + 1);
+    pthread_barrier_init(&run->end, NULL, (unsigned)run->threads + 1);
+    for (int i = 0; i < run->threads; i++) {
+        args[i].run = run;
+        args[i].index = i;
+        if (pthread_create(&tid[i], NULL, launch_thread, &args[i]) != 0)
+            die("pthread_create");
+    }
+    pthread_barrier_wait(&run->start);
+    double t0 = now_ns();
+    pthread_barrier_wait(&run->end);
+    double t = now_ns() - t0;
+    for (int i = 0; i < run->threads; i++)
+        pthread_join(tid[i], NULL);
+    pthread_barrier_destroy(&run->start);
+    pthread_barrier_destroy(&run->end);
+    return (double)run->threads * THREAD_LAUNCHES / (t * 1e-9);
+}
+
+static void bench_threads(void)
+{
+    static const int counts[] = {1, 2, 4, 8, 16};
+    thread_run run;
+    memset(&run, 0, sizeof run);
+    for (int i = 0; i < MAX_THREADS; i++)
+        CK(cuStreamCreate(&run.streams[i], CU_STREAM_NON_BLOCKING));
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        run.threads = counts[k];
+        double best_c = 0, best_d = 0;
+        /* The sides take turns; the best round of each counts (threads
+         * are at the mercy of the scheduler, the best round is the
+         * least disturbed). */
+        for (int r = 0; r < THREAD_ROUNDS; r++) {
+            for (int side = 0; side < 2; side++) {
+                run.cubert = (side + r) % 2 == 0;
+                if (S.peer_only && run.cubert)
+                    continue;
+                double v = thread_round(&run);
+                if (run.cubert && v > best_c)
+                    best_c = v;
+                if (!run.cubert && v > best_d)
+                    best_d = v;
+            }
+        }
+        char id[16], name[200];
+        snprintf(id, sizeof id, "t%d", counts[k]);
+        snprintf(name, sizeof name,
+                 "launch throughput from %d thread%s, each on its own stream "
+                 "(%d empty launches + sync per thread), best of %d",
+                 counts[k], counts[k] > 1 ? "s" : "", THREAD_LAUNCHES,
+                 THREAD_ROUNDS);
+        report(id, name, "launches/s", "launches/s", best_c, best_d,
+               counts[k] >= 8 ? '>' : 0, 0.95);
+    }
+    for (int i = 0; i < MAX_THREADS; i++)
+        CK(cuStreamDestroy(run.streams[i]));
+}
+
 /* --- phases --- */
 
 typedef struct phase {
@@ -1579,7 +1693,8 @@ static const phase all_phases[] = {
     {"launch", bench_launch_cost},   {"sustained", bench_sustained},
     {"alloc", bench_alloc},          {"pinned", bench_pinned},
     {"pageable", bench_pageable},    {"roundtrip", bench_roundtrip},
-    {"compile", bench_compile},      {"cross", bench_cross_stream}};
+    {"compile", bench_compile},      {"cross", bench_cross_stream},
+    {"threads", bench_threads}};
 #define NPHASES ((int)(sizeof all_phases / sizeof all_phases[0]))
 #define MAX_RUN 32
 
