@@ -126,6 +126,10 @@ struct cube_client {
     cube_mutex handles_lock;
     _Atomic(core_slot *) *chunks; /* CORE_MAX_CHUNKS entries */
     atomic_uint slot_count;       /* slots ever used */
+    /* The slot released last, kept out of the free list so the next
+     * allocation takes it back with one exchange instead of the lock;
+     * UINT32_MAX: none. */
+    _Atomic uint32_t hot_slot;
     /* FIFO of free slots, UINT32_MAX: none */
     uint32_t free_head CUBE_GUARDED_FIELD(handles_lock);
     uint32_t free_tail CUBE_GUARDED_FIELD(handles_lock);

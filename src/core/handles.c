@@ -47,6 +47,7 @@ void core_handles_init(cube_client *c)
     cube_mutex_init(&c->handles_lock);
     cube_mutex_init(&c->defer_lock);
     c->free_head = c->free_tail = NO_SLOT;
+    atomic_init(&c->hot_slot, NO_SLOT);
     atomic_init(&c->slot_count, 0);
     /* The chunk pointers are allocated once and never move; a failure
      * here leaves chunks NULL and every allocation reports it. */
@@ -62,6 +63,8 @@ typedef struct record_stash {
     core_alloc *items[STASH_SIZE];
     // cppcheck-suppress unusedStructMember
     int count; /* (cppcheck does not follow _Thread_local) */
+    // cppcheck-suppress unusedStructMember
+    int registered; /* the drain is set for this thread's exit */
 } record_stash;
 
 static _Thread_local record_stash stash;
@@ -73,6 +76,8 @@ static void stash_drain(void *unused)
     (void)unused;
     while (stash.count > 0)
         free(stash.items[--stash.count]);
+    /* A record freed by a later exit handler registers the drain again. */
+    stash.registered = 0;
 }
 
 static void stash_key_init(void)
@@ -93,10 +98,11 @@ static core_alloc *alloc_record(void)
 static void free_record(core_alloc *a)
 {
     if (stash.count < STASH_SIZE) {
-        if (stash.count == 0) {
-            /* Registers the drain for this thread's exit. */
+        if (!stash.registered) {
+            /* Registers the drain for this thread's exit, once. */
             pthread_once(&stash_once, stash_key_init);
             pthread_setspecific(stash_key, &stash);
+            stash.registered = 1;
         }
         stash.items[stash.count++] = a;
         return;
@@ -121,8 +127,9 @@ static void release_storage(cube_client *c, core_alloc *a)
         core_trace_instant("memory", "release", a->stream->base.id,
                            core_clock_ns(), args);
     }
-    cube_log_write(CUBE_LOG_TRACE, "memory", "release %llu bytes",
-                   (unsigned long long)a->storage.size);
+    if (cube_log_enabled(CUBE_LOG_TRACE))
+        cube_log_write(CUBE_LOG_TRACE, "memory", "release %llu bytes",
+                       (unsigned long long)a->storage.size);
     if (a->deferred) {
         /* Never backed: nothing to give back. */
         cube_error_free(a->failure);
@@ -172,6 +179,9 @@ void core_handles_destroy(cube_client *c)
 /* A free slot index, under handles_lock. A new slot starts at
  * generation 1; a reused one has the generation its release set. */
 static cube_error *take_slot(cube_client *c, uint32_t *out)
+    CUBE_REQUIRES(c->handles_lock);
+
+static cube_error *take_slot(cube_client *c, uint32_t *out)
 {
     if (c->free_head != NO_SLOT) {
         uint32_t i = c->free_head;
@@ -211,15 +221,21 @@ static void put_slot(cube_client *c, uint32_t i, core_slot *s)
     uint32_t gen = (state_gen(atomic_load(&s->state)) + 1) & GEN_MASK;
     if (gen == 0)
         gen = 1;
-    cube_mutex_lock(&c->handles_lock);
     s->alloc = NULL;
     s->next_free = NO_SLOT;
+    /* Count 0: no lookup pins it from here on, whatever list it is in. */
     atomic_store_explicit(&s->state, (uint64_t)gen << 32, memory_order_release);
+    /* It becomes the hot slot; the one it replaces joins the free list. */
+    uint32_t old =
+        atomic_exchange_explicit(&c->hot_slot, i, memory_order_acq_rel);
+    if (old == NO_SLOT)
+        return;
+    cube_mutex_lock(&c->handles_lock);
     if (c->free_tail == NO_SLOT)
-        c->free_head = i;
+        c->free_head = old;
     else
-        slot_at(c, c->free_tail)->next_free = i;
-    c->free_tail = i;
+        slot_at(c, c->free_tail)->next_free = old;
+    c->free_tail = old;
     cube_mutex_unlock(&c->handles_lock);
 }
 
@@ -354,16 +370,19 @@ cube_binding core_binding(const core_resolved *r)
 }
 
 /* Publishes a new slot naming `a` [offset, offset+size), holding one
- * reference on `a`. Takes handles_lock. */
+ * reference on `a`. Takes handles_lock unless the hot slot is free. */
 static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
                            uint64_t size, cube_handle *out)
 {
-    uint32_t i = 0;
-    cube_mutex_lock(&c->handles_lock);
-    cube_error *err = take_slot(c, &i);
-    if (err) {
+    /* The slot released last, without the lock, when there is one. */
+    uint32_t i =
+        atomic_exchange_explicit(&c->hot_slot, NO_SLOT, memory_order_acq_rel);
+    if (i == NO_SLOT) {
+        cube_mutex_lock(&c->handles_lock);
+        cube_error *err = take_slot(c, &i);
         cube_mutex_unlock(&c->handles_lock);
-        return err;
+        if (err)
+            return err;
     }
     core_slot *s = slot_at(c, i);
     s->alloc = a;
@@ -374,7 +393,6 @@ static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
         state_gen(atomic_load_explicit(&s->state, memory_order_relaxed));
     /* The fields above become visible with the count of one. */
     atomic_store_explicit(&s->state, (gen << 32) | 1, memory_order_release);
-    cube_mutex_unlock(&c->handles_lock);
     *out = make_handle(c, i, (uint32_t)gen & GEN_MASK);
     return NULL;
 }
@@ -434,8 +452,10 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
         core_trace_instant("memory", "alloc", st->base.id, core_clock_ns(),
                            args);
     }
-    cube_log_write(CUBE_LOG_TRACE, "memory", "alloc %llu bytes -> 0x%016llx",
-                   (unsigned long long)size, (unsigned long long)out->bits);
+    if (cube_log_enabled(CUBE_LOG_TRACE))
+        cube_log_write(CUBE_LOG_TRACE, "memory",
+                       "alloc %llu bytes -> 0x%016llx",
+                       (unsigned long long)size, (unsigned long long)out->bits);
     return NULL;
 }
 

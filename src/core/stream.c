@@ -31,6 +31,10 @@ static _Thread_local struct {
     cube_stream_id stream;
 } overrides[STREAM_OVERRIDES];
 
+/* How many of `overrides` are in use: the common case, none, skips the
+ * search. */
+static _Thread_local int override_count;
+
 /* A thread's own stream id has the top bit set, so ids an application
  * picks below 2^63 never land on some thread's stream by accident. */
 #define OWN_STREAM_BIT (1ull << 63)
@@ -47,7 +51,7 @@ cube_stream_id cube_stream_current(cube_client *c)
 {
     if (!c)
         return 0;
-    for (int i = 0; i < STREAM_OVERRIDES; i++)
+    for (int i = 0; override_count && i < STREAM_OVERRIDES; i++)
         if (overrides[i].client_serial == c->serial)
             return overrides[i].stream;
     return own_stream();
@@ -61,10 +65,12 @@ cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
     int free_slot = -1;
     for (int i = 0; i < STREAM_OVERRIDES; i++) {
         if (overrides[i].client_serial == c->serial) {
-            if (stream == 0)
+            if (stream == 0) {
                 overrides[i].client_serial = 0;
-            else
+                override_count--;
+            } else {
                 overrides[i].stream = stream;
+            }
             return NULL;
         }
         if (overrides[i].client_serial == 0 && free_slot < 0)
@@ -79,6 +85,7 @@ cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
                               STREAM_OVERRIDES);
     overrides[free_slot].client_serial = c->serial;
     overrides[free_slot].stream = stream;
+    override_count++;
     return NULL;
 }
 

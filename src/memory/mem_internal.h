@@ -114,6 +114,11 @@ struct mem_pool {
     uint32_t index;    /* position in the report */
     mem_bins bins;     /* sliced and exclusive: free blocks */
     mem_page *pages;   /* sliced: all pages */
+    /* Sliced: the slice freed last, kept as it was (not merged, not in
+     * the bins) so that a request of its extent takes it back without a
+     * search, a split and a merge; any other request, a release or a
+     * second free puts it back in the bins first. */
+    mem_block *hot;
     mem_block *blocks; /* exclusive, tail, persistent: all blocks */
     mem_block *lru_first, *lru_last; /* exclusive: free pages */
     mem_size_table sizes;            /* persistent */

@@ -11,6 +11,12 @@
  * retry) gives them back; a page never moves while it holds a live slice.
  * release_after_ms does not apply to sliced pools.
  *
+ * The slice freed last waits unmerged (the pool's hot slice): the common
+ * loop that frees a buffer and asks for one of the same size again takes
+ * it straight back. Any other request, the next free, a release or the
+ * end of the pool merges it as a free would have, so at most one slice
+ * per pool is ever left unmerged.
+ *
  * Page sizes. With L the device's page limit (mem_page_limit: 256 MiB, or
  * an eighth of a smaller device), a pool whose page_size is at most L has
  * pages of exactly page_size bytes. A pool whose page_size is above L
@@ -38,6 +44,7 @@ cube_error *mem_sliced_init(mem_manager *m, mem_pool *p)
     uint64_t limit = mem_page_limit(&m->dev);
     uint64_t granule = limit < MEM_PAGE_GRANULE ? limit : MEM_PAGE_GRANULE;
     p->granule = mem_round(m, granule);
+    p->hot = NULL;
     p->page_least = page;
     if (page > limit) {
         uint64_t least = mem_round(m, limit / MEM_PAGE_LEAST_SHARE);
@@ -131,11 +138,25 @@ static void page_drop(mem_manager *m, mem_pool *p, mem_page *page)
     free(page);
 }
 
+static void merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
+    CUBE_REQUIRES(m->lock);
+static void hot_file(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
+
 cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
                              mem_block **out)
 {
     uint64_t extent = mem_round(m, size);
-    mem_block *b = mem_bins_find(&p->bins, extent, UINT64_MAX, 1);
+    mem_block *b = p->hot;
+    if (b && b->size == extent) {
+        /* The slice freed last, of this very extent: no search, no split. */
+        p->hot = NULL;
+        b->requested = size;
+        mem_stats_live_add(&p->st, size, extent);
+        *out = b;
+        return NULL;
+    }
+    hot_file(m, p);
+    b = mem_bins_find(&p->bins, extent, UINT64_MAX, 1);
     if (b) {
         mem_bins_remove(&p->bins, b);
     } else {
@@ -179,14 +200,13 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
     return NULL;
 }
 
-void mem_sliced_free(mem_manager *m, mem_block *b)
+/* Merges a free slice with its free neighbours and files the result in
+ * the bins (the hot slice, not in the bins, is left alone). */
+static void merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
 {
-    mem_pool *p = b->pool;
-    mem_stats_live_remove(&p->st, b->requested, b->size);
-    b->requested = 0;
     mem_block *prev = b->prev;
     mem_block *next = b->next;
-    if (prev && !prev->requested) {
+    if (prev && !prev->requested && prev != p->hot) {
         mem_bins_remove(&p->bins, prev);
         prev->size += b->size;
         prev->next = next;
@@ -195,7 +215,7 @@ void mem_sliced_free(mem_manager *m, mem_block *b)
         mem_record_give(m, b);
         b = prev;
     }
-    if (next && !next->requested) {
+    if (next && !next->requested && next != p->hot) {
         mem_bins_remove(&p->bins, next);
         b->size += next->size;
         b->next = next->next;
@@ -206,8 +226,30 @@ void mem_sliced_free(mem_manager *m, mem_block *b)
     mem_bins_insert(&p->bins, b);
 }
 
+/* Puts the hot slice, if any, where a free would have. */
+static void hot_file(mem_manager *m, mem_pool *p)
+{
+    mem_block *b = p->hot;
+    if (!b)
+        return;
+    p->hot = NULL;
+    merge_and_file(m, p, b);
+}
+
+void mem_sliced_free(mem_manager *m, mem_block *b)
+{
+    mem_pool *p = b->pool;
+    /* The previous hot slice first, while `b` still counts as live: it
+     * must not merge with a slice that is in no bin. */
+    hot_file(m, p);
+    mem_stats_live_remove(&p->st, b->requested, b->size);
+    b->requested = 0;
+    p->hot = b;
+}
+
 uint64_t mem_sliced_release(mem_manager *m, mem_pool *p)
 {
+    hot_file(m, p);
     uint64_t released = 0;
     mem_page *page = p->pages;
     while (page) {
@@ -226,6 +268,7 @@ uint64_t mem_sliced_release(mem_manager *m, mem_pool *p)
 
 void mem_sliced_fini(mem_manager *m, mem_pool *p)
 {
+    p->hot = NULL; /* every page goes, filed or not */
     while (p->pages) {
         mem_page *page = p->pages;
         mem_block *b = page->first;

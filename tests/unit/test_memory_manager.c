@@ -1356,6 +1356,50 @@ static void test_retry_after_release_sees_the_freed_storage(void **state)
     assert_int_equal(s.allocs, s.frees);
 }
 
+/* The slice freed last comes back for a request of its extent without a
+ * search (same address), is merged as any free slice for anything else,
+ * and never hides a page from a cleanup. */
+static void test_hot_slice_reuse_and_merge(void **state)
+{
+    (void)state;
+    fake_storage s;
+    memset(&s, 0, sizeof s);
+    cube_memory_layout l = one_pool(CUBE_POOL_SLICED, 4 * MIB, 0);
+    mem_manager *m = make(&s, 256, 64 * GIB, &l);
+    cube_storage a = take(m, 1000), b = take(m, 3000);
+    uint64_t at = a.address;
+    mem_free(m, &a);
+    cube_storage c = take(m, 1000);
+    assert_int_equal(c.address, at); /* taken straight back */
+    assert_int_equal(usage_of(m).buffers, 2);
+    mem_free(m, &c);
+    /* A different extent: the hot slice is filed in the bins, where the
+     * smallest fitting free slice is found: its place. */
+    cube_storage d = take(m, 512);
+    assert_int_equal(d.address, at);
+    mem_free(m, &d);
+    mem_free(m, &b);
+    /* Everything free: one cleanup gives the page back, the hot slice
+     * included. */
+    mem_cleanup(m);
+    cube_memory_usage u = usage_of(m);
+    assert_int_equal(u.buffers, 0);
+    assert_int_equal(u.bytes_reserved, 0);
+    assert_int_equal(s.allocs, s.frees);
+    /* And again after a refill: frees in any order, then destroy. */
+    cube_storage q[6];
+    for (int i = 0; i < 6; i++)
+        q[i] = take(m, 512 * (uint64_t)(i + 1));
+    for (int i = 5; i >= 0; i -= 2)
+        mem_free(m, &q[i]);
+    for (int i = 0; i < 6; i += 2)
+        mem_free(m, &q[i]);
+    mem_cleanup(m);
+    assert_int_equal(usage_of(m).bytes_reserved, 0);
+    mem_manager_destroy(m);
+    assert_int_equal(s.allocs, s.frees);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -1553,6 +1597,7 @@ int main(void)
         cmocka_unit_test(test_fragmentation_resistance),
         cmocka_unit_test(test_storage_is_freed_outside_the_lock),
         cmocka_unit_test(test_retry_after_release_sees_the_freed_storage),
+        cmocka_unit_test(test_hot_slice_reuse_and_merge),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_destroy_returns_live_blocks),
         cmocka_unit_test(test_threads_share_a_manager),
