@@ -250,14 +250,9 @@ static int cmd_info(int argc, char **argv)
     size_t n = 0;
     for (size_t i = 0; built && built[i] && n < 30; i++)
         list[n++] = built[i];
-    static const char *const known[] = {"cpu", "cuda"};
-    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
-        int present = 0;
-        for (size_t i = 0; i < n; i++)
-            present |= strcmp(list[i], known[k]) == 0;
-        if (!present)
-            list[n++] = known[k];
-    }
+    const char *const *left_out = cube_backend_names_left_out();
+    for (size_t k = 0; left_out && left_out[k] && n < 31; k++)
+        list[n++] = left_out[k];
 
     printf("backends compiled in:");
     for (size_t i = 0; built && built[i]; i++)

@@ -65,6 +65,11 @@ CUBE_API void cube_client_close(cube_client *client);
 /* Names of the backends compiled in, NULL-terminated, static. */
 CUBE_API const char *const *cube_backend_names(void);
 
+/* Names of the backends cubert has but this build left out (opening one
+ * answers CUBE_ERR_UNAVAILABLE, "not part of this build"), NULL-terminated,
+ * static; empty when every backend is built. */
+CUBE_API const char *const *cube_backend_names_left_out(void);
+
 /* How a profile duration was measured. */
 typedef enum cube_timing_method {
     CUBE_TIMING_HOST_CLOCK = 0,

@@ -33,3 +33,8 @@ const char *const *cube_backend_names(void)
 {
     return core_registry_names;
 }
+
+const char *const *cube_backend_names_left_out(void)
+{
+    return core_registry_left_out;
+}

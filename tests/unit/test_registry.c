@@ -65,6 +65,13 @@ static void test_unknown_names_are_not_found(void **state)
 static void test_left_out_backends_are_unavailable(void **state)
 {
     (void)state;
+    /* The public list is the registry's, and shares no name with the
+     * backends built. */
+    assert_ptr_equal(cube_backend_names_left_out(), core_registry_left_out);
+    for (size_t i = 0; core_registry_left_out[i]; i++)
+        for (size_t j = 0; cube_backend_names()[j]; j++)
+            assert_string_not_equal(core_registry_left_out[i],
+                                    cube_backend_names()[j]);
     for (size_t i = 0; core_registry_left_out[i]; i++) {
         const char *name = core_registry_left_out[i];
         assert_true(core_backend_left_out(name));

@@ -26,7 +26,7 @@ extern const char cube_prelude_cpu[];
 #define CPU_MAX_SHARED ((uint64_t)64 * 1024)
 #define CPU_FIBER_STACK ((size_t)128 * 1024)
 
-/* Must match cube_cpu_launch in src/kernels/prelude_cpu.h. */
+/* Must match cube_cpu_launch in src/backends/cpu/prelude_cpu.h. */
 typedef struct cpu_launch_abi {
     unsigned int dim[3];
     unsigned int count[3];
