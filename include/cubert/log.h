@@ -44,8 +44,11 @@ CUBE_API cube_log_level cube_log_get_level(void);
  * must stay valid until the sink is replaced. */
 CUBE_API void cube_log_set_sink(cube_log_sink_fn sink, void *user);
 
-/* Sends messages to the file at `path` (appended, created 0600). Errors:
- * CUBE_ERR_INVALID_ARGUMENT (NULL or empty path), CUBE_ERR_IO (cannot open). */
+/* Sends messages to the file at `path` (appended, created 0600): a regular
+ * file or a character device (/dev/null, a terminal). A FIFO, a socket or a
+ * directory is refused without waiting on it. Errors:
+ * CUBE_ERR_INVALID_ARGUMENT (NULL or empty path), CUBE_ERR_IO (cannot open,
+ * or not a regular file or a character device; the message says which). */
 CUBE_API CUBE_MUST_USE cube_error *cube_log_set_file(const char *path);
 
 /* Parses "trace", "debug", "info", "warn", "error" or "off". Returns 0 and

@@ -66,9 +66,12 @@ CUBE_API CUBE_MUST_USE cube_error *cube_profile_end(cube_client *client,
 CUBE_API void cube_profile_abandon(cube_client *client,
                                    cube_profile_token token);
 
-/* Starts writing a trace to `path` (created or truncated, mode 0600).
- * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL or empty path, or a trace is
- * already running), CUBE_ERR_IO (cannot open). */
+/* Starts writing a trace to `path` (created or truncated, mode 0600): a
+ * regular file or a character device (/dev/null). A FIFO, a socket or a
+ * directory is refused without waiting on it. Errors:
+ * CUBE_ERR_INVALID_ARGUMENT (NULL or empty path, or a trace is already
+ * running), CUBE_ERR_IO (cannot open, or not a regular file or a character
+ * device). */
 CUBE_API CUBE_MUST_USE cube_error *cube_trace_start(const char *path);
 
 /* Finishes the trace file (valid JSON from then on) and stops tracing.

@@ -18,6 +18,7 @@
 
 #include "core/client_internal.h"
 #include "core/config.h"
+#include "core/file_open.h"
 #include "cubert/backend/server.h"
 
 /* The longest configuration file path. */
@@ -624,14 +625,18 @@ int core_config_load_file(const char *path, const char *via,
         memset(out, 0, sizeof *out);
     if (!path || !*path || !out)
         return -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Without blocking on a FIFO, and only a regular file: a device or a
+     * pipe is never a configuration file. */
+    char why[256];
+    int fd =
+        core_file_open(path, O_RDONLY, 0, CORE_FILE_REGULAR, why, sizeof why);
     if (fd < 0) {
         int e = errno;
         if (via || (e != ENOENT && e != ENOTDIR))
             cube_log_write(CUBE_LOG_WARN, "config",
-                           "%s%scannot open the configuration file '%s': %s; "
+                           "%s%scannot use the configuration file '%s': %s; "
                            "not using it",
-                           via ? via : "", via ? ": " : "", path, strerror(e));
+                           via ? via : "", via ? ": " : "", path, why);
         return -1;
     }
     size_t cap = 4096, len = 0;

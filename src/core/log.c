@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/mutex.h"
+#include "core/file_open.h"
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
 
@@ -59,10 +60,15 @@ cube_error *cube_log_set_file(const char *path)
     if (!path || !*path)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_log_set_file: path is NULL or empty");
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    /* A regular file or a character device (/dev/null, a terminal): a
+     * FIFO would block the open until a reader came, and raise SIGPIPE in
+     * the program when the reader went away. */
+    char why[256];
+    int fd = core_file_open(path, O_WRONLY | O_CREAT | O_APPEND, 0600,
+                            CORE_FILE_REGULAR_OR_CHAR, why, sizeof why);
     if (fd < 0)
-        return cube_error_new(CUBE_ERR_IO,
-                              "cube_log_set_file: cannot open '%s'", path);
+        return cube_error_new(
+            CUBE_ERR_IO, "cube_log_set_file: cannot use '%s': %s", path, why);
     FILE *f = fdopen(fd, "a");
     if (!f) {
         close(fd);

@@ -34,6 +34,7 @@
 
 #include "base/mutex.h"
 #include "core/config.h"
+#include "core/file_open.h"
 #include "core/trace.h"
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
@@ -492,16 +493,23 @@ cube_error *cube_trace_start(const char *path)
         cube_mutex_unlock(&trace_lock);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_trace_start");
     }
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* A regular file (truncated) or a character device (/dev/null): a FIFO
+     * would block the open until a reader came. */
+    char why[256];
+    int fd = core_file_open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600,
+                            CORE_FILE_REGULAR_OR_CHAR, why, sizeof why);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f) {
-        if (fd >= 0)
+        if (fd >= 0) {
+            snprintf(why, sizeof why, "out of memory");
             close(fd);
+        }
         cube_mutex_unlock(&trace_lock);
         free(copy);
         return cube_error_new(CUBE_ERR_IO,
-                              "cube_trace_start: cannot open '%s' for writing",
-                              path);
+                              "cube_trace_start: cannot write a trace to "
+                              "'%s': %s",
+                              path, why);
     }
     /* Fully buffered; stdio picks the buffer. */
     setvbuf(f, NULL, _IOFBF, 1 << 16);

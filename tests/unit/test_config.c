@@ -6,10 +6,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/client_internal.h"
@@ -533,6 +537,177 @@ static void test_resolve_rejected(void **state)
 
 /* --- the one-time read ---------------------------------------------------- */
 
+/* --- files that are not regular files ------------------------------------ */
+
+/* Each call below must return at once. A regression that blocks (an open
+ * that waits for the other end of a FIFO) is ended by SIGALRM, which fails
+ * the test instead of hanging it. */
+#define WATCHDOG_SECONDS 20
+
+static const char *make_fifo(const char *name)
+{
+    const char *path = tmp_path(name);
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    return path;
+}
+
+static void test_load_fifo(void **state)
+{
+    (void)state;
+    const char *fifo = make_fifo("fifo.conf");
+
+    /* Named by CUBERT_CONFIG: refused with a warning naming it. */
+    alarm(WATCHDOG_SECONDS);
+    int rc = core_config_load_file(fifo, "CUBERT_CONFIG", &fc);
+    alarm(0);
+    assert_int_equal(rc, -1);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned("CUBERT_CONFIG", fifo, "not a regular file"));
+    assert_true(warned(fifo, "FIFO", NULL));
+    assert_int_equal(fc.set, 0);
+
+    /* At a default location: it exists, so it is reported too. */
+    cap.count = 0;
+    alarm(WATCHDOG_SECONDS);
+    rc = core_config_load_file(fifo, NULL, &fc);
+    alarm(0);
+    assert_int_equal(rc, -1);
+    assert_int_equal(cap.count, 1);
+    assert_true(warned(fifo, "FIFO", "not using it"));
+
+    /* With a writer at the other end that never closes it: still refused,
+     * nothing read from it. */
+    int writer = open(fifo, O_RDWR | O_NONBLOCK);
+    assert_true(writer >= 0);
+    static const char text[] = "cpu_threads = 7\n";
+    assert_int_equal(write(writer, text, sizeof text - 1),
+                     (ssize_t)(sizeof text - 1));
+    cap.count = 0;
+    alarm(WATCHDOG_SECONDS);
+    rc = core_config_load_file(fifo, "CUBERT_CONFIG", &fc);
+    alarm(0);
+    assert_int_equal(rc, -1);
+    assert_int_equal(fc.set, 0);
+    assert_int_equal(cap.count, 1);
+    char left[64];
+    assert_int_equal(read(writer, left, sizeof left),
+                     (ssize_t)(sizeof text - 1));
+    close(writer);
+
+    /* /dev/null is a device, not a configuration file. */
+    cap.count = 0;
+    assert_int_equal(core_config_load_file("/dev/null", "CUBERT_CONFIG", &fc),
+                     -1);
+    assert_true(warned("CUBERT_CONFIG", "/dev/null", "character device"));
+    unlink(fifo);
+}
+
+static void test_log_file_fifo(void **state)
+{
+    (void)state;
+    const char *fifo = make_fifo("fifo.log");
+
+    /* Nobody reads it. */
+    alarm(WATCHDOG_SECONDS);
+    cube_error *err = cube_log_set_file(fifo);
+    alarm(0);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+    assert_non_null(strstr(cube_error_message(err), fifo));
+    assert_non_null(strstr(cube_error_message(err), "FIFO"));
+    cube_error_free(err);
+
+    /* Someone reads it: still not a file that can be appended to safely
+     * (the reader going away would raise SIGPIPE in the program). */
+    int reader = open(fifo, O_RDONLY | O_NONBLOCK);
+    assert_true(reader >= 0);
+    alarm(WATCHDOG_SECONDS);
+    err = cube_log_set_file(fifo);
+    alarm(0);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+    assert_non_null(strstr(cube_error_message(err), "FIFO"));
+    cube_error_free(err);
+    close(reader);
+
+    /* The logger still writes where it did (the captured sink). */
+    cap.count = 0;
+    cube_log_write(CUBE_LOG_WARN, "test", "still here");
+    assert_int_equal(cap.count, 1);
+    assert_true(warned("test", "still here", NULL));
+
+    /* A directory is refused the same way. */
+    err = cube_log_set_file(tmp_dir);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+    assert_non_null(strstr(cube_error_message(err), "directory"));
+    cube_error_free(err);
+    unlink(fifo);
+}
+
+/* Runs `body` in a child process with `name` set to `value`: the child
+ * does the one-time read the parent has not done yet. The child exits with
+ * body's answer (0: as expected) and is ended by SIGALRM if it hangs. */
+static void in_child(const char *name, const char *value, int (*body)(void))
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(WATCHDOG_SECONDS);
+        /* Only the variable under test: no file from the user's home. */
+        setenv("CUBERT_CONFIG", "", 1);
+        unsetenv("CUBERT_LOG_FILE");
+        unsetenv("CUBERT_TRACE");
+        setenv(name, value, 1);
+        cap.count = 0;
+        _exit(body());
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0)
+        assert_int_equal(errno, EINTR);
+    if (WIFSIGNALED(status))
+        fail_msg("%s=%s: the child was killed by signal %d%s", name, value,
+                 WTERMSIG(status),
+                 WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fail_msg("%s=%s: check %d failed in the child", name, value,
+                 WEXITSTATUS(status));
+}
+
+static const char *child_expect_a, *child_expect_b;
+
+/* Opens and closes a CPU client; 0 when that worked and a warning named
+ * child_expect_a and child_expect_b. */
+static int open_client_and_check(void)
+{
+    cube_client *client = NULL;
+    cube_error *err = cube_client_open("cpu", NULL, &client);
+    if (err) {
+        cube_error_free(err);
+        return 2;
+    }
+    cube_client_close(client);
+    if (core_trace_on())
+        return 3;
+    return warned(child_expect_a, child_expect_b, NULL) ? 0 : 4;
+}
+
+/* A FIFO named by CUBERT_CONFIG, CUBERT_LOG_FILE or CUBERT_TRACE: the
+ * first cube_client_open returns, opens the client and warns. */
+static void test_fifo_settings(void **state)
+{
+    (void)state;
+    const char *fifo = make_fifo("fifo.any");
+    child_expect_a = "CUBERT_CONFIG";
+    child_expect_b = "FIFO";
+    in_child("CUBERT_CONFIG", fifo, open_client_and_check);
+    child_expect_a = "CUBERT_LOG_FILE";
+    in_child("CUBERT_LOG_FILE", fifo, open_client_and_check);
+    child_expect_a = "CUBERT_TRACE";
+    in_child("CUBERT_TRACE", fifo, open_client_and_check);
+    unlink(fifo);
+}
+
 /* The only test that triggers the one-time read: the file gives every key,
  * the environment overrides some, a malformed variable falls back to the
  * file, and later changes to either have no effect. */
@@ -691,6 +866,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_backend_keys, setup_capture,
                                         teardown_capture),
         cmocka_unit_test_setup_teardown(test_resolve_rejected, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_load_fifo, setup_capture,
+                                        teardown_capture),
+        cmocka_unit_test_setup_teardown(test_log_file_fifo, setup_capture,
+                                        teardown_capture),
+        /* Reads the configuration in child processes only. */
+        cmocka_unit_test_setup_teardown(test_fifo_settings, setup_capture,
                                         teardown_capture),
         /* The tests above never trigger the one-time read; this one does,
          * and the ones after it rely on it. */

@@ -369,6 +369,35 @@ static void test_foreign_meta_rebuilt(void **state)
     rm_tree(dir);
 }
 
+/* A FIFO in place of the object or the record: the load returns (SIGALRM
+ * ends a regression that waits for a writer), rebuilds and replaces it. */
+static void test_fifo_entry_rebuilt(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    cpu_jit *jit = make_jit(dir, NULL);
+    char meta[512], so[512];
+    entry_path(meta, sizeof meta, dir, cpu_jit_key(jit, ADD_SRC, NULL), "meta");
+    entry_path(so, sizeof so, dir, cpu_jit_key(jit, ADD_SRC, NULL), "so");
+    cpu_jit_destroy(jit);
+    const char *const paths[] = {so, meta};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(unlink(paths[i]), 0);
+        assert_int_equal(mkfifo(paths[i], 0600), 0);
+        alarm(20);
+        load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+        alarm(0);
+        assert_int_equal(capture_warn_count(), i + 1);
+        assert_non_null(strstr(capture_last_warn, "not a regular file"));
+        struct stat st;
+        assert_int_equal(lstat(paths[i], &st), 0);
+        assert_true(S_ISREG(st.st_mode));
+        load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    }
+    rm_tree(dir);
+}
+
 static void test_missing_meta_rebuilt(void **state)
 {
     (void)state;
@@ -774,6 +803,7 @@ int main(void)
         cmocka_unit_test_setup(test_truncated_rebuilt, setup),
         cmocka_unit_test_setup(test_foreign_meta_rebuilt, setup),
         cmocka_unit_test_setup(test_missing_meta_rebuilt, setup),
+        cmocka_unit_test_setup(test_fifo_entry_rebuilt, setup),
         cmocka_unit_test_setup(test_syntax_error, setup),
         cmocka_unit_test_setup(test_missing_compiler, setup),
         cmocka_unit_test_setup(test_flags_change_key, setup),

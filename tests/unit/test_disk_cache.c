@@ -429,6 +429,25 @@ static void test_foreign_record(void **state)
     bad_entry_case(artifact_to_directory, "not a regular file");
 }
 
+/* A FIFO in place of either file of an entry (or of the directory) is
+ * refused without waiting for a writer: the entry is bad, removed and
+ * rebuilt. SIGALRM ends a regression that blocks. */
+static void fifo_record(const char *dir, const disk_cache_key *key)
+{
+    char path[512];
+    entry_path(path, sizeof path, dir, key, ".meta");
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+}
+
+static void fifo_artifact(const char *dir, const disk_cache_key *key)
+{
+    char path[512];
+    entry_path(path, sizeof path, dir, key, ".bin");
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+}
+
 /* Two materials whose 64-bit keys collide never share an entry: the wide
  * hash in the record tells them apart. */
 static void test_material_checked(void **state)
@@ -587,6 +606,23 @@ static void test_insecure_dir_refused(void **state)
     snprintf(below, sizeof below, "%s/cache", file_path);
     expect_refused(below, "not a directory");
     rm_tree(dir);
+}
+
+static void test_fifo_entry(void **state)
+{
+    (void)state;
+    alarm(20);
+    bad_entry_case(fifo_record, "not a regular file");
+    bad_entry_case(fifo_artifact, "not a regular file");
+
+    /* A FIFO where the directory should be: the cache is off. */
+    char *base = make_tmpdir();
+    char fifo[512];
+    snprintf(fifo, sizeof fifo, "%s/cache", base);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    expect_refused(fifo, "fifo directory");
+    alarm(0);
+    rm_tree(base);
 }
 
 static void test_nested_dir_created(void **state)
@@ -841,6 +877,7 @@ int main(void)
         cmocka_unit_test_setup(test_record_for_other_key, setup),
         cmocka_unit_test_setup(test_record_for_other_version, setup),
         cmocka_unit_test_setup(test_foreign_record, setup),
+        cmocka_unit_test_setup(test_fifo_entry, setup),
         cmocka_unit_test_setup(test_material_checked, setup),
         cmocka_unit_test_setup(test_record_without_artifact, setup),
         cmocka_unit_test_setup(test_max_len, setup),

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/trace.h"
@@ -197,6 +199,67 @@ static void test_argument_errors(void **state)
     /* Events without a trace go nowhere and do not crash. */
     core_trace_span("launch", "k", 1, 0, 10, NULL);
     core_trace_instant("sync", "s", 1, 0, NULL);
+}
+
+/* A FIFO is refused at once, whether or not something reads it: an open
+ * that waited for a reader would hang the program, and a reader that goes
+ * away would raise SIGPIPE in it. SIGALRM ends a regression that blocks. */
+static void test_fifo_refused(void **state)
+{
+    (void)state;
+    const char *fifo = tmp_path("trace.fifo");
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(20);
+    cube_error *err = cube_trace_start(fifo);
+    alarm(0);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+    assert_non_null(strstr(cube_error_message(err), fifo));
+    assert_non_null(strstr(cube_error_message(err), "FIFO"));
+    cube_error_free(err);
+    assert_false(core_trace_on());
+
+    int reader = open(fifo, O_RDONLY | O_NONBLOCK);
+    assert_true(reader >= 0);
+    alarm(20);
+    err = cube_trace_start(fifo);
+    alarm(0);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
+    assert_non_null(strstr(cube_error_message(err), "FIFO"));
+    cube_error_free(err);
+    assert_false(core_trace_on());
+    char buf[16];
+    assert_true(read(reader, buf, sizeof buf) <= 0); /* nothing written */
+    close(reader);
+    unlink(fifo);
+
+    /* The writer is free for the next trace. */
+    const char *path = tmp_path("after-fifo.json");
+    assert_null(cube_trace_start(path));
+    assert_null(cube_trace_stop());
+    json_t *root;
+    load_events(path, &root);
+    json_decref(root);
+}
+
+/* A regular file is truncated; a character device (/dev/null) is
+ * accepted and left as it is. */
+static void test_truncates_regular_file(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("truncated.json");
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 1000; i++)
+        fputs("old contents that must go\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_null(cube_trace_start(path));
+    assert_null(cube_trace_stop());
+    json_t *root;
+    load_events(path, &root);
+    json_decref(root);
+    assert_null(cube_trace_start("/dev/null"));
+    assert_null(cube_trace_stop());
 }
 
 static void test_twice_and_state(void **state)
@@ -572,6 +635,8 @@ int main(void)
         cmocka_unit_test(test_from_env_failure_warns),
         cmocka_unit_test(test_clock),
         cmocka_unit_test(test_argument_errors),
+        cmocka_unit_test(test_fifo_refused),
+        cmocka_unit_test(test_truncates_regular_file),
         cmocka_unit_test(test_twice_and_state),
         cmocka_unit_test(test_zero_events_is_valid),
         cmocka_unit_test(test_threads_and_streams),
@@ -583,8 +648,9 @@ int main(void)
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
 
     static const char *const files[] = {
-        "twice.json",         "empty.json",  "threads.json", "utf8.json",
-        "after-failure.json", "race-0.json", "race-1.json",  "client.json"};
+        "twice.json",         "empty.json",    "threads.json", "utf8.json",
+        "after-failure.json", "race-0.json",   "race-1.json",  "client.json",
+        "after-fifo.json",    "truncated.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         unlink(tmp_path(files[i]));
     rmdir(tmp_dir);

@@ -96,24 +96,49 @@ static int disk_cache_read_fd(int fd, size_t size, unsigned char **out,
     return 0;
 }
 
-/* Opens `name` under `dirfd` (no symbolic links), checks it is a regular
- * file of at most `max` bytes and reads it. Returns 0 or an errno value:
+/* Opens `name` under `dirfd` for reading: no symbolic link, and without
+ * blocking (a FIFO put in the cache would otherwise wait for a writer, in
+ * every process that looks the entry up). Checks that it is a regular file,
+ * then makes the descriptor blocking again. Returns the descriptor, or -1
+ * with errno set: EINVAL for something that is not a regular file. */
+static int disk_cache_open_regular_at(int dirfd, const char *name,
+                                      struct stat *st)
+{
+    int fd =
+        openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    int e = 0;
+    int fl;
+    if (fstat(fd, st) != 0)
+        e = errno;
+    else if (!S_ISREG(st->st_mode) || st->st_size < 0)
+        e = EINVAL;
+    else if ((fl = fcntl(fd, F_GETFL)) < 0 ||
+             fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        e = errno;
+    if (e != 0) {
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* Opens `name` under `dirfd` (see disk_cache_open_regular_at), checks it
+ * holds at most `max` bytes and reads it. Returns 0 or an errno value:
  * EINVAL for something that is not a regular file, EFBIG for a file larger
  * than `max`. */
 static int disk_cache_read_at(int dirfd, const char *name, size_t max,
                               unsigned char **out, size_t *out_len)
 {
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    int fd = disk_cache_open_regular_at(dirfd, name, &st);
     if (fd < 0)
         return errno;
-    struct stat st;
     int e = 0;
-    if (fstat(fd, &st) != 0)
-        e = errno;
-    else if (!S_ISREG(st.st_mode) || st.st_size < 0)
-        e = EINVAL;
-    else if ((uint64_t)st.st_size > (uint64_t)max ||
-             (uint64_t)st.st_size >= (uint64_t)SIZE_MAX)
+    if ((uint64_t)st.st_size > (uint64_t)max ||
+        (uint64_t)st.st_size >= (uint64_t)SIZE_MAX)
         e = EFBIG; /* the second test keeps size + 1 from wrapping */
     else
         e = disk_cache_read_fd(fd, (size_t)st.st_size, out, out_len);
@@ -493,7 +518,8 @@ static int disk_cache_open_dir(char *path)
         return -1;
     }
     /* O_NOFOLLOW also closes the window between lstat and open. */
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path,
+                  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
                        "disk cache disabled: cannot open '%s': %s", path,

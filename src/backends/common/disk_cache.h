@@ -14,8 +14,10 @@
  * temporary names, synced and renamed into place (the artifact before its
  * record), so a reader never sees a half-written entry; a lookup checks the
  * record against the key material and the bytes against the record, and removes
- * an entry that fails (it is rebuilt, never trusted). Messages go to the logger
- * under the "compile" category.
+ * an entry that fails (it is rebuilt, never trusted). An entry's files are
+ * opened with O_NONBLOCK and must be regular files: a FIFO (or a device, a
+ * socket) in their place is a bad entry, never waited on. Messages go to the
+ * logger under the "compile" category.
  *
  * Ownership: disk_cache_open returns a cache the caller frees with
  * disk_cache_close. Bytes returned by disk_cache_get belong to the caller

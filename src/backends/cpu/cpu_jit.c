@@ -111,17 +111,23 @@ static void cpu_jit_buf_append(cpu_jit_buf *b, const void *data, size_t len)
 static int cpu_jit_read_object(const char *path, size_t max,
                                unsigned char **out, size_t *out_len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NONBLOCK: whatever the compiler left there, the open never waits
+     * (a FIFO would); only a regular file is read. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return errno;
     struct stat st;
     int e = 0;
     unsigned char *data = NULL;
     size_t got = 0;
+    int fl;
     if (fstat(fd, &st) != 0)
         e = errno;
     else if (!S_ISREG(st.st_mode) || st.st_size < 0)
         e = EINVAL;
+    else if ((fl = fcntl(fd, F_GETFL)) < 0 ||
+             fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        e = errno;
     else if ((uint64_t)st.st_size > (uint64_t)max)
         e = EFBIG;
     else if (!(data = malloc((size_t)st.st_size + 1)))
