@@ -641,6 +641,48 @@ static void test_insecure_cache_dir_refused(void **state)
     rm_tree(dir);
 }
 
+/* CUBERT_CACHE_DIR names the root; the CPU backend's folder is <root>/cpu.
+ * A root open to the group, or a symbolic link, is refused like the folder
+ * would be: the jit still works, without a disk cache. */
+static void expect_root_refused(const char *root, const char *says)
+{
+    saved_env c = env_set("CUBERT_CACHE_DIR", root);
+    capture_reset();
+    cpu_jit *jit = NULL;
+    assert_null(cpu_jit_create(NULL, &jit));
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "disk cache disabled"));
+    assert_non_null(strstr(capture_last_warn, root));
+    assert_non_null(strstr(capture_last_warn, says));
+    cpu_module *m = NULL;
+    cpu_jit_origin origin = CPU_JIT_DISK;
+    assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, &origin));
+    assert_int_equal(origin, CPU_JIT_COMPILED);
+    assert_int_equal(call_add(m, 2, 2), 4);
+    cpu_module_close(m);
+    cpu_jit_destroy(jit);
+    env_restore(c);
+}
+
+static void test_insecure_cache_root_refused(void **state)
+{
+    (void)state;
+    char *root = make_tmpdir();
+    assert_int_equal(chmod(root, 0770), 0);
+    expect_root_refused(root, "writable");
+    assert_int_equal(count_entries(root), 0);
+
+    assert_int_equal(chmod(root, 0700), 0);
+    char *holder = make_tmpdir();
+    char link[512];
+    snprintf(link, sizeof link, "%s/link", holder);
+    assert_int_equal(symlink(root, link), 0);
+    expect_root_refused(link, "symbolic link");
+    assert_int_equal(count_entries(root), 0);
+    rm_tree(holder);
+    rm_tree(root);
+}
+
 static void test_null_arguments(void **state)
 {
     (void)state;
@@ -811,6 +853,7 @@ int main(void)
         cmocka_unit_test_setup(test_default_cache_dir_from_env, setup),
         cmocka_unit_test_setup(test_nested_cache_dir_created, setup),
         cmocka_unit_test_setup(test_insecure_cache_dir_refused, setup),
+        cmocka_unit_test_setup(test_insecure_cache_root_refused, setup),
         cmocka_unit_test_setup(test_null_arguments, setup),
         cmocka_unit_test_setup(test_modules_independent, setup),
         cmocka_unit_test_setup(test_logging, setup),

@@ -625,6 +625,92 @@ static void test_fifo_entry(void **state)
     rm_tree(base);
 }
 
+/* The directory the configuration names (CUBERT_CACHE_DIR, the file's
+ * cache_dir, the default root) is checked as the backend's folder in it
+ * is: a root that others can write to, or a symbolic link, could have the
+ * folder swapped under the cache. */
+static void expect_root_refused(const char *root, const char *dir,
+                                const char *says)
+{
+    disk_cache *cache = open_cache(dir, TAG);
+    assert_null(disk_cache_path(cache));
+    pthread_mutex_lock(&capture_lock);
+    int named = strstr(capture_last_warn, root) != NULL;
+    pthread_mutex_unlock(&capture_lock);
+    assert_true(named);
+    expect_one_warning(says);
+    disk_cache_close(cache);
+    assert_false(file_exists(dir)); /* nothing made inside */
+}
+
+static void test_insecure_root_refused(void **state)
+{
+    (void)state;
+    char *root = make_tmpdir();
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/test", root);
+
+    assert_int_equal(chmod(root, 0770), 0);
+    expect_root_refused(root, dir, "writable by group or others");
+    assert_int_equal(chmod(root, 0777 | S_ISVTX), 0);
+    expect_root_refused(root, dir, "writable by group or others");
+    /* A trailing slash names the same folder. */
+    char slashed[520];
+    snprintf(slashed, sizeof slashed, "%s/", dir);
+    expect_root_refused(root, slashed, "writable by group or others");
+
+    if (geteuid() == 0) {
+        assert_int_equal(chmod(root, 0700), 0);
+        assert_int_equal(chown(root, 65534, 65534), 0);
+        expect_root_refused(root, dir, "owned by another user");
+        assert_int_equal(chown(root, 0, 0), 0);
+    }
+
+    /* The same root through CUBERT_CACHE_DIR, for the default folder. */
+    assert_int_equal(chmod(root, 0750 | S_IWGRP), 0);
+    const char *old = getenv("CUBERT_CACHE_DIR");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("CUBERT_CACHE_DIR", root, 1);
+    disk_cache *cache = NULL;
+    assert_null(disk_cache_open(NULL, "cuda", ".cubin", TAG, &cache));
+    assert_null(disk_cache_path(cache));
+    expect_one_warning("writable by group or others");
+    disk_cache_close(cache);
+
+    /* A root that is a symbolic link to a good directory. */
+    assert_int_equal(chmod(root, 0700), 0);
+    char *holder = make_tmpdir();
+    char link_path[512], link_dir[600];
+    snprintf(link_path, sizeof link_path, "%s/link", holder);
+    assert_int_equal(symlink(root, link_path), 0);
+    snprintf(link_dir, sizeof link_dir, "%s/test", link_path);
+    expect_root_refused(link_path, link_dir, "symbolic link");
+    setenv("CUBERT_CACHE_DIR", link_path, 1);
+    assert_null(disk_cache_open(NULL, "cuda", ".cubin", TAG, &cache));
+    assert_null(disk_cache_path(cache));
+    expect_one_warning("symbolic link");
+    disk_cache_close(cache);
+    assert_int_equal(count_entries(root), 0);
+
+    /* The good root itself is used, and its folder made inside. */
+    setenv("CUBERT_CACHE_DIR", root, 1);
+    assert_null(disk_cache_open(NULL, "cuda", ".cubin", TAG, &cache));
+    char want[600];
+    snprintf(want, sizeof want, "%s/cuda", root);
+    assert_non_null(disk_cache_path(cache));
+    assert_string_equal(disk_cache_path(cache), want);
+    disk_cache_close(cache);
+    assert_int_equal(capture_warn_count(), 0);
+
+    if (saved)
+        setenv("CUBERT_CACHE_DIR", saved, 1);
+    else
+        unsetenv("CUBERT_CACHE_DIR");
+    free(saved);
+    rm_tree(holder);
+    rm_tree(root);
+}
+
 static void test_nested_dir_created(void **state)
 {
     (void)state;
@@ -883,6 +969,7 @@ int main(void)
         cmocka_unit_test_setup(test_max_len, setup),
         cmocka_unit_test_setup(test_disabled, setup),
         cmocka_unit_test_setup(test_insecure_dir_refused, setup),
+        cmocka_unit_test_setup(test_insecure_root_refused, setup),
         cmocka_unit_test_setup(test_nested_dir_created, setup),
         cmocka_unit_test_setup(test_default_dir, setup),
         cmocka_unit_test_setup(test_open_arguments, setup),

@@ -495,50 +495,146 @@ static int disk_cache_mkdirs(char *path)
     return 0;
 }
 
-/* Creates and opens the cache directory, refusing one that another user
- * could tamper with. Returns the directory fd, or -1 after a warning. */
-static int disk_cache_open_dir(char *path)
+/* Why the opened directory `fd` is not private to the user, or NULL: it
+ * must belong to the user and be writable by nobody else. */
+static const char *disk_cache_dir_problem(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return "cannot stat it";
+    if (!S_ISDIR(st.st_mode))
+        return "it is not a directory";
+    if (st.st_uid != geteuid())
+        return "it is owned by another user";
+    if (st.st_mode & (S_IWGRP | S_IWOTH))
+        return "it is writable by group or others (chmod 700 fixes that)";
+    return NULL;
+}
+
+/* Opens the directory `path` (created, with its missing parents, 0700),
+ * refusing one that another user could tamper with. `what` names it in the
+ * warnings ("" or " (the cache root)"). Returns the directory fd, or -1
+ * after a warning. */
+static int disk_cache_open_checked(char *path, const char *what)
 {
     char eb[128];
-    /* A trailing slash would make O_NOFOLLOW follow a final symlink. */
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/')
-        path[--n] = '\0';
     int e = disk_cache_mkdirs(path);
     if (e != 0) {
         cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
-                       "disk cache disabled: cannot create '%s': %s", path,
-                       file_strerror(e, eb, sizeof eb));
+                       "disk cache disabled: cannot create '%s'%s: %s", path,
+                       what, file_strerror(e, eb, sizeof eb));
         return -1;
     }
     struct stat st;
     if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
         cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
-                       "disk cache disabled: '%s' is a symbolic link", path);
+                       "disk cache disabled: '%s'%s is a symbolic link", path,
+                       what);
         return -1;
     }
     /* O_NOFOLLOW also closes the window between lstat and open. */
     int fd = open(path,
                   O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
-        cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
-                       "disk cache disabled: cannot open '%s': %s", path,
-                       file_strerror(errno, eb, sizeof eb));
+        e = errno;
+        if (e == ELOOP)
+            cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                           "disk cache disabled: '%s'%s is a symbolic link",
+                           path, what);
+        else
+            cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                           "disk cache disabled: cannot open '%s'%s: %s", path,
+                           what, file_strerror(e, eb, sizeof eb));
         return -1;
     }
-    const char *why = NULL;
-    if (fstat(fd, &st) != 0)
-        why = "cannot stat it";
-    else if (st.st_uid != geteuid())
-        why = "it is owned by another user";
-    else if (st.st_mode & (S_IWGRP | S_IWOTH))
-        why = "it is writable by group or others (chmod 700 fixes that)";
+    const char *why = disk_cache_dir_problem(fd);
+    if (why) {
+        cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                       "disk cache disabled: refusing '%s'%s: %s", path, what,
+                       why);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Opens the folder `name` in the checked directory `root_fd` (created 0700
+ * when missing), never following a symbolic link, with the same checks.
+ * `path` is the folder's whole path, for the warnings. Returns the fd, or
+ * -1 after a warning. */
+static int disk_cache_open_child(int root_fd, const char *name,
+                                 const char *path)
+{
+    char eb[128];
+    if (mkdirat(root_fd, name, 0700) != 0 && errno != EEXIST) {
+        int e = errno;
+        cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                       "disk cache disabled: cannot create '%s': %s", path,
+                       file_strerror(e, eb, sizeof eb));
+        return -1;
+    }
+    int fd =
+        openat(root_fd, name,
+               O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP)
+            cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                           "disk cache disabled: '%s' is a symbolic link",
+                           path);
+        else
+            cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                           "disk cache disabled: cannot open '%s': %s", path,
+                           file_strerror(e, eb, sizeof eb));
+        return -1;
+    }
+    const char *why = disk_cache_dir_problem(fd);
     if (why) {
         cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
                        "disk cache disabled: refusing '%s': %s", path, why);
         close(fd);
         return -1;
     }
+    return fd;
+}
+
+static void disk_cache_strip_slashes(char *path)
+{
+    /* A trailing slash would make O_NOFOLLOW follow a final symlink. */
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        path[--n] = '\0';
+}
+
+/* Opens the cache directory `path` for `backend`. The backends name it
+ * <root>/<backend>, where <root> is the directory the configuration names
+ * (cache_dir) or the default root: when `path` ends in /<backend>, the
+ * root is checked too, and the folder is then opened relative to it, so
+ * neither can be swapped for a link to elsewhere once checked. Any other
+ * path is checked by itself. Returns the directory fd, or -1 after a
+ * warning. */
+static int disk_cache_open_dir(char *path, const char *backend)
+{
+    disk_cache_strip_slashes(path);
+    char *slash = strrchr(path, '/');
+    if (!slash || slash == path || strcmp(slash + 1, backend) != 0)
+        return disk_cache_open_checked(path, "");
+    *slash = '\0';
+    char *root = strdup(path);
+    *slash = '/';
+    if (!root) {
+        cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                       "disk cache disabled: out of memory");
+        return -1;
+    }
+    disk_cache_strip_slashes(root);
+    int fd = -1;
+    int root_fd = disk_cache_open_checked(root, " (the cache root)");
+    if (root_fd >= 0) {
+        fd = disk_cache_open_child(root_fd, backend, path);
+        close(root_fd);
+    }
+    free(root);
     return fd;
 }
 
@@ -600,7 +696,7 @@ cube_error *disk_cache_open(const char *dir, const char *backend,
                            "XDG_CACHE_HOME or HOME");
     }
     if (cache->path) {
-        cache->fd = disk_cache_open_dir(cache->path);
+        cache->fd = disk_cache_open_dir(cache->path, backend);
         if (cache->fd < 0) {
             free(cache->path);
             cache->path = NULL;

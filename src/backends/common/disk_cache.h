@@ -5,9 +5,14 @@
  * default <cache_dir>/<backend> (the configuration key: $CUBERT_CACHE_DIR,
  * else the file's), else $XDG_CACHE_HOME/cubert/<backend> when that is
  * absolute, else $HOME/.cache/cubert/<backend>; with none of them the cache
- * is off). The directory is checked once, when the cache is
- * opened, and every later access is relative to it and follows no symbolic
- * link, so swapping the path afterwards cannot redirect the cache. An entry is
+ * is off). The directory is checked once, when the cache is opened: it must
+ * not be a symbolic link, must be owned by the user (the effective uid) and
+ * must not be writable by group or others. When its path ends in
+ * /<backend> (how the backends and the default name it), its parent is the
+ * cache root the configuration named and gets the same checks, and the
+ * folder is opened relative to the checked root. Every later access is
+ * relative to the folder and follows no symbolic link, so swapping a path
+ * afterwards cannot redirect the cache. An entry is
  * two files: <key><ext> holds the artifact's bytes exactly, <key>.meta a text
  * record of a version tag, the 64-bit key, a 128-bit hash of the whole key
  * material, the artifact's size and its 128-bit hash. Entries are written under
@@ -57,11 +62,13 @@ void disk_cache_key_make(const void *const *parts, const size_t *lens, size_t n,
 
 /* Opens the cache for `backend` ("cpu", "cuda"). `dir`: NULL for the
  * default above, "" to disable the cache (every get misses, puts are
- * dropped), else the directory to use as is. `ext` is the artifact's file
+ * dropped), else the directory to use as is (when it ends in /<backend>,
+ * its parent is checked as the cache root). `ext` is the artifact's file
  * extension (".so", ".cubin"); `version_tag` goes into every record (bump
  * it when the material or the artifact's format changes).
- * An unusable directory (cannot be created, not owned by the user, open to
- * others) is not an error: the cache is opened disabled, with a warning
+ * An unusable directory or root (cannot be created, a symbolic link, not
+ * owned by the user, writable by others) is not an error: the cache is
+ * opened disabled, with a warning
  * through the logger. Errors: CUBE_ERR_INVALID_ARGUMENT (backend, ext or
  * version_tag NULL, out NULL; backend empty, ".", ".." or containing '/';
  * ext longer than 32 bytes, containing '/' or equal to ".meta"; version_tag
