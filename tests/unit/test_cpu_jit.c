@@ -17,10 +17,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/common/disk_cache.h"
 #include "backends/cpu/cpu_jit.h"
+#include "cubert/cubert.h"
 #include "cubert/log.h"
 #include "test_files.h"
 
+/* Besides its entries, a cache directory in use holds its secret (the key
+ * of the records' digests). */
+#define SECRET_FILES 1
+#define SECRET_NAME "secret"
 static const char *const ADD_SRC = "int add(int a, int b) { return a + b; }\n";
 static const char *const DELTA_SRC = "#ifndef DELTA\n#define DELTA 0\n#endif\n"
                                      "int add(int a, int b) "
@@ -226,7 +232,7 @@ static void test_compile_and_call(void **state)
     assert_true(file_exists(path));
     entry_path(path, sizeof path, dir, key, "meta");
     assert_true(file_exists(path));
-    assert_int_equal(count_entries(dir), 2);
+    assert_int_equal(count_entries(dir), 2 + SECRET_FILES);
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_mode & 077, 0);
@@ -398,6 +404,287 @@ static void test_fifo_entry_rebuilt(void **state)
     rm_tree(dir);
 }
 
+/* Writes `bytes` as the entry for the key whose record is at `meta_path`
+ * in the cache directory `dir`, through the disk cache itself: the record
+ * is valid (it is written with the directory's secret) and describes the
+ * bytes, as a writer holding the secret, or a bug, would leave it. The key
+ * and the version tag are read from the record being replaced. */
+static void rewrite_entry(const char *dir, const char *meta_path,
+                          const char *ext, const unsigned char *bytes,
+                          size_t len)
+{
+    size_t meta_len;
+    char *meta = read_file(meta_path, &meta_len);
+    char tag[256] = "";
+    disk_cache_key key;
+    memset(&key, 0, sizeof key);
+    int found = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(meta, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        if (!tag[0])
+            snprintf(tag, sizeof tag, "%s", line);
+        else if (sscanf(line, "key %16" SCNx64, &key.key) == 1)
+            found |= 1;
+        else if (sscanf(line, "material %16" SCNx64 "%16" SCNx64,
+                        &key.material_high, &key.material_low) == 2)
+            found |= 2;
+    }
+    free(meta);
+    assert_int_equal(found, 3);
+    snprintf(key.hex, sizeof key.hex, "%016" PRIx64, key.key);
+    disk_cache *cache = NULL;
+    assert_null(disk_cache_open(dir, "cpu", ext, tag, &cache));
+    assert_non_null(disk_cache_path(cache));
+    disk_cache_put(cache, &key, bytes, len);
+    disk_cache_close(cache);
+}
+
+/* A valid record for another kernel's object: the record and the object
+ * agree, so only the module itself can tell. It is never used: the load
+ * rebuilds, the entry is replaced, and the next load comes from disk. */
+static void test_forged_entry_rebuilt(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    load_expect(dir, DELTA_SRC, "-DDELTA=1", CPU_JIT_COMPILED, 1);
+    cpu_jit *jit = make_jit(dir, NULL);
+    char add_meta[512], add_so[512], delta_so[512];
+    uint64_t add_key = cpu_jit_key(jit, ADD_SRC, NULL);
+    entry_path(add_meta, sizeof add_meta, dir, add_key, "meta");
+    entry_path(add_so, sizeof add_so, dir, add_key, "so");
+    entry_path(delta_so, sizeof delta_so, dir,
+               cpu_jit_key(jit, DELTA_SRC, "-DDELTA=1"), "so");
+    cpu_jit_destroy(jit);
+
+    size_t len;
+    char *delta = read_file(delta_so, &len);
+    rewrite_entry(dir, add_meta, ".so", (unsigned char *)delta, len);
+    assert_int_equal(capture_warn_count(), 0);
+
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "not the kernel"));
+    /* Replaced by the real one. */
+    size_t now_len;
+    char *now = read_file(add_so, &now_len);
+    assert_true(now_len != len || memcmp(now, delta, len) != 0);
+    free(now);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    assert_int_equal(capture_warn_count(), 1);
+    free(delta);
+
+    /* An object that quotes the entry's stamp in its bytes, but is another
+     * kernel: it passes the first look, and the loaded module's own stamp
+     * gives it away. */
+    size_t add_len;
+    char *add = read_file(add_so, &add_len);
+    static const char prefix[] = "cubert-cpu-jit-stamp ";
+    char *at = memmem(add, add_len, prefix, sizeof prefix - 1);
+    assert_non_null(at);
+    char decoy[512];
+    snprintf(decoy, sizeof decoy,
+             "const char *decoy_text = \"%s\";\n"
+             "int add(int a, int b) { return a + b + 1; }\n",
+             at);
+    free(add);
+    char *other = make_tmpdir();
+    load_expect(other, decoy, NULL, CPU_JIT_COMPILED, 1);
+    jit = make_jit(other, NULL);
+    char decoy_so[512];
+    entry_path(decoy_so, sizeof decoy_so, other, cpu_jit_key(jit, decoy, NULL),
+               "so");
+    cpu_jit_destroy(jit);
+    char *bytes = read_file(decoy_so, &len);
+    rewrite_entry(dir, add_meta, ".so", (unsigned char *)bytes, len);
+    free(bytes);
+    capture_reset();
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "names another entry"));
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    rm_tree(other);
+    rm_tree(dir);
+}
+
+/* The same forgery by someone who can write the cache but not read its
+ * secret: a record made in another cache directory does not verify here,
+ * so the object is never even loaded. */
+static void test_forged_entry_without_secret(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    char *other = make_tmpdir();
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    load_expect(other, DELTA_SRC, "-DDELTA=1", CPU_JIT_COMPILED, 1);
+    load_expect(other, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    cpu_jit *jit = make_jit(dir, NULL);
+    uint64_t add_key = cpu_jit_key(jit, ADD_SRC, NULL);
+    uint64_t delta_key = cpu_jit_key(jit, DELTA_SRC, "-DDELTA=1");
+    cpu_jit_destroy(jit);
+    char path[512], delta_so[512];
+    entry_path(path, sizeof path, other, add_key, "meta");
+    entry_path(delta_so, sizeof delta_so, other, delta_key, "so");
+    size_t len;
+    char *delta = read_file(delta_so, &len);
+    /* In `other`, the entry for add now holds delta's object. */
+    rewrite_entry(other, path, ".so", (unsigned char *)delta, len);
+    free(delta);
+    for (int i = 0; i < 2; i++) {
+        const char *ext = i ? "meta" : "so";
+        char from[512], to[512];
+        entry_path(from, sizeof from, other, add_key, ext);
+        entry_path(to, sizeof to, dir, add_key, ext);
+        size_t n;
+        char *data = read_file(from, &n);
+        write_file(to, data, n);
+        free(data);
+    }
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "another secret"));
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    rm_tree(other);
+    rm_tree(dir);
+}
+
+/* A secret changed in place is used, and nothing written with the old one
+ * verifies: every entry is rebuilt. One that is not private is replaced. */
+static void test_secret_tampered_rebuilds(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    char secret[512];
+    snprintf(secret, sizeof secret, "%s/" SECRET_NAME, dir);
+    size_t len;
+    char *bytes = read_file(secret, &len);
+    assert_true(len > 0);
+    bytes[0] ^= 0x5a;
+    write_file(secret, bytes, len);
+    free(bytes);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "another secret"));
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+
+    capture_reset();
+    assert_int_equal(chmod(secret, 0640), 0);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    assert_int_equal(capture_warn_count(), 2); /* the secret, the entry */
+    struct stat st;
+    assert_int_equal(stat(secret, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
+    assert_int_equal(capture_warn_count(), 2);
+    rm_tree(dir);
+}
+
+/* Through the public API: a launch whose cache entry was replaced by a
+ * valid entry of another kernel compiles again and computes the right
+ * answer, and the entry is replaced; later processes load the good one. */
+static const char *const FILL_ONE =
+    "CUBE_KERNEL(fill_one, CUBE_OUT(int, y))\n"
+    "{\n"
+    "    uint32_t i = ABSOLUTE_POS_X;\n"
+    "    if (i < CUBE_LEN(y)) CUBE_AT(y, i) = 1;\n"
+    "}\n";
+static const char *const FILL_TWO =
+    "CUBE_KERNEL(fill_two, CUBE_OUT(int, y))\n"
+    "{\n"
+    "    uint32_t i = ABSOLUTE_POS_X;\n"
+    "    if (i < CUBE_LEN(y)) CUBE_AT(y, i) = 2;\n"
+    "}\n";
+
+/* Opens a CPU client on the cache root `root`, runs `name` from `source`
+ * over 64 ints and returns y[0] and y[63] summed, or -1 when the launch
+ * or the read fails. */
+static int run_fill(const char *root, const char *name, const char *source)
+{
+    cube_client_options opts = cube_client_options_default();
+    opts.cache_dir = root;
+    cube_client *client = NULL;
+    cube_error *err = cube_client_open("cpu", &opts, &client);
+    if (err)
+        fail_msg("open: %s", cube_error_message(err));
+    cube_kernel_desc desc = {name, source, {64, 1, 1}};
+    cube_kernel *kernel = NULL;
+    assert_null(cube_kernel_create(&desc, &kernel));
+    int y[64];
+    memset(y, 0, sizeof y);
+    cube_handle h;
+    assert_null(cube_create(client, y, sizeof y, &h));
+    cube_arg args[] = {cube_arg_buffer(h)};
+    int result = -1;
+    err = cube_launch(client, kernel, cube_count_static(1, 1, 1), args, 1,
+                      CUBE_LAUNCH_EXECUTE);
+    if (!err) {
+        cube_copy_desc d = cube_copy_desc_contiguous(h, sizeof y, sizeof(int));
+        void *dst[] = {y};
+        uint64_t size[] = {sizeof y};
+        err = cube_read(client, &d, dst, size, 1);
+    }
+    if (!err)
+        result = y[0] + y[63];
+    cube_error_free(err);
+    cube_error_free(cube_handle_release(client, h));
+    cube_kernel_release(kernel);
+    cube_client_close(client);
+    return result;
+}
+
+/* The one file in `dir` whose name ends in `ext`. */
+static void only_file(const char *dir, const char *ext, char *out, size_t size)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *ent;
+    size_t el = strlen(ext);
+    while ((ent = readdir(d)) != NULL) {
+        size_t l = strlen(ent->d_name);
+        if (l > el && ent->d_name[0] != '.' &&
+            strcmp(ent->d_name + l - el, ext) == 0) {
+            snprintf(out, size, "%s/%s", dir, ent->d_name);
+            n++;
+        }
+    }
+    closedir(d);
+    assert_int_equal(n, 1);
+}
+
+static void test_forged_entry_launch(void **state)
+{
+    (void)state;
+    char *root_one = make_tmpdir();
+    char *root_two = make_tmpdir();
+    assert_int_equal(run_fill(root_one, "fill_one", FILL_ONE), 2);
+    assert_int_equal(run_fill(root_two, "fill_two", FILL_TWO), 4);
+    char dir_one[512], dir_two[512], meta_one[600], so_one[600], so_two[600];
+    snprintf(dir_one, sizeof dir_one, "%s/cpu", root_one);
+    snprintf(dir_two, sizeof dir_two, "%s/cpu", root_two);
+    only_file(dir_one, ".meta", meta_one, sizeof meta_one);
+    only_file(dir_one, ".so", so_one, sizeof so_one);
+    only_file(dir_two, ".so", so_two, sizeof so_two);
+    size_t len;
+    char *two = read_file(so_two, &len);
+    rewrite_entry(dir_one, meta_one, ".so", (unsigned char *)two, len);
+
+    capture_reset();
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(run_fill(root_one, "fill_one", FILL_ONE), 2);
+    assert_int_equal(capture_warn_count(), 1);
+    assert_non_null(strstr(capture_last_warn, "not the kernel"));
+    size_t now_len;
+    char *now = read_file(so_one, &now_len);
+    assert_true(now_len != len || memcmp(now, two, len) != 0);
+    free(now);
+    free(two);
+    rm_tree(root_one);
+    rm_tree(root_two);
+}
+
 static void test_missing_meta_rebuilt(void **state)
 {
     (void)state;
@@ -416,7 +703,7 @@ static void test_missing_meta_rebuilt(void **state)
     assert_int_equal(unlink(so), 0);
     load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
     load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
-    assert_int_equal(count_entries(dir), 2);
+    assert_int_equal(count_entries(dir), 2 + SECRET_FILES);
     rm_tree(dir);
 }
 
@@ -438,7 +725,7 @@ static void test_syntax_error(void **state)
     assert_non_null(strstr(log, "error"));
     assert_non_null(strstr(log, "expected expression"));
     cube_error_free(err);
-    assert_int_equal(count_entries(dir), 0);
+    assert_int_equal(count_entries(dir), SECRET_FILES);
 
     /* A bad flag is a compile error too. */
     err = cpu_jit_load(jit, ADD_SRC, "-fno-such-flag-at-all", &m, NULL);
@@ -455,7 +742,7 @@ static void test_syntax_error(void **state)
     assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
     assert_non_null(strstr(cube_error_message(err), "cubert_undefined_thing"));
     cube_error_free(err);
-    assert_int_equal(count_entries(dir), 0);
+    assert_int_equal(count_entries(dir), SECRET_FILES);
 
     /* The jit still works. */
     assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, NULL));
@@ -485,7 +772,7 @@ static void test_missing_compiler(void **state)
     }
     assert_true(cpu_jit_key(jit, ADD_SRC, NULL) != 0);
     cpu_jit_destroy(jit);
-    assert_int_equal(count_entries(dir), 0);
+    assert_int_equal(count_entries(dir), SECRET_FILES);
     /* Nothing broke for a good compiler on the same cache. */
     load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
     rm_tree(dir);
@@ -596,7 +883,7 @@ static void test_nested_cache_dir_created(void **state)
     snprintf(nested, sizeof nested, "%s/a/b/c/", base);
     load_expect(nested, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
     load_expect(nested, ADD_SRC, NULL, CPU_JIT_DISK, 0);
-    assert_int_equal(count_entries(nested), 2);
+    assert_int_equal(count_entries(nested), 2 + SECRET_FILES);
     assert_int_equal(capture_warn_count(), 0);
     rm_tree(base);
 }
@@ -709,7 +996,7 @@ static void test_null_arguments(void **state)
     cpu_module_close(NULL);
     cpu_jit_destroy(NULL);
     cpu_jit_destroy(jit);
-    assert_int_equal(count_entries(dir), 0);
+    assert_int_equal(count_entries(dir), SECRET_FILES);
     rm_tree(dir);
 }
 
@@ -826,11 +1113,11 @@ static void test_threads(void **state)
     /* Separate jits (as separate processes would be), cold cache. */
     char *dir2 = make_tmpdir();
     run_threads(NULL, dir2, args);
-    assert_int_equal(count_entries(dir2), 2);
+    assert_int_equal(count_entries(dir2), 2 + SECRET_FILES);
     load_expect(dir2, ADD_SRC, NULL, CPU_JIT_DISK, 0);
 
     assert_int_equal(capture_warn_count(), 0);
-    assert_int_equal(count_entries(dir), 2);
+    assert_int_equal(count_entries(dir), 2 + SECRET_FILES);
     rm_tree(dir);
     rm_tree(dir2);
 }
@@ -845,6 +1132,10 @@ int main(void)
         cmocka_unit_test_setup(test_truncated_rebuilt, setup),
         cmocka_unit_test_setup(test_foreign_meta_rebuilt, setup),
         cmocka_unit_test_setup(test_missing_meta_rebuilt, setup),
+        cmocka_unit_test_setup(test_forged_entry_rebuilt, setup),
+        cmocka_unit_test_setup(test_forged_entry_without_secret, setup),
+        cmocka_unit_test_setup(test_secret_tampered_rebuilds, setup),
+        cmocka_unit_test_setup(test_forged_entry_launch, setup),
         cmocka_unit_test_setup(test_fifo_entry_rebuilt, setup),
         cmocka_unit_test_setup(test_syntax_error, setup),
         cmocka_unit_test_setup(test_missing_compiler, setup),

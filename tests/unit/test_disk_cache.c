@@ -16,12 +16,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "backends/common/disk_cache.h"
 #include "cubert/log.h"
 #include "test_files.h"
 
 #define TAG "cubert-test-cache-1"
 
+/* Besides its entries, a cache directory in use holds its secret (the key
+ * of the records' digests). */
+#define SECRET_FILES 1
+#define SECRET_NAME "secret"
 /* ------------------------------------------------------------- log capture */
 
 static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -238,7 +244,7 @@ static void test_miss_put_hit(void **state)
     disk_cache_put(cache, &key, bytes, 5000);
     expect_hit(cache, &key, bytes, 5000);
     /* Exactly the two files of the entry: no temporary file is left. */
-    assert_int_equal(count_entries(dir), 2);
+    assert_int_equal(count_entries(dir), 2 + SECRET_FILES);
     char path[512];
     entry_path(path, sizeof path, dir, &key, ".bin");
     assert_true(file_exists(path));
@@ -254,7 +260,7 @@ static void test_miss_put_hit(void **state)
     unsigned char *newer = make_bytes(1, 1, 300);
     disk_cache_put(cache, &key, newer, 300);
     expect_hit(cache, &key, newer, 300);
-    assert_int_equal(count_entries(dir), 2);
+    assert_int_equal(count_entries(dir), 2 + SECRET_FILES);
 
     /* An empty artifact is an artifact. */
     disk_cache_key empty_key;
@@ -265,7 +271,7 @@ static void test_miss_put_hit(void **state)
     /* Remove drops the entry; a get then misses without a warning. */
     disk_cache_remove(cache, &key);
     assert_int_equal(get_result(cache, &key, 1 << 20), DISK_CACHE_MISS);
-    assert_int_equal(count_entries(dir), 2);
+    assert_int_equal(count_entries(dir), 2 + SECRET_FILES);
     disk_cache_remove(cache, &key); /* already gone: a no-op */
     assert_int_equal(capture_warn_count(), 0);
 
@@ -512,13 +518,231 @@ static void test_max_len(void **state)
 
     assert_int_equal(get_result(cache, &key, 999), DISK_CACHE_BAD);
     expect_one_warning("artifact is larger");
-    assert_int_equal(count_entries(dir), 0);
+    assert_int_equal(count_entries(dir), SECRET_FILES);
 
     disk_cache_put(cache, &key, bytes, 1000);
     expect_hit(cache, &key, bytes, 1000);
     free(bytes);
     disk_cache_close(cache);
     rm_tree(dir);
+}
+
+/* ------------------------------------------------------------- the secret */
+
+static void secret_path(char *buf, size_t size, const char *dir)
+{
+    snprintf(buf, size, "%s/" SECRET_NAME, dir);
+}
+
+/* The secret's bytes (at most 1024), in a buffer the caller frees. */
+static unsigned char *read_secret(const char *dir, size_t *len)
+{
+    char path[512];
+    secret_path(path, sizeof path, dir);
+    return (unsigned char *)read_file(path, len);
+}
+
+static void expect_private_secret(const char *dir)
+{
+    char path[512];
+    secret_path(path, sizeof path, dir);
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(st.st_uid, geteuid());
+    assert_true(st.st_size >= XXH3_SECRET_SIZE_MIN);
+}
+
+/* The first cache on a directory makes its secret, private; later ones
+ * (other processes) use the same one. */
+static void test_secret_created(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    disk_cache *cache = open_cache(dir, TAG);
+    expect_private_secret(dir);
+    size_t len1, len2;
+    unsigned char *first = read_secret(dir, &len1);
+    disk_cache_key key;
+    key_of("secret-created", &key);
+    disk_cache_put(cache, &key, "abc", 3);
+    disk_cache *other = open_cache(dir, TAG);
+    expect_hit(other, &key, "abc", 3);
+    unsigned char *second = read_secret(dir, &len2);
+    assert_int_equal(len1, len2);
+    assert_memory_equal(first, second, len1);
+    /* Two directories never share one. */
+    char *dir2 = make_tmpdir();
+    disk_cache *third = open_cache(dir2, TAG);
+    free(second);
+    second = read_secret(dir2, &len2);
+    assert_true(len1 != len2 || memcmp(first, second, len1) != 0);
+    assert_int_equal(capture_warn_count(), 0);
+    free(first);
+    free(second);
+    disk_cache_close(cache);
+    disk_cache_close(other);
+    disk_cache_close(third);
+    rm_tree(dir);
+    rm_tree(dir2);
+}
+
+/* Opens a cache on `dir`, expects `warnings` warnings saying `says` at
+ * open, a private secret different from `old`, and the entry `key` bad
+ * (written with the old secret), then rebuilt. */
+static void reopen_expect_rebuilt(const char *dir, int warnings,
+                                  const char *says, const unsigned char *old,
+                                  size_t old_len, const disk_cache_key *key)
+{
+    disk_cache *cache = open_cache(dir, TAG);
+    assert_non_null(disk_cache_path(cache));
+    if (warnings)
+        expect_one_warning(says);
+    assert_int_equal(capture_warn_count(), 0);
+    expect_private_secret(dir);
+    size_t len;
+    unsigned char *now = read_secret(dir, &len);
+    assert_true(len != old_len || memcmp(now, old, len) != 0);
+    free(now);
+    assert_int_equal(get_result(cache, key, 1 << 20), DISK_CACHE_BAD);
+    expect_one_warning("another secret");
+    disk_cache_put(cache, key, "rebuilt", 7);
+    expect_hit(cache, key, "rebuilt", 7);
+    disk_cache_close(cache);
+}
+
+static void test_secret_tampered(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    char *elsewhere = make_tmpdir();
+    char path[512];
+    secret_path(path, sizeof path, dir);
+    disk_cache_key key;
+    key_of("secret-tampered", &key);
+    disk_cache *cache = open_cache(dir, TAG);
+    disk_cache_put(cache, &key, "original", 8);
+    expect_hit(cache, &key, "original", 8);
+    disk_cache_close(cache);
+    size_t len;
+    unsigned char *old = read_secret(dir, &len);
+
+    /* Changed in place, still private: it is used, and no record written
+     * with the old one verifies. */
+    unsigned char *changed = malloc(len);
+    assert_non_null(changed);
+    memcpy(changed, old, len);
+    changed[len / 2] ^= 0x01;
+    write_file(path, changed, len);
+    free(changed);
+    reopen_expect_rebuilt(dir, 0, NULL, old, len, &key);
+
+    /* Readable by others: never trusted; a new one replaces it. */
+    free(old);
+    old = read_secret(dir, &len);
+    assert_int_equal(chmod(path, 0644), 0);
+    reopen_expect_rebuilt(dir, 1, "group or others", old, len, &key);
+
+    /* A symbolic link to a file holding the very same bytes. */
+    free(old);
+    old = read_secret(dir, &len);
+    char target[512];
+    snprintf(target, sizeof target, "%s/copy", elsewhere);
+    write_file(target, old, len);
+    assert_int_equal(chmod(target, 0600), 0);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(symlink(target, path), 0);
+    reopen_expect_rebuilt(dir, 1, "symbolic link", old, len, &key);
+
+    /* A FIFO: replaced, never waited on. */
+    free(old);
+    old = read_secret(dir, &len);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(20);
+    reopen_expect_rebuilt(dir, 1, "not a regular file", old, len, &key);
+    alarm(0);
+
+    /* Cut short. */
+    free(old);
+    old = read_secret(dir, &len);
+    assert_int_equal(truncate(path, 16), 0);
+    reopen_expect_rebuilt(dir, 1, "size", old, len, &key);
+
+    /* An empty directory in its place. */
+    free(old);
+    old = read_secret(dir, &len);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkdir(path, 0700), 0);
+    reopen_expect_rebuilt(dir, 1, "not a regular file", old, len, &key);
+
+    /* Owned by another user (root can set that up). */
+    if (geteuid() == 0) {
+        free(old);
+        old = read_secret(dir, &len);
+        assert_int_equal(chown(path, 65534, 65534), 0);
+        reopen_expect_rebuilt(dir, 1, "owned by another user", old, len, &key);
+    }
+    free(old);
+    rm_tree(elsewhere);
+    rm_tree(dir);
+}
+
+/* A record verifies only with the directory's secret. Whoever can write an
+ * entry but not read the secret cannot forge one: a record from another
+ * cache directory (another secret), or in the old format (a plain XXH3 of
+ * the artifact, which anyone can compute), is bad, removed and rebuilt. */
+static void test_record_needs_secret(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    char *other_dir = make_tmpdir();
+    disk_cache *cache = open_cache(dir, TAG);
+    disk_cache *other = open_cache(other_dir, TAG);
+    disk_cache_key key;
+    key_of("needs-secret", &key);
+    unsigned char *good = make_bytes(20, 0, 2000);
+    unsigned char *forged = make_bytes(21, 0, 2000);
+    disk_cache_put(cache, &key, good, 2000);
+
+    /* A complete entry for this key from another directory. */
+    disk_cache_put(other, &key, forged, 2000);
+    char from[512], to[512];
+    for (int i = 0; i < 2; i++) {
+        const char *ext = i ? ".meta" : ".bin";
+        entry_path(from, sizeof from, other_dir, &key, ext);
+        entry_path(to, sizeof to, dir, &key, ext);
+        assert_int_equal(rename(from, to), 0);
+    }
+    assert_int_equal(get_result(cache, &key, 1 << 20), DISK_CACHE_BAD);
+    expect_one_warning("another secret");
+    disk_cache_put(cache, &key, good, 2000);
+    expect_hit(cache, &key, good, 2000);
+
+    /* The format written before records were keyed. */
+    entry_path(to, sizeof to, dir, &key, ".bin");
+    write_file(to, forged, 2000);
+    XXH128_hash_t h = XXH3_128bits(forged, 2000);
+    char record[512];
+    int n = snprintf(
+        record, sizeof record,
+        "%s\nkey %016" PRIx64 "\nmaterial %016" PRIx64 "%016" PRIx64
+        "\nsize 2000\nxxh3-128 %016" PRIx64 "%016" PRIx64 "\n",
+        TAG, key.key, key.material_high, key.material_low, h.high64, h.low64);
+    entry_path(to, sizeof to, dir, &key, ".meta");
+    write_file(to, record, (size_t)n);
+    assert_int_equal(get_result(cache, &key, 1 << 20), DISK_CACHE_BAD);
+    expect_one_warning("another key or version");
+    disk_cache_put(cache, &key, good, 2000);
+    expect_hit(cache, &key, good, 2000);
+
+    free(good);
+    free(forged);
+    disk_cache_close(cache);
+    disk_cache_close(other);
+    rm_tree(dir);
+    rm_tree(other_dir);
 }
 
 /* ------------------------------------------------------ unusable caches */
@@ -728,7 +952,7 @@ static void test_nested_dir_created(void **state)
     key_of("nested", &key);
     disk_cache_put(cache, &key, "xyz", 3);
     expect_hit(cache, &key, "xyz", 3);
-    assert_int_equal(count_entries(want), 2);
+    assert_int_equal(count_entries(want), 2 + SECRET_FILES);
     assert_int_equal(capture_warn_count(), 0);
     disk_cache_close(cache);
     rm_tree(base);
@@ -943,7 +1167,7 @@ static void test_threads(void **state)
     run_threads(dir, 0);
     /* Only whole entries remain: no temporary file is left behind. */
     assert_int_equal(count_entries(dir),
-                     2 * (SHARED_KEYS + THREADS * OWN_KEYS));
+                     2 * (SHARED_KEYS + THREADS * OWN_KEYS) + SECRET_FILES);
     rm_tree(dir);
 
     dir = make_tmpdir();
@@ -967,6 +1191,9 @@ int main(void)
         cmocka_unit_test_setup(test_material_checked, setup),
         cmocka_unit_test_setup(test_record_without_artifact, setup),
         cmocka_unit_test_setup(test_max_len, setup),
+        cmocka_unit_test_setup(test_secret_created, setup),
+        cmocka_unit_test_setup(test_secret_tampered, setup),
+        cmocka_unit_test_setup(test_record_needs_secret, setup),
         cmocka_unit_test_setup(test_disabled, setup),
         cmocka_unit_test_setup(test_insecure_dir_refused, setup),
         cmocka_unit_test_setup(test_insecure_root_refused, setup),

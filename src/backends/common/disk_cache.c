@@ -2,13 +2,27 @@
  *
  * Record format (text, one field a line):
  *   <version tag>
+ *   format 2 keyed-xxh3-128
  *   key <16 hex digits>
  *   material <32 hex digits: the XXH3-128 of the key material>
  *   size <artifact bytes, decimal>
- *   xxh3-128 <32 hex digits: the XXH3-128 of the artifact>
- * The first three lines name the entry, the last two describe the artifact.
+ *   digest <32 hex digits>
+ * The first four lines name the entry, the last two describe the artifact.
+ * The digest is XXH3-128 keyed with the directory's secret (XXH3's
+ * "withSecret" variant) over the five lines before it and then the
+ * artifact's bytes, so a record cannot be made without the secret. Records
+ * of the first format (no format line, an unkeyed hash) no longer match:
+ * their entries are rebuilt, never trusted.
  * A lookup rebuilds the record it expects from the key and the bytes it read
  * and compares the two byte for byte, so no parser has to trust the file.
+ *
+ * The secret: DISK_CACHE_SECRET_SIZE random bytes in the file "secret" of
+ * the cache directory, made on first use (0600, written under a temporary
+ * name and linked into place, so a reader never sees half of one and two
+ * processes settle on one). It is trusted only as a regular file of
+ * exactly that size, owned by the user, with no permission for group or
+ * others, reached without a symbolic link; any other is replaced by a new
+ * one, with a warning, and the entries written with it are then rebuilt.
  *
  * A disk_cache holds only values fixed at open time and an fd it never
  * changes, so it needs no lock: every write goes to a fresh file created
@@ -29,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
@@ -50,8 +65,16 @@
 #define DISK_CACHE_MAX_TAG 128
 /* A record is ~150 bytes plus the tag; anything this large is not ours. */
 #define DISK_CACHE_MAX_RECORD 4096
-/* The tag and four fixed-width lines, with room to spare. */
+/* The tag and five fixed-width lines, with room to spare. */
 #define DISK_CACHE_RECORD_BUF (DISK_CACHE_MAX_TAG + 256)
+/* The second line of every record: the format of the lines after it. */
+#define DISK_CACHE_FORMAT "format 2 keyed-xxh3-128"
+/* The secret's file in the cache directory, and its size (XXH3's default
+ * secret size; the least it accepts is XXH3_SECRET_SIZE_MIN). */
+#define DISK_CACHE_SECRET_NAME "secret"
+#define DISK_CACHE_SECRET_SIZE 192
+_Static_assert(DISK_CACHE_SECRET_SIZE >= XXH3_SECRET_SIZE_MIN,
+               "XXH3 needs a longer secret");
 /* "<hex><ext>" or "<hex>.meta". */
 #define DISK_CACHE_NAME_BUF (16 + DISK_CACHE_MAX_EXT + 8)
 /* ".<name>.tmp-<hex>". */
@@ -64,6 +87,8 @@ struct disk_cache {
     int fd;            /* that directory, opened and checked once; or -1 */
     char *ext;         /* the artifact's file extension */
     char *version_tag; /* first line of every record */
+    /* The key of the records' digests, read or made at open time. */
+    unsigned char secret[DISK_CACHE_SECRET_SIZE];
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -208,20 +233,28 @@ void disk_cache_key_make(const void *const *parts, const size_t *lens, size_t n,
 
 /* ---------------------------------------------------------------- entries */
 
-/* The record for an artifact of `len` bytes hashing to `hash`; *header_len
- * is the length of the three lines that name the entry. */
+/* The record for the artifact `data` of `len` bytes (see the format at the
+ * top); *header_len is the length of the four lines that name the entry. */
 static void disk_cache_record(const disk_cache *cache,
-                              const disk_cache_key *key, size_t len,
-                              XXH128_hash_t hash, char *buf, size_t size,
+                              const disk_cache_key *key, const void *data,
+                              size_t len, char *buf, size_t size,
                               size_t *header_len)
 {
-    int h = snprintf(
-        buf, size,
-        "%s\nkey %016" PRIx64 "\nmaterial %016" PRIx64 "%016" PRIx64 "\n",
-        cache->version_tag, key->key, key->material_high, key->material_low);
-    snprintf(buf + h, size - (size_t)h,
-             "size %zu\nxxh3-128 %016" PRIx64 "%016" PRIx64 "\n", len,
-             hash.high64, hash.low64);
+    int h = snprintf(buf, size,
+                     "%s\n" DISK_CACHE_FORMAT "\nkey %016" PRIx64
+                     "\nmaterial %016" PRIx64 "%016" PRIx64 "\n",
+                     cache->version_tag, key->key, key->material_high,
+                     key->material_low);
+    int b = snprintf(buf + h, size - (size_t)h, "size %zu\n", len);
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_128bits_reset_withSecret(&state, cache->secret, sizeof cache->secret);
+    XXH3_128bits_update(&state, buf, (size_t)h + (size_t)b);
+    XXH3_128bits_update(&state, data, len);
+    XXH128_hash_t digest = XXH3_128bits_digest(&state);
+    snprintf(buf + h + b, size - (size_t)h - (size_t)b,
+             "digest %016" PRIx64 "%016" PRIx64 "\n", digest.high64,
+             digest.low64);
     *header_len = (size_t)h;
 }
 
@@ -296,18 +329,20 @@ disk_cache_result disk_cache_get(const disk_cache *cache,
     if (!why) {
         char expect[DISK_CACHE_RECORD_BUF];
         size_t header_len;
-        disk_cache_record(cache, key, data_len, XXH3_128bits(data, data_len),
-                          expect, sizeof expect, &header_len);
+        disk_cache_record(cache, key, data, data_len, expect, sizeof expect,
+                          &header_len);
         size_t expect_len = strlen(expect);
         if (meta_len < header_len || memcmp(meta, expect, header_len) != 0) {
             why = "its record was written for another key or version";
         } else if (meta_len != expect_len ||
                    memcmp(meta, expect, expect_len) != 0) {
-            /* The header matched, so the artifact is not what was stored. */
+            /* The header matched: the artifact is not what was stored, or
+             * the record was not made with this directory's secret. */
             char size_line[48];
             snprintf(size_line, sizeof size_line, "size %zu\n", data_len);
             why = strstr((const char *)meta + header_len, size_line)
-                      ? "its artifact is corrupt (hash mismatch)"
+                      ? "its artifact is corrupt, or its record was written "
+                        "with another secret (digest mismatch)"
                       : "its artifact is truncated or resized";
         }
     }
@@ -392,8 +427,7 @@ void disk_cache_put(const disk_cache *cache, const disk_cache_key *key,
     char prefix[DISK_CACHE_TEMP_BUF], meta[DISK_CACHE_RECORD_BUF], eb[128];
     size_t header_len;
     disk_cache_names(cache, key, artifact, record, sizeof artifact);
-    disk_cache_record(cache, key, len, XXH3_128bits(bytes, len), meta,
-                      sizeof meta, &header_len);
+    disk_cache_record(cache, key, bytes, len, meta, sizeof meta, &header_len);
 
     const char *step = "write the artifact";
     snprintf(prefix, sizeof prefix, ".%s.tmp-", artifact);
@@ -433,6 +467,146 @@ fail:
                    "cannot %s of disk cache entry %016" PRIx64 " in '%s': %s",
                    step, key->key, cache->path,
                    file_strerror(errno, eb, sizeof eb));
+}
+
+/* ------------------------------------------------------------ the secret */
+
+/* Fills `buf` from the system's random source. Returns 0 or an errno
+ * value. */
+static int disk_cache_random(unsigned char *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = getrandom(buf + got, len - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? errno : EIO;
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+/* Reads the secret of the directory `dirfd` into `secret`, if it can be
+ * trusted (see the top of this file). Returns 0; ENOENT when there is none;
+ * or another errno value with *why saying why it is not trusted. */
+static int disk_cache_read_secret(int dirfd, unsigned char *secret,
+                                  const char **why)
+{
+    int fd = openat(dirfd, DISK_CACHE_SECRET_NAME,
+                    O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        int e = errno;
+        *why = e == ELOOP ? "it is a symbolic link" : "it cannot be opened";
+        return e;
+    }
+    struct stat st;
+    *why = NULL;
+    if (fstat(fd, &st) != 0)
+        *why = "it cannot be examined";
+    else if (!S_ISREG(st.st_mode))
+        *why = "it is not a regular file";
+    else if (st.st_uid != geteuid())
+        *why = "it is owned by another user";
+    else if (st.st_mode & (S_IRWXG | S_IRWXO))
+        *why = "its permissions let group or others at it";
+    else if (st.st_size != DISK_CACHE_SECRET_SIZE)
+        *why = "it has the wrong size";
+    size_t got = 0;
+    while (!*why && got < DISK_CACHE_SECRET_SIZE) {
+        ssize_t n =
+            pread(fd, secret + got, DISK_CACHE_SECRET_SIZE - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            *why = n < 0 ? "it cannot be read" : "it has the wrong size";
+        else
+            got += (size_t)n;
+    }
+    close(fd);
+    return *why ? EINVAL : 0;
+}
+
+/* Makes a new secret in `secret` and links it into place as the directory's
+ * secret. Returns 0; EEXIST when another process put one there first (read
+ * that one instead); or another errno value. */
+static int disk_cache_make_secret(int dirfd, unsigned char *secret)
+{
+    int e = disk_cache_random(secret, DISK_CACHE_SECRET_SIZE);
+    if (e != 0)
+        return e;
+    char tmp[64];
+    int fd = disk_cache_create_temp_at(
+        dirfd, "." DISK_CACHE_SECRET_NAME ".tmp-", tmp, sizeof tmp);
+    if (fd < 0)
+        return errno;
+    /* Exactly 0600 whatever the umask: the reader insists on it. */
+    int rc = fchmod(fd, 0600);
+    if (rc == 0)
+        rc = file_write_all(fd, secret, DISK_CACHE_SECRET_SIZE);
+    if (rc == 0)
+        rc = fsync(fd);
+    e = rc != 0 ? errno : 0;
+    if (close(fd) != 0 && e == 0)
+        e = errno;
+    if (e == 0) {
+        /* A link, unlike a rename, never replaces a secret another process
+         * made meanwhile: both then use the first one. Where the file
+         * system has no hard links, a rename will do (the last one wins;
+         * entries made with the other are rebuilt). */
+        if (linkat(dirfd, tmp, dirfd, DISK_CACHE_SECRET_NAME, 0) != 0) {
+            e = errno;
+            if (e != EEXIST &&
+                renameat(dirfd, tmp, dirfd, DISK_CACHE_SECRET_NAME) == 0)
+                e = 0;
+        }
+    }
+    unlinkat(dirfd, tmp, 0);
+    if (e == 0)
+        fsync(dirfd);
+    return e;
+}
+
+/* Reads the cache directory's secret, or replaces one that cannot be
+ * trusted, or makes the first. Returns 0, or -1 after a warning (the cache
+ * is then disabled: without the secret no record can be checked). */
+static int disk_cache_load_secret(disk_cache *cache)
+{
+    char eb[128];
+    for (int attempt = 0; attempt < 3; attempt++) {
+        const char *why = NULL;
+        int e = disk_cache_read_secret(cache->fd, cache->secret, &why);
+        if (e == 0)
+            return 0;
+        if (e != ENOENT) {
+            cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                           "disk cache '%s': its secret is not trusted (%s); "
+                           "making a new one (entries written with the old "
+                           "one will be rebuilt)",
+                           cache->path, why);
+            if (unlinkat(cache->fd, DISK_CACHE_SECRET_NAME, 0) != 0 &&
+                errno == EISDIR)
+                unlinkat(cache->fd, DISK_CACHE_SECRET_NAME, AT_REMOVEDIR);
+        }
+        e = disk_cache_make_secret(cache->fd, cache->secret);
+        if (e == 0) {
+            cube_log_write(CUBE_LOG_DEBUG, DISK_CACHE_LOG,
+                           "disk cache '%s': made a new secret", cache->path);
+            return 0;
+        }
+        if (e != EEXIST) {
+            cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                           "disk cache disabled: cannot make a secret in "
+                           "'%s': %s",
+                           cache->path, file_strerror(e, eb, sizeof eb));
+            return -1;
+        }
+        /* Another process made one just now: read it. */
+    }
+    cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                   "disk cache disabled: cannot settle on a secret in '%s'",
+                   cache->path);
+    return -1;
 }
 
 /* -------------------------------------------------------------- opening */
@@ -697,6 +871,10 @@ cube_error *disk_cache_open(const char *dir, const char *backend,
     }
     if (cache->path) {
         cache->fd = disk_cache_open_dir(cache->path, backend);
+        if (cache->fd >= 0 && disk_cache_load_secret(cache) != 0) {
+            close(cache->fd);
+            cache->fd = -1;
+        }
         if (cache->fd < 0) {
             free(cache->path);
             cache->path = NULL;

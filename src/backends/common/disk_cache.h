@@ -15,7 +15,13 @@
  * afterwards cannot redirect the cache. An entry is
  * two files: <key><ext> holds the artifact's bytes exactly, <key>.meta a text
  * record of a version tag, the 64-bit key, a 128-bit hash of the whole key
- * material, the artifact's size and its 128-bit hash. Entries are written under
+ * material, the artifact's size and a digest of the record and the artifact
+ * keyed with the directory's secret (the file "secret": random bytes made
+ * 0600 on first use; one that is not a private regular file of the user is
+ * replaced, with a warning, and the entries made with it are rebuilt). A
+ * record therefore cannot be made by whoever can write the entry but not
+ * read the secret; it does not say the artifact is what the caller means by
+ * the key (a backend that can check that, checks it). Entries are written under
  * temporary names, synced and renamed into place (the artifact before its
  * record), so a reader never sees a half-written entry; a lookup checks the
  * record against the key material and the bytes against the record, and removes
@@ -28,6 +34,9 @@
  * disk_cache_close. Bytes returned by disk_cache_get belong to the caller
  * (free()). Keys are plain values; nothing keeps a pointer to an argument
  * after a call returns.
+ *
+ * A directory whose secret can be neither read nor made is not used (the
+ * cache is opened disabled, with a warning).
  *
  * Thread safety: a disk_cache never changes after it is opened; any number
  * of threads (and processes) may get and put at once. Concurrent writers of

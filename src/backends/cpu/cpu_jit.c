@@ -4,6 +4,13 @@
  * <key>.so entries. Only bytes the cache verified are loaded, from a
  * private copy (see cpu_jit_open_bytes).
  *
+ * Every object carries a stamp: an exported string, cube__jit_stamp, that
+ * names the entry (key and key material) it was built for; it is added to
+ * the source after the key is made. A verified entry is loaded only when
+ * its bytes hold its own stamp, and kept only when the loaded module's
+ * symbol is that stamp: an entry that holds another kernel's object (with a
+ * record that matches it) is removed and rebuilt, not run.
+ *
  * A cpu_jit never changes after cpu_jit_create, so it needs no lock: all
  * per-call state lives in private temporary directories and files created
  * with O_EXCL, and the disk cache is itself safe to share.
@@ -19,6 +26,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdbool.h>
@@ -40,6 +48,11 @@ extern char **environ;
 /* Bump when the key material or the fixed flags change: old entries then
  * stop matching and are rebuilt. */
 #define CPU_JIT_VERSION_TAG "cubert-cpu-jit-1"
+
+/* The stamp (see the top): the symbol, and the text's first words. */
+#define CPU_JIT_STAMP_SYMBOL "cube__jit_stamp"
+#define CPU_JIT_STAMP_PREFIX "cubert-cpu-jit-stamp "
+#define CPU_JIT_STAMP_BUF 96
 
 /* Objects larger than this are not cached (nor read back). */
 #define CPU_JIT_MAX_OBJECT ((size_t)1 << 30)
@@ -457,6 +470,37 @@ uint64_t cpu_jit_key(const cpu_jit *jit, const char *source, const char *flags)
     return key.key;
 }
 
+/* ------------------------------------------------------------ the stamp */
+
+/* The stamp of the entry `key`: the whole key, so that no other entry's
+ * object carries it. */
+static void cpu_jit_stamp(const disk_cache_key *key, char *buf, size_t size)
+{
+    snprintf(buf, size,
+             CPU_JIT_STAMP_PREFIX "%016" PRIx64 "%016" PRIx64 "%016" PRIx64,
+             key->key, key->material_high, key->material_low);
+}
+
+/* `source` with the definition of the stamp after it, or NULL for want of
+ * memory. The #line keeps compiler messages about the source pointing at
+ * it; the declaration keeps -Wmissing-variable-declarations quiet. */
+static char *cpu_jit_stamped_source(const char *source,
+                                    const disk_cache_key *key)
+{
+    char stamp[CPU_JIT_STAMP_BUF];
+    cpu_jit_stamp(key, stamp, sizeof stamp);
+    static const char fmt[] =
+        "%s\n#line 1 \"cubert-stamp\"\n"
+        "extern const char " CPU_JIT_STAMP_SYMBOL "[];\n"
+        "__attribute__((visibility(\"default\"), used)) const "
+        "char " CPU_JIT_STAMP_SYMBOL "[] = \"%s\";\n";
+    size_t n = strlen(source) + sizeof fmt + strlen(stamp);
+    char *text = malloc(n);
+    if (text)
+        snprintf(text, n, fmt, source, stamp);
+    return text;
+}
+
 /* -------------------------------------------------------------- modules */
 
 static cube_error *cpu_jit_dlopen(const char *path, cpu_module **out)
@@ -534,6 +578,16 @@ void cpu_module_close(cpu_module *module)
     free(module);
 }
 
+/* Whether the loaded module is the one built for `key`. */
+static bool cpu_jit_module_is(const cpu_module *module,
+                              const disk_cache_key *key)
+{
+    char stamp[CPU_JIT_STAMP_BUF];
+    cpu_jit_stamp(key, stamp, sizeof stamp);
+    const char *found = cpu_module_symbol(module, CPU_JIT_STAMP_SYMBOL);
+    return found && strncmp(found, stamp, sizeof stamp) == 0;
+}
+
 /* ------------------------------------------------------------- building */
 
 /* Compiles in a private temporary directory, loads the result and stores
@@ -552,14 +606,15 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
         return err;
     char *src_path = cpu_jit_join(dir, "kernel.c");
     char *so_path = cpu_jit_join(dir, "kernel.so");
-    if (!src_path || !so_path) {
+    char *stamped = cpu_jit_stamped_source(source, key);
+    if (!src_path || !so_path || !stamped) {
         err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                              "cpu_jit_load: out of memory");
         goto done;
     }
 
     int fd = open(src_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    int rc = fd < 0 ? -1 : file_write_all(fd, source, strlen(source));
+    int rc = fd < 0 ? -1 : file_write_all(fd, stamped, strlen(stamped));
     int e = errno;
     if (fd >= 0 && close(fd) != 0 && rc == 0) {
         rc = -1;
@@ -581,7 +636,15 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
     if (err)
         goto done;
 
-    if (disk_cache_path(jit->cache)) {
+    if (disk_cache_path(jit->cache) && !cpu_jit_module_is(*out, key)) {
+        /* The compiler dropped the stamp (some option of cpu_cflags?): the
+         * object works, but a cached copy could never be told from another
+         * kernel's, so it is not cached. */
+        cube_log_write(CUBE_LOG_WARN, "compile",
+                       "not caching %s: the object lacks its stamp "
+                       "(" CPU_JIT_STAMP_SYMBOL ")",
+                       key->hex);
+    } else if (disk_cache_path(jit->cache)) {
         /* Cache the bytes read here: the record then describes exactly what
          * is written to the cache. */
         unsigned char *bytes = NULL;
@@ -599,10 +662,62 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
     }
 done:
     cpu_jit_remove_dir(dir);
+    free(stamped);
     free(src_path);
     free(so_path);
     free(dir);
     return err;
+}
+
+/* Loads the disk cache's entry for `key`, when there is a verified one
+ * that is the kernel it is filed under. Returns true with *out set, or
+ * false (no entry, or a bad one, removed with a warning) to build. */
+static bool cpu_jit_load_cached(const cpu_jit *jit, const disk_cache_key *key,
+                                cpu_module **out)
+{
+    double t0 = cpu_jit_now_ms();
+    unsigned char *bytes = NULL;
+    size_t len = 0;
+    if (disk_cache_get(jit->cache, key, CPU_JIT_MAX_OBJECT, &bytes, &len) !=
+        DISK_CACHE_HIT)
+        return false;
+    /* Its own stamp must be in the bytes before anything of the object
+     * runs (a constructor would, in dlopen), and be the module's symbol
+     * once it is loaded. */
+    char stamp[CPU_JIT_STAMP_BUF];
+    cpu_jit_stamp(key, stamp, sizeof stamp);
+    const char *wrong = NULL;
+    cube_error *err = NULL;
+    if (!memmem(bytes, len, stamp, strlen(stamp))) {
+        wrong = "its object does not carry the entry's stamp";
+    } else if (!(err = cpu_jit_open_bytes(jit, bytes, len, out)) &&
+               !cpu_jit_module_is(*out, key)) {
+        wrong =
+            "the loaded module's " CPU_JIT_STAMP_SYMBOL " names another entry";
+        cpu_module_close(*out);
+        *out = NULL;
+    }
+    free(bytes);
+    if (wrong) {
+        cube_log_write(CUBE_LOG_WARN, "compile",
+                       "disk cache entry %s is not the kernel it is filed "
+                       "under (%s); removing it and rebuilding",
+                       key->hex, wrong);
+    } else if (err) {
+        /* Verified but unloadable (for example a library it needs is
+         * gone). */
+        cube_log_write(CUBE_LOG_WARN, "compile",
+                       "disk cache entry %s did not load (%s); rebuilding",
+                       key->hex, cube_error_message(err));
+        cube_error_free(err);
+    } else {
+        cube_log_write(CUBE_LOG_DEBUG, "compile",
+                       "loaded %s from the disk cache in %.2f ms", key->hex,
+                       cpu_jit_now_ms() - t0);
+        return true;
+    }
+    disk_cache_remove(jit->cache, key);
+    return false;
 }
 
 cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
@@ -619,30 +734,10 @@ cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
     disk_cache_key key;
     cpu_jit_key_make(jit, source, flags, &key);
 
-    if (disk_cache_path(jit->cache)) {
-        double t0 = cpu_jit_now_ms();
-        unsigned char *bytes = NULL;
-        size_t len = 0;
-        if (disk_cache_get(jit->cache, &key, CPU_JIT_MAX_OBJECT, &bytes,
-                           &len) == DISK_CACHE_HIT) {
-            cube_error *err = cpu_jit_open_bytes(jit, bytes, len, out);
-            free(bytes);
-            if (!err) {
-                cube_log_write(CUBE_LOG_DEBUG, "compile",
-                               "loaded %s from the disk cache in %.2f ms",
-                               key.hex, cpu_jit_now_ms() - t0);
-                if (origin)
-                    *origin = CPU_JIT_DISK;
-                return NULL;
-            }
-            /* Verified but unloadable (for example a library it needs is
-             * gone): drop it and rebuild. */
-            cube_log_write(CUBE_LOG_WARN, "compile",
-                           "disk cache entry %s did not load (%s); rebuilding",
-                           key.hex, cube_error_message(err));
-            cube_error_free(err);
-            disk_cache_remove(jit->cache, &key);
-        }
+    if (disk_cache_path(jit->cache) && cpu_jit_load_cached(jit, &key, out)) {
+        if (origin)
+            *origin = CPU_JIT_DISK;
+        return NULL;
     }
     cube_error *err = cpu_jit_build(jit, source, flags, &key, out);
     if (!err && origin)

@@ -4,9 +4,12 @@
  * Cache entries live in a private directory (0700, owned by the user;
  * default $XDG_CACHE_HOME/cubert/cpu, else $HOME/.cache/cubert/cpu). Each is
  * written to a temporary name and renamed into place, so readers never see
- * a half-written file, and carries a record of its key and a hash of its
- * bytes that is checked before the object is loaded: a corrupt, truncated or
- * foreign entry is rebuilt, never loaded.
+ * a half-written file, and carries a record of its key and a digest of its
+ * bytes, keyed with the cache's secret, that is checked before the object is
+ * loaded: a corrupt, truncated or foreign entry is rebuilt, never loaded.
+ * Each object also carries a stamp naming its entry, checked in its bytes
+ * before it is loaded and as a symbol after: an entry holding another
+ * kernel's object is rebuilt.
  *
  * Thread safety: a cpu_jit may be used from any number of threads at once.
  * A cpu_module is immutable and may be shared; close it once.
