@@ -138,7 +138,9 @@ typedef enum cube_report_format {
 } cube_report_format;
 
 /* The report as text; the caller frees it with free(). NULL when memory
- * runs out or `report` is NULL. */
+ * runs out, `report` is NULL, or report->count is above CUBE_MAX_POOLS + 2
+ * (the length of report->pools): such a count is refused, never clamped,
+ * since it does not come from cube_memory_report_get. */
 CUBE_API char *cube_memory_report_format(const cube_memory_report *report,
                                          cube_report_format format);
 

@@ -253,7 +253,9 @@ static int is_large(const cube_memory_report *r, uint32_t i)
 char *cube_memory_report_format(const cube_memory_report *r,
                                 cube_report_format format)
 {
-    if (!r)
+    /* A count past the array is not a report cube_memory_report_get
+     * filled: formatting it would read past the caller's struct. */
+    if (!r || r->count > sizeof r->pools / sizeof r->pools[0])
         return NULL;
     char *buf = NULL;
     size_t len = 0, cap = 0;

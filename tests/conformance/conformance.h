@@ -374,6 +374,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(memory_graph_prepare_allocates_persistently_until_graph_end)             \
     X(memory_report_format_table_names_every_pool_kind)                        \
     X(memory_report_format_json_parses_with_pools_and_usage)                   \
+    X(memory_report_format_refuses_a_count_above_its_array)                    \
     X(memory_layout_strides_contiguous_and_pitched)                            \
     X(memory_layout_strides_bad_inputs_are_invalid_argument)                   \
     X(memory_null_arguments_are_invalid_argument_naming_the_argument)          \

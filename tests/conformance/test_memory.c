@@ -1540,6 +1540,31 @@ CONF_TEST(memory_report_format_json_parses_with_pools_and_usage)
     m_leave();
 }
 
+CONF_TEST(memory_report_format_refuses_a_count_above_its_array)
+{
+    /* A report holds at most CUBE_MAX_POOLS + 2 entries: a count above
+     * that is not a report cube_memory_report_get filled, and formatting
+     * it would read past the caller's struct. It is refused (NULL) in
+     * both formats; a full array still formats. */
+    m_enter();
+    cube_memory_report r = m_report();
+    const uint32_t full = CUBE_MAX_POOLS + 2;
+    assert_int_equal(sizeof r.pools / sizeof r.pools[0], full);
+    const uint32_t bad[3] = {full + 1, 1u << 20, UINT32_MAX};
+    for (int i = 0; i < 3; i++) {
+        r.count = bad[i];
+        assert_null(cube_memory_report_format(&r, CUBE_REPORT_TABLE));
+        assert_null(cube_memory_report_format(&r, CUBE_REPORT_JSON));
+    }
+    r.count = full;
+    for (int f = CUBE_REPORT_TABLE; f <= CUBE_REPORT_JSON; f++) {
+        char *text = cube_memory_report_format(&r, (cube_report_format)f);
+        assert_non_null(text);
+        free(text);
+    }
+    m_leave();
+}
+
 /* --- layouts of data --- */
 
 CONF_TEST(memory_layout_strides_contiguous_and_pitched)
