@@ -144,8 +144,15 @@ CUBE_API void cube_future_free(cube_future *future);
  * and then passes to cube_write/cube_create without another copy where the
  * backend can (pinned memory on CUDA, aligned host memory on the CPU).
  * out[i] receives a buffer of sizes[i] bytes; the caller frees each with
- * cube_staging_free. Errors: CUBE_ERR_INVALID_ARGUMENT (NULL, n 0, a zero
- * size), CUBE_ERR_OUT_OF_MEMORY (then nothing is allocated). */
+ * cube_staging_free. On any error nothing is allocated and every out[i]
+ * is NULL. Errors: CUBE_ERR_INVALID_ARGUMENT (client, sizes or out NULL,
+ * n 0, a zero size), CUBE_ERR_BUFFER_TOO_BIG (a size that can never be
+ * staged: above the device's memory_total, or on CUDA above the host's
+ * memory), CUBE_ERR_OUT_OF_MEMORY (the host, or on CUDA the driver's
+ * pinned allocation, refused it now), CUBE_ERR_DEVICE_FAULT (the client
+ * is faulted, or on CUDA the pinned allocation broke the context),
+ * CUBE_ERR_INTERNAL (CUDA: the device's context could not be made
+ * current). */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_staging(cube_client *client, const uint64_t *sizes, size_t n, void **out);
 

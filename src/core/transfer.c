@@ -365,16 +365,20 @@ cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
                               n == 0   ? "n is 0"
                               : !sizes ? "sizes is NULL"
                                        : "out is NULL");
-    for (size_t i = 0; i < n; i++) {
+    /* Whatever fails, the caller finds no buffer to free. */
+    for (size_t i = 0; i < n; i++)
         out[i] = NULL;
+    for (size_t i = 0; i < n; i++) {
         if (sizes[i] == 0)
             return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                                   "cube_staging: sizes[%zu] is 0", i);
         if (sizes[i] > c->props.memory_total)
             return cube_error_new(CUBE_ERR_BUFFER_TOO_BIG,
                                   "cube_staging: sizes[%zu] = %llu bytes is "
-                                  "more than the host has",
-                                  i, (unsigned long long)sizes[i]);
+                                  "more than the device's %llu bytes of "
+                                  "memory: it can never be staged",
+                                  i, (unsigned long long)sizes[i],
+                                  (unsigned long long)c->props.memory_total);
     }
     cube_error *err = NULL;
     if (c->vt->staging) {
@@ -395,8 +399,11 @@ cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
             }
         }
     }
-    if (err)
+    if (err) {
+        /* A pinned allocation can break a device's context. */
+        core_fault_note(c, err);
         return err;
+    }
     cube_mutex_lock(&c->staging_lock);
     if (c->staging_count + n > c->staging_cap) {
         size_t cap = c->staging_cap ? c->staging_cap : 16;

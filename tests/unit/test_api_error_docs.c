@@ -1,0 +1,241 @@
+/* Keeps the error lists of the public headers honest: a code a public
+ * function is seen to return must be named in the comment above its
+ * declaration.
+ *
+ * Each test provokes errors through the public API on a real client, then
+ * reads the function's comment in include/cubert/ (the block comment
+ * right above its CUBE_API declaration) and checks that it names the code
+ * it got, spelled as in error.h (CUBE_ERR_...). Where the code reading of
+ * every backend found codes a test cannot provoke on the CPU (a device
+ * fault, a driver that fails), the expected list is checked as written. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cubert/cubert.h>
+
+#define HEADERS CUBE_SOURCE_DIR "/include/cubert/"
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open '%s'", path);
+    char *data = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 16384;
+            char *grown = realloc(data, cap);
+            if (!grown) {
+                free(data);
+                fclose(f);
+                fail_msg("out of memory reading '%s'", path);
+            }
+            data = grown;
+        }
+        size_t n = fread(data + len, 1, 4096, f);
+        len += n;
+        if (n < 4096)
+            break;
+    }
+    fclose(f);
+    data[len] = '\0';
+    return data;
+}
+
+/* The spelling of `code` in error.h. */
+static const char *code_spelling(cube_code code)
+{
+    static const char *const names[] = {
+        "CUBE_OK",
+        "CUBE_ERR_INVALID_ARGUMENT",
+        "CUBE_ERR_NOT_FOUND",
+        "CUBE_ERR_OUT_OF_MEMORY",
+        "CUBE_ERR_BUFFER_TOO_BIG",
+        "CUBE_ERR_POOL_CAPACITY_EXCEEDED",
+        "CUBE_ERR_COMPILE",
+        "CUBE_ERR_RESOURCE_LIMIT",
+        "CUBE_ERR_UNSUPPORTED",
+        "CUBE_ERR_GRAPH_STATE",
+        "CUBE_ERR_DEVICE_FAULT",
+        "CUBE_ERR_SEVERAL",
+        "CUBE_ERR_IO",
+        "CUBE_ERR_UNAVAILABLE",
+        "CUBE_ERR_INTERNAL",
+        "CUBE_ERR_STORAGE_MAPPING_FAILED",
+        "CUBE_ERR_PROFILE",
+        "CUBE_ERR_POOLS_IN_USE",
+        "CUBE_ERR_STREAM_UNAVAILABLE",
+    };
+    if ((size_t)code >= sizeof names / sizeof names[0])
+        fail_msg("code %d has no spelling here: add it", (int)code);
+    return names[code];
+}
+
+/* The block comment right above the CUBE_API declaration of `function`
+ * in include/cubert/`header` (malloc'd). */
+static char *doc_of(const char *header, const char *function)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s%s", HEADERS, header);
+    char *text = read_text(path);
+    char call[128];
+    snprintf(call, sizeof call, "%s(", function);
+    const char *decl = NULL;
+    for (const char *p = strstr(text, call); p && !decl;
+         p = strstr(p + 1, call)) {
+        /* The name must start there, and its declaration is the last
+         * CUBE_API before it with no ';' or '{' in between. */
+        char before = p > text ? p[-1] : '\n';
+        if (before != ' ' && before != '*' && before != '\n')
+            continue;
+        const char *api = NULL;
+        for (const char *q = p; q > text; q--)
+            if (strncmp(q, "CUBE_API", 8) == 0) {
+                api = q;
+                break;
+            }
+        if (!api || memchr(api, ';', (size_t)(p - api)) ||
+            memchr(api, '{', (size_t)(p - api)))
+            continue;
+        decl = api;
+    }
+    if (!decl) {
+        free(text);
+        fail_msg("%s does not declare %s with CUBE_API", header, function);
+    }
+    /* Back over the blank space between the comment and the declaration. */
+    size_t at = (size_t)(decl - text);
+    while (at > 0 && (text[at - 1] == ' ' || text[at - 1] == '\n'))
+        at--;
+    const char *end = text + at;
+    if (at < 2 || strncmp(end - 2, "*/", 2) != 0) {
+        free(text);
+        fail_msg("%s: no comment right above the declaration of %s", header,
+                 function);
+    }
+    const char *start = end - 2;
+    while (start > text && strncmp(start, "/*", 2) != 0)
+        start--;
+    size_t n = (size_t)(end - start);
+    char *doc = malloc(n + 1);
+    assert_non_null(doc);
+    memcpy(doc, start, n);
+    doc[n] = '\0';
+    free(text);
+    return doc;
+}
+
+/* Fails unless the comment of `function` names `code`. */
+static void expect_documented_at(const char *header, const char *function,
+                                 cube_code code, const char *file, int line)
+{
+    char *doc = doc_of(header, function);
+    const char *name = code_spelling(code);
+    /* A whole word: CUBE_ERR_PROFILE must not match inside a longer name. */
+    int found = 0;
+    size_t len = strlen(name);
+    for (const char *p = strstr(doc, name); p && !found;
+         p = strstr(p + 1, name)) {
+        char after = p[len];
+        found = !(after == '_' || (after >= 'A' && after <= 'Z'));
+    }
+    if (!found) {
+        print_error("%s:%d: the comment of %s in %s does not name %s:\n%s\n",
+                    file, line, function, header, name, doc);
+        free(doc);
+        _fail(file, line);
+    }
+    free(doc);
+}
+#define EXPECT_DOCUMENTED(header, function, code)                              \
+    expect_documented_at((header), (function), (code), __FILE__, __LINE__)
+
+/* Fails unless err has `code` and the comment of `function` names it;
+ * frees err. */
+static void expect_returned_at(cube_error *err, cube_code code,
+                               const char *header, const char *function,
+                               const char *file, int line)
+{
+    cube_code got = cube_error_code(err);
+    if (got != code) {
+        print_error("%s:%d: %s returned %s (%s), expected %s\n", file, line,
+                    function, code_spelling(got), cube_error_message(err),
+                    code_spelling(code));
+        cube_error_free(err);
+        _fail(file, line);
+    }
+    cube_error_free(err);
+    expect_documented_at(header, function, code, file, line);
+}
+#define EXPECT_RETURNED(err, code, header, function)                           \
+    expect_returned_at((err), (code), (header), (function), __FILE__, __LINE__)
+
+static cube_client *open_client(const char *backend)
+{
+    cube_client *c = NULL;
+    cube_error *err = cube_client_open(backend, NULL, &c);
+    if (err) {
+        print_error("%s: %s\n", backend, cube_error_message(err));
+        cube_error_free(err);
+        return NULL;
+    }
+    return c;
+}
+
+/* cube_staging refuses a size no host memory can hold with
+ * CUBE_ERR_BUFFER_TOO_BIG before allocating anything, on every backend
+ * (the client checks it; CUDA's pinned manager answers the same for a size
+ * above the host's memory). The rest of its list comes from reading the
+ * CPU (the client's aligned memory), null (the same) and CUDA (pinned
+ * memory: a refused cuMemHostAlloc, a broken context, a context that
+ * cannot be made current) paths. */
+static void staging_errors_are_documented(void **state)
+{
+    (void)state;
+    const char *const backends[] = {"cpu", "null"};
+    for (size_t b = 0; b < 2; b++) {
+        cube_client *c = open_client(backends[b]);
+        if (!c) {
+            assert_true(b > 0); /* the CPU backend is always built */
+            continue;
+        }
+        cube_properties p;
+        assert_null(cube_client_properties(c, &p));
+        uint64_t sizes[2] = {64, p.memory_total + 1};
+        void *out[2] = {(void *)sizes, (void *)sizes};
+        EXPECT_RETURNED(cube_staging(c, sizes, 2, out), CUBE_ERR_BUFFER_TOO_BIG,
+                        "buffer.h", "cube_staging");
+        /* Nothing was allocated, and nothing is left to free. */
+        assert_null(out[0]);
+        assert_null(out[1]);
+        EXPECT_RETURNED(cube_staging(c, sizes, 0, out),
+                        CUBE_ERR_INVALID_ARGUMENT, "buffer.h", "cube_staging");
+        uint64_t zero = 0;
+        EXPECT_RETURNED(cube_staging(c, &zero, 1, out),
+                        CUBE_ERR_INVALID_ARGUMENT, "buffer.h", "cube_staging");
+        cube_client_close(c);
+    }
+    EXPECT_RETURNED(cube_staging(NULL, NULL, 0, NULL),
+                    CUBE_ERR_INVALID_ARGUMENT, "buffer.h", "cube_staging");
+    static const cube_code listed[] = {
+        CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_BUFFER_TOO_BIG,
+        CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_DEVICE_FAULT, CUBE_ERR_INTERNAL};
+    for (size_t i = 0; i < sizeof listed / sizeof listed[0]; i++)
+        EXPECT_DOCUMENTED("buffer.h", "cube_staging", listed[i]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(staging_errors_are_documented),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
