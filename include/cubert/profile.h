@@ -20,7 +20,11 @@
  * handed out without memory (a size that can never fit is still refused);
  * they get memory at their first real use — a write, a read or a launch
  * outside a scope — and if that fails, the call and later reads report
- * CUBE_ERR_STORAGE_MAPPING_FAILED for them.
+ * CUBE_ERR_STORAGE_MAPPING_FAILED for them, with the pool's error as its
+ * cause. A sync or a check is no use of that kind: a buffer never backed
+ * was never written, so cube_sync has nothing to wait for on it and
+ * cube_check nothing to find but the failure store's answer; neither
+ * backs it.
  *
  * Thread safety: all functions may be called from any thread.
  */

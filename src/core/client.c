@@ -246,6 +246,19 @@ static void drop_all(cube_client *c, core_resolved *r, size_t n)
     free(r);
 }
 
+/* The bindings a backend may see for a sync or a check: a buffer made in
+ * a dry run and not backed yet has no storage, and nothing to wait for or
+ * check (it was never written), so it is left out. Fills b with the
+ * others and returns how many. */
+static size_t bind_backed(const core_resolved *r, size_t n, cube_binding *b)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!atomic_load_explicit(&r[i].alloc->deferred, memory_order_acquire))
+            b[k++] = core_binding(&r[i]);
+    return k;
+}
+
 cube_error *cube_check(cube_client *c, const cube_handle *handles, size_t n)
 {
     if (!c)
@@ -261,13 +274,12 @@ cube_error *cube_check(cube_client *c, const cube_handle *handles, size_t n)
         cube_binding *b = calloc(n, sizeof *b);
         if (!b)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_check");
-        for (size_t i = 0; b && i < n; i++)
-            b[i] = core_binding(&r[i]);
-        if (b) {
+        size_t nb = b ? bind_backed(r, n, b) : 0;
+        if (nb) {
             core_stream *st = NULL;
             err = core_stream_get(c, &st);
             if (!err)
-                err = c->vt->check(c->server, &st->base, b, n);
+                err = c->vt->check(c->server, &st->base, b, nb);
         }
         free(b);
     }
@@ -291,8 +303,7 @@ cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
         drop_all(c, r, n);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_sync");
     }
-    for (size_t i = 0; i < n; i++)
-        b[i] = core_binding(&r[i]);
+    size_t nb = n ? bind_backed(r, n, b) : 0;
     core_stream *st = NULL;
     err = core_stream_get(c, &st);
     if (!err) {
@@ -301,7 +312,7 @@ cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         /* The barrier first, so a device fault counts... */
         if (!err)
-            err = c->vt->sync(c->server, &st->base, b, n);
+            err = c->vt->sync(c->server, &st->base, b, nb);
         if (t0)
             core_trace_span("sync", "sync", st->base.id, t0, core_clock_ns(),
                             NULL);

@@ -379,6 +379,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(memory_layout_strides_bad_inputs_are_invalid_argument)                   \
     X(memory_null_arguments_are_invalid_argument_naming_the_argument)          \
     X(memory_dry_run_buffers_get_memory_at_first_real_use)                     \
+    X(memory_dry_run_buffer_without_memory_passes_sync_and_check)              \
     X(memory_dry_run_buffer_that_cannot_be_backed_is_storage_mapping_failed) \
     /* stress: threads, streams, handoffs, failures (test_stress.c) */         \
     X(stress_mixed_operations_from_eight_threads_on_several_streams)           \

@@ -1762,6 +1762,44 @@ CONF_TEST(memory_dry_run_buffers_get_memory_at_first_real_use)
     m_leave();
 }
 
+CONF_TEST(memory_dry_run_buffer_without_memory_passes_sync_and_check)
+{
+    /* A buffer made in a dry run has no memory until its first real use.
+     * Never written, it has nothing to wait for: cube_sync and cube_check
+     * of it succeed, inside the scope and after it, without backing it;
+     * its first write then backs it as usual. */
+    m_enter();
+    cube_memory_usage u0 = m_usage();
+    cube_dry_run_begin();
+    cube_handle h = {0};
+    cube_error *made = cube_empty(conf.client, 64, &h);
+    cube_error *synced = made ? NULL : cube_sync(conf.client, &h, 1);
+    cube_error *checked = made ? NULL : cube_check(conf.client, &h, 1);
+    cube_dry_run_end();
+    CONF_OK(made);
+    CONF_OK(synced);
+    CONF_OK(checked);
+    /* Outside the scope, still unbacked, alone and beside a backed one. */
+    cube_handle b = conf_empty(64);
+    cube_handle both[2] = {h, b};
+    CONF_OK(cube_sync(conf.client, &h, 1));
+    CONF_OK(cube_sync(conf.client, both, 2));
+    CONF_OK(cube_check(conf.client, both, 2));
+    cube_memory_usage u1 = m_usage();
+    assert_int_equal(u1.buffers, u0.buffers + 1); /* b only */
+    unsigned char src[64], back[64];
+    for (int i = 0; i < 64; i++)
+        src[i] = (unsigned char)(i * 5 + 1);
+    CONF_WRITE_OK(h, src, sizeof src);
+    CONF_OK(cube_sync(conf.client, both, 2));
+    CONF_READ_OK(h, back, sizeof back);
+    assert_memory_equal(src, back, sizeof src);
+    assert_int_equal(m_usage().buffers, u0.buffers + 2);
+    m_release(b);
+    m_release(h);
+    m_leave();
+}
+
 CONF_TEST(memory_dry_run_buffer_that_cannot_be_backed_is_storage_mapping_failed)
 {
     /* Backing at first use can fail like any allocation: the call reports

@@ -81,7 +81,11 @@ typedef struct cube_storage {
     void *cookie;
 } cube_storage;
 
-/* A byte range of an allocation, resolved by the client from a handle. */
+/* A byte range of an allocation, resolved by the client from a handle.
+ * Its storage is always backed: a buffer made in a dry run gets memory
+ * before the first read, write or launch that names it, and until then
+ * the client leaves it out of the bindings of a sync or a check (never
+ * written, it has nothing to wait for). */
 typedef struct cube_binding {
     const cube_storage *storage;
     uint64_t offset;
