@@ -98,17 +98,25 @@ CUBE_API cube_copy_desc cube_copy_desc_contiguous(cube_handle handle,
  * a zero or overflowing extent, a descriptor that runs past its handle's
  * range, a source size that differs from the descriptor's bytes),
  * CUBE_ERR_NOT_FOUND (released or foreign handle),
- * CUBE_ERR_DEVICE_FAULT. */
+ * CUBE_ERR_GRAPH_STATE (the calling stream is capturing a graph),
+ * CUBE_ERR_DEVICE_FAULT. A buffer made in a dry run gets its memory at its
+ * first write or read; if that fails the call returns
+ * CUBE_ERR_STORAGE_MAPPING_FAILED, whose cause is the pool's answer
+ * (CUBE_ERR_POOL_CAPACITY_EXCEEDED, CUBE_ERR_OUT_OF_MEMORY), and later
+ * reads of the buffer are refused with it until a write backs it. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_write(cube_client *client, const cube_copy_desc *descs,
            const void *const *sources, const uint64_t *source_sizes, size_t n);
 
 /* Copies each descriptor's elements, packed, into destinations[i] (capacity
  * destination_sizes[i] bytes; must equal the descriptor's bytes). Waits for
- * the work that writes those buffers. Before copying anything it asks the
- * failure store: if any buffer read carries a failure, it returns
- * CUBE_ERR_SEVERAL (one cause per failed buffer) and no destination is
- * touched. Other errors: as cube_write. Blocks. */
+ * the work that writes those buffers. On a capturing stream it is refused
+ * with CUBE_ERR_GRAPH_STATE, whatever the buffers hold. Otherwise, before
+ * copying anything it asks the failure store: if any buffer read carries a
+ * failure, it returns CUBE_ERR_SEVERAL (one cause per failed buffer) and
+ * no destination is touched. Other errors: as cube_write, among them
+ * CUBE_ERR_STORAGE_MAPPING_FAILED for a buffer made in a dry run that
+ * cannot be backed now. Blocks. */
 CUBE_API CUBE_MUST_USE cube_error *cube_read(cube_client *client,
                                              const cube_copy_desc *descs,
                                              void *const *destinations,

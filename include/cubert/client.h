@@ -84,7 +84,11 @@ typedef enum cube_timing_method {
  *   CUBE_ERR_UNSUPPORTED, recorded on the launch's buffers like any launch
  *   failure; memory, copies, barriers, the failure store, streams and
  *   profiling windows work as usual. The other bits describe kernel
- *   features and mean nothing without this one. */
+ *   features and mean nothing without this one.
+ * - CUBE_FEATURE_GRAPHS: cube_graph_* record and replay launches. Every
+ *   backend with CUBE_FEATURE_KERNELS reports it: where the device records
+ *   no graphs the client records software graphs
+ *   (cube_utilities.software_graphs). */
 enum {
     CUBE_FEATURE_ATOMIC_F32_ADD = 1u << 0,
     CUBE_FEATURE_F64 = 1u << 1,

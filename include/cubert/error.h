@@ -25,7 +25,8 @@ typedef enum cube_code {
     /* An argument is NULL, zero, out of range or inconsistent; the message
      * names it. Nothing was done. */
     CUBE_ERR_INVALID_ARGUMENT = 1,
-    /* A handle, device, graph or entry does not exist (released, foreign). */
+    /* A handle, device, graph or entry does not exist (released, foreign,
+     * destroyed, or never handed out). */
     CUBE_ERR_NOT_FOUND = 2,
     /* Memory could not be had right now; retrying later may succeed. */
     CUBE_ERR_OUT_OF_MEMORY = 3,
@@ -40,7 +41,9 @@ typedef enum cube_code {
     CUBE_ERR_RESOURCE_LIMIT = 7,
     /* The backend does not implement this operation. */
     CUBE_ERR_UNSUPPORTED = 8,
-    /* A graph or capture call came out of lifecycle order. */
+    /* A graph or capture call came out of lifecycle order, or a call a
+     * capture window cannot record (a read, a write, a sync, a profile, a
+     * replay) was made on a capturing stream. */
     CUBE_ERR_GRAPH_STATE = 9,
     /* The device context is broken; the client must be reopened. */
     CUBE_ERR_DEVICE_FAULT = 10,

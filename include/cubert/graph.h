@@ -16,10 +16,14 @@
  * Backends without hardware graphs (the CPU) record a software graph in
  * the client; its replay stays linear in the number of launches.
  *
- * Inside a capture window a read, a write (cube_create writes), a sync or
- * a profile on that stream is refused with CUBE_ERR_GRAPH_STATE (it cannot
- * be recorded, and running it would break the sequence); for
- * cube_read_async the refusal comes from cube_future_wait. Allocating with
+ * Inside a capture window a read, a write (cube_create writes), a sync, a
+ * profile or a replay on that stream is refused with CUBE_ERR_GRAPH_STATE
+ * (it cannot be recorded, and running it would break the sequence); for
+ * cube_read_async the refusal comes from cube_future_wait. The refusal
+ * comes before any other answer about the call's buffers, graph or token:
+ * a read of a buffer that carries a failure, a replay of an unknown graph,
+ * the end of an unknown profiling window are all CUBE_ERR_GRAPH_STATE in
+ * the window, and nothing changes state. Allocating with
  * cube_empty is allowed; the graph pins every buffer a recorded launch
  * names. Launches that fail validation inside the window are returned as
  * usual and not recorded.
@@ -65,17 +69,21 @@ CUBE_API CUBE_MUST_USE cube_error *cube_graph_end(cube_client *client,
                                                   cube_graph_id *out);
 
 /* Replays the graph on the calling stream. What it reports is the enqueue:
- * an unknown or destroyed id, a replay from a capturing stream
- * (CUBE_ERR_GRAPH_STATE), or a failure as described above (which is also
- * recorded on the graph's outputs). Inside a dry-run scope it does nothing.
- * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_GRAPH_STATE,
- * CUBE_ERR_SEVERAL (an input cannot be trusted), the error of a failed
- * launch, CUBE_ERR_DEVICE_FAULT. */
+ * a replay from a capturing stream (CUBE_ERR_GRAPH_STATE, whatever the
+ * id), an id that names no graph (CUBE_ERR_NOT_FOUND: never handed out by
+ * cube_graph_end, or destroyed), or a failure as described above (which
+ * is also recorded on the graph's outputs). Inside a dry-run scope a
+ * replay of a live graph does nothing. Errors: CUBE_ERR_INVALID_ARGUMENT,
+ * CUBE_ERR_GRAPH_STATE, CUBE_ERR_NOT_FOUND, CUBE_ERR_SEVERAL (an input
+ * cannot be trusted), the error of a failed launch, CUBE_ERR_DEVICE_FAULT.
+ */
 CUBE_API CUBE_MUST_USE cube_error *cube_graph_replay(cube_client *client,
                                                      cube_graph_id graph);
 
-/* Destroys the graph once no replay of it runs, and unpins its buffers. An
- * unknown id is a no-op. Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL). */
+/* Destroys the graph once no replay of it runs, and unpins its buffers.
+ * An id that names no graph (never handed out, or already destroyed)
+ * changes nothing and is CUBE_ERR_NOT_FOUND, as for cube_graph_replay.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL), CUBE_ERR_NOT_FOUND. */
 CUBE_API CUBE_MUST_USE cube_error *cube_graph_destroy(cube_client *client,
                                                       cube_graph_id graph);
 

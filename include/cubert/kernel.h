@@ -162,10 +162,18 @@ enum {
  * not fit them. Under CUBE_LAUNCH_SKIP nothing is recorded: a dry run
  * changes no buffer. Failures discovered while executing land on the
  * buffers only.
+ * A buffer made in a dry run gets its memory at the first launch that
+ * runs over it; if that fails, the launch returns
+ * CUBE_ERR_STORAGE_MAPPING_FAILED, whose cause is the pool's answer
+ * (CUBE_ERR_POOL_CAPACITY_EXCEEDED, CUBE_ERR_OUT_OF_MEMORY), records it on
+ * that buffer and runs nothing.
  * Errors returned: CUBE_ERR_INVALID_ARGUMENT (NULL client/kernel, args NULL
  * with nargs > 0, unknown flag, a zero static count component),
  * CUBE_ERR_NOT_FOUND (released or foreign handle), CUBE_ERR_COMPILE,
- * CUBE_ERR_RESOURCE_LIMIT, CUBE_ERR_DEVICE_FAULT. Caller frees the error. */
+ * CUBE_ERR_RESOURCE_LIMIT, CUBE_ERR_SEVERAL, CUBE_ERR_UNSUPPORTED (a
+ * backend without CUBE_FEATURE_KERNELS),
+ * CUBE_ERR_STORAGE_MAPPING_FAILED, CUBE_ERR_DEVICE_FAULT. Caller frees the
+ * error. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_launch(cube_client *client, cube_kernel *kernel, cube_count count,
             const cube_arg *args, size_t nargs, uint32_t mode);

@@ -2,8 +2,16 @@
  *
  * Profiling: cube_profile_start opens a window on the calling thread's
  * stream and hands back a token; cube_profile_end closes it and reports how
- * long the work issued in the window took and how that was measured
- * (device timestamps where the device has them, else the host clock).
+ * long the work issued in the window took and how that was measured:
+ *  - CUBE_TIMING_HOST_CLOCK (CPU, null: backends that run work at issue
+ *    time): the time spent running the launches, writes, reads and
+ *    replays issued on the stream while the window was open, summed. Time
+ *    the host spends between those calls does not count: a window in
+ *    which no work was issued reports 0, however long it stayed open.
+ *  - CUBE_TIMING_DEVICE (CUDA): the device's clock from the window's start
+ *    to the end of the last work issued in it, on the stream. Time the
+ *    stream sat idle in between, waiting for the host to issue work,
+ *    counts.
  * Windows nest and overlap freely: each token is independent.
  * cube_profile_abandon drops a window without measuring it, with no sync
  * and no flush.
@@ -42,7 +50,7 @@ extern "C" {
 typedef uint64_t cube_profile_token;
 
 typedef struct cube_profile_result {
-    double seconds;            /* the duration of the window's work */
+    double seconds;            /* the window's work, as `method` says */
     cube_timing_method method; /* how it was measured */
     uint64_t launches;         /* launches issued in the window */
 } cube_profile_result;
@@ -60,7 +68,8 @@ CUBE_API CUBE_MUST_USE cube_error *cube_profile_start(cube_client *client,
  * (the window is closed either way). Errors: CUBE_ERR_INVALID_ARGUMENT,
  * CUBE_ERR_PROFILE (unknown, already closed, or another stream's token; or
  * a failure inside the window), CUBE_ERR_GRAPH_STATE (the stream is
- * capturing; the window stays open), CUBE_ERR_DEVICE_FAULT. */
+ * capturing, whatever the token; the window stays open),
+ * CUBE_ERR_DEVICE_FAULT. */
 CUBE_API CUBE_MUST_USE cube_error *cube_profile_end(cube_client *client,
                                                     cube_profile_token token,
                                                     cube_profile_result *out);

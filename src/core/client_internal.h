@@ -57,7 +57,7 @@ typedef struct core_resolved {
 typedef struct core_window {
     uint64_t token;         /* the caller's: unique in the process */
     uint64_t backend_token; /* what the backend's start_profile gave */
-    uint64_t start_ns;
+    uint64_t busy_at_start; /* the stream's busy_ns (host-clock timing) */
     uint64_t launches_at_start;
     uint64_t failures_at_start;
 } core_window;

@@ -271,22 +271,42 @@ static void release(cube_client *c, core_graph *g)
         graph_free(c, g);
 }
 
+/* CUBE_ERR_NOT_FOUND for an id that names no live graph. */
+static cube_error *not_found(const char *fn, cube_graph_id id)
+{
+    return cube_error_new(CUBE_ERR_NOT_FOUND,
+                          "%s: graph %llu does not exist (never ended, or "
+                          "destroyed)",
+                          fn, (unsigned long long)id);
+}
+
 cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_replay");
+    core_stream *s = NULL;
+    cube_error *err = core_stream_get(c, &s);
+    if (err)
+        return err;
+    /* Taken outside the stream's lock and given back outside it: the last
+     * reference frees the graph, which can wait for the device. */
     core_graph *g = acquire(c, id);
-    if (!g)
-        return cube_error_new(CUBE_ERR_GRAPH_STATE,
-                              "cube_graph_replay: graph %llu does not exist "
-                              "(never ended, or destroyed)",
-                              (unsigned long long)id);
-    if (cube_dry_run_active()) {
-        release(c, g);
-        return NULL;
+    core_stream_lock(s);
+    /* A capturing stream refuses first, whatever the id; then an id that
+     * names no graph. A refusal runs nothing and fails nothing. */
+    if (s->capture)
+        err = cube_error_new(CUBE_ERR_GRAPH_STATE,
+                             "cube_graph_replay: the calling stream is "
+                             "capturing; replay after cube_graph_end");
+    else if (!g)
+        err = not_found("cube_graph_replay", id);
+    if (err || cube_dry_run_active()) {
+        core_stream_unlock(s);
+        if (g)
+            release(c, g);
+        return err;
     }
     /* Inputs first: a replay over bytes that cannot be trusted would hand
      * its outputs the same problem. */
-    cube_error *err = NULL;
     for (size_t i = 0; i < g->reads.count && !err; i++) {
         cube_error *f = core_failure_get(c, g->reads.items[i]);
         if (f)
@@ -295,18 +315,10 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
                                   "buffer cannot be trusted",
                                   (unsigned long long)id);
     }
-    core_stream *s = NULL;
-    if (!err)
-        err = core_stream_get(c, &s);
-    if (s) {
-        core_stream_lock(s);
-        if (s->capture)
-            err = cube_error_new(CUBE_ERR_GRAPH_STATE,
-                                 "cube_graph_replay: the calling stream is "
-                                 "capturing; replay after cube_graph_end");
+    if (!err) {
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         size_t done = 0;
-        if (!err && g->hardware) {
+        if (g->hardware) {
             err = c->vt->replay(c->server, &s->base, g->hardware);
             done = err ? 0 : g->count;
         }
@@ -322,15 +334,14 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
             core_trace_span("launch", "graph replay", s->base.id, t0,
                             core_clock_ns(), args);
         }
-        /* A refusal ran nothing and failed nothing. */
-        if (cube_error_code(err) != CUBE_ERR_GRAPH_STATE)
-            core_stream_note_failure(s, err);
-        core_stream_unlock(s);
-        core_fault_note(c, err);
-    } else if (err) {
-        core_stream_note_failure_now(c, err);
     }
-    if (err && cube_error_code(err) != CUBE_ERR_GRAPH_STATE) {
+    /* A refusal from the backend ran nothing and failed nothing. */
+    int failed = err && cube_error_code(err) != CUBE_ERR_GRAPH_STATE;
+    if (failed)
+        core_stream_note_failure(s, err);
+    core_stream_unlock(s);
+    core_fault_note(c, err);
+    if (failed) {
         for (size_t i = 0; i < g->writes.count; i++)
             core_failure_record(c, g->writes.items[i], err);
     } else if (!err) {
@@ -358,6 +369,8 @@ cube_error *cube_graph_destroy(cube_client *c, cube_graph_id id)
         last = --g->refs == 0;
     }
     cube_mutex_unlock(&c->graphs_lock);
+    if (!g)
+        return not_found("cube_graph_destroy", id);
     if (last)
         graph_free(c, g);
     return NULL;

@@ -1,9 +1,9 @@
-/* Profiling windows (host clock unless the backend times on the device)
- * and the process-wide dry-run scope. */
+/* Profiling windows (the work's time on the host clock, as the backend
+ * counts it, unless the backend times on the device) and the process-wide
+ * dry-run scope. */
 #include <stdlib.h>
 
 #include "core/client_internal.h"
-#include "core/trace.h"
 
 static atomic_uint_fast64_t next_token = 1;
 static atomic_int dry_run_depth;
@@ -61,9 +61,10 @@ cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
         w->backend_token = token;
         w->launches_at_start = s->launches;
         w->failures_at_start = s->failures;
-        /* Work issued before the window has completed on return on
-         * synchronous backends; the window starts now. */
-        w->start_ns = core_clock_ns();
+        /* On the host clock the backend times the work it runs while a
+         * window is open; the window measures what it adds. */
+        w->busy_at_start = s->base.busy_ns;
+        s->base.profiling = 1;
         *out = w->token;
     }
     core_stream_unlock(s);
@@ -88,6 +89,7 @@ static void remove_window(core_stream *s, long i)
         /* No window can report it any more. */
         cube_error_free(s->last_failure);
         s->last_failure = NULL;
+        s->base.profiling = 0;
     }
 }
 
@@ -106,6 +108,13 @@ cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
     if (err)
         return err;
     core_stream_lock(s);
+    /* A capture refuses first, whatever the token; a window stays open,
+     * for the caller to end after the capture. */
+    err = core_stream_refuse_in_capture(s, "cube_profile_end");
+    if (err) {
+        core_stream_unlock(s);
+        return err;
+    }
     long i = find_window(s, token);
     if (i < 0) {
         core_stream_unlock(s);
@@ -115,12 +124,6 @@ cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
                               "already closed, or another stream's)",
                               (unsigned long long)token);
     }
-    /* The window stays open: the caller can end it after the capture. */
-    err = core_stream_refuse_in_capture(s, "cube_profile_end");
-    if (err) {
-        core_stream_unlock(s);
-        return err;
-    }
     core_window w = s->windows[i];
     double seconds = 0;
     cube_timing_method method = CUBE_TIMING_HOST_CLOCK;
@@ -128,9 +131,11 @@ cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
         err = c->vt->end_profile(c->server, &s->base, w.backend_token, &seconds,
                                  &method);
     } else {
-        /* Drain the work issued in the window, then read the clock. */
+        /* The backend ran the window's work at issue time and timed it:
+         * the time spent in that work, not the time the host spent
+         * between calls. The drain is for a fault. */
         err = c->vt->sync(c->server, &s->base, NULL, 0);
-        seconds = (double)(core_clock_ns() - w.start_ns) * 1e-9;
+        seconds = (double)(s->base.busy_ns - w.busy_at_start) * 1e-9;
     }
     core_fault_note(c, err);
     if (!err && s->failures != w.failures_at_start) {

@@ -171,6 +171,19 @@ static void unpin(cube_client *c, core_resolved *r, size_t n)
     free(r);
 }
 
+/* CUBE_ERR_GRAPH_STATE when the stream is capturing. Asked before the
+ * failure store and before a buffer made in a dry run is backed (which
+ * must not happen under the stream's lock); the call asks again when it
+ * holds the stream to issue the copy, for a capture begun meanwhile on a
+ * stream shared with another thread. */
+static cube_error *refuse_in_capture(core_stream *st, const char *operation)
+{
+    core_stream_lock(st);
+    cube_error *err = core_stream_refuse_in_capture(st, operation);
+    core_stream_unlock(st);
+    return err;
+}
+
 cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
                        const void *const *sources, const uint64_t *sizes,
                        size_t n)
@@ -182,32 +195,35 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
                               sources, sizes, n, &r, &ops);
     if (err)
         return err;
-    err = core_materialize(c, r, n);
+    /* A capture refuses the write before anything else happens: a buffer
+     * made in a dry run stays without memory. */
+    core_stream *st = NULL;
+    err = core_stream_get(c, &st);
+    if (!err)
+        err = refuse_in_capture(st, "cube_write");
+    if (!err)
+        err = core_materialize(c, r, n);
     if (err) {
         unpin(c, r, n);
         free(ops);
         return err;
     }
-    core_stream *st = NULL;
-    err = core_stream_get(c, &st);
-    if (!err) {
-        core_stream_lock(st);
-        err = core_stream_refuse_in_capture(st, "cube_write");
-        if (err) {
-            /* Refused, not failed: nothing was written and no buffer
-             * changes state. */
-            core_stream_unlock(st);
-            unpin(c, r, n);
-            free(ops);
-            return err;
-        }
-        uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
-        err = c->vt->write(c->server, &st->base, ops, n, sources);
-        if (t0)
-            trace_copy("write", st->base.id, t0, ops, n);
-        core_stream_note_failure(st, err);
+    core_stream_lock(st);
+    err = core_stream_refuse_in_capture(st, "cube_write");
+    if (err) {
+        /* Refused, not failed: nothing was written and no buffer changes
+         * state. */
         core_stream_unlock(st);
+        unpin(c, r, n);
+        free(ops);
+        return err;
     }
+    uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
+    err = c->vt->write(c->server, &st->base, ops, n, sources);
+    if (t0)
+        trace_copy("write", st->base.id, t0, ops, n);
+    core_stream_note_failure(st, err);
+    core_stream_unlock(st);
     for (size_t i = 0; i < n; i++) {
         if (err) {
             /* The write did not land: its buffers cannot be trusted. */
@@ -258,25 +274,27 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
     f->client = c;
     f->resolved = r;
     f->n = n;
-    /* The claim check comes before any byte is copied. */
-    f->result = core_failure_claim_check(c, r, n, "cube_read");
+    /* A capture refuses the read first, whatever the buffers hold; then
+     * the claim check, before any byte is copied. */
+    core_stream *st = NULL;
+    f->result = core_stream_get(c, &st);
+    if (!f->result)
+        f->result = refuse_in_capture(st, "cube_read");
+    if (!f->result)
+        f->result = core_failure_claim_check(c, r, n, "cube_read");
     if (!f->result)
         f->result = core_materialize(c, r, n);
     if (!f->result) {
-        core_stream *st = NULL;
-        f->result = core_stream_get(c, &st);
-        if (!f->result) {
-            core_stream_lock(st);
-            f->result = core_stream_refuse_in_capture(st, "cube_read");
-            uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
-            if (!f->result)
-                f->result = c->vt->read(c->server, &st->base, ops, n,
-                                        destinations, &f->pending);
-            if (t0)
-                trace_copy("read", st->base.id, t0, ops, n);
-            core_stream_unlock(st);
-            core_fault_note(c, f->result);
-        }
+        core_stream_lock(st);
+        f->result = core_stream_refuse_in_capture(st, "cube_read");
+        uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
+        if (!f->result)
+            f->result = c->vt->read(c->server, &st->base, ops, n, destinations,
+                                    &f->pending);
+        if (t0)
+            trace_copy("read", st->base.id, t0, ops, n);
+        core_stream_unlock(st);
+        core_fault_note(c, f->result);
     }
     free(ops);
     *out = f;

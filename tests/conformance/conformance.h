@@ -301,16 +301,17 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(graph_begin_while_capturing_is_graph_state_and_capture_continues)        \
     X(graph_end_without_begin_is_graph_state)                                  \
     X(graph_refused_end_leaves_the_stream_prepared)                            \
-    X(graph_replay_of_unknown_or_destroyed_id_is_graph_state)                  \
+    X(graph_replay_of_unknown_or_destroyed_id_is_not_found)                    \
     X(graph_replay_from_capturing_stream_is_graph_state)                       \
     X(graph_capture_is_per_stream_other_streams_run_and_replay)                \
     X(graph_capture_refuses_read_write_sync_and_profile_then_continues)        \
+    X(graph_capture_refusal_comes_before_the_failure_store)                    \
     X(graph_capture_allows_check_and_allocation)                               \
     X(graph_pins_buffer_allocated_in_window_until_destroy)                     \
     X(graph_keeps_recorded_buffers_alive_after_their_handles_go)               \
     X(graph_prepare_and_warm_up_leave_the_capture_nothing_to_allocate)         \
     X(graph_launch_failing_validation_in_window_is_returned_not_recorded)      \
-    X(graph_destroy_of_unknown_id_is_a_noop)                                   \
+    X(graph_destroy_of_unknown_or_destroyed_id_is_not_found)                   \
     X(graph_destroy_right_after_replay_leaves_its_results_intact)              \
     X(graph_failed_input_fails_replay_and_outputs_until_a_replay_lands)        \
     X(graph_recorded_launch_changes_no_failure_state_until_replay)             \
@@ -335,6 +336,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(profile_refused_calls_do_not_fail_the_window)                            \
     X(profile_window_counts_replayed_launches)                                 \
     X(profile_token_of_another_threads_stream_is_profile_error)                \
+    X(profile_window_measures_what_its_timing_method_says)                     \
     X(profile_null_arguments_are_invalid_argument)                             \
     X(profile_windows_around_copies_and_a_failed_launch)                       \
     X(dry_run_launch_changes_no_buffer_or_failure_record)                      \
@@ -381,6 +383,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(memory_dry_run_buffers_get_memory_at_first_real_use)                     \
     X(memory_dry_run_buffer_without_memory_passes_sync_and_check)              \
     X(memory_dry_run_buffer_that_cannot_be_backed_is_storage_mapping_failed) \
+    X(memory_dry_run_buffer_that_cannot_be_backed_fails_its_launch_as_mapping) \
     /* stress: threads, streams, handoffs, failures (test_stress.c) */         \
     X(stress_mixed_operations_from_eight_threads_on_several_streams)           \
     X(stress_producer_consumer_across_streams_with_in_place_rewrites)          \

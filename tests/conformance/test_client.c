@@ -229,10 +229,15 @@ CONF_TEST(client_properties_are_sane)
         uint32_t want_features =
             CUBE_FEATURE_ATOMIC_F32_ADD | CUBE_FEATURE_F64 |
             CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
-            CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT;
+            CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT |
+            CUBE_FEATURE_GRAPHS;
         assert_int_equal(p.features & want_features, want_features);
         assert_int_equal(p.timing, CUBE_TIMING_HOST_CLOCK);
     }
+    /* Graphs work wherever kernels run: the client records a software
+     * graph when the device records none (cube_utilities says which). */
+    if (p.features & CUBE_FEATURE_KERNELS)
+        assert_true(p.features & CUBE_FEATURE_GRAPHS);
     if (p.features & CUBE_FEATURE_SHARED_MEMORY)
         assert_true(p.max_shared_memory >= 1024);
     assert_true(is_power_of_two(p.memory_alignment));

@@ -190,7 +190,7 @@ CONF_TEST_NEEDS(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable,
     cube_graph_id none = 0;
     CONF_EXPECT(cube_graph_end(conf.client, &none), CUBE_ERR_GRAPH_STATE);
     CONF_EXPECT(cube_graph_replay(conf.client, 0x6A0000000000D2ull),
-                CUBE_ERR_GRAPH_STATE);
+                CUBE_ERR_NOT_FOUND);
 
     /* Inside the window: whatever would synchronize is refused, and the
      * capture goes on. A window opened before stays open. */
@@ -249,11 +249,11 @@ CONF_TEST_NEEDS(device_graph_misuse_is_graph_state_and_leaves_the_stream_usable,
     conf_spin_model(x0, want, n, iters);
     conf_rewritten(want, want, n, iters);
     D_EXPECT(got, want, n, "y after the replay", 1);
-    /* A destroyed graph cannot be replayed; destroying it again is a
-     * no-op. */
+    /* A destroyed graph is gone: replaying or destroying it again is
+     * CUBE_ERR_NOT_FOUND. */
     CONF_OK(cube_graph_destroy(conf.client, id));
-    CONF_EXPECT(cube_graph_replay(conf.client, id), CUBE_ERR_GRAPH_STATE);
-    CONF_OK(cube_graph_destroy(conf.client, id));
+    CONF_EXPECT(cube_graph_replay(conf.client, id), CUBE_ERR_NOT_FOUND);
+    CONF_EXPECT(cube_graph_destroy(conf.client, id), CUBE_ERR_NOT_FOUND);
     /* The stream works as before. */
     CONF_OK(cube_sync(conf.client, &y, 1));
     CONF_OK(d_spin(x, y, n, iters));

@@ -20,6 +20,9 @@
  *                 it recorded and unpinning the buffers it retained ... no
  *                 in-flight replay can still read those buffers once they
  *                 return to the pool ... A no-op ... for an unknown id."
+ *                 (cubert's destroy returns an error: an unknown id
+ *                 changes nothing and answers CUBE_ERR_NOT_FOUND, as a
+ *                 replay of it does.)
  *
  * and the CPU's refinements in cubert/graph.h: inside a capture window a
  * read, a write, a sync or a profile is refused with CUBE_ERR_GRAPH_STATE,
@@ -520,12 +523,13 @@ CONF_TEST_NEEDS(graph_refused_end_leaves_the_stream_prepared,
     g_destroy(id);
 }
 
-CONF_TEST_NEEDS(graph_replay_of_unknown_or_destroyed_id_is_graph_state,
+CONF_TEST_NEEDS(graph_replay_of_unknown_or_destroyed_id_is_not_found,
                 CUBE_FEATURE_KERNELS)
 {
-    CONF_EXPECT(cube_graph_replay(conf.client, 0), CUBE_ERR_GRAPH_STATE);
-    CONF_EXPECT(cube_graph_replay(conf.client, UINT64_MAX),
-                CUBE_ERR_GRAPH_STATE);
+    /* A graph that does not exist is CUBE_ERR_NOT_FOUND, as error.h says
+     * of every missing object. */
+    CONF_EXPECT(cube_graph_replay(conf.client, 0), CUBE_ERR_NOT_FOUND);
+    CONF_EXPECT(cube_graph_replay(conf.client, UINT64_MAX), CUBE_ERR_NOT_FOUND);
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
@@ -540,9 +544,9 @@ CONF_TEST_NEEDS(graph_replay_of_unknown_or_destroyed_id_is_graph_state,
     G_EXPECT(y, want);
     /* An id near a real one is still unknown. */
     CONF_EXPECT(cube_graph_replay(conf.client, id + 1000003),
-                CUBE_ERR_GRAPH_STATE);
+                CUBE_ERR_NOT_FOUND);
     g_destroy(id);
-    CONF_EXPECT(cube_graph_replay(conf.client, id), CUBE_ERR_GRAPH_STATE);
+    CONF_EXPECT(cube_graph_replay(conf.client, id), CUBE_ERR_NOT_FOUND);
     /* The refused replays touched nothing (y is not marked failed). */
     G_EXPECT(y, want);
     CONF_OK(cube_check(conf.client, &y, 1));
@@ -742,6 +746,67 @@ CONF_TEST_NEEDS(
     g_destroy(id);
     conf_release(x);
     conf_release(y);
+}
+
+CONF_TEST(graph_capture_refusal_comes_before_the_failure_store)
+{
+    /* Inside a capture window a read, a sync or a profile is refused with
+     * CUBE_ERR_GRAPH_STATE whatever the buffers named: the refusal comes
+     * first, so a failed buffer does not turn it into CUBE_ERR_SEVERAL.
+     * Out of the window the failure store answers again. Every backend
+     * records (software) graphs, with or without kernels. */
+    cube_handle bad = conf_empty(64), fine = conf_empty(64);
+    conf_mark_failed(bad);
+    cube_handle both[2] = {fine, bad};
+    unsigned char dst[64];
+    memset(dst, 0xCD, sizeof dst);
+    CONF_OK(cube_graph_prepare(conf.client));
+    CONF_OK(cube_graph_begin(conf.client));
+    enum { NC = 6 };
+    cube_code codes[NC];
+    int i = 0;
+    codes[i++] = conf_code(conf_read(bad, dst, sizeof dst));
+    {
+        cube_copy_desc d[2] = {cube_copy_desc_contiguous(fine, 64, 1),
+                               cube_copy_desc_contiguous(bad, 64, 1)};
+        void *dsts[2] = {dst, dst};
+        uint64_t sz[2] = {64, 64};
+        cube_future *f = NULL;
+        cube_error *err = cube_read_async(conf.client, d, dsts, sz, 2, &f);
+        if (!err)
+            err = cube_future_wait(f);
+        codes[i++] = conf_code(err);
+        cube_future_free(f);
+    }
+    codes[i++] = conf_code(cube_sync(conf.client, &bad, 1));
+    codes[i++] = conf_code(cube_sync(conf.client, both, 2));
+    /* A graph that does not exist: the capture still answers first. */
+    codes[i++] = conf_code(cube_graph_replay(conf.client, UINT64_MAX));
+    cube_profile_result res;
+    codes[i++] = conf_code(cube_profile_end(conf.client, UINT64_MAX - 1, &res));
+    cube_graph_id id = 0;
+    CONF_OK(cube_graph_end(conf.client, &id));
+    static const cube_code want[NC] = {
+        CUBE_ERR_GRAPH_STATE, CUBE_ERR_GRAPH_STATE, CUBE_ERR_GRAPH_STATE,
+        CUBE_ERR_GRAPH_STATE, CUBE_ERR_GRAPH_STATE, CUBE_ERR_GRAPH_STATE};
+    static const char *const what[NC] = {
+        "cube_read of a failed buffer",
+        "cube_read_async of a failed buffer",
+        "cube_sync of a failed buffer",
+        "cube_sync of a trusted and a failed buffer",
+        "cube_graph_replay of an unknown id",
+        "cube_profile_end of an unknown token"};
+    assert_int_equal(i, NC);
+    CONF_EXPECT_CODES(codes, want, what, NC);
+    for (size_t k = 0; k < sizeof dst; k++)
+        assert_int_equal(dst[k], 0xCD);
+    /* Out of the window: the failure store's answer. */
+    CONF_EXPECT_REFUSED(bad, 64, conf_mark_code());
+    CONF_EXPECT(cube_sync(conf.client, &bad, 1), CUBE_ERR_SEVERAL);
+    CONF_EXPECT(cube_graph_replay(conf.client, UINT64_MAX), CUBE_ERR_NOT_FOUND);
+    g_destroy(id);
+    conf_release(bad);
+    conf_release(fine);
 }
 
 CONF_TEST_NEEDS(graph_capture_allows_check_and_allocation, CUBE_FEATURE_KERNELS)
@@ -972,10 +1037,13 @@ CONF_TEST_NEEDS(
 
 /* --- destroy --- */
 
-CONF_TEST_NEEDS(graph_destroy_of_unknown_id_is_a_noop, CUBE_FEATURE_KERNELS)
+CONF_TEST_NEEDS(graph_destroy_of_unknown_or_destroyed_id_is_not_found,
+                CUBE_FEATURE_KERNELS)
 {
-    CONF_OK(cube_graph_destroy(conf.client, 0));
-    CONF_OK(cube_graph_destroy(conf.client, UINT64_MAX));
+    /* Nothing to release: the call changes nothing, and says so. */
+    CONF_EXPECT(cube_graph_destroy(conf.client, 0), CUBE_ERR_NOT_FOUND);
+    CONF_EXPECT(cube_graph_destroy(conf.client, UINT64_MAX),
+                CUBE_ERR_NOT_FOUND);
     cube_handle x = g_floats(1, 1), y = conf_empty(GBYTES);
     uint64_t live0 = g_live();
     CONF_OK(cube_graph_prepare(conf.client));
@@ -984,11 +1052,12 @@ CONF_TEST_NEEDS(graph_destroy_of_unknown_id_is_a_noop, CUBE_FEATURE_KERNELS)
     cube_graph_id id = g_end();
     assert_int_equal(code, CUBE_OK);
     /* Destroying some other id leaves this graph replayable. */
-    CONF_OK(cube_graph_destroy(conf.client, id + 999983));
+    CONF_EXPECT(cube_graph_destroy(conf.client, id + 999983),
+                CUBE_ERR_NOT_FOUND);
     g_replay(id);
     g_destroy(id);
-    /* Twice: the second is an unknown id. */
-    CONF_OK(cube_graph_destroy(conf.client, id));
+    /* Twice: the second names a graph that is gone. */
+    CONF_EXPECT(cube_graph_destroy(conf.client, id), CUBE_ERR_NOT_FOUND);
     assert_int_equal(g_live(), live0);
     float x0[GN], want[GN];
     g_read(x, x0);
@@ -1390,7 +1459,7 @@ static void *gt_replay_main(void *arg)
         return NULL;
     }
     /* Until the graph is destroyed, every replay succeeds; after, every
-     * one is refused with GRAPH_STATE. */
+     * one is refused with NOT_FOUND. */
     for (int k = 0;; k++) {
         int gone = atomic_load(p->stop);
         cube_error *err = cube_graph_replay(conf.client, p->id);
@@ -1399,7 +1468,7 @@ static void *gt_replay_main(void *arg)
                 gt_fail(&p->w, k, "a replay of a destroyed graph ran", NULL);
             continue;
         }
-        if (cube_error_code(err) != CUBE_ERR_GRAPH_STATE) {
+        if (cube_error_code(err) != CUBE_ERR_NOT_FOUND) {
             gt_fail(&p->w, k, "replay", err);
             return NULL;
         }

@@ -1842,3 +1842,50 @@ CONF_TEST(memory_dry_run_buffer_that_cannot_be_backed_is_storage_mapping_failed)
     free(src);
     m_leave();
 }
+
+CONF_TEST_NEEDS(
+    memory_dry_run_buffer_that_cannot_be_backed_fails_its_launch_as_mapping,
+    CUBE_FEATURE_KERNELS)
+{
+    /* A launch is a first real use too: a buffer that cannot be backed
+     * then fails the launch with CUBE_ERR_STORAGE_MAPPING_FAILED (what
+     * cube_launch documents), its cause the pool's
+     * CUBE_ERR_POOL_CAPACITY_EXCEEDED; nothing ran. */
+    m_enter();
+    uint64_t p = 256 * m_a();
+    cube_memory_layout l = m_layout_capped();
+    CONF_OK(cube_install_memory_pools(conf.client, &l));
+    cube_dry_run_begin();
+    cube_handle a = {0}, b = {0};
+    cube_error *ea = cube_empty(conf.client, 4 * p, &a);
+    cube_error *eb = cube_empty(conf.client, 2 * p, &b);
+    cube_dry_run_end();
+    CONF_OK(ea);
+    CONF_OK(eb);
+    unsigned char *src = calloc(4 * p, 1);
+    assert_non_null(src);
+    CONF_WRITE_OK(a, src, 4 * p);
+    uint32_t n = (uint32_t)(2 * p / 4);
+    cube_arg args[2] = {cube_arg_buffer(b), cube_arg_u32(7)};
+    cube_error *err =
+        conf_launch(conf.k.fill, cube_count_static(conf_div_up(n, 32), 1, 1),
+                    args, 2, CUBE_LAUNCH_EXECUTE);
+    CONF_CODE(err, CUBE_ERR_STORAGE_MAPPING_FAILED);
+    assert_int_equal(cube_error_cause_count(err), 1);
+    assert_int_equal(cube_error_code(cube_error_cause(err, 0)),
+                     CUBE_ERR_POOL_CAPACITY_EXCEEDED);
+    cube_error_free(err);
+    /* Room again: the launch backs it and runs. */
+    m_release(a);
+    CONF_OK(conf_launch(conf.k.fill,
+                        cube_count_static(conf_div_up(n, 32), 1, 1), args, 2,
+                        CUBE_LAUNCH_EXECUTE));
+    uint32_t *got = (uint32_t *)src;
+    CONF_READ_OK(b, got, 2 * p);
+    for (uint32_t i = 0; i < n; i++)
+        if (got[i] != 7 + i)
+            fail_msg("element %u is %u, expected %u", i, got[i], 7 + i);
+    m_release(b);
+    free(src);
+    m_leave();
+}

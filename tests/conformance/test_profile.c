@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "conformance.h"
 
@@ -387,8 +388,7 @@ CONF_TEST_NEEDS(profile_refused_calls_do_not_fail_the_window,
     cube_profile_token t = p_start();
     p_launches(x, y, 1);
     /* Replay of an id that does not exist. */
-    CONF_EXPECT(cube_graph_replay(conf.client, id + 7777),
-                CUBE_ERR_GRAPH_STATE);
+    CONF_EXPECT(cube_graph_replay(conf.client, id + 7777), CUBE_ERR_NOT_FOUND);
     /* Inside a capture: a write and a replay, both refused. */
     CONF_OK(cube_graph_prepare(conf.client));
     CONF_OK(cube_graph_begin(conf.client));
@@ -518,6 +518,71 @@ CONF_TEST_NEEDS(profile_token_of_another_threads_stream_is_profile_error,
     assert_int_equal(r.launches, 0);
     conf_release(p.x);
     conf_release(p.y);
+}
+
+static void p_sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+static double p_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+CONF_TEST(profile_window_measures_what_its_timing_method_says)
+{
+    /* cubert/profile.h: on the host clock (a backend that runs work at
+     * issue time) a window measures the time spent running the work
+     * issued in it, so the host idling inside the window does not count:
+     * an empty window around a 30 ms sleep reports 0, and one with a copy
+     * on each side of a 60 ms sleep reports the copies only. With device
+     * timestamps a window spans its start to the end of its last work on
+     * the device's clock, idle time included. */
+    cube_profile_token t = p_start();
+    double t0 = p_now();
+    p_sleep_ms(30);
+    double slept = p_now() - t0;
+    cube_profile_result empty = p_end(t);
+    p_expect_method(&empty);
+    assert_int_equal(empty.launches, 0);
+
+    const uint64_t bytes = 1u << 20;
+    unsigned char *host = malloc(bytes);
+    assert_non_null(host);
+    conf_pattern(host, bytes, 0x30);
+    cube_handle h = conf_empty(bytes);
+    t = p_start();
+    CONF_WRITE_OK(h, host, bytes);
+    p_sleep_ms(60);
+    CONF_READ_OK(h, host, bytes);
+    cube_profile_result copies = p_end(t);
+    p_expect_method(&copies);
+    conf_release(h);
+    free(host);
+
+    if (empty.method == CUBE_TIMING_HOST_CLOCK) {
+        if (empty.seconds != 0)
+            fail_msg("an empty window around a %.1f ms sleep took %g s",
+                     slept * 1e3, empty.seconds);
+        if (!(copies.seconds > 0 && copies.seconds < 0.030))
+            fail_msg("two 1 MiB copies around a 60 ms sleep took %g s",
+                     copies.seconds);
+    } else {
+        /* The device's clock and the host's: a millisecond of slack. */
+        if (!(empty.seconds >= slept - 1e-3))
+            fail_msg("an empty window around a %.1f ms sleep took %g s on "
+                     "the device",
+                     slept * 1e3, empty.seconds);
+        if (!(copies.seconds >= 0.060 - 1e-3))
+            fail_msg("two copies around a 60 ms sleep took %g s on the "
+                     "device",
+                     copies.seconds);
+    }
 }
 
 CONF_TEST(profile_null_arguments_are_invalid_argument)

@@ -232,10 +232,92 @@ static void staging_errors_are_documented(void **state)
         EXPECT_DOCUMENTED("buffer.h", "cube_staging", listed[i]);
 }
 
+static const char SRC_FILL[] =
+    "CUBE_KERNEL(fill, CUBE_OUT(uint32_t, y), CUBE_SCALAR(uint32_t, v))\n"
+    "{\n"
+    "    uint32_t i = ABSOLUTE_POS_X;\n"
+    "    if (i < CUBE_LEN(y))\n"
+    "        y[i] = v + i;\n"
+    "}\n";
+
+/* A buffer made in a dry run that cannot be backed at its first real use
+ * fails that use with CUBE_ERR_STORAGE_MAPPING_FAILED, whichever call it
+ * is: a launch, a write or a read. */
+static void first_use_mapping_failure_is_documented(void **state)
+{
+    (void)state;
+    cube_client *c = open_client("cpu");
+    assert_non_null(c);
+    cube_properties p;
+    assert_null(cube_client_properties(c, &p));
+    uint64_t page = 256 * p.memory_alignment;
+    /* One exclusive pool capped at one page, whose range holds every
+     * size used here: a second buffer cannot be backed while one lives. */
+    cube_memory_layout l;
+    memset(&l, 0, sizeof l);
+    l.count = 1;
+    l.pools[0].kind = CUBE_POOL_EXCLUSIVE;
+    l.pools[0].page_size = page;
+    l.pools[0].min_size = 1;
+    l.pools[0].max_size = page;
+    l.pools[0].cap = page;
+    assert_null(cube_install_memory_pools(c, &l));
+
+    cube_dry_run_begin();
+    cube_handle first = {0}, h[3] = {{0}};
+    assert_null(cube_empty(c, page, &first));
+    for (int i = 0; i < 3; i++)
+        assert_null(cube_empty(c, page, &h[i]));
+    cube_dry_run_end();
+    unsigned char *bytes = calloc(page, 1);
+    assert_non_null(bytes);
+    cube_copy_desc d0 = cube_copy_desc_contiguous(first, page, 1);
+    const void *src[1] = {bytes};
+    uint64_t size[1] = {page};
+    assert_null(cube_write(c, &d0, src, size, 1));
+
+    cube_kernel_desc kd = {"fill", SRC_FILL, {32, 1, 1}};
+    cube_kernel *k = NULL;
+    assert_null(cube_kernel_create(&kd, &k));
+    cube_arg args[2] = {cube_arg_buffer(h[0]), cube_arg_u32(1)};
+    EXPECT_RETURNED(cube_launch(c, k, cube_count_static(1, 1, 1), args, 2,
+                                CUBE_LAUNCH_EXECUTE),
+                    CUBE_ERR_STORAGE_MAPPING_FAILED, "kernel.h", "cube_launch");
+    cube_copy_desc d1 = cube_copy_desc_contiguous(h[1], page, 1);
+    EXPECT_RETURNED(cube_write(c, &d1, src, size, 1),
+                    CUBE_ERR_STORAGE_MAPPING_FAILED, "buffer.h", "cube_write");
+    cube_copy_desc d2 = cube_copy_desc_contiguous(h[2], page, 1);
+    void *dst[1] = {bytes};
+    EXPECT_RETURNED(cube_read(c, &d2, dst, size, 1),
+                    CUBE_ERR_STORAGE_MAPPING_FAILED, "buffer.h", "cube_read");
+    cube_kernel_release(k);
+    free(bytes);
+    cube_client_close(c);
+}
+
+/* A graph id that names no graph (never handed out, or destroyed) is
+ * CUBE_ERR_NOT_FOUND for replay and destroy, as error.h says of a missing
+ * graph. */
+static void unknown_graph_is_documented(void **state)
+{
+    (void)state;
+    cube_client *c = open_client("cpu");
+    assert_non_null(c);
+    EXPECT_RETURNED(cube_graph_replay(c, 0), CUBE_ERR_NOT_FOUND, "graph.h",
+                    "cube_graph_replay");
+    EXPECT_RETURNED(cube_graph_destroy(c, 0), CUBE_ERR_NOT_FOUND, "graph.h",
+                    "cube_graph_destroy");
+    EXPECT_RETURNED(cube_graph_destroy(c, UINT64_MAX), CUBE_ERR_NOT_FOUND,
+                    "graph.h", "cube_graph_destroy");
+    cube_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(staging_errors_are_documented),
+        cmocka_unit_test(first_use_mapping_failure_is_documented),
+        cmocka_unit_test(unknown_graph_is_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

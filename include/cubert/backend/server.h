@@ -51,13 +51,24 @@ struct mem_manager;
  *
  * `index` is dense per client (0, 1, 2, ... in order of creation, below
  * CUBE_MAX_STREAMS), so a backend can name a stream in a few bits and find
- * it again with cube_server_stream_at. The fields do not change after
- * stream_open returns. */
+ * it again with cube_server_stream_at. The first four fields do not change
+ * after stream_open returns.
+ *
+ * Host-clock profiling: a backend without start_profile/end_profile runs
+ * work at issue time, and a profiling window measures the time spent
+ * running the work issued in it. While `profiling` is nonzero (the client
+ * sets it when a window is open on the stream) such a backend adds to
+ * `busy_ns` the nanoseconds (CLOCK_MONOTONIC) each launch, read and write
+ * it runs on the stream took, from the slot's entry to its return; the
+ * client reports the growth of `busy_ns` over a window. Both fields change
+ * only within calls for this stream, which the client serializes. */
 typedef struct cube_server_stream {
     cube_stream_id id;
     uint32_t index;
     struct mem_manager *memory; /* owned by the client */
     void *impl;                 /* owned by the backend */
+    uint32_t profiling;         /* set by the client */
+    uint64_t busy_ns;           /* added to by the backend */
 } cube_server_stream;
 
 #define CUBE_MAX_STREAMS 65535u
@@ -245,7 +256,8 @@ struct cube_server_vtable {
      * graph_prepare is a no-op. Without begin_capture the client records
      * software graphs itself (and end_capture, replay, graph_destroy are
      * unused); without start_profile/end_profile the client times
-     * profiling windows on the host clock. Memory usage, reports, layouts
+     * profiling windows on the host clock from the stream's `busy_ns`
+     * (see cube_server_stream). Memory usage, reports, layouts
      * and the persistent routing of allocations are the client's: it
      * owns each stream's memory manager. */
     cube_error *(*graph_prepare)(cube_server *server,

@@ -55,6 +55,23 @@ static void *addr(const cube_binding *b)
     return (unsigned char *)(uintptr_t)b->storage->address + b->offset;
 }
 
+/* Host-clock profiling (server.h): while a window is open on the stream,
+ * the time each launch, read and write takes is added to its busy_ns. */
+static uint64_t busy_begin(const cube_server_stream *stream)
+{
+    if (!stream->profiling)
+        return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void busy_end(cube_server_stream *stream, uint64_t t0)
+{
+    if (t0)
+        stream->busy_ns += busy_begin(stream) - t0;
+}
+
 /* --- properties --- */
 
 static void read_cpu_name(char *out, size_t cap)
@@ -109,7 +126,8 @@ static void fill_properties(cpu_server *s)
     p->compute_units = cpu_workers_threads(s->workers);
     p->features = CUBE_FEATURE_ATOMIC_F32_ADD | CUBE_FEATURE_F64 |
                   CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
-                  CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT;
+                  CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT |
+                  CUBE_FEATURE_GRAPHS; /* software graphs, in the client */
     p->features |= CUBE_FEATURE_KERNELS;
     p->timing = CUBE_TIMING_HOST_CLOCK;
 }
@@ -216,10 +234,11 @@ static cube_error *cpu_read(cube_server *server, cube_server_stream *stream,
                             cube_pending **pending)
 {
     (void)server;
-    (void)stream;
+    uint64_t t0 = busy_begin(stream);
     *pending = NULL;
     for (size_t i = 0; i < n; i++)
         strided_copy(&ops[i], dst[i], 1);
+    busy_end(stream, t0);
     return NULL;
 }
 
@@ -228,9 +247,10 @@ static cube_error *cpu_write(cube_server *server, cube_server_stream *stream,
                              const void *const *src)
 {
     (void)server;
-    (void)stream;
+    uint64_t t0 = busy_begin(stream);
     for (size_t i = 0; i < n; i++)
         strided_copy(&ops[i], (unsigned char *)(uintptr_t)src[i], 0);
+    busy_end(stream, t0);
     return NULL;
 }
 
@@ -451,11 +471,8 @@ static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
     return trap_check();
 }
 
-static cube_error *cpu_launch(cube_server *server, cube_server_stream *stream,
-                              const cube_dispatch *d)
+static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
 {
-    (void)stream;
-    cpu_server *s = (cpu_server *)server;
     const cube_compiled *cc = d->compiled;
     cpu_launch_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
@@ -513,6 +530,15 @@ static cube_error *cpu_launch(cube_server *server, cube_server_stream *stream,
                          : (uint32_t)((total + (uint64_t)threads * 4 - 1) /
                                       ((uint64_t)threads * 4));
     return cpu_workers_run(s->workers, (uint32_t)total, chunk, run_range, &ctx);
+}
+
+static cube_error *cpu_launch(cube_server *server, cube_server_stream *stream,
+                              const cube_dispatch *d)
+{
+    uint64_t t0 = busy_begin(stream);
+    cube_error *err = run_launch((cpu_server *)server, d);
+    busy_end(stream, t0);
+    return err;
 }
 
 /* --- lifetime --- */
