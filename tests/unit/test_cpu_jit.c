@@ -654,6 +654,68 @@ static void only_file(const char *dir, const char *ext, char *out, size_t size)
     assert_int_equal(n, 1);
 }
 
+/* Through the public API, with CUBERT_CPU_CFLAGS set: a checked launch is
+ * compiled with CUBE_CHECKED=1 whatever the variable says, and a kernel
+ * that calls a function nothing defines is a compile error with the log. */
+static const char *const WHICH_CHECK =
+    "CUBE_KERNEL(which_check, CUBE_OUT(int, y))\n"
+    "{\n"
+    "    uint32_t i = ABSOLUTE_POS_X;\n"
+    "    if (i < CUBE_LEN(y)) CUBE_AT(y, i) = 10 + CUBE_CHECKED;\n"
+    "}\n";
+static const char *const CALLS_NOTHING =
+    "int cube_test_defined_nowhere(unsigned);\n"
+    "CUBE_KERNEL(calls_nothing, CUBE_OUT(int, y))\n"
+    "{\n"
+    "    uint32_t i = ABSOLUTE_POS_X;\n"
+    "    if (i < CUBE_LEN(y)) CUBE_AT(y, i) = cube_test_defined_nowhere(i);\n"
+    "}\n";
+
+static void test_launch_flags_and_undefined_symbols(void **state)
+{
+    (void)state;
+    char *root = make_tmpdir();
+    saved_env f = env_set("CUBERT_CPU_CFLAGS", "-DCUBE_CHECKED=0");
+    cube_client_options opts = cube_client_options_default();
+    opts.cache_dir = root;
+    cube_client *client = NULL;
+    assert_null(cube_client_open("cpu", &opts, &client));
+    cube_kernel_desc desc = {"which_check", WHICH_CHECK, {16, 1, 1}};
+    cube_kernel *kernel = NULL;
+    assert_null(cube_kernel_create(&desc, &kernel));
+    int y[16];
+    cube_handle h;
+    assert_null(cube_empty(client, sizeof y, &h));
+    cube_arg args[] = {cube_arg_buffer(h)};
+    cube_copy_desc d = cube_copy_desc_contiguous(h, sizeof y, sizeof(int));
+    void *dst[] = {y};
+    uint64_t size[] = {sizeof y};
+    for (int checked = 0; checked < 2; checked++) {
+        assert_null(
+            cube_launch(client, kernel, cube_count_static(1, 1, 1), args, 1,
+                        checked ? CUBE_LAUNCH_CHECKED : CUBE_LAUNCH_EXECUTE));
+        assert_null(cube_read(client, &d, dst, size, 1));
+        assert_int_equal(y[0], 10 + checked);
+        assert_int_equal(y[15], 10 + checked);
+    }
+    cube_kernel_release(kernel);
+
+    cube_kernel_desc bad = {"calls_nothing", CALLS_NOTHING, {16, 1, 1}};
+    assert_null(cube_kernel_create(&bad, &kernel));
+    cube_error *err = cube_launch(client, kernel, cube_count_static(1, 1, 1),
+                                  args, 1, CUBE_LAUNCH_EXECUTE);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_COMPILE);
+    const char *log = cube_error_log(err);
+    if (!log || !strstr(log, "cube_test_defined_nowhere"))
+        fail_msg("the log does not name the symbol: %s", log ? log : "(none)");
+    cube_error_free(err);
+    cube_kernel_release(kernel);
+    cube_error_free(cube_handle_release(client, h));
+    cube_client_close(client);
+    env_restore(f);
+    rm_tree(root);
+}
+
 static void test_forged_entry_launch(void **state)
 {
     (void)state;
@@ -733,14 +795,18 @@ static void test_syntax_error(void **state)
     assert_non_null(strstr(cube_error_log(err), "no-such-flag"));
     cube_error_free(err);
 
-    /* Compiles but cannot load: an undefined symbol under RTLD_NOW. */
+    /* A function nothing defines: a compile error (the link refuses the
+     * undefined symbol), with the linker's message as the log, as NVRTC
+     * would report it on CUDA; not a failure to load. */
     err = cpu_jit_load(jit,
                        "int cubert_undefined_thing(void);\n"
                        "int add(int a, int b) "
                        "{ return a + b + cubert_undefined_thing(); }\n",
                        NULL, &m, NULL);
-    assert_int_equal(cube_error_code(err), CUBE_ERR_IO);
-    assert_non_null(strstr(cube_error_message(err), "cubert_undefined_thing"));
+    assert_int_equal(cube_error_code(err), CUBE_ERR_COMPILE);
+    assert_null(m);
+    assert_non_null(cube_error_log(err));
+    assert_non_null(strstr(cube_error_log(err), "cubert_undefined_thing"));
     cube_error_free(err);
     assert_int_equal(count_entries(dir), SECRET_FILES);
 
@@ -748,6 +814,52 @@ static void test_syntax_error(void **state)
     assert_null(cpu_jit_load(jit, ADD_SRC, NULL, &m, NULL));
     assert_int_equal(call_add(m, 1, 2), 3);
     cpu_module_close(m);
+    cpu_jit_destroy(jit);
+    rm_tree(dir);
+}
+
+/* The macros that carry the launch's meaning (CUBE_CHECKED) come from the
+ * per-compile flags; cpu_cflags cannot redefine them. Its -D/-U of a CUBE_
+ * macro is dropped with a warning, and the per-compile flags come last. */
+static const char *const CHECKED_SRC =
+    "#ifndef CUBE_CHECKED\n#define CUBE_CHECKED 7\n#endif\n"
+    "#ifndef DELTA\n#define DELTA 0\n#endif\n"
+    "int add(int a, int b) { return a + b + 100 * CUBE_CHECKED + DELTA; }\n";
+
+static void test_cflags_cannot_redefine_cube_macros(void **state)
+{
+    (void)state;
+    static const char *const cflags[] = {
+        "-DCUBE_CHECKED=0 -DDELTA=1", "-DDELTA=1 -UCUBE_CHECKED",
+        "-D CUBE_CHECKED=0 -DDELTA=1", "-DDELTA=1 -U CUBE_CHECKED",
+        "-DDELTA=1\t-DCUBE_CHECKED"};
+    for (size_t i = 0; i < sizeof cflags / sizeof cflags[0]; i++) {
+        char *dir = make_tmpdir();
+        capture_reset();
+        cpu_jit *jit = make_jit(dir, cflags[i]);
+        assert_int_equal(capture_warn_count(), 1);
+        assert_non_null(strstr(capture_last_warn, "CUBE_CHECKED"));
+        for (int checked = 0; checked < 2; checked++) {
+            cpu_module *m = NULL;
+            cube_error *err = cpu_jit_load(
+                jit, CHECKED_SRC,
+                checked ? "-DCUBE_CHECKED=1" : "-DCUBE_CHECKED=0", &m, NULL);
+            if (err)
+                fail_msg("%s: %s\n%s", cflags[i], cube_error_message(err),
+                         cube_error_log(err) ? cube_error_log(err) : "");
+            /* The launch's value, and the rest of cpu_cflags still used. */
+            assert_int_equal(call_add(m, 2, 3), 5 + 100 * checked + 1);
+            cpu_module_close(m);
+        }
+        cpu_jit_destroy(jit);
+        assert_int_equal(capture_warn_count(), 1);
+        rm_tree(dir);
+    }
+    /* Other macros are the user's, even CUBE without the underscore. */
+    char *dir = make_tmpdir();
+    capture_reset();
+    cpu_jit *jit = make_jit(dir, "-DCUBEX_CHECKED=1 -DCUBE -DDELTA=2");
+    assert_int_equal(capture_warn_count(), 0);
     cpu_jit_destroy(jit);
     rm_tree(dir);
 }
@@ -1139,6 +1251,8 @@ int main(void)
         cmocka_unit_test_setup(test_fifo_entry_rebuilt, setup),
         cmocka_unit_test_setup(test_syntax_error, setup),
         cmocka_unit_test_setup(test_missing_compiler, setup),
+        cmocka_unit_test_setup(test_cflags_cannot_redefine_cube_macros, setup),
+        cmocka_unit_test_setup(test_launch_flags_and_undefined_symbols, setup),
         cmocka_unit_test_setup(test_flags_change_key, setup),
         cmocka_unit_test_setup(test_no_disk_cache, setup),
         cmocka_unit_test_setup(test_default_cache_dir_from_env, setup),

@@ -636,7 +636,7 @@ static void test_secret_tampered(void **state)
     changed[len / 2] ^= 0x01;
     write_file(path, changed, len);
     free(changed);
-    reopen_expect_rebuilt(dir, 0, NULL, old, len, &key);
+    reopen_expect_rebuilt(dir, 0, "", old, len, &key);
 
     /* Readable by others: never trusted; a new one replaces it. */
     free(old);

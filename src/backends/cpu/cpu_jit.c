@@ -59,20 +59,33 @@ extern char **environ;
 /* Compiler output kept for the error log; the rest is drained and dropped. */
 #define CPU_JIT_MAX_LOG ((size_t)1 << 20)
 
-static const char *const cpu_jit_fixed_flags[] = {
-    "-std=c11",          "-O3",
-    "-march=native",     "-fPIC",
-    "-shared",           "-fno-semantic-interposition",
+/* The compiler's arguments, in order: the program, cpu_jit_defaults, the
+ * user's cpu_cflags, cpu_jit_required, the per-compile flags (the launch's
+ * -DCUBE_CHECKED=...), -o, the source, -lm. Where two options disagree the
+ * later one wins, so cpu_cflags can change the defaults (-O1,
+ * -march=x86-64-v3, -std=gnu11) but not what a loadable object of the
+ * right kernel needs, nor the launch's meaning. */
+static const char *const cpu_jit_defaults[] = {
+    "-std=c11", "-O3", "-march=native", "-fno-semantic-interposition",
     "-ffp-contract=fast"};
-#define CPU_JIT_FIXED_COUNT                                                    \
-    (sizeof cpu_jit_fixed_flags / sizeof cpu_jit_fixed_flags[0])
+/* -Wl,--no-undefined: a call to a function nothing defines fails the link,
+ * a compile error with the linker's message, as NVRTC reports it on CUDA,
+ * instead of a failure in dlopen. */
+static const char *const cpu_jit_required[] = {"-fPIC", "-shared",
+                                               "-Wl,--no-undefined"};
+#define CPU_JIT_DEFAULTS_COUNT                                                 \
+    (sizeof cpu_jit_defaults / sizeof cpu_jit_defaults[0])
+#define CPU_JIT_REQUIRED_COUNT                                                 \
+    (sizeof cpu_jit_required / sizeof cpu_jit_required[0])
+#define CPU_JIT_FIXED_COUNT (CPU_JIT_DEFAULTS_COUNT + CPU_JIT_REQUIRED_COUNT)
 
 struct cpu_jit {
     char *cc;           /* compiler program (argv[0], found through PATH) */
-    char *cflags;       /* extra flags for every compile ("" for none) */
+    char *cflags;       /* extra flags for every compile ("" for none), with
+                           no -D/-U of a CUBE_ macro */
     char *cc_identity;  /* first line of `cc --version` */
     char *cpu_identity; /* model name and feature flags from /proc/cpuinfo */
-    char *fixed_flags;  /* cpu_jit_fixed_flags joined, for the key */
+    char *fixed_flags;  /* the defaults and required flags, for the key */
     char *tmp_base;     /* where private temporary directories go */
     disk_cache *cache;  /* the disk cache (possibly disabled) */
 };
@@ -392,13 +405,15 @@ static cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
     }
     size_t argc = 0;
     argv[argc++] = jit->cc;
-    for (size_t i = 0; i < CPU_JIT_FIXED_COUNT; i++)
-        argv[argc++] = cpu_jit_fixed_flags[i];
+    for (size_t i = 0; i < CPU_JIT_DEFAULTS_COUNT; i++)
+        argv[argc++] = cpu_jit_defaults[i];
+    cpu_jit_split_words(cflags_copy, argv, &argc);
+    for (size_t i = 0; i < CPU_JIT_REQUIRED_COUNT; i++)
+        argv[argc++] = cpu_jit_required[i];
+    cpu_jit_split_words(flags_copy, argv, &argc);
     argv[argc++] = "-o";
     argv[argc++] = so_path;
     argv[argc++] = src_path;
-    cpu_jit_split_words(flags_copy, argv, &argc);
-    cpu_jit_split_words(cflags_copy, argv, &argc);
     /* Kernels call math functions; the object must not depend on the host
      * program having loaded libm. Libraries go after the sources. */
     argv[argc++] = "-lm";
@@ -812,10 +827,15 @@ static char *cpu_jit_join_fixed_flags(void)
     cpu_jit_buf b = {0};
     cpu_jit_buf_append(&b, "", 0);
     for (size_t i = 0; i < CPU_JIT_FIXED_COUNT; i++) {
+        const char *f = i < CPU_JIT_DEFAULTS_COUNT
+                            ? cpu_jit_defaults[i]
+                            : cpu_jit_required[i - CPU_JIT_DEFAULTS_COUNT];
         if (i)
             cpu_jit_buf_append(&b, " ", 1);
-        cpu_jit_buf_append(&b, cpu_jit_fixed_flags[i],
-                           strlen(cpu_jit_fixed_flags[i]));
+        /* The user's flags go between the two groups. */
+        if (i == CPU_JIT_DEFAULTS_COUNT)
+            cpu_jit_buf_append(&b, "| ", 2);
+        cpu_jit_buf_append(&b, f, strlen(f));
     }
     if (b.failed) {
         free(b.data);
@@ -844,6 +864,80 @@ const cube_config_key cpu_config_keys[] = {
      .doc = "extra options for every CPU kernel compilation, separated by "
             "blanks"},
     {.name = NULL}};
+
+/* Whether `word` (a -D or -U option, or the word after a lone -D or -U
+ * when `after_flag`) names a CUBE_ macro. */
+static bool cpu_jit_names_cube_macro(const char *word, bool after_flag)
+{
+    if (!after_flag) {
+        if (word[0] != '-' || (word[1] != 'D' && word[1] != 'U'))
+            return false;
+        word += 2;
+    }
+    return strncmp(word, "CUBE_", 5) == 0;
+}
+
+/* `cflags` without the options that define or undefine a CUBE_ macro
+ * (-DCUBE_X, -DCUBE_X=v, -UCUBE_X, and -D/-U followed by such a word):
+ * those names are cubert's, and the launch sets the ones that carry its
+ * meaning (CUBE_CHECKED). Each dropped option is reported, once, naming
+ * `where`. Words are rejoined with one space. NULL for want of memory. */
+static char *cpu_jit_filter_cflags(const char *cflags, const char *where)
+{
+    char *copy = strdup(cflags);
+    cpu_jit_buf kept = {0}, dropped = {0};
+    cpu_jit_buf_append(&kept, "", 0);
+    cpu_jit_buf_append(&dropped, "", 0);
+    if (!copy) {
+        free(kept.data);
+        free(dropped.data);
+        return NULL;
+    }
+    const char *pending = NULL; /* a lone -D or -U */
+    char *save = NULL;
+    for (char *w = strtok_r(copy, " \t\n\r\v\f", &save); w;
+         w = strtok_r(NULL, " \t\n\r\v\f", &save)) {
+        bool lone = strcmp(w, "-D") == 0 || strcmp(w, "-U") == 0;
+        cpu_jit_buf *to = &kept;
+        if (pending) {
+            if (cpu_jit_names_cube_macro(w, true))
+                to = &dropped;
+            if (to->len)
+                cpu_jit_buf_append(to, " ", 1);
+            cpu_jit_buf_append(to, pending, strlen(pending));
+            cpu_jit_buf_append(to, " ", 1);
+            cpu_jit_buf_append(to, w, strlen(w));
+            pending = NULL;
+            continue;
+        }
+        if (lone) {
+            pending = w;
+            continue;
+        }
+        if (cpu_jit_names_cube_macro(w, false))
+            to = &dropped;
+        if (to->len)
+            cpu_jit_buf_append(to, " ", 1);
+        cpu_jit_buf_append(to, w, strlen(w));
+    }
+    if (pending) { /* a lone -D at the end: the compiler will say */
+        if (kept.len)
+            cpu_jit_buf_append(&kept, " ", 1);
+        cpu_jit_buf_append(&kept, pending, strlen(pending));
+    }
+    if (dropped.len && !dropped.failed)
+        cube_log_write(CUBE_LOG_WARN, "config",
+                       "%s: ignoring '%s': the CUBE_ macros (CUBE_CHECKED "
+                       "and the others) are set by cubert for each compile",
+                       where, dropped.data);
+    free(copy);
+    free(dropped.data);
+    if (kept.failed) {
+        free(kept.data);
+        return NULL;
+    }
+    return kept.data;
+}
 
 void cpu_jit_destroy(cpu_jit *jit)
 {
@@ -874,11 +968,18 @@ cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out)
     if (!cc || !*cc)
         cc = cube_config_text("cpu_cc");
     const char *cflags = options ? options->cflags : NULL;
-    if (!cflags)
-        cflags = cube_config_text("cpu_cflags");
+    char where[CUBE_CONFIG_TEXT_MAX + 64];
+    snprintf(where, sizeof where, "cpu_jit_options.cflags");
+    if (!cflags) {
+        cube_config_value v;
+        if (cube_config_lookup("cpu_cflags", &v) == 0 && v.text) {
+            cflags = v.text;
+            cube_config_where(&v, where, sizeof where);
+        }
+    }
     const char *tmp = cpu_jit_env("TMPDIR");
     jit->cc = strdup(cc ? cc : "cc");
-    jit->cflags = strdup(cflags ? cflags : "");
+    jit->cflags = cpu_jit_filter_cflags(cflags ? cflags : "", where);
     jit->tmp_base = strdup(tmp && tmp[0] == '/' ? tmp : "/tmp");
     jit->fixed_flags = cpu_jit_join_fixed_flags();
     jit->cpu_identity = cpu_jit_probe_cpu();

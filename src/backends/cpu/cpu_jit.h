@@ -33,8 +33,12 @@ typedef struct cpu_jit_options {
     /* Compiler command (a program name or path); NULL: the key cpu_cc
      * ($CUBERT_CPU_CC, else the file's), else "cc". */
     const char *cc;
-    /* Extra flags appended to every compile (space separated); NULL: the
-     * key cpu_cflags, else none. */
+    /* Extra flags for every compile (space separated), placed after the
+     * defaults (-std=c11 -O3 -march=native ...) and before the required
+     * flags (-fPIC -shared -Wl,--no-undefined) and cpu_jit_load's `flags`,
+     * so they can change the former but not the latter; a -D or -U of a
+     * CUBE_ macro is dropped with a warning. NULL: the key cpu_cflags,
+     * else none. */
     const char *cflags;
     /* Cache directory; NULL: the default above; "" disables the disk
      * cache (objects are then built in a private temporary directory). */
@@ -54,12 +58,14 @@ cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out);
 void cpu_jit_destroy(cpu_jit *jit);
 
 /* Compiles `source` (a complete C11 translation unit) with optimization
- * (-O3, native code for this machine) plus `flags` (may be NULL) into a
- * shared object and loads it. The cache key covers the source, the flags,
- * the compiler's identity (its --version output) and the machine's CPU.
+ * (-O3, native code for this machine) plus `flags` (may be NULL; they come
+ * last, so they win over the options' cflags) into a shared object linked
+ * with -Wl,--no-undefined, and loads it. The cache key covers the source, the
+ * flags, the compiler's identity (its --version output) and the machine's CPU.
  * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_COMPILE (the compiler's
- * output is the error's log), CUBE_ERR_IO (cannot run the compiler or
- * load the object), CUBE_ERR_OUT_OF_MEMORY. `origin` may be NULL. */
+ * output is the error's log; a symbol nothing defines is one, from the
+ * linker), CUBE_ERR_IO (cannot run the compiler or load the object),
+ * CUBE_ERR_OUT_OF_MEMORY. `origin` may be NULL. */
 cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
                          cpu_module **out, cpu_jit_origin *origin);
 
