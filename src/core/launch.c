@@ -211,12 +211,12 @@ static cube_error *bind_args(const cube_kernel *k, const cube_compiled *cc,
     return NULL;
 }
 
+/* The device's limits on one cube, against the kernel's dimension `dim`
+ * and its shared memory. */
 static cube_error *check_limits(const cube_client *c, const cube_kernel *k,
-                                const cube_compiled *cc)
+                                const uint32_t dim[3], const cube_compiled *cc)
 {
     const cube_properties *pr = &c->props;
-    uint32_t dim[3];
-    cube_kernel_cube_dim(k, dim);
     for (int i = 0; i < 3; i++)
         if (dim[i] > pr->max_cube_dim[i])
             return cube_error_new(
@@ -242,22 +242,245 @@ static cube_error *check_limits(const cube_client *c, const cube_kernel *k,
     return NULL;
 }
 
-/* Records `err` on the buffers the launch would have written: the
- * signature's outputs when the arguments matched it, every bound buffer
- * otherwise (a compile error, arguments that do not fit). */
-static void record_failure(cube_client *c, const cube_compiled *cc,
-                           const uint32_t *arg_of_param, core_resolved *r,
-                           size_t nargs, const cube_error *err)
+/* One launch on its way through: the request, the buffers it pinned and
+ * what the cache and the kernel's signature said about it. */
+typedef struct launch_job {
+    cube_kernel *k;
+    cube_count count;
+    const cube_arg *args;
+    size_t nargs;
+    uint32_t mode; /* the caller's, with what the client adds */
+    int dynamic;   /* the cube count is read from a buffer */
+    int deferred;  /* a buffer made in a dry run has no memory yet */
+    size_t filled; /* entries of r set: pinned, or empty for a scalar */
+    core_resolved r[CUBE_MAX_PARAMS];
+    core_resolved count_res; /* the dynamic count's buffer, pinned */
+    /* NULL while the parameters are unknown: no compiled kernel, or
+     * arguments that do not fit it. */
+    const cube_compiled *cc;
+    uint32_t arg_of_param[CUBE_MAX_PARAMS];
+    /* What the backend is handed; its cube dimension is set by prepare,
+     * which checks it against the device's limits. */
+    cube_dispatch d;
+    cube_binding count_binding;
+} launch_job;
+
+/* A static count must name at least one cube per axis, within the
+ * device's grid; a dynamic one is read at execution. */
+static cube_error *check_count(const cube_client *c, const cube_kernel *k,
+                               cube_count count)
 {
-    if (!cc) {
-        for (size_t a = 0; a < nargs; a++)
-            if (r[a].alloc)
-                core_failure_record(c, r[a].alloc, err);
-        return;
+    if (count.dynamic.bits)
+        return NULL;
+    if (!count.x || !count.y || !count.z)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch(%s): cube count (%u, %u, %u) "
+                              "has a zero component",
+                              cube_kernel_name(k), count.x, count.y, count.z);
+    const uint32_t v[3] = {count.x, count.y, count.z};
+    for (int i = 0; i < 3; i++)
+        if (v[i] > c->props.max_cube_count[i])
+            return cube_error_new(
+                CUBE_ERR_RESOURCE_LIMIT,
+                "cube_launch(%s): cube count %u along axis %d is over "
+                "the device's maximum of %u",
+                cube_kernel_name(k), v[i], i, c->props.max_cube_count[i]);
+    return NULL;
+}
+
+/* A malformed request is the caller's mistake: it is returned before
+ * anything is pinned, and nothing is recorded. */
+static cube_error *check_request(const cube_client *c, const cube_kernel *k,
+                                 cube_count count, const cube_arg *args,
+                                 size_t nargs, uint32_t mode)
+{
+    if (!k)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch: kernel is NULL");
+    if (nargs && !args)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch(%s): args is NULL with nargs = %zu",
+                              cube_kernel_name(k), nargs);
+    if (nargs > CUBE_MAX_PARAMS)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch(%s): %zu arguments; at most %d",
+                              cube_kernel_name(k), nargs, CUBE_MAX_PARAMS);
+    if (mode & ~(uint32_t)LAUNCH_FLAGS)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch(%s): unknown mode bits 0x%x",
+                              cube_kernel_name(k),
+                              mode & ~(uint32_t)LAUNCH_FLAGS);
+    cube_error *err = check_count(c, k, count);
+    for (size_t a = 0; a < nargs && !err; a++)
+        if (args[a].kind != CUBE_ARG_BUFFER && args[a].kind != CUBE_ARG_SCALAR)
+            err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                 "cube_launch(%s): args[%zu].kind %d is "
+                                 "neither buffer nor scalar",
+                                 cube_kernel_name(k), a, (int)args[a].kind);
+    return err;
+}
+
+/* Starts the job with the request as this launch runs it. Only the
+ * bookkeeping is set: the arrays are filled as the launch goes (clearing
+ * them would be a good part of a small launch's cost). */
+static void job_begin(launch_job *job, const cube_client *c, cube_kernel *k,
+                      cube_count count, const cube_arg *args, size_t nargs,
+                      uint32_t mode)
+{
+    if (c->bounds_always)
+        mode |= CUBE_LAUNCH_CHECKED;
+    /* Inside a dry-run scope every launch is a Skip. */
+    if (cube_dry_run_active())
+        mode |= CUBE_LAUNCH_SKIP;
+    job->k = k;
+    job->count = count;
+    job->args = args;
+    job->nargs = nargs;
+    job->mode = mode;
+    job->dynamic = count.dynamic.bits != 0;
+    job->deferred = 0;
+    job->filled = 0;
+    job->count_res.alloc = NULL;
+    job->cc = NULL;
+}
+
+/* Whether the resolved buffer was made in a dry run and still waits for
+ * its memory. The flag only ever goes from 1 to 0, so a 0 is final and
+ * the common launch skips materialize. */
+static int is_deferred(const core_resolved *r)
+{
+    return atomic_load_explicit(&r->alloc->deferred, memory_order_relaxed);
+}
+
+/* The dynamic count's buffer is pinned like the arguments; it must hold
+ * the three uint32_t read at execution. */
+static cube_error *resolve_count(cube_client *c, launch_job *job)
+{
+    cube_error *err = core_resolve(
+        c, job->count.dynamic, "cube_launch: dynamic count", &job->count_res);
+    if (err)
+        return err;
+    job->deferred |= is_deferred(&job->count_res);
+    if (job->count_res.size < 12)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_launch(%s): the dynamic count buffer "
+                              "holds %llu bytes; it needs 12 (three "
+                              "uint32_t)",
+                              cube_kernel_name(job->k),
+                              (unsigned long long)job->count_res.size);
+    return NULL;
+}
+
+/* Resolves and pins every buffer before anything else, so that none can
+ * be released under the launch. */
+static cube_error *resolve_args(cube_client *c, launch_job *job)
+{
+    for (; job->filled < job->nargs; job->filled++) {
+        size_t a = job->filled;
+        core_resolved *r = &job->r[a];
+        r->alloc = NULL; /* a scalar's entry stays empty */
+        if (job->args[a].kind != CUBE_ARG_BUFFER)
+            continue;
+        cube_error *err =
+            core_resolve(c, job->args[a].value.buffer, "cube_launch", r);
+        if (err)
+            return cube_error_prefix(err, "args[%zu]", a);
+        job->deferred |= is_deferred(r);
     }
-    for (uint32_t p = 0; p < cc->param_count; p++)
-        if (param_is_written(cc->params[p].kind) && r[arg_of_param[p]].alloc)
-            core_failure_record(c, r[arg_of_param[p]].alloc, err);
+    return job->dynamic ? resolve_count(c, job) : NULL;
+}
+
+/* A buffer made in a dry run gets its memory at its first real use. */
+static cube_error *materialize(cube_client *c, const launch_job *job)
+{
+    if (!job->deferred || (job->mode & CUBE_LAUNCH_SKIP))
+        return NULL;
+    cube_error *err = core_materialize(c, job->r, job->nargs);
+    if (!err && job->dynamic)
+        err = core_materialize(c, &job->count_res, 1);
+    return err;
+}
+
+/* What a dry run does too: the compiled kernel (cached, or compiled now),
+ * the arguments bound to its parameters, the device's limits. */
+static cube_error *prepare(cube_client *c, launch_job *job)
+{
+    const cube_compiled *cc = NULL;
+    cube_error *err = get_compiled(c, job->k, job->mode, &cc);
+    if (!err && !cc)
+        err = cube_error_new(CUBE_ERR_INTERNAL, "compiled kernel missing");
+    /* Arguments that do not fit the signature cannot say which buffers
+     * are outputs: job->cc stays NULL, and every bound buffer takes the
+     * failure. */
+    if (!err)
+        err = bind_args(job->k, cc, job->args, job->nargs, job->arg_of_param);
+    if (err)
+        return err;
+    job->cc = cc;
+    cube_kernel_cube_dim(job->k, job->d.cube_dim);
+    return check_limits(c, job->k, job->d.cube_dim, cc);
+}
+
+/* The allocation's failure, or NULL. A trusted buffer (the common case)
+ * costs one atomic load here, without a call. */
+static cube_error *failure_of(cube_client *c, core_alloc *a)
+{
+    if (!atomic_load_explicit(&a->failure, memory_order_acquire))
+        return NULL;
+    return core_failure_get(c, a);
+}
+
+/* An input that cannot be trusted makes the outputs untrustworthy: its
+ * failure is carried forward instead of computing from stale bytes. */
+static cube_error *refuse_untrusted_inputs(cube_client *c,
+                                           const launch_job *job)
+{
+    const cube_compiled *cc = job->cc;
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        if (!param_is_read(cc->params[p].kind))
+            continue;
+        uint32_t a = job->arg_of_param[p];
+        cube_error *f = failure_of(c, job->r[a].alloc);
+        if (f)
+            return cube_error_wrap(f, CUBE_ERR_SEVERAL,
+                                   "cube_launch(%s): input args[%u] (buffer "
+                                   "0x%016llx) cannot be trusted",
+                                   cube_kernel_name(job->k), a,
+                                   (unsigned long long)job->r[a].handle.bits);
+    }
+    cube_error *f = job->dynamic ? failure_of(c, job->count_res.alloc) : NULL;
+    if (f)
+        return cube_error_wrap(f, CUBE_ERR_SEVERAL,
+                               "cube_launch(%s): the dynamic count buffer "
+                               "cannot be trusted",
+                               cube_kernel_name(job->k));
+    return NULL;
+}
+
+/* The launch's failure becomes the buffers' it would have written (the
+ * signature's outputs when the arguments matched it, every bound buffer
+ * otherwise: a compile error, arguments that do not fit), so reading them
+ * fails; the stream's profiling windows count it. */
+static void record_failure(cube_client *c, const launch_job *job,
+                           const cube_error *err)
+{
+    const cube_compiled *cc = job->cc;
+    if (!cc) {
+        for (size_t a = 0; a < job->nargs; a++)
+            if (job->r[a].alloc)
+                core_failure_record(c, job->r[a].alloc, err);
+    } else {
+        for (uint32_t p = 0; p < cc->param_count; p++) {
+            if (!param_is_written(cc->params[p].kind))
+                continue;
+            core_alloc *a = job->r[job->arg_of_param[p]].alloc;
+            if (a)
+                core_failure_record(c, a, err);
+        }
+    }
+    core_stream_note_failure_now(c, err);
+    cube_log_write(CUBE_LOG_DEBUG, "launch", "%s failed: %s",
+                   cube_kernel_name(job->k), cube_error_message(err));
 }
 
 /* Times a launch for the per-kernel summary and the trace. */
@@ -285,13 +508,60 @@ static void account(const cube_kernel *k, const cube_compiled *cc,
     }
 }
 
+/* A buffer argument as the backend sees it: core_binding, written in
+ * place, since every buffer of every launch goes through it. */
+static void bind_buffer(cube_binding *b, const core_resolved *r)
+{
+    b->storage = &r->alloc->storage;
+    b->offset = r->offset;
+    b->size = r->size;
+}
+
+/* The rest of the backend's view of the launch. Backends read the entries
+ * of the kernel's own parameters: the rest of the arrays is left alone
+ * (clearing it is most of a small launch's cost). */
+static void build_dispatch(launch_job *job)
+{
+    const cube_compiled *cc = job->cc;
+    cube_dispatch *d = &job->d;
+    d->compiled = cc;
+    d->cube_count[0] = job->count.x;
+    d->cube_count[1] = job->count.y;
+    d->cube_count[2] = job->count.z;
+    d->count_buffer = NULL;
+    if (job->dynamic) {
+        bind_buffer(&job->count_binding, &job->count_res);
+        d->count_buffer = &job->count_binding;
+    }
+    d->mode = job->mode;
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        cube_param_kind kind = cc->params[p].kind;
+        if (kind == CUBE_PARAM_SHARED)
+            continue;
+        uint32_t a = job->arg_of_param[p];
+        if (kind == CUBE_PARAM_SCALAR)
+            memcpy(d->scalars[p], job->args[a].value.bytes,
+                   sizeof d->scalars[p]);
+        else
+            bind_buffer(&d->bindings[p], &job->r[a]);
+    }
+}
+
+/* Called with the stream's lock held. */
+static cube_error *record(cube_client *c, core_stream *st,
+                          const launch_job *job) CUBE_REQUIRES(st->lock);
+static cube_error *capture_dispatch(cube_client *c, core_stream *st,
+                                    const launch_job *job)
+    CUBE_REQUIRES(st->lock);
+static cube_error *run_now(cube_client *c, core_stream *st,
+                           const launch_job *job) CUBE_REQUIRES(st->lock);
+
 /* Records a dispatch into the stream's capture, with the allocations it
  * reads and writes. */
 static cube_error *record(cube_client *c, core_stream *st,
-                          const cube_compiled *cc, const cube_dispatch *d,
-                          const uint32_t *arg_of_param, const core_resolved *r,
-                          const core_resolved *count_res)
+                          const launch_job *job)
 {
+    const cube_compiled *cc = job->cc;
     core_alloc *read[CUBE_MAX_PARAMS + 1], *written[CUBE_MAX_PARAMS],
         *cleared[CUBE_MAX_PARAMS];
     size_t nr = 0, nw = 0, nc = 0;
@@ -299,7 +569,7 @@ static cube_error *record(cube_client *c, core_stream *st,
         cube_param_kind kind = cc->params[p].kind;
         if (kind == CUBE_PARAM_SCALAR || kind == CUBE_PARAM_SHARED)
             continue;
-        core_alloc *a = r[arg_of_param[p]].alloc;
+        core_alloc *a = job->r[job->arg_of_param[p]].alloc;
         if (param_is_read(kind))
             read[nr++] = a;
         if (param_is_written(kind))
@@ -307,229 +577,134 @@ static cube_error *record(cube_client *c, core_stream *st,
         if (kind == CUBE_PARAM_BUFFER_OUT)
             cleared[nc++] = a;
     }
-    if (count_res)
-        read[nr++] = count_res->alloc;
-    return core_graph_record(c, st, d, read, nr, written, nw, cleared, nc);
+    if (job->dynamic)
+        read[nr++] = job->count_res.alloc;
+    return core_graph_record(c, st, &job->d, read, nr, written, nw, cleared,
+                             nc);
 }
 
-/* Builds the backend's dispatch and runs it on the calling stream (or
- * records it, when the stream is capturing). */
-static cube_error *run_dispatch(cube_client *c, const cube_kernel *k,
-                                const cube_compiled *cc, cube_count count,
-                                const core_resolved *count_res,
-                                const cube_arg *args,
-                                const uint32_t *arg_of_param,
-                                const core_resolved *r, uint32_t mode)
+/* A capturing stream keeps the launch for its graph instead of running
+ * it. A hardware graph records on the device's own queue (nothing runs); a
+ * software graph keeps the dispatch. Either way no buffer changes state
+ * until a replay. */
+static cube_error *capture_dispatch(cube_client *c, core_stream *st,
+                                    const launch_job *job)
 {
-    /* Backends read the entries of the kernel's own parameters: the rest
-     * of the arrays is left alone (clearing it is most of a small
-     * launch's cost). */
-    cube_dispatch d;
-    memset(&d, 0, offsetof(cube_dispatch, bindings));
-    d.compiled = cc;
-    cube_kernel_cube_dim(k, d.cube_dim);
-    d.cube_count[0] = count.x;
-    d.cube_count[1] = count.y;
-    d.cube_count[2] = count.z;
-    cube_binding count_binding;
-    if (count_res) {
-        count_binding = core_binding(count_res);
-        d.count_buffer = &count_binding;
-    }
-    d.mode = mode;
+    cube_error *err = NULL;
+    if (c->vt->begin_capture)
+        err = c->vt->launch(c->server, &st->base, &job->d);
+    if (!err)
+        err = record(c, st, job);
+    return err;
+}
+
+/* Hands the dispatch to the backend, timed when the per-kernel summary or
+ * a trace wants it. */
+static cube_error *run_now(cube_client *c, core_stream *st,
+                           const launch_job *job)
+{
+    int timed = c->stats || core_trace_on();
+    uint64_t t0 = timed ? core_clock_ns() : 0;
+    cube_error *err = c->vt->launch(c->server, &st->base, &job->d);
+    if (timed)
+        account(job->k, job->cc, &job->d, st->base.id, t0);
+    if (!err)
+        st->launches++;
+    return err;
+}
+
+/* The debug log's line for a launch that was run. */
+static void log_dispatch(const launch_job *job, const cube_error *err)
+{
+    if (!cube_log_enabled(CUBE_LOG_DEBUG))
+        return;
+    const cube_dispatch *d = &job->d;
+    cube_log_write(
+        CUBE_LOG_DEBUG, "launch", "%s: (%u, %u, %u) cubes of (%u, %u, %u)%s%s",
+        cube_kernel_name(job->k), d->cube_count[0], d->cube_count[1],
+        d->cube_count[2], d->cube_dim[0], d->cube_dim[1], d->cube_dim[2],
+        d->count_buffer ? ", dynamic count" : "", err ? ", failed" : "");
+}
+
+/* The outputs now hold what this launch computed: a failure they carried
+ * is gone. Trusted outputs (the common case) cost a load each. */
+static void trust_outputs(cube_client *c, const launch_job *job)
+{
+    const cube_compiled *cc = job->cc;
     for (uint32_t p = 0; p < cc->param_count; p++) {
-        cube_param_kind kind = cc->params[p].kind;
-        if (kind == CUBE_PARAM_SHARED)
+        if (cc->params[p].kind != CUBE_PARAM_BUFFER_OUT)
             continue;
-        const cube_arg *arg = &args[arg_of_param[p]];
-        if (kind == CUBE_PARAM_SCALAR)
-            memcpy(d.scalars[p], arg->value.bytes, sizeof d.scalars[p]);
-        else
-            d.bindings[p] = core_binding(&r[arg_of_param[p]]);
+        core_alloc *a = job->r[job->arg_of_param[p]].alloc;
+        if (atomic_load_explicit(&a->failure, memory_order_acquire))
+            core_failure_clear(c, a);
     }
+}
+
+/* Runs the launch on the calling thread's stream, or records it there
+ * when the stream is capturing. */
+static cube_error *run_dispatch(cube_client *c, launch_job *job)
+{
+    build_dispatch(job);
     core_stream *st = NULL;
     cube_error *err = core_stream_get(c, &st);
     if (err)
         return err;
     core_stream_lock(st);
     if (st->capture) {
-        /* A hardware graph records on the device's own queue (nothing
-         * runs); a software graph keeps the dispatch. Either way no
-         * buffer changes state until a replay. */
-        if (c->vt->begin_capture)
-            err = c->vt->launch(c->server, &st->base, &d);
-        if (!err)
-            err = record(c, st, cc, &d, arg_of_param, r, count_res);
+        err = capture_dispatch(c, st, job);
         core_stream_unlock(st);
         return err;
     }
-    int timed = c->stats || core_trace_on();
-    uint64_t t0 = timed ? core_clock_ns() : 0;
-    err = c->vt->launch(c->server, &st->base, &d);
-    if (timed)
-        account(k, cc, &d, st->base.id, t0);
-    if (!err)
-        st->launches++;
+    err = run_now(c, st, job);
     core_stream_unlock(st);
-    core_fault_note(c, err);
-    if (cube_log_enabled(CUBE_LOG_DEBUG))
-        cube_log_write(CUBE_LOG_DEBUG, "launch",
-                       "%s: (%u, %u, %u) cubes of (%u, %u, %u)%s%s",
-                       cube_kernel_name(k), d.cube_count[0], d.cube_count[1],
-                       d.cube_count[2], d.cube_dim[0], d.cube_dim[1],
-                       d.cube_dim[2], d.count_buffer ? ", dynamic count" : "",
-                       err ? ", failed" : "");
-    if (!err) {
-        /* The outputs now hold what this launch computed. */
-        for (uint32_t p = 0; p < cc->param_count; p++)
-            if (cc->params[p].kind == CUBE_PARAM_BUFFER_OUT)
-                core_failure_clear(c, r[arg_of_param[p]].alloc);
-    }
-    /* err is a fresh error object, not derived from d. */
-    // cppcheck-suppress returnDanglingLifetime
+    if (err)
+        core_fault_note(c, err);
+    log_dispatch(job, err);
+    if (!err)
+        trust_outputs(c, job);
     return err;
 }
 
+/* Gives back the pins resolve_args took (a scalar's entry holds none). */
+static void unpin(cube_client *c, launch_job *job)
+{
+    for (size_t a = 0; a < job->filled; a++)
+        if (job->r[a].alloc)
+            core_resolved_drop(c, &job->r[a]);
+    if (job->count_res.alloc)
+        core_resolved_drop(c, &job->count_res);
+}
+
+/* The launch, step by step (cubert/kernel.h states the contract). */
 cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
                         const cube_arg *args, size_t nargs, uint32_t mode)
 {
     CORE_CHECK_CLIENT(c, "cube_launch");
-    if (!k)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_launch: kernel is NULL");
-    if (nargs && !args)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_launch(%s): args is NULL with nargs = %zu",
-                              cube_kernel_name(k), nargs);
-    if (nargs > CUBE_MAX_PARAMS)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_launch(%s): %zu arguments; at most %d",
-                              cube_kernel_name(k), nargs, CUBE_MAX_PARAMS);
-    if (mode & ~(uint32_t)LAUNCH_FLAGS)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_launch(%s): unknown mode bits 0x%x",
-                              cube_kernel_name(k),
-                              mode & ~(uint32_t)LAUNCH_FLAGS);
-    if (c->bounds_always)
-        mode |= CUBE_LAUNCH_CHECKED;
-    /* Inside a dry-run scope every launch is a Skip. */
-    if (cube_dry_run_active())
-        mode |= CUBE_LAUNCH_SKIP;
-    int dynamic = count.dynamic.bits != 0;
-    if (!dynamic) {
-        if (!count.x || !count.y || !count.z)
-            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                  "cube_launch(%s): cube count (%u, %u, %u) "
-                                  "has a zero component",
-                                  cube_kernel_name(k), count.x, count.y,
-                                  count.z);
-        for (int i = 0; i < 3; i++) {
-            uint32_t v = i == 0 ? count.x : i == 1 ? count.y : count.z;
-            if (v > c->props.max_cube_count[i])
-                return cube_error_new(
-                    CUBE_ERR_RESOURCE_LIMIT,
-                    "cube_launch(%s): cube count %u along axis %d is over "
-                    "the device's maximum of %u",
-                    cube_kernel_name(k), v, i, c->props.max_cube_count[i]);
-        }
-    }
-    for (size_t a = 0; a < nargs; a++)
-        if (args[a].kind != CUBE_ARG_BUFFER && args[a].kind != CUBE_ARG_SCALAR)
-            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                  "cube_launch(%s): args[%zu].kind %d is "
-                                  "neither buffer nor scalar",
-                                  cube_kernel_name(k), a, (int)args[a].kind);
-
-    /* Resolve (and pin) every buffer before anything else. */
-    core_resolved r[CUBE_MAX_PARAMS];
-    core_resolved count_res = {0};
-    /* Only the arguments' entries are read (a scalar's stays empty). */
-    memset(r, 0, nargs * sizeof r[0]);
-    cube_error *err = NULL;
-    for (size_t a = 0; a < nargs && !err; a++) {
-        if (args[a].kind != CUBE_ARG_BUFFER)
-            continue;
-        err = core_resolve(c, args[a].value.buffer, "cube_launch", &r[a]);
-        if (err)
-            err = cube_error_prefix(err, "args[%zu]", a);
-    }
-    if (!err && dynamic) {
-        err = core_resolve(c, count.dynamic, "cube_launch: dynamic count",
-                           &count_res);
-        if (!err && count_res.size < 12)
-            err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                 "cube_launch(%s): the dynamic count buffer "
-                                 "holds %llu bytes; it needs 12 (three "
-                                 "uint32_t)",
-                                 cube_kernel_name(k),
-                                 (unsigned long long)count_res.size);
-    }
+    cube_error *err = check_request(c, k, count, args, nargs, mode);
     if (err)
-        goto unpin;
-
-    /* A buffer made in a dry run gets its memory at its first real use. */
-    if (!(mode & CUBE_LAUNCH_SKIP)) {
-        err = core_materialize(c, r, nargs);
-        if (!err && dynamic)
-            err = core_materialize(c, &count_res, 1);
-        if (err)
-            goto unpin;
+        return err;
+    launch_job job;
+    job_begin(&job, c, k, count, args, nargs, mode);
+    err = resolve_args(c, &job);
+    if (!err)
+        err = materialize(c, &job);
+    if (err) {
+        unpin(c, &job);
+        return err;
     }
 
     /* From here on a failure is the launch's: it lands on the buffers. */
-    const cube_compiled *cc = NULL;
-    uint32_t arg_of_param[CUBE_MAX_PARAMS] = {0};
-    err = get_compiled(c, k, mode, &cc);
-    if (!err && !cc)
-        err = cube_error_new(CUBE_ERR_INTERNAL, "compiled kernel missing");
-    if (!err) {
-        err = bind_args(k, cc, args, nargs, arg_of_param);
-        /* Arguments that do not fit the signature cannot say which
-         * buffers are outputs: every bound buffer takes the failure. */
+    err = prepare(c, &job);
+    /* A dry run ends here (compiled, validated, cached, dropped) and
+     * changes no buffer's state, failed or not. */
+    if (!(job.mode & CUBE_LAUNCH_SKIP)) {
+        if (!err)
+            err = refuse_untrusted_inputs(c, &job);
+        if (!err)
+            err = run_dispatch(c, &job);
         if (err)
-            cc = NULL;
+            record_failure(c, &job, err);
     }
-    if (!err)
-        err = check_limits(c, k, cc);
-    if (!err && (mode & CUBE_LAUNCH_SKIP))
-        goto unpin; /* compiled, validated, cached: dropped */
-
-    /* An input that cannot be trusted makes the outputs untrustworthy:
-     * carry its failure forward instead of computing from stale bytes. */
-    for (uint32_t p = 0; !err && p < cc->param_count; p++) {
-        if (!param_is_read(cc->params[p].kind))
-            continue;
-        cube_error *f = core_failure_get(c, r[arg_of_param[p]].alloc);
-        if (f)
-            err = cube_error_wrap(
-                f, CUBE_ERR_SEVERAL,
-                "cube_launch(%s): input args[%u] (buffer "
-                "0x%016llx) cannot be trusted",
-                cube_kernel_name(k), arg_of_param[p],
-                (unsigned long long)r[arg_of_param[p]].handle.bits);
-    }
-    if (!err && dynamic) {
-        cube_error *f = core_failure_get(c, count_res.alloc);
-        if (f)
-            err = cube_error_wrap(f, CUBE_ERR_SEVERAL,
-                                  "cube_launch(%s): the dynamic count buffer "
-                                  "cannot be trusted",
-                                  cube_kernel_name(k));
-    }
-    if (!err)
-        err = run_dispatch(c, k, cc, count, dynamic ? &count_res : NULL, args,
-                           arg_of_param, r, mode);
-    /* A dry run changes no buffer's state, failed or not. */
-    if (err && !(mode & CUBE_LAUNCH_SKIP)) {
-        record_failure(c, cc, arg_of_param, r, nargs, err);
-        core_stream_note_failure_now(c, err);
-        cube_log_write(CUBE_LOG_DEBUG, "launch", "%s failed: %s",
-                       cube_kernel_name(k), cube_error_message(err));
-    }
-
-unpin:
-    for (size_t a = 0; a < nargs; a++)
-        core_resolved_drop(c, &r[a]);
-    core_resolved_drop(c, &count_res);
+    unpin(c, &job);
     return err;
 }
