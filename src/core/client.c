@@ -103,18 +103,25 @@ cube_error *cube_client_open(const char *device,
     cube_client *c = calloc(1, sizeof *c);
     if (!c)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_client_open");
+    c->serial = atomic_fetch_add(&next_client_serial, 1);
+    /* Tags cycle through 1..4095 so handles of recent clients differ. */
+    c->tag = (uint32_t)(c->serial % 4095) + 1;
+    /* The handle table first: a client without one could hold no buffer,
+     * and nothing of the backend is opened yet to be undone. */
+    err = core_handles_init(c);
+    if (err) {
+        free(c);
+        return cube_error_prefix(err, "cube_client_open(%s)", device);
+    }
     err = backend->open(index, &opts, &c->server);
     if (err) {
+        core_handles_destroy(c);
         free(c);
         return cube_error_prefix(err, "cube_client_open(%s)", device);
     }
     c->vt = c->server->vt;
     c->server->client = c;
-    c->serial = atomic_fetch_add(&next_client_serial, 1);
-    /* Tags cycle through 1..4095 so handles of recent clients differ. */
-    c->tag = (uint32_t)(c->serial % 4095) + 1;
     snprintf(c->device, sizeof c->device, "%s:%u", name, index);
-    core_handles_init(c);
     cube_mutex_init(&c->failure_lock);
     cube_mutex_init(&c->streams_lock);
     cube_mutex_init(&c->cache_lock);

@@ -168,7 +168,9 @@ struct cube_client {
 };
 
 /* --- handles.c --- */
-void core_handles_init(cube_client *c);
+/* The handle table. On error nothing is left to destroy.
+ * Errors: CUBE_ERR_OUT_OF_MEMORY. */
+cube_error *core_handles_init(cube_client *c);
 void core_handles_destroy(cube_client *c);
 /* Resolves and pins `h`. Errors: CUBE_ERR_NOT_FOUND (message names `what`). */
 cube_error *core_resolve(cube_client *c, cube_handle h, const char *what,

@@ -42,16 +42,20 @@ static uint32_t state_refs(uint64_t state)
     return (uint32_t)state;
 }
 
-void core_handles_init(cube_client *c)
+cube_error *core_handles_init(cube_client *c)
 {
+    /* The chunk pointers are allocated once and never move. */
+    c->chunks = calloc(CORE_MAX_CHUNKS, sizeof *c->chunks);
+    if (!c->chunks)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "the handle table (%zu bytes)",
+                              (size_t)CORE_MAX_CHUNKS * sizeof *c->chunks);
     cube_mutex_init(&c->handles_lock);
     cube_mutex_init(&c->defer_lock);
     c->free_head = c->free_tail = NO_SLOT;
     atomic_init(&c->hot_slot, NO_SLOT);
     atomic_init(&c->slot_count, 0);
-    /* The chunk pointers are allocated once and never move; a failure
-     * here leaves chunks NULL and every allocation reports it. */
-    c->chunks = calloc(CORE_MAX_CHUNKS, sizeof *c->chunks);
+    return NULL;
 }
 
 /* Allocation records are recycled through a small stash per thread, so
@@ -169,9 +173,10 @@ void core_handles_destroy(cube_client *c)
         if (a)
             alloc_unref(c, a);
     }
-    for (uint32_t k = 0; c->chunks && k < CORE_MAX_CHUNKS; k++)
+    for (uint32_t k = 0; k < CORE_MAX_CHUNKS; k++)
         free(atomic_load(&c->chunks[k]));
     free((void *)c->chunks);
+    c->chunks = NULL;
     cube_mutex_destroy(&c->handles_lock);
     cube_mutex_destroy(&c->defer_lock);
 }
@@ -193,7 +198,7 @@ static cube_error *take_slot(cube_client *c, uint32_t *out)
         return NULL;
     }
     uint32_t count = atomic_load_explicit(&c->slot_count, memory_order_relaxed);
-    if (!c->chunks || count == CORE_MAX_CHUNKS * CORE_CHUNK_SLOTS)
+    if (count == CORE_MAX_CHUNKS * CORE_CHUNK_SLOTS)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "the handle table is full (%u live handles)",
                               count);
