@@ -24,13 +24,19 @@ typedef struct cube_client cube_client;
 
 /* A buffer handle: a small value naming a reference to device memory (an
  * allocation, or a byte range of one). Handles are checked on every use: a
- * released handle or one from another client is refused with
- * CUBE_ERR_NOT_FOUND, never dereferenced. The zero value is never valid. */
+ * released handle or one from another client (open or closed) is refused
+ * with CUBE_ERR_NOT_FOUND, never dereferenced. A value is handed out at
+ * most once in a process, however many clients open and close, so a stale
+ * or foreign handle never names some other buffer. The zero value is
+ * never valid. */
 typedef struct cube_handle {
     uint64_t bits;
 } cube_handle;
 
 typedef uint64_t cube_stream_id;
+
+/* The most clients open at once in a process. */
+#define CUBE_MAX_CLIENTS 4095u
 
 typedef struct cube_client_options {
     /* sizeof(cube_client_options): lets the struct grow compatibly. */
@@ -49,11 +55,14 @@ CUBE_API cube_client_options cube_client_options_default(void);
 
 /* Opens `device`: "cpu", "cuda", "cuda:N" (N in decimal digits, 0..1024),
  * "null" (host memory, no kernels), or NULL for $CUBERT_DEVICE, else
- * "cpu". `options` may be NULL.
+ * "cpu". `options` may be NULL. At most CUBE_MAX_CLIENTS clients are open
+ * at once in a process (a closed one makes room).
  * Errors: CUBE_ERR_INVALID_ARGUMENT (out NULL, malformed device string or
- * options), CUBE_ERR_NOT_FOUND (unknown backend, device index out of range),
+ * options),
+ * CUBE_ERR_NOT_FOUND (unknown backend, device index out of range),
  * CUBE_ERR_UNAVAILABLE (the backend cannot run here; the message says why),
- * CUBE_ERR_OUT_OF_MEMORY. */
+ * CUBE_ERR_RESOURCE_LIMIT (CUBE_MAX_CLIENTS clients are open),
+ * CUBE_ERR_OUT_OF_MEMORY (then nothing is left open). */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_client_open(const char *device, const cube_client_options *options,
                  cube_client **out);

@@ -104,8 +104,6 @@ cube_error *cube_client_open(const char *device,
     if (!c)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_client_open");
     c->serial = atomic_fetch_add(&next_client_serial, 1);
-    /* Tags cycle through 1..4095 so handles of recent clients differ. */
-    c->tag = (uint32_t)(c->serial % 4095) + 1;
     /* The handle table first: a client without one could hold no buffer,
      * and nothing of the backend is opened yet to be undone. */
     err = core_handles_init(c);

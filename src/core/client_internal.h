@@ -109,14 +109,22 @@ typedef struct core_cache_entry {
 #define CORE_CACHE_BUCKETS 256
 #define CORE_CHUNK_SLOTS 4096u
 #define CORE_MAX_CHUNKS 16384u /* 67,108,864 handles */
+/* Handle bits: tag (12) | generation (26) | slot index (26). */
+#define CORE_HANDLE_TAG_SHIFT 52
+#define CORE_HANDLE_GEN_SHIFT 26
+#define CORE_HANDLE_GEN_MAX ((1u << 26) - 1u)
+#define CORE_HANDLE_INDEX_MASK ((1u << 26) - 1u)
+#define CORE_MAX_CLIENTS CUBE_MAX_CLIENTS /* one tag each; tag 0 unused */
 #define CORE_STREAM_CHUNK 256u
 #define CORE_STREAM_CHUNKS 256u /* CUBE_MAX_STREAMS + 1 pointers */
 
 struct cube_client {
     cube_server *server;
     const cube_server_vtable *vt;
-    uint64_t serial; /* process-unique */
-    uint32_t tag;    /* 12 bits in every handle of this client */
+    uint64_t serial; /* process-unique, never reused */
+    /* 12 bits in every handle of this client, held by no other open
+     * client (handles.c) */
+    uint32_t tag;
     cube_properties props;
     char device[48];
 
@@ -130,6 +138,11 @@ struct cube_client {
      * allocation takes it back with one exchange instead of the lock;
      * UINT32_MAX: none. */
     _Atomic uint32_t hot_slot;
+    /* Per slot index below gen_start_count, the first generation this
+     * client may issue there, left by the clients that held its tag
+     * before (0: none left, the index is skipped); set at open. */
+    const uint32_t *gen_start;
+    uint32_t gen_start_count;
     /* FIFO of free slots, UINT32_MAX: none */
     uint32_t free_head CUBE_GUARDED_FIELD(handles_lock);
     uint32_t free_tail CUBE_GUARDED_FIELD(handles_lock);
@@ -168,10 +181,14 @@ struct cube_client {
 };
 
 /* --- handles.c --- */
-/* The handle table. On error nothing is left to destroy.
- * Errors: CUBE_ERR_OUT_OF_MEMORY. */
+/* The handle table and the client's tag; needs c->serial. On error
+ * nothing is left to destroy. Errors: CUBE_ERR_OUT_OF_MEMORY,
+ * CUBE_ERR_RESOURCE_LIMIT (every tag is held by an open client). */
 cube_error *core_handles_init(cube_client *c);
 void core_handles_destroy(cube_client *c);
+/* Whether the client with `serial` (whose tag was `tag`) is still open:
+ * serials are never reused. Lock-free. */
+int core_client_is_open(uint32_t tag, uint64_t serial);
 /* Resolves and pins `h`. Errors: CUBE_ERR_NOT_FOUND (message names `what`). */
 cube_error *core_resolve(cube_client *c, cube_handle h, const char *what,
                          core_resolved *out);

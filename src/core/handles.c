@@ -1,10 +1,21 @@
 /* The handle table: generation-checked slots, so a released or foreign
  * handle is refused instead of dereferenced. Handle bits: tag (12) |
- * generation (20) | slot index (32).
+ * generation (26) | slot index (26).
+ *
+ * No (tag, generation, index) triple is issued twice in a process, so a
+ * handle names at most one buffer ever, however many clients come and go:
+ * - a tag belongs to one open client at a time (4095 tags: at most 4095
+ *   clients are open at once);
+ * - a slot's generation only grows, and a slot that has issued its last
+ *   generation is spent (never reused) rather than wrapped;
+ * - a client that takes a tag another client held before starts each slot
+ *   index at the first generation its predecessors did not issue there
+ *   (tag_gens: 4 bytes per slot index, kept per tag while the process
+ *   lives).
  *
  * Locks (docs/threading.md): defer_lock, then the backend's memory locks
  * (backing a dry-run buffer); handles_lock alone, never held while
- * memory is given back.
+ * memory is given back; tags_lock (process-wide) alone.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,14 +25,57 @@
 #include "core/trace.h"
 #include "memory/memory_manager.h"
 
-#define GEN_MASK 0xFFFFFu
+#define TAG_SHIFT CORE_HANDLE_TAG_SHIFT
+#define GEN_SHIFT CORE_HANDLE_GEN_SHIFT
+#define GEN_MAX CORE_HANDLE_GEN_MAX
+#define INDEX_MASK CORE_HANDLE_INDEX_MASK
+#define TAG_COUNT (CORE_MAX_CLIENTS + 1u) /* tag 0 is never given */
 #define NO_SLOT UINT32_MAX
+
+_Static_assert(INDEX_MASK + (uint64_t)1 ==
+                   (uint64_t)CORE_MAX_CHUNKS * CORE_CHUNK_SLOTS,
+               "every slot index fits the handle's index bits");
+_Static_assert((uint64_t)GEN_MAX + 1 == 1ull << (TAG_SHIFT - GEN_SHIFT) &&
+                   (uint64_t)TAG_COUNT == 1ull << (64 - TAG_SHIFT),
+               "tag, generation and index fill the 64 bits");
+
+/* The serial of the client holding each tag; 0: free; TAG_SPENT: never
+ * given again. Written under tags_lock, read without it. */
+#define TAG_SPENT UINT64_MAX
+static _Atomic uint64_t tag_holder[TAG_COUNT];
+
+/* Per tag, what the clients that held it issued: for each slot index
+ * below `count`, the first generation not issued there yet (0: the index
+ * is spent). */
+typedef struct tag_gens {
+    uint32_t *next;
+    uint32_t count;
+} tag_gens;
+
+static cube_mutex tags_lock = CUBE_MUTEX_INIT;
+static tag_gens tag_gen[TAG_COUNT] CUBE_GUARDED_BY(tags_lock);
 
 static cube_handle make_handle(const cube_client *c, uint32_t index,
                                uint32_t gen)
 {
-    cube_handle h = {((uint64_t)c->tag << 52) | ((uint64_t)gen << 32) | index};
+    cube_handle h = {((uint64_t)c->tag << TAG_SHIFT) |
+                     ((uint64_t)gen << GEN_SHIFT) | index};
     return h;
+}
+
+static uint32_t handle_tag(cube_handle h)
+{
+    return (uint32_t)(h.bits >> TAG_SHIFT);
+}
+
+static uint32_t handle_gen(cube_handle h)
+{
+    return (uint32_t)(h.bits >> GEN_SHIFT) & GEN_MAX;
+}
+
+static uint32_t handle_index(cube_handle h)
+{
+    return (uint32_t)h.bits & INDEX_MASK;
 }
 
 /* The slot at `index`, or NULL when its chunk does not exist. */
@@ -42,20 +96,104 @@ static uint32_t state_refs(uint64_t state)
     return (uint32_t)state;
 }
 
+int core_client_is_open(uint32_t tag, uint64_t serial)
+{
+    return tag < TAG_COUNT &&
+           atomic_load_explicit(&tag_holder[tag], memory_order_acquire) ==
+               serial;
+}
+
+/* Gives `c` the lowest free tag, with what its predecessors issued. */
+static cube_error *tag_take(cube_client *c)
+{
+    cube_mutex_lock(&tags_lock);
+    for (uint32_t t = 1; t < TAG_COUNT; t++) {
+        if (atomic_load_explicit(&tag_holder[t], memory_order_relaxed))
+            continue;
+        atomic_store_explicit(&tag_holder[t], c->serial, memory_order_release);
+        c->tag = t;
+        c->gen_start = tag_gen[t].next;
+        c->gen_start_count = tag_gen[t].count;
+        cube_mutex_unlock(&tags_lock);
+        return NULL;
+    }
+    cube_mutex_unlock(&tags_lock);
+    return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                          "at most %u clients may be open at once in a "
+                          "process",
+                          TAG_COUNT - 1);
+}
+
+/* The first generation slot `s` has not issued (0: none is left). */
+static uint32_t slot_next_gen(const core_slot *s)
+{
+    uint64_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    uint32_t gen = state_gen(st);
+    if (gen == 0 || state_refs(st) == 0)
+        return gen; /* spent, or free with a generation not yet issued */
+    return gen < GEN_MAX ? gen + 1 : 0;
+}
+
+/* Leaves what `c` issued to the next holder of its tag (at close, before
+ * any slot is cleared). When that record cannot grow, the tag is spent:
+ * no later client gets it. */
+static void tag_save(cube_client *c)
+{
+    uint32_t count = atomic_load(&c->slot_count);
+    cube_mutex_lock(&tags_lock);
+    tag_gens *g = &tag_gen[c->tag];
+    if (count > g->count) {
+        uint32_t *grown = realloc(g->next, count * sizeof *grown);
+        if (!grown) {
+            atomic_store_explicit(&tag_holder[c->tag], TAG_SPENT,
+                                  memory_order_release);
+            cube_mutex_unlock(&tags_lock);
+            cube_log_write(CUBE_LOG_WARN, "client",
+                           "out of memory at close: handle tag %u is not "
+                           "given to another client",
+                           c->tag);
+            return;
+        }
+        g->next = grown;
+        g->count = count;
+    }
+    for (uint32_t i = 0; i < count; i++)
+        g->next[i] = slot_next_gen(slot_at(c, i));
+    cube_mutex_unlock(&tags_lock);
+}
+
+/* Frees the tag of `c` for the next client (unless it is spent). */
+static void tag_give_back(cube_client *c)
+{
+    cube_mutex_lock(&tags_lock);
+    if (atomic_load_explicit(&tag_holder[c->tag], memory_order_relaxed) ==
+        c->serial)
+        atomic_store_explicit(&tag_holder[c->tag], 0, memory_order_release);
+    cube_mutex_unlock(&tags_lock);
+}
+
 cube_error *core_handles_init(cube_client *c)
 {
-    /* The chunk pointers are allocated once and never move. */
-    c->chunks = calloc(CORE_MAX_CHUNKS, sizeof *c->chunks);
-    if (!c->chunks)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "the handle table (%zu bytes)",
-                              (size_t)CORE_MAX_CHUNKS * sizeof *c->chunks);
     cube_mutex_init(&c->handles_lock);
     cube_mutex_init(&c->defer_lock);
     c->free_head = c->free_tail = NO_SLOT;
     atomic_init(&c->hot_slot, NO_SLOT);
     atomic_init(&c->slot_count, 0);
-    return NULL;
+    c->tag = 0;
+    /* The chunk pointers are allocated once and never move. */
+    c->chunks = calloc(CORE_MAX_CHUNKS, sizeof *c->chunks);
+    cube_error *err =
+        c->chunks ? tag_take(c)
+                  : cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                                   "the handle table (%zu bytes)",
+                                   (size_t)CORE_MAX_CHUNKS * sizeof *c->chunks);
+    if (err) {
+        free((void *)c->chunks);
+        c->chunks = NULL;
+        cube_mutex_destroy(&c->handles_lock);
+        cube_mutex_destroy(&c->defer_lock);
+    }
+    return err;
 }
 
 /* Allocation records are recycled through a small stash per thread, so
@@ -161,6 +299,7 @@ static void alloc_unref(cube_client *c, core_alloc *a)
 
 void core_handles_destroy(cube_client *c)
 {
+    tag_save(c);
     /* Buffers the caller never released go back with the client. */
     uint32_t count = atomic_load(&c->slot_count);
     for (uint32_t i = 0; i < count; i++) {
@@ -177,12 +316,15 @@ void core_handles_destroy(cube_client *c)
         free(atomic_load(&c->chunks[k]));
     free((void *)c->chunks);
     c->chunks = NULL;
+    tag_give_back(c);
     cube_mutex_destroy(&c->handles_lock);
     cube_mutex_destroy(&c->defer_lock);
 }
 
-/* A free slot index, under handles_lock. A new slot starts at
- * generation 1; a reused one has the generation its release set. */
+/* A free slot index, under handles_lock. A new slot starts at the first
+ * generation the tag's earlier clients did not issue there (1 for an
+ * index they never used); a reused one has the generation its release
+ * set. An index the earlier clients spent is skipped. */
 static cube_error *take_slot(cube_client *c, uint32_t *out)
     CUBE_REQUIRES(c->handles_lock);
 
@@ -197,37 +339,63 @@ static cube_error *take_slot(cube_client *c, uint32_t *out)
         *out = i;
         return NULL;
     }
-    uint32_t count = atomic_load_explicit(&c->slot_count, memory_order_relaxed);
-    if (count == CORE_MAX_CHUNKS * CORE_CHUNK_SLOTS)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "the handle table is full (%u live handles)",
-                              count);
-    if (count % CORE_CHUNK_SLOTS == 0) {
-        core_slot *chunk = aligned_alloc(_Alignof(core_slot),
-                                         CORE_CHUNK_SLOTS * sizeof *chunk);
-        if (!chunk)
-            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "handle table");
-        memset(chunk, 0, CORE_CHUNK_SLOTS * sizeof *chunk);
-        atomic_store_explicit(&c->chunks[count / CORE_CHUNK_SLOTS], chunk,
-                              memory_order_release);
+    for (;;) {
+        uint32_t count =
+            atomic_load_explicit(&c->slot_count, memory_order_relaxed);
+        if (count == CORE_MAX_CHUNKS * CORE_CHUNK_SLOTS)
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                                  "the handle table is full (%u slots)", count);
+        if (count % CORE_CHUNK_SLOTS == 0) {
+            core_slot *chunk = aligned_alloc(_Alignof(core_slot),
+                                             CORE_CHUNK_SLOTS * sizeof *chunk);
+            if (!chunk)
+                return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "handle table");
+            memset(chunk, 0, CORE_CHUNK_SLOTS * sizeof *chunk);
+            atomic_store_explicit(&c->chunks[count / CORE_CHUNK_SLOTS], chunk,
+                                  memory_order_release);
+        }
+        uint32_t gen = count < c->gen_start_count ? c->gen_start[count] : 1;
+        /* A spent index keeps state 0: no handle resolves to it. */
+        atomic_store_explicit(&slot_at(c, count)->state, (uint64_t)gen << 32,
+                              memory_order_relaxed);
+        atomic_store_explicit(&c->slot_count, count + 1, memory_order_release);
+        if (gen != 0) {
+            *out = count;
+            return NULL;
+        }
     }
-    atomic_store_explicit(&slot_at(c, count)->state, (uint64_t)1 << 32,
-                          memory_order_relaxed);
-    atomic_store_explicit(&c->slot_count, count + 1, memory_order_release);
-    *out = count;
-    return NULL;
+}
+
+/* take_slot under handles_lock, kept out of line: inlined, its loop
+ * would make publish spill registers on the hot-slot path too. */
+#if defined(__GNUC__)
+#define OUT_OF_LINE __attribute__((noinline))
+#else
+#define OUT_OF_LINE
+#endif
+
+static OUT_OF_LINE uint32_t take_slot_locked(cube_client *c, cube_error **err)
+{
+    uint32_t i = NO_SLOT;
+    cube_mutex_lock(&c->handles_lock);
+    *err = take_slot(c, &i);
+    cube_mutex_unlock(&c->handles_lock);
+    return i;
 }
 
 /* Retires a slot whose count reached zero: the generation moves on, so
- * its handles stop resolving, and the slot goes to the free list. The
+ * its handles stop resolving, and the slot goes to the free list; a slot
+ * that issued its last generation is spent instead and never reused. The
  * caller then drops the slot's reference on its allocation. */
 static void put_slot(cube_client *c, uint32_t i, core_slot *s)
 {
-    uint32_t gen = (state_gen(atomic_load(&s->state)) + 1) & GEN_MASK;
-    if (gen == 0)
-        gen = 1;
+    uint32_t gen = state_gen(atomic_load(&s->state)) + 1;
     s->alloc = NULL;
     s->next_free = NO_SLOT;
+    if (gen > GEN_MAX) {
+        atomic_store_explicit(&s->state, 0, memory_order_release);
+        return;
+    }
     /* Count 0: no lookup pins it from here on, whatever list it is in. */
     atomic_store_explicit(&s->state, (uint64_t)gen << 32, memory_order_release);
     /* It becomes the hot slot; the one it replaces joins the free list. */
@@ -249,10 +417,9 @@ static void put_slot(cube_client *c, uint32_t i, core_slot *s)
  * (another generation) is refused. */
 static core_slot *pin_slot(cube_client *c, cube_handle h, uint32_t *index)
 {
-    uint32_t tag = (uint32_t)(h.bits >> 52);
-    uint32_t gen = (uint32_t)(h.bits >> 32) & GEN_MASK;
-    uint32_t i = (uint32_t)h.bits;
-    if (tag != c->tag ||
+    uint32_t gen = handle_gen(h);
+    uint32_t i = handle_index(h);
+    if (handle_tag(h) != c->tag ||
         i >= atomic_load_explicit(&c->slot_count, memory_order_acquire))
         return NULL;
     core_slot *s = slot_at(c, i);
@@ -260,7 +427,7 @@ static core_slot *pin_slot(cube_client *c, cube_handle h, uint32_t *index)
         return NULL;
     uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
     for (;;) {
-        if ((state_gen(st) & GEN_MASK) != gen || state_refs(st) == 0 ||
+        if (state_gen(st) != gen || state_refs(st) == 0 ||
             state_refs(st) == UINT32_MAX)
             return NULL;
         if (atomic_compare_exchange_weak_explicit(&s->state, &st, st + 1,
@@ -288,11 +455,15 @@ static void unpin_slot(cube_client *c, uint32_t i, core_slot *s)
 static cube_error *not_found(const cube_client *c, cube_handle h,
                              const char *what)
 {
-    uint32_t tag = (uint32_t)(h.bits >> 52);
+    uint32_t i = handle_index(h);
     if (h.bits == 0)
         return cube_error_new(CUBE_ERR_NOT_FOUND,
                               "%s: the handle is zero (never created)", what);
-    if (tag != c->tag)
+    /* Generations at an index only grow: one below where this client
+     * began was issued by an earlier holder of the tag. */
+    if (handle_tag(h) != c->tag ||
+        (i < c->gen_start_count &&
+         (c->gen_start[i] == 0 || handle_gen(h) < c->gen_start[i])))
         return cube_error_new(CUBE_ERR_NOT_FOUND,
                               "%s: handle 0x%016llx belongs to another client",
                               what, (unsigned long long)h.bits);
@@ -383,9 +554,8 @@ static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
     uint32_t i =
         atomic_exchange_explicit(&c->hot_slot, NO_SLOT, memory_order_acq_rel);
     if (i == NO_SLOT) {
-        cube_mutex_lock(&c->handles_lock);
-        cube_error *err = take_slot(c, &i);
-        cube_mutex_unlock(&c->handles_lock);
+        cube_error *err = NULL;
+        i = take_slot_locked(c, &err);
         if (err)
             return err;
     }
@@ -398,7 +568,7 @@ static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
         state_gen(atomic_load_explicit(&s->state, memory_order_relaxed));
     /* The fields above become visible with the count of one. */
     atomic_store_explicit(&s->state, (gen << 32) | 1, memory_order_release);
-    *out = make_handle(c, i, (uint32_t)gen & GEN_MASK);
+    *out = make_handle(c, i, (uint32_t)gen);
     return NULL;
 }
 
@@ -507,18 +677,17 @@ cube_error *cube_handle_release(cube_client *c, cube_handle h)
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_handle_release: client is NULL");
-    uint32_t tag = (uint32_t)(h.bits >> 52);
-    uint32_t gen = (uint32_t)(h.bits >> 32) & GEN_MASK;
-    uint32_t i = (uint32_t)h.bits;
+    uint32_t gen = handle_gen(h);
+    uint32_t i = handle_index(h);
     core_slot *s = NULL;
-    if (tag == c->tag &&
+    if (handle_tag(h) == c->tag &&
         i < atomic_load_explicit(&c->slot_count, memory_order_acquire))
         s = slot_at(c, i);
     if (!s)
         return not_found(c, h, "cube_handle_release");
     uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
     for (;;) {
-        if ((state_gen(st) & GEN_MASK) != gen || state_refs(st) == 0)
+        if (state_gen(st) != gen || state_refs(st) == 0)
             return not_found(c, h, "cube_handle_release");
         if (atomic_compare_exchange_weak_explicit(&s->state, &st, st - 1,
                                                   memory_order_acq_rel,

@@ -195,6 +195,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(buffer_retained_twice_needs_three_releases)                              \
     X(buffer_released_handle_is_not_found_everywhere)                          \
     X(buffer_handle_of_another_client_is_not_found)                            \
+    X(buffer_handle_stays_foreign_to_thousands_of_later_clients)               \
     X(buffer_zero_handle_is_not_found)                                         \
     X(buffer_size_zero_is_invalid_argument)                                    \
     X(buffer_size_near_uint64_max_is_buffer_too_big)                           \

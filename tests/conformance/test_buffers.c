@@ -291,6 +291,98 @@ CONF_TEST(buffer_handle_of_another_client_is_not_found)
     cube_client_close(other);
 }
 
+/* Whether `c` refuses handle `h` of another client with NOT_FOUND on every
+ * entry point that takes one; prints what it accepted. */
+static int refuses_foreign(cube_client *c, cube_handle h, const char *whose,
+                           int round)
+{
+    unsigned char out[16];
+    memset(out, 0, sizeof out);
+    cube_copy_desc d = cube_copy_desc_contiguous(h, sizeof out, 1);
+    void *dst[1] = {out};
+    uint64_t sz[1] = {sizeof out};
+    uint64_t size = 0;
+    cube_handle slice = {0};
+    cube_error *errs[] = {cube_handle_retain(c, h),
+                          cube_handle_size(c, h, &size),
+                          cube_handle_slice(c, h, 0, 1, &slice),
+                          cube_read(c, &d, dst, sz, 1),
+                          cube_write(c, &d, (const void *const *)dst, sz, 1),
+                          cube_check(c, &h, 1),
+                          cube_handle_release(c, h)};
+    static const char *const what[] = {"retain", "size",  "slice",  "read",
+                                       "write",  "check", "release"};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        if (cube_error_code(errs[i]) != CUBE_ERR_NOT_FOUND) {
+            print_error("client %d opened after the %s one accepted its "
+                        "handle 0x%016llx in %s (%s)\n",
+                        round, whose, (unsigned long long)h.bits, what[i],
+                        errs[i] ? cube_error_message(errs[i]) : "success");
+            ok = 0;
+        }
+        cube_error_free(errs[i]);
+    }
+    return ok;
+}
+
+/* Far more clients than a handle has bits to tell apart by a counter:
+ * a handle of an open client and one of a closed client are refused by
+ * every client opened after them, and neither the refusals nor the
+ * other clients touch any buffer. */
+CONF_TEST(buffer_handle_stays_foreign_to_thousands_of_later_clients)
+{
+    enum { LATER = 4200, BYTES = 16 };
+    cube_client_options o = cube_client_options_default();
+    o.cpu_threads = 1; /* no worker threads: opening stays cheap */
+    unsigned char first_in[BYTES], in[BYTES], out[BYTES];
+    conf_pattern(first_in, sizeof first_in, 4242);
+
+    cube_client *first = NULL, *gone = NULL;
+    CONF_OK(cube_client_open(conf.backend, &o, &first));
+    cube_handle kept, closed;
+    CONF_OK(cube_create(first, first_in, BYTES, &kept));
+    CONF_OK(cube_client_open(conf.backend, &o, &gone));
+    CONF_OK(cube_create(gone, first_in, BYTES, &closed));
+    cube_client_close(gone);
+
+    int ok = 1;
+    for (int round = 0; round < LATER && ok; round++) {
+        cube_client *c = NULL;
+        CONF_OK(cube_client_open(conf.backend, &o, &c));
+        /* The client's own first buffers: the slots a handle of the first
+         * client names. */
+        cube_handle own[2];
+        conf_pattern(in, sizeof in, (uint32_t)round);
+        CONF_OK(cube_create(c, in, BYTES, &own[0]));
+        CONF_OK(cube_create(c, in, BYTES, &own[1]));
+        ok = refuses_foreign(c, kept, "kept", round) &&
+             refuses_foreign(c, closed, "closed", round);
+        for (int k = 0; k < 2; k++) {
+            cube_copy_desc d = cube_copy_desc_contiguous(own[k], BYTES, 1);
+            void *dst[1] = {out};
+            uint64_t sz[1] = {BYTES};
+            memset(out, 0, sizeof out);
+            CONF_OK(cube_read(c, &d, dst, sz, 1));
+            if (memcmp(in, out, BYTES) != 0) {
+                print_error("client %d: its own buffer changed\n", round);
+                ok = 0;
+            }
+            CONF_OK(cube_handle_release(c, own[k]));
+        }
+        cube_client_close(c);
+    }
+    assert_true(ok);
+
+    cube_copy_desc d = cube_copy_desc_contiguous(kept, BYTES, 1);
+    void *dst[1] = {out};
+    uint64_t sz[1] = {BYTES};
+    CONF_OK(cube_read(first, &d, dst, sz, 1));
+    assert_memory_equal(first_in, out, BYTES);
+    CONF_OK(cube_handle_release(first, kept));
+    cube_client_close(first);
+}
+
 CONF_TEST(buffer_zero_handle_is_not_found)
 {
     cube_handle zero = {0};
