@@ -168,9 +168,11 @@ CUBE_API cube_stream_id cube_stream_current(cube_client *client);
 /* Makes the calling thread work on `stream` (any id; a new id creates the
  * stream on first use). 0 restores the thread's own stream. Threads' own
  * streams have ids with the top bit set, so an id below 2^63 chosen by the
- * application never aliases one by accident.
+ * application never aliases one by accident. A thread names streams on at
+ * most 8 open clients at once: a choice ends when its client closes (or
+ * with 0).
  * Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL), CUBE_ERR_RESOURCE_LIMIT
- * (the thread already names streams on 8 other clients). */
+ * (the thread already names streams on 8 other open clients). */
 CUBE_API CUBE_MUST_USE cube_error *cube_stream_use(cube_client *client,
                                                    cube_stream_id stream);
 

@@ -22,11 +22,15 @@ static atomic_uint_fast64_t next_thread_stream = 1;
 /* The calling thread's own stream id (the same for every client). */
 static _Thread_local cube_stream_id thread_stream;
 
-/* Streams a thread chose with cube_stream_use, per client. */
+/* Streams a thread chose with cube_stream_use, per client. A choice on a
+ * client that has closed since is given back by the next
+ * cube_stream_use that looks for room. */
 #define STREAM_OVERRIDES 8
 static _Thread_local struct {
     // cppcheck-suppress unusedStructMember
     uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
+    // cppcheck-suppress unusedStructMember
+    uint32_t client_tag; /* to ask whether the client is still open */
     // cppcheck-suppress unusedStructMember
     cube_stream_id stream;
 } overrides[STREAM_OVERRIDES];
@@ -78,12 +82,23 @@ cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
     }
     if (stream == 0)
         return NULL;
+    /* Choices on clients closed since give their room back (a serial is
+     * never reused, so a closed client's choice matches no client). */
+    for (int i = 0; free_slot < 0 && i < STREAM_OVERRIDES; i++) {
+        if (!core_client_is_open(overrides[i].client_tag,
+                                 overrides[i].client_serial)) {
+            overrides[i].client_serial = 0;
+            override_count--;
+            free_slot = i;
+        }
+    }
     if (free_slot < 0)
         return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
                               "cube_stream_use: a thread may name streams on "
-                              "at most %d clients at once",
+                              "at most %d open clients at once",
                               STREAM_OVERRIDES);
     overrides[free_slot].client_serial = c->serial;
+    overrides[free_slot].client_tag = c->tag;
     overrides[free_slot].stream = stream;
     override_count++;
     return NULL;

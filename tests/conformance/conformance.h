@@ -288,6 +288,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(threads_four_share_one_client_for_200_rounds)                            \
     X(stream_ids_lists_every_stream_used)                                      \
     X(stream_use_switches_and_restores_the_stream)                             \
+    X(stream_use_choices_on_closed_clients_are_given_back)                     \
     X(stream_work_written_on_one_stream_is_read_on_another)                    \
     X(memory_usage_grows_and_shrinks_with_buffers)                             \
     X(memory_cleanup_keeps_live_buffers_readable)                              \

@@ -220,6 +220,100 @@ CONF_TEST_NEEDS(stream_use_switches_and_restores_the_stream,
     conf_release(y);
 }
 
+/* --- stream choices outlive no client --- */
+
+enum { USE_CLIENTS = 8, USE_ROUNDS = 3 };
+
+typedef struct use_result {
+    int failures;
+    char first[512];
+} use_result;
+
+static void use_fail(use_result *r, const char *what, cube_error *err)
+{
+    if (r->failures++ == 0)
+        snprintf(r->first, sizeof r->first, "%s: %s", what,
+                 err ? cube_error_message(err) : "unexpected success");
+    cube_error_free(err);
+}
+
+/* Runs on a thread of its own, whose stream choices start empty. */
+static void *use_on_closed_clients(void *arg)
+{
+    use_result *r = arg;
+    const cube_stream_id id = 0x7EA0000000000010ull;
+    cube_client *c[USE_CLIENTS + 1] = {NULL};
+    /* Round after round the thread names a stream on 8 clients, which
+     * then close: each round has the whole limit again. */
+    for (int round = 0; round < USE_ROUNDS && !r->failures; round++) {
+        for (int i = 0; i < USE_CLIENTS; i++) {
+            cube_error *err = cube_client_open(conf.backend, NULL, &c[i]);
+            if (err) {
+                use_fail(r, "cube_client_open", err);
+                break;
+            }
+            err = cube_stream_use(c[i], id + (cube_stream_id)i);
+            if (err) {
+                char what[96];
+                snprintf(what, sizeof what,
+                         "round %d, cube_stream_use on client %d", round, i);
+                use_fail(r, what, err);
+            } else if (cube_stream_current(c[i]) != id + (cube_stream_id)i) {
+                use_fail(r, "cube_stream_current after cube_stream_use", NULL);
+            }
+        }
+        if (round == USE_ROUNDS - 1 && !r->failures) {
+            /* Eight open clients still fill the thread's choices... */
+            cube_error *err = cube_client_open(conf.backend, NULL, &c[8]);
+            if (err) {
+                use_fail(r, "cube_client_open (ninth)", err);
+            } else {
+                err = cube_stream_use(c[8], id + 8);
+                if (cube_error_code(err) != CUBE_ERR_RESOURCE_LIMIT)
+                    use_fail(r, "the ninth open client's cube_stream_use", err);
+                else
+                    cube_error_free(err);
+                /* ...until one is restored. */
+                err = cube_stream_use(c[0], 0);
+                if (!err)
+                    err = cube_stream_use(c[8], id + 8);
+                if (err)
+                    use_fail(r, "cube_stream_use after restoring one", err);
+                cube_client_close(c[8]);
+            }
+        }
+        for (int i = 0; i < USE_CLIENTS; i++) {
+            cube_client_close(c[i]);
+            c[i] = NULL;
+        }
+    }
+    /* A client opened later starts on the thread's own stream. */
+    cube_client *fresh = NULL;
+    cube_error *err = cube_client_open(conf.backend, NULL, &fresh);
+    if (err) {
+        use_fail(r, "cube_client_open (fresh)", err);
+    } else {
+        cube_stream_id own = cube_stream_current(fresh);
+        if (own == 0 || (own >> 63) == 0)
+            use_fail(r, "a fresh client's current stream is not the own one",
+                     NULL);
+        cube_client_close(fresh);
+    }
+    return NULL;
+}
+
+CONF_TEST(stream_use_choices_on_closed_clients_are_given_back)
+{
+    use_result r;
+    memset(&r, 0, sizeof r);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, use_on_closed_clients, &r), 0);
+    pthread_join(t, NULL);
+    if (r.failures)
+        print_error("%d failure(s); the first: %s\n", r.failures, r.first);
+    assert_int_equal(r.failures, 0);
+}
+
 typedef struct stream_peer {
     cube_handle y;
     int ok;
