@@ -35,14 +35,20 @@ typedef struct cube_handle {
 
 typedef uint64_t cube_stream_id;
 
+/* The most threads cube_client_options.cpu_threads may ask for. */
+#define CUBE_MAX_CPU_THREADS 4096u
+
 /* The most clients open at once in a process. */
 #define CUBE_MAX_CLIENTS 4095u
 
 typedef struct cube_client_options {
     /* sizeof(cube_client_options): lets the struct grow compatibly. */
     uint32_t struct_size;
-    /* Worker threads for the CPU backend; 0: $CUBERT_CPU_THREADS, else one
-     * per online core. */
+    /* Threads of the CPU backend, 1..CUBE_MAX_CPU_THREADS (the range of
+     * $CUBERT_CPU_THREADS); 0: $CUBERT_CPU_THREADS, else one per online
+     * core. A value above the range is refused by cube_client_open with
+     * CUBE_ERR_INVALID_ARGUMENT on every backend; backends without CPU
+     * threads ignore a value in it. */
     uint32_t cpu_threads;
     /* Kernel cache directory; NULL: $CUBERT_CACHE_DIR, else
      * $XDG_CACHE_HOME/cubert; "" disables the disk cache. Borrowed for the
@@ -58,7 +64,7 @@ CUBE_API cube_client_options cube_client_options_default(void);
  * "cpu". `options` may be NULL. At most CUBE_MAX_CLIENTS clients are open
  * at once in a process (a closed one makes room).
  * Errors: CUBE_ERR_INVALID_ARGUMENT (out NULL, malformed device string or
- * options),
+ * options: struct_size, cpu_threads above CUBE_MAX_CPU_THREADS),
  * CUBE_ERR_NOT_FOUND (unknown backend, device index out of range),
  * CUBE_ERR_UNAVAILABLE (the backend cannot run here; the message says why),
  * CUBE_ERR_RESOURCE_LIMIT (CUBE_MAX_CLIENTS clients are open),

@@ -67,6 +67,12 @@ cube_error *cube_client_open(const char *device,
                                   options->struct_size);
         memcpy(&opts, options, options->struct_size);
         opts.struct_size = sizeof opts;
+        /* Checked here, so every backend refuses it alike. */
+        if (opts.cpu_threads > CUBE_MAX_CPU_THREADS)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_client_open: options->cpu_threads %u "
+                                  "is not in 1..%u (0: the default)",
+                                  opts.cpu_threads, CUBE_MAX_CPU_THREADS);
     }
     if (!opts.cpu_threads)
         opts.cpu_threads = cfg->cpu_threads;

@@ -177,6 +177,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(client_open_bad_index_of_the_backend_under_test_is_refused)              \
     X(client_open_bad_options_struct_size_is_invalid_argument)                 \
     X(client_open_with_options_works)                                          \
+    X(client_open_cpu_threads_out_of_range_is_invalid_argument)                \
     X(client_close_frees_what_the_caller_did_not_release)                      \
     X(client_properties_are_sane)                                              \
     X(client_backend_names_lists_cpu_and_is_terminated)                        \

@@ -170,6 +170,38 @@ CONF_TEST(client_open_with_options_works)
     cube_client_close(c);
 }
 
+/* Every backend refuses the same values, whether it has CPU threads or
+ * not: the range is checked before any backend sees the options. */
+CONF_TEST(client_open_cpu_threads_out_of_range_is_invalid_argument)
+{
+    static const uint32_t bad[] = {CUBE_MAX_CPU_THREADS + 1u, 1u << 20,
+                                   UINT32_MAX};
+    cube_client_options o = cube_client_options_default();
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o.cpu_threads = bad[i];
+        cube_client *c = (cube_client *)&o; /* must be reset to NULL */
+        cube_error *err = cube_client_open(conf.backend, &o, &c);
+        char range[32];
+        snprintf(range, sizeof range, "1..%u", CUBE_MAX_CPU_THREADS);
+        const char *msg = err ? cube_error_message(err) : "";
+        if (!strstr(msg, range))
+            print_error("cpu_threads %u: '%s' does not name the range %s\n",
+                        bad[i], msg, range);
+        assert_non_null(strstr(msg, range));
+        CONF_EXPECT_MSG(err, CUBE_ERR_INVALID_ARGUMENT, "cpu_threads");
+        assert_null(c);
+    }
+    /* Values in the range open (0: the default). */
+    static const uint32_t good[] = {0, 1, 2};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        o.cpu_threads = good[i];
+        cube_client *c = NULL;
+        CONF_OK(cube_client_open(conf.backend, &o, &c));
+        assert_non_null(c);
+        cube_client_close(c);
+    }
+}
+
 CONF_TEST(client_close_frees_what_the_caller_did_not_release)
 {
     /* Buffers, slices, extra references, staging buffers, compiled kernels
