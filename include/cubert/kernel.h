@@ -156,12 +156,23 @@ enum {
  * argument list that does not fit the kernel's parameters
  * (CUBE_ERR_INVALID_ARGUMENT), an input buffer that carries a failure
  * (CUBE_ERR_SEVERAL) — is returned to the caller and recorded on the
- * buffers the launch would have written, so reads of them fail: its
- * CUBE_OUT and CUBE_INOUT arguments, or every bound buffer when the
- * kernel's parameters are unknown (it did not compile) or the arguments do
- * not fit them. Under CUBE_LAUNCH_SKIP nothing is recorded: a dry run
- * changes no buffer. Failures discovered while executing land on the
- * buffers only.
+ * buffers the launch would have written, so reads of them fail: the
+ * buffers given for its CUBE_OUT and CUBE_INOUT parameters (arguments are
+ * matched to parameters by position, also when they do not fit them), or
+ * every bound buffer when the kernel did not compile (its parameters are
+ * unknown). A buffer given only where the kernel reads or takes a scalar
+ * never carries the launch's failure.
+ * A compile that fails for want of the machine's resources rather than
+ * through the kernel — CUBE_ERR_OUT_OF_MEMORY (host or device memory, the
+ * compiler's included) or CUBE_ERR_IO (the compiler's private directory,
+ * files or process could not be made, started or waited for, the
+ * compiled object could not be loaded) — is returned and recorded on no
+ * buffer: nothing ran, every buffer holds what it held, and the same
+ * launch may be retried. CUBE_ERR_RESOURCE_LIMIT from a compile (the
+ * kernel's shared memory refused by the device) is the kernel's and is
+ * recorded like a compile error.
+ * Under CUBE_LAUNCH_SKIP nothing is recorded: a dry run changes no buffer.
+ * Failures discovered while executing land on the buffers only.
  * A buffer made in a dry run gets its memory at the first launch that
  * runs over it; if that fails, the launch returns
  * CUBE_ERR_STORAGE_MAPPING_FAILED, whose cause is the pool's answer
@@ -171,7 +182,8 @@ enum {
  * with nargs > 0, unknown flag, a zero static count component),
  * CUBE_ERR_NOT_FOUND (released or foreign handle), CUBE_ERR_COMPILE,
  * CUBE_ERR_RESOURCE_LIMIT, CUBE_ERR_SEVERAL, CUBE_ERR_UNSUPPORTED (a
- * backend without CUBE_FEATURE_KERNELS),
+ * backend without CUBE_FEATURE_KERNELS), CUBE_ERR_OUT_OF_MEMORY and
+ * CUBE_ERR_IO (at compile, recorded nowhere),
  * CUBE_ERR_STORAGE_MAPPING_FAILED, CUBE_ERR_DEVICE_FAULT. Caller frees the
  * error. */
 CUBE_API CUBE_MUST_USE cube_error *

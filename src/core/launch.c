@@ -255,9 +255,15 @@ typedef struct launch_job {
     size_t filled; /* entries of r set: pinned, or empty for a scalar */
     core_resolved r[CUBE_MAX_PARAMS];
     core_resolved count_res; /* the dynamic count's buffer, pinned */
+    /* The compiled kernel's signature once it compiled (NULL before, or
+     * when it did not), whether or not the arguments fit it. */
+    const cube_compiled *sig;
     /* NULL while the parameters are unknown: no compiled kernel, or
      * arguments that do not fit it. */
     const cube_compiled *cc;
+    /* The failure is the machine's (memory, a file, a process), met
+     * before anything ran: returned, recorded on no buffer. */
+    int transient;
     uint32_t arg_of_param[CUBE_MAX_PARAMS];
     /* What the backend is handed; its cube dimension is set by prepare,
      * which checks it against the device's limits. */
@@ -341,7 +347,9 @@ static void job_begin(launch_job *job, const cube_client *c, cube_kernel *k,
     job->deferred = 0;
     job->filled = 0;
     job->count_res.alloc = NULL;
+    job->sig = NULL;
     job->cc = NULL;
+    job->transient = 0;
 }
 
 /* Whether the resolved buffer was made in a dry run and still waits for
@@ -401,19 +409,33 @@ static cube_error *materialize(cube_client *c, const launch_job *job)
     return err;
 }
 
+/* Whether a compile's failure belongs to the machine rather than to the
+ * kernel: memory, or a file, directory, process or library the compiler
+ * needed (cubert/kernel.h lists the codes). Another attempt may succeed,
+ * and nothing was written, so no buffer carries it. */
+static int compile_failure_is_transient(const cube_error *err)
+{
+    cube_code code = cube_error_code(err);
+    return code == CUBE_ERR_OUT_OF_MEMORY || code == CUBE_ERR_IO;
+}
+
 /* What a dry run does too: the compiled kernel (cached, or compiled now),
  * the arguments bound to its parameters, the device's limits. */
 static cube_error *prepare(cube_client *c, launch_job *job)
 {
     const cube_compiled *cc = NULL;
     cube_error *err = get_compiled(c, job->k, job->mode, &cc);
-    if (!err && !cc)
-        err = cube_error_new(CUBE_ERR_INTERNAL, "compiled kernel missing");
-    /* Arguments that do not fit the signature cannot say which buffers
-     * are outputs: job->cc stays NULL, and every bound buffer takes the
-     * failure. */
-    if (!err)
-        err = bind_args(job->k, cc, job->args, job->nargs, job->arg_of_param);
+    if (err) {
+        job->transient = compile_failure_is_transient(err);
+        return err;
+    }
+    if (!cc)
+        return cube_error_new(CUBE_ERR_INTERNAL, "compiled kernel missing");
+    job->sig = cc;
+    /* Arguments that do not fit the signature leave job->cc NULL: the
+     * failure goes to the buffers given where the kernel writes
+     * (record_failure). */
+    err = bind_args(job->k, cc, job->args, job->nargs, job->arg_of_param);
     if (err)
         return err;
     job->cc = cc;
@@ -457,15 +479,39 @@ static cube_error *refuse_untrusted_inputs(cube_client *c,
     return NULL;
 }
 
+/* Arguments that do not fit the signature: the buffers given in the
+ * positions of the kernel's OUT and INOUT parameters (arguments are given
+ * in parameter order) take the failure. One given where the kernel reads,
+ * takes a scalar, or past its last parameter is not written by it. */
+static void record_on_written_positions(cube_client *c, const launch_job *job,
+                                        const cube_error *err)
+{
+    const cube_compiled *sig = job->sig;
+    size_t a = 0;
+    for (uint32_t p = 0; p < sig->param_count && a < job->nargs; p++) {
+        cube_param_kind kind = sig->params[p].kind;
+        if (kind == CUBE_PARAM_SHARED)
+            continue;
+        core_alloc *alloc = job->r[a++].alloc;
+        if (alloc && param_is_written(kind))
+            core_failure_record(c, alloc, err);
+    }
+}
+
 /* The launch's failure becomes the buffers' it would have written (the
- * signature's outputs when the arguments matched it, every bound buffer
- * otherwise: a compile error, arguments that do not fit), so reading them
- * fails; the stream's profiling windows count it. */
+ * signature's outputs when the kernel compiled, every bound buffer when it
+ * did not), so reading them fails; a failure of the machine at compile
+ * (job->transient) is no buffer's. The stream's profiling windows count
+ * it either way. */
 static void record_failure(cube_client *c, const launch_job *job,
                            const cube_error *err)
 {
     const cube_compiled *cc = job->cc;
-    if (!cc) {
+    if (job->transient) {
+        /* nothing was written: every buffer holds what it held */
+    } else if (!cc && job->sig) {
+        record_on_written_positions(c, job, err);
+    } else if (!cc) {
         for (size_t a = 0; a < job->nargs; a++)
             if (job->r[a].alloc)
                 core_failure_record(c, job->r[a].alloc, err);

@@ -276,6 +276,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(launch_scalar_for_buffer_is_invalid_and_marks_outputs)                   \
     X(launch_buffer_for_scalar_is_invalid_and_marks_outputs)                   \
     X(launch_wrong_scalar_size_is_invalid_and_marks_outputs)                   \
+    X(launch_argument_mismatch_marks_no_buffer_the_kernel_reads)               \
     X(launch_zero_static_count_is_invalid_and_records_nothing)                 \
     X(launch_unknown_mode_bits_are_invalid_and_record_nothing)                 \
     X(launch_null_kernel_args_and_bad_arg_kind_are_invalid)                    \

@@ -702,6 +702,51 @@ CONF_TEST_NEEDS(launch_wrong_scalar_size_is_invalid_and_marks_outputs,
     conf_release(y);
 }
 
+/* Once the kernel compiled its signature is known, even when the arguments
+ * do not fit it: a buffer given where the kernel only reads, or where it
+ * takes a scalar, or past its last parameter, keeps its bytes trusted;
+ * only one given where the kernel writes (OUT, INOUT) carries the
+ * failure. */
+CONF_TEST_NEEDS(launch_argument_mismatch_marks_no_buffer_the_kernel_reads,
+                CUBE_FEATURE_KERNELS)
+{
+    cube_handle x = floats(16, 1), y = floats(16, 0), z = floats(16, 5);
+    /* scale is (IN x, OUT y, a); scale_add is (IN x, INOUT y, a). */
+    cube_kernel *kernels[2] = {conf.k.scale, conf.k.scale_add};
+    for (int k = 0; k < 2; k++) {
+        const cube_arg few[2] = {cube_arg_buffer(x), cube_arg_buffer(y)};
+        const cube_arg many[4] = {cube_arg_buffer(x), cube_arg_buffer(y),
+                                  cube_arg_f32(1), cube_arg_buffer(z)};
+        const cube_arg buffer_for_scalar[3] = {
+            cube_arg_buffer(x), cube_arg_buffer(y), cube_arg_buffer(z)};
+        const cube_arg scalar_for_input[3] = {
+            cube_arg_f32(1), cube_arg_buffer(y), cube_arg_f32(1)};
+        const struct {
+            const cube_arg *args;
+            size_t n;
+        } cases[4] = {
+            {few, 2}, {many, 4}, {buffer_for_scalar, 3}, {scalar_for_input, 3}};
+        for (int i = 0; i < 4; i++) {
+            CONF_EXPECT(conf_launch(kernels[k], cube_count_static(1, 1, 1),
+                                    cases[i].args, cases[i].n, EXEC),
+                        CUBE_ERR_INVALID_ARGUMENT);
+            /* x is bound only where the kernel reads, z where it takes a
+             * scalar or past its parameters: both still trusted. */
+            CONF_OK(cube_check(conf.client, (cube_handle[2]){x, z}, 2));
+            expect_floats(x, 16, 1, 1);
+            expect_floats(z, 16, 1, 5);
+            CONF_EXPECT_REFUSED(y, 64, CUBE_ERR_INVALID_ARGUMENT);
+            CONF_WRITE_OK(y, (float[16]){0}, 64);
+        }
+    }
+    /* With x trusted, the corrected launch runs. */
+    CONF_OK(launch_scale(conf.k.scale, x, y, 2, 1, EXEC));
+    expect_floats(y, 16, 2, 1);
+    conf_release(x);
+    conf_release(y);
+    conf_release(z);
+}
+
 CONF_TEST(launch_zero_static_count_is_invalid_and_records_nothing)
 {
     cube_handle x = floats(16, 0), y = floats(16, 9);

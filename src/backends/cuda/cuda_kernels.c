@@ -14,6 +14,9 @@ extern const char cube_prelude_cuda[];
 
 #define CUDA_MAX_ARTIFACT ((size_t)256 << 20)
 #define CUDA_STATIC_SHARED_LIMIT 49152
+/* nvrtcResult's NVRTC_ERROR_OUT_OF_MEMORY: the host ran out, not the
+ * source's fault (the launch then records it on no buffer). */
+#define NVRTC_OUT_OF_MEMORY 1
 
 /* Entry parameter positions: the ABI tag, then per buffer its pointer
  * and length, per scalar its value (shared arrays take none). */
@@ -91,7 +94,8 @@ static cube_error *nvrtc_build(cuda_server *s, const char *name,
     snprintf(file, sizeof file, "%s.cube.cu", name);
     nvrtcResult r = a->nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL);
     if (r != 0)
-        return cube_error_new(CUBE_ERR_COMPILE,
+        return cube_error_new(r == NVRTC_OUT_OF_MEMORY ? CUBE_ERR_OUT_OF_MEMORY
+                                                       : CUBE_ERR_COMPILE,
                               "kernel '%s': NVRTC cannot create a program: %s",
                               name, a->nvrtcGetErrorString(r));
     nvrtcResult cr = a->nvrtcCompileProgram(prog, nopts, opts);
@@ -106,9 +110,11 @@ static cube_error *nvrtc_build(cuda_server *s, const char *name,
     }
     cube_error *err = NULL;
     if (cr != 0) {
-        err = cube_error_new(
-            CUBE_ERR_COMPILE, "kernel '%s' does not compile for CUDA (%s): %s",
-            name, opts[0], log ? log : a->nvrtcGetErrorString(cr));
+        err = cube_error_new(cr == NVRTC_OUT_OF_MEMORY ? CUBE_ERR_OUT_OF_MEMORY
+                                                       : CUBE_ERR_COMPILE,
+                             "kernel '%s' does not compile for CUDA (%s): %s",
+                             name, opts[0],
+                             log ? log : a->nvrtcGetErrorString(cr));
         if (log)
             cube_error_set_log(err, log);
     } else {

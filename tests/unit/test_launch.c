@@ -1,0 +1,239 @@
+/* Unit tests of cube_launch's failure paths (src/core/launch.c) that need
+ * a failure made on purpose: a compile that fails for want of memory, a
+ * directory or a process, and a kernel that fails to compile again and
+ * again. They open real clients (cpu, and null where this build has it)
+ * and reach into the client's internals only to inject a failure or to
+ * count what the client keeps. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/client_internal.h"
+#include "cubert/cubert.h"
+
+static void expect_code(cube_error *err, cube_code code, const char *needle)
+{
+    if (!err)
+        fail_msg("expected %s, got success", cube_code_name(code));
+    if (cube_error_code(err) != code) {
+        char *text = cube_error_format(err);
+        fail_msg("expected %s, got %s", cube_code_name(code),
+                 text ? text : "?");
+    }
+    if (needle && !strstr(cube_error_message(err), needle))
+        fail_msg("'%s' does not name '%s'", cube_error_message(err), needle);
+    cube_error_free(err);
+}
+
+static void ok(cube_error *err)
+{
+    if (err) {
+        char *text = cube_error_format(err);
+        fail_msg("unexpected error: %s", text ? text : "?");
+    }
+}
+
+/* A CPU client without a disk cache, so every first launch compiles. */
+static cube_client *open_cpu(void)
+{
+    cube_client_options o = cube_client_options_default();
+    o.cache_dir = "";
+    o.cpu_threads = 2;
+    cube_client *c = NULL;
+    ok(cube_client_open("cpu", &o, &c));
+    return c;
+}
+
+/* A kernel no other test (nor an earlier run's disk cache) has compiled:
+ * y = x + bias (IN x, OUT or INOUT y, a u32 scalar). */
+static cube_kernel *fresh_kernel(const char *tag, int inout)
+{
+    static unsigned serial;
+    char src[512];
+    snprintf(src, sizeof src,
+             "/* %s %u %ld */\n"
+             "CUBE_KERNEL(add_bias, CUBE_IN(uint32_t, x), %s(uint32_t, y),\n"
+             "            CUBE_SCALAR(uint32_t, bias))\n"
+             "{\n"
+             "    uint32_t i = ABSOLUTE_POS_X;\n"
+             "    if (i < CUBE_LEN(y))\n"
+             "        y[i] = x[i] + bias;\n"
+             "}\n",
+             tag, ++serial, (long)getpid(), inout ? "CUBE_INOUT" : "CUBE_OUT");
+    cube_kernel_desc d = {"add_bias", src, {64, 1, 1}};
+    cube_kernel *k = NULL;
+    ok(cube_kernel_create(&d, &k));
+    return k;
+}
+
+static cube_error *launch_add_bias(cube_client *c, cube_kernel *k,
+                                   cube_handle x, cube_handle y, uint32_t bias)
+{
+    cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
+                        cube_arg_u32(bias)};
+    return cube_launch(c, k, cube_count_static(1, 1, 1), args, 3, 0);
+}
+
+static void expect_u32s(cube_client *c, cube_handle h, const uint32_t *want,
+                        uint32_t n)
+{
+    uint32_t got[64];
+    assert_true(n <= 64);
+    cube_copy_desc d = cube_copy_desc_contiguous(h, n * 4u, 4);
+    void *dst[1] = {got};
+    uint64_t size[1] = {n * 4u};
+    ok(cube_read(c, &d, dst, size, 1));
+    assert_memory_equal(got, want, n * 4u);
+}
+
+/* ------------------------------------------- item: transient compile */
+
+/* A compile slot that answers `fail_code` for its next `fail_left` calls,
+ * then hands over to the backend's own. */
+static const cube_server_vtable *real_vt;
+static int fail_left;
+static cube_code fail_code;
+static int compiles;
+
+static cube_error *failing_compile(cube_server *server,
+                                   const cube_kernel *kernel, uint32_t mode,
+                                   cube_compiled *out)
+{
+    compiles++;
+    if (fail_left > 0) {
+        fail_left--;
+        return cube_error_new(fail_code, "injected: %s while compiling '%s'",
+                              cube_code_name(fail_code),
+                              cube_kernel_name(kernel));
+    }
+    return real_vt->compile(server, kernel, mode, out);
+}
+
+/* Swaps the client's compile slot for failing_compile. */
+static void inject_compile_failures(cube_client *c, cube_server_vtable *copy,
+                                    cube_code code, int times)
+{
+    real_vt = c->vt;
+    *copy = *c->vt;
+    copy->compile = failing_compile;
+    c->vt = copy;
+    fail_code = code;
+    fail_left = times;
+    compiles = 0;
+}
+
+/* A compile that fails for want of memory or of a file is returned and
+ * recorded on no buffer, the input included: the retry runs. A compile
+ * error proper still lands on every bound buffer (the signature is
+ * unknown). */
+static void test_resource_failure_at_compile_records_nothing(void **state)
+{
+    (void)state;
+    static const cube_code transient[] = {CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_IO};
+    for (size_t t = 0; t < 2; t++) {
+        for (int inout = 0; inout < 2; inout++) {
+            cube_client *c = open_cpu();
+            cube_server_vtable copy;
+            inject_compile_failures(c, &copy, transient[t], 2);
+            cube_kernel *k = fresh_kernel("transient", inout);
+            uint32_t x0[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y0[8] = {0};
+            cube_handle x, y;
+            ok(cube_create(c, x0, sizeof x0, &x));
+            ok(cube_create(c, y0, sizeof y0, &y));
+            for (int i = 0; i < 2; i++) {
+                expect_code(launch_add_bias(c, k, x, y, 10), transient[t],
+                            "injected");
+                /* Neither buffer carries it: both read back unchanged. */
+                ok(cube_check(c, &x, 1));
+                ok(cube_check(c, &y, 1));
+                expect_u32s(c, x, x0, 8);
+                expect_u32s(c, y, y0, 8);
+            }
+            /* The retry compiles and runs. */
+            ok(launch_add_bias(c, k, x, y, 10));
+            uint32_t want[8];
+            for (int i = 0; i < 8; i++)
+                want[i] = x0[i] + 10;
+            expect_u32s(c, y, want, 8);
+            assert_int_equal(compiles, 3);
+            cube_kernel_release(k);
+            cube_client_close(c);
+        }
+    }
+
+    /* A compile error proper: every bound buffer carries it. */
+    cube_client *c = open_cpu();
+    cube_server_vtable copy;
+    inject_compile_failures(c, &copy, CUBE_ERR_COMPILE, 1);
+    cube_kernel *k = fresh_kernel("compile-error", 0);
+    uint32_t x0[8] = {1}, y0[8] = {0};
+    cube_handle x, y;
+    ok(cube_create(c, x0, sizeof x0, &x));
+    ok(cube_create(c, y0, sizeof y0, &y));
+    expect_code(launch_add_bias(c, k, x, y, 1), CUBE_ERR_COMPILE, "injected");
+    expect_code(cube_check(c, &x, 1), CUBE_ERR_SEVERAL, NULL);
+    expect_code(cube_check(c, &y, 1), CUBE_ERR_SEVERAL, NULL);
+    cube_kernel_release(k);
+    cube_client_close(c);
+}
+
+/* The real thing: the CPU backend cannot make its private directory (its
+ * temporary base does not exist yet) and says CUBE_ERR_IO; once the
+ * directory is there the same launch on the same client runs. */
+static void test_cpu_compile_without_its_directory_records_nothing(void **state)
+{
+    (void)state;
+    char base[] = "/tmp/cubert-test-launch-XXXXXX";
+    assert_non_null(mkdtemp(base));
+    char tmp[sizeof base + 16];
+    snprintf(tmp, sizeof tmp, "%s/later", base);
+    const char *was = getenv("TMPDIR");
+    char *saved = was ? strdup(was) : NULL;
+    assert_int_equal(setenv("TMPDIR", tmp, 1), 0);
+    cube_client *c = open_cpu();
+    if (saved)
+        assert_int_equal(setenv("TMPDIR", saved, 1), 0);
+    else
+        assert_int_equal(unsetenv("TMPDIR"), 0);
+    free(saved);
+
+    cube_kernel *k = fresh_kernel("no-tmpdir", 0);
+    uint32_t x0[8] = {7, 6, 5, 4, 3, 2, 1, 0}, y0[8] = {9, 9, 9, 9, 9, 9, 9, 9};
+    cube_handle x, y;
+    ok(cube_create(c, x0, sizeof x0, &x));
+    ok(cube_create(c, y0, sizeof y0, &y));
+    expect_code(launch_add_bias(c, k, x, y, 1), CUBE_ERR_IO, "later");
+    ok(cube_check(c, &x, 1));
+    ok(cube_check(c, &y, 1));
+    expect_u32s(c, x, x0, 8);
+    expect_u32s(c, y, y0, 8);
+
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    ok(launch_add_bias(c, k, x, y, 1));
+    uint32_t want[8];
+    for (int i = 0; i < 8; i++)
+        want[i] = x0[i] + 1;
+    expect_u32s(c, y, want, 8);
+    cube_kernel_release(k);
+    cube_client_close(c);
+    assert_int_equal(rmdir(tmp), 0);
+    assert_int_equal(rmdir(base), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resource_failure_at_compile_records_nothing),
+        cmocka_unit_test(
+            test_cpu_compile_without_its_directory_records_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
