@@ -57,6 +57,12 @@ CUBE_API CUBE_MUST_USE cube_error *cube_handle_release(cube_client *client,
 
 /* A new handle (one reference, caller releases it) naming bytes
  * [offset, offset + size) of `handle`'s range. It keeps the buffer alive.
+ * Any offset makes a slice that reads and writes, but a slice bound to a
+ * kernel's buffer parameter must start aligned for the parameter's
+ * elements: its offset in the buffer (offsets of slices of slices add up)
+ * a multiple of the largest power of two dividing the element size, at
+ * most 16 (4 for float or uint32_t, 8 for double, 1 for uint8_t).
+ * cube_launch refuses a misaligned one (cubert/kernel.h).
  * Errors: CUBE_ERR_INVALID_ARGUMENT (range empty or past the end, overflow),
  * CUBE_ERR_NOT_FOUND. */
 CUBE_API CUBE_MUST_USE cube_error *

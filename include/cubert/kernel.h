@@ -150,7 +150,15 @@ enum {
 
 /* Launches `kernel` over `count` cubes with `args`, on the calling thread's
  * stream. Malformed arguments (below) are returned and nothing is
- * recorded. A failure of the launch itself — compile error
+ * recorded. Among them, once the kernel compiled and the arguments fit
+ * its parameters (and before its limits are checked): a buffer argument
+ * whose device address (its buffer's, plus a slice's offset) is not a
+ * multiple of the alignment of the parameter's elements — the largest
+ * power of two dividing cube_param.elem_size, at most 16, so 4 for float
+ * and uint32_t, 8 for double — is CUBE_ERR_INVALID_ARGUMENT naming the
+ * argument, its offset and the alignment, recorded nowhere and refused in
+ * Skip mode too (on CUDA such an access is a device fault). Buffers are
+ * allocated aligned; only a slice's offset can break the rule. A failure of the launch itself — compile error
  * (CUBE_ERR_COMPILE, with the compiler's log), a cube dimension, unit count
  * or shared memory over the device's limits (CUBE_ERR_RESOURCE_LIMIT), an
  * argument list that does not fit the kernel's parameters
@@ -179,7 +187,8 @@ enum {
  * (CUBE_ERR_POOL_CAPACITY_EXCEEDED, CUBE_ERR_OUT_OF_MEMORY), records it on
  * that buffer and runs nothing.
  * Errors returned: CUBE_ERR_INVALID_ARGUMENT (NULL client/kernel, args NULL
- * with nargs > 0, unknown flag, a zero static count component),
+ * with nargs > 0, unknown flag, a zero static count component, a
+ * misaligned buffer argument),
  * CUBE_ERR_NOT_FOUND (released or foreign handle), CUBE_ERR_COMPILE,
  * CUBE_ERR_RESOURCE_LIMIT, CUBE_ERR_SEVERAL, CUBE_ERR_UNSUPPORTED (a
  * backend without CUBE_FEATURE_KERNELS), CUBE_ERR_OUT_OF_MEMORY and

@@ -264,6 +264,10 @@ typedef struct launch_job {
     /* The failure is the machine's (memory, a file, a process), met
      * before anything ran: returned, recorded on no buffer. */
     int transient;
+    /* A mistake in the request that only the signature shows (a
+     * misaligned binding): returned and recorded nowhere, like
+     * check_request's. */
+    int refused;
     uint32_t arg_of_param[CUBE_MAX_PARAMS];
     /* What the backend is handed; its cube dimension is set by prepare,
      * which checks it against the device's limits. */
@@ -350,6 +354,7 @@ static void job_begin(launch_job *job, const cube_client *c, cube_kernel *k,
     job->sig = NULL;
     job->cc = NULL;
     job->transient = 0;
+    job->refused = 0;
 }
 
 /* Whether the resolved buffer was made in a dry run and still waits for
@@ -419,8 +424,48 @@ static int compile_failure_is_transient(const cube_error *err)
     return code == CUBE_ERR_OUT_OF_MEMORY || code == CUBE_ERR_IO;
 }
 
+/* The alignment a device access to an element of `elem_size` bytes
+ * needs: the largest power of two that divides the size, at most 16 (a
+ * 4-byte uint32_t needs 4, a 12-byte struct of floats 4, a double 8). */
+static uint64_t elem_alignment(uint32_t elem_size)
+{
+    uint32_t a = elem_size & (~elem_size + 1u);
+    return a == 0 ? 1 : a > 16 ? 16 : a;
+}
+
+/* Every buffer bound to a parameter must start at a device address that
+ * is a multiple of its element's alignment: on CUDA a misaligned access
+ * is a device fault that breaks the context, so the request is refused
+ * before anything runs, on every backend alike. Buffers are allocated
+ * aligned, so what can break the rule is a slice's offset. */
+static cube_error *check_alignment(const launch_job *job)
+{
+    const cube_compiled *cc = job->cc;
+    for (uint32_t p = 0; p < cc->param_count; p++) {
+        cube_param_kind kind = cc->params[p].kind;
+        if (kind == CUBE_PARAM_SCALAR || kind == CUBE_PARAM_SHARED)
+            continue;
+        uint64_t align = elem_alignment(cc->params[p].elem_size);
+        uint32_t a = job->arg_of_param[p];
+        const core_resolved *r = &job->r[a];
+        uint64_t address = r->alloc->storage.address + r->offset;
+        if (address & (align - 1))
+            return cube_error_new(
+                CUBE_ERR_INVALID_ARGUMENT,
+                "cube_launch(%s): args[%u] (buffer 0x%016llx) starts at "
+                "byte offset %llu of its allocation (device address "
+                "0x%llx); the parameter's %u-byte elements need an address "
+                "aligned to %llu bytes",
+                cube_kernel_name(job->k), a, (unsigned long long)r->handle.bits,
+                (unsigned long long)r->offset, (unsigned long long)address,
+                cc->params[p].elem_size, (unsigned long long)align);
+    }
+    return NULL;
+}
+
 /* What a dry run does too: the compiled kernel (cached, or compiled now),
- * the arguments bound to its parameters, the device's limits. */
+ * the arguments bound to its parameters and aligned for them, the
+ * device's limits. */
 static cube_error *prepare(cube_client *c, launch_job *job)
 {
     const cube_compiled *cc = NULL;
@@ -439,6 +484,11 @@ static cube_error *prepare(cube_client *c, launch_job *job)
     if (err)
         return err;
     job->cc = cc;
+    err = check_alignment(job);
+    if (err) {
+        job->refused = 1;
+        return err;
+    }
     cube_kernel_cube_dim(job->k, job->d.cube_dim);
     return check_limits(c, job->k, job->d.cube_dim, cc);
 }
@@ -739,7 +789,9 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
         return err;
     }
 
-    /* From here on a failure is the launch's: it lands on the buffers. */
+    /* From here on a failure is the launch's: it lands on the buffers,
+     * except a misaligned binding, which prepare finds once the
+     * signature is known and which is the request's (job.refused). */
     err = prepare(c, &job);
     /* A dry run ends here (compiled, validated, cached, dropped) and
      * changes no buffer's state, failed or not. */
@@ -748,7 +800,7 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
             err = refuse_untrusted_inputs(c, &job);
         if (!err)
             err = run_dispatch(c, &job);
-        if (err)
+        if (err && !job.refused)
             record_failure(c, &job, err);
     }
     unpin(c, &job);

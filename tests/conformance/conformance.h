@@ -230,6 +230,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(kernel_scale_add_elementwise_for_uneven_sizes)                           \
     X(kernel_launches_on_one_stream_run_in_order)                              \
     X(kernel_on_slices_writes_only_the_slice)                                  \
+    X(kernel_slice_misaligned_for_its_elements_is_refused)                     \
     X(kernel_2d_positions_match_reference)                                     \
     X(kernel_3d_positions_match_reference)                                     \
     X(kernel_scalars_of_every_size_arrive_intact)                              \

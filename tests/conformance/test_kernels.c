@@ -104,6 +104,113 @@ CONF_TEST_NEEDS(kernel_on_slices_writes_only_the_slice, CUBE_FEATURE_KERNELS)
     conf_release(h);
 }
 
+/* Launches `k` over `args`, expecting CUBE_ERR_INVALID_ARGUMENT that
+ * names the argument, its offset and the alignment it needs. */
+static void expect_misaligned(cube_kernel *k, const cube_arg *args,
+                              size_t nargs, uint32_t mode, unsigned arg,
+                              unsigned offset, unsigned align)
+{
+    cube_error *err =
+        conf_launch(k, cube_count_static(1, 1, 1), args, nargs, mode);
+    CONF_CODE(err, CUBE_ERR_INVALID_ARGUMENT);
+    char want[3][64];
+    snprintf(want[0], sizeof want[0], "args[%u]", arg);
+    snprintf(want[1], sizeof want[1], "byte offset %u ", offset);
+    snprintf(want[2], sizeof want[2], "aligned to %u bytes", align);
+    for (int i = 0; i < 3; i++)
+        if (!strstr(cube_error_message(err), want[i]))
+            fail_msg("'%s' does not name '%s'", cube_error_message(err),
+                     want[i]);
+    cube_error_free(err);
+}
+
+/* A slice whose start is not aligned for the elements of the parameter it
+ * is bound to (on CUDA a device fault that breaks the context) is refused
+ * before anything runs, in Skip mode too, and recorded nowhere; an aligned
+ * slice of the same buffer runs. */
+CONF_TEST_NEEDS(kernel_slice_misaligned_for_its_elements_is_refused,
+                CUBE_FEATURE_KERNELS)
+{
+    enum { BYTES = 256 };
+    unsigned char bytes[BYTES], got[BYTES];
+    conf_pattern(bytes, sizeof bytes, 11);
+    cube_handle h = conf_create(bytes, sizeof bytes);
+    /* fill is (OUT uint32_t y, uint32_t v). */
+    for (unsigned off = 1; off < 4; off++) {
+        cube_handle s = conf_slice(h, off, 128);
+        cube_arg args[2] = {cube_arg_buffer(s), cube_arg_u32(7)};
+        expect_misaligned(conf.k.fill, args, 2, EXEC, 0, off, 4);
+        expect_misaligned(conf.k.fill, args, 2, CUBE_LAUNCH_SKIP, 0, off, 4);
+        /* Nothing ran and nothing is recorded, on the slice or its
+         * buffer. */
+        CONF_OK(cube_check(conf.client, (cube_handle[2]){s, h}, 2));
+        conf_release(s);
+    }
+    /* A slice of a slice: the offset that counts is the composed one. */
+    cube_handle outer = conf_slice(h, 2, 200);
+    cube_handle inner = conf_slice(outer, 4, 128);
+    cube_arg nested[2] = {cube_arg_buffer(inner), cube_arg_u32(7)};
+    expect_misaligned(conf.k.fill, nested, 2, EXEC, 0, 6, 4);
+    conf_release(inner);
+    conf_release(outer);
+    /* An input is held to the rule as well: scale is (IN float x, OUT
+     * float y, float a). */
+    cube_handle x = conf_slice(h, 130, 64), y = conf_slice(h, 64, 64);
+    cube_arg scale_args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
+                              cube_arg_f32(2)};
+    expect_misaligned(conf.k.scale, scale_args, 3, EXEC, 0, 130, 4);
+    conf_release(x);
+    conf_release(y);
+    /* Eight-byte elements need eight: scalars is (OUT double fd, OUT
+     * uint64_t iu, six scalars). */
+    cube_handle fd = conf_slice(h, 4, 16), iu = conf_slice(h, 32, 32);
+    cube_arg scalar_args[8] = {cube_arg_buffer(fd),
+                               cube_arg_buffer(iu),
+                               cube_arg_f32(1),
+                               cube_arg_f64(2),
+                               cube_arg_i32(3),
+                               cube_arg_u64(4),
+                               cube_arg_scalar(&(uint8_t){5}, 1),
+                               cube_arg_scalar(&(int16_t){6}, 2)};
+    expect_misaligned(conf.k.scalars, scalar_args, 8, EXEC, 0, 4, 8);
+    conf_release(fd);
+    conf_release(iu);
+    CONF_OK(cube_check(conf.client, &h, 1));
+    CONF_READ_OK(h, got, sizeof got);
+    assert_memory_equal(got, bytes, sizeof bytes);
+
+    /* Aligned slices of the same buffer run. */
+    cube_handle s4 = conf_slice(h, 4, 128);
+    cube_arg args[2] = {cube_arg_buffer(s4), cube_arg_u32(7)};
+    CONF_OK(
+        conf_launch(conf.k.fill, cube_count_static(1, 1, 1), args, 2, EXEC));
+    uint32_t filled[32];
+    CONF_READ_OK(s4, filled, sizeof filled);
+    for (uint32_t i = 0; i < 32; i++)
+        assert_int_equal(filled[i], 7 + i);
+    conf_release(s4);
+    /* One-byte elements go anywhere. */
+    cube_kernel *bytes_k =
+        conf_kernel("set_bytes",
+                    "CUBE_KERNEL(set_bytes, CUBE_OUT(uint8_t, y))\n"
+                    "{\n"
+                    "    uint32_t i = ABSOLUTE_POS_X;\n"
+                    "    if (i < CUBE_LEN(y))\n"
+                    "        y[i] = (uint8_t)(i + 1);\n"
+                    "}\n",
+                    32, 1, 1);
+    cube_handle s1 = conf_slice(h, 201, 5);
+    cube_arg one[1] = {cube_arg_buffer(s1)};
+    CONF_OK(conf_launch(bytes_k, cube_count_static(1, 1, 1), one, 1, EXEC));
+    unsigned char five[5];
+    CONF_READ_OK(s1, five, sizeof five);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(five[i], i + 1);
+    conf_release(s1);
+    cube_kernel_release(bytes_k);
+    conf_release(h);
+}
+
 /* Checks the positions kernel's four outputs against a reference. */
 static void check_positions(cube_kernel *k, uint32_t dx, uint32_t dy,
                             uint32_t dz, uint32_t nx, uint32_t ny, uint32_t nz)
