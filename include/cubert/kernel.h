@@ -52,7 +52,15 @@ CUBE_API const char *cube_kernel_name(const cube_kernel *kernel);
 /* --- cube counts --- */
 
 /* How many cubes to run: static (x, y, z), or dynamic: read at execution,
- * in stream order, from the first 12 bytes of a buffer (three uint32_t). */
+ * in stream order, from the first 12 bytes of a buffer (three uint32_t).
+ * Zero cubes: a static count with a zero component is a mistake in the
+ * call (cube_launch returns CUBE_ERR_INVALID_ARGUMENT, records nothing,
+ * runs nothing, in Skip mode too). A dynamic count is only known when the
+ * launch executes: one with a zero component runs no cube, and the launch
+ * succeeds like one whose cubes all ran (every backend with kernels; a
+ * software graph's replay of it too). A dynamic component over the
+ * device's maximum fails the launch with CUBE_ERR_RESOURCE_LIMIT, on its
+ * outputs. */
 typedef struct cube_count {
     uint32_t x, y, z;
     cube_handle dynamic; /* bits != 0 selects the dynamic count */

@@ -240,6 +240,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(kernel_atomic_f32_add_is_exact)                                          \
     X(kernel_dynamic_count_sees_count_written_by_previous_kernel)              \
     X(kernel_dynamic_count_buffer_under_12_bytes_is_invalid)                   \
+    X(kernel_zero_count_static_is_refused_dynamic_runs_nothing)                \
     X(kernel_checked_write_past_end_leaves_neighbours_intact)                  \
     X(kernel_checked_read_past_end_gives_zero)                                 \
     X(kernel_math_functions_and_device_helpers)                                \

@@ -485,6 +485,57 @@ CONF_TEST(kernel_dynamic_count_buffer_under_12_bytes_is_invalid)
     conf_release(y);
 }
 
+/* Zero cubes: a static count with a zero component is a mistake in the
+ * call, refused before anything else on every backend; a dynamic count is
+ * only known when the launch executes, and one with a zero component runs
+ * nothing and succeeds (on a backend without kernels the launch fails at
+ * compile, as every launch there does). */
+CONF_TEST(kernel_zero_count_static_is_refused_dynamic_runs_nothing)
+{
+    static const uint32_t zeros[][3] = {
+        {0, 1, 1}, {1, 0, 1}, {1, 1, 0}, {0, 0, 0}};
+    uint32_t fill[32], got[32];
+    memset(fill, 0x5A, sizeof fill);
+    cube_handle y = conf_create(fill, sizeof fill);
+    cube_handle cnt = conf_empty(12);
+    cube_arg a[1] = {cube_arg_buffer(y)};
+    for (size_t z = 0; z < 4; z++) {
+        const uint32_t *n = zeros[z];
+        for (int skip = 0; skip < 2; skip++) {
+            uint32_t mode = skip ? CUBE_LAUNCH_SKIP : EXEC;
+            CONF_EXPECT_MSG(conf_launch(conf.k.count_probe,
+                                        cube_count_static(n[0], n[1], n[2]), a,
+                                        1, mode),
+                            CUBE_ERR_INVALID_ARGUMENT, "count");
+            CONF_OK(cube_check(conf.client, &y, 1));
+
+            CONF_WRITE_OK(cnt, n, 12);
+            cube_error *err = conf_launch(conf.k.count_probe,
+                                          cube_count_dynamic(cnt), a, 1, mode);
+            if (conf_runs_kernels()) {
+                CONF_OK(err);
+                CONF_OK(cube_check(conf.client, (cube_handle[2]){y, cnt}, 2));
+            } else {
+                CONF_EXPECT(err, conf_mark_code());
+                CONF_WRITE_OK(y, fill, sizeof fill);
+            }
+            CONF_READ_OK(y, got, sizeof got);
+            assert_memory_equal(got, fill, sizeof fill);
+        }
+    }
+    if (conf_runs_kernels()) {
+        /* The same buffer with one cube in it runs. */
+        CONF_WRITE_OK(cnt, ((uint32_t[3]){1, 1, 1}), 12);
+        CONF_OK(conf_launch(conf.k.count_probe, cube_count_dynamic(cnt), a, 1,
+                            EXEC));
+        CONF_READ_OK(y, got, sizeof got);
+        for (int i = 0; i < 32; i++)
+            assert_int_equal(got[i], 1000);
+    }
+    conf_release(cnt);
+    conf_release(y);
+}
+
 /* Three neighbouring slices of one allocation: A | B | C. */
 enum { NB = 100 };
 
