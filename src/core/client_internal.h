@@ -97,9 +97,11 @@ typedef struct core_cache_entry {
     const cube_kernel *kernel; /* retained, to tell collisions apart */
     uint32_t mode;
     cube_compiled compiled;
-    /* 1: compiled; 0: the first thread compiles it; -1: that compile
-     * failed (the entry stays in its list, skipped, until close, so a
-     * reader without the lock never meets a freed entry). */
+    /* 1: compiled; 0: a thread compiles it; -1: that compile failed.
+     * A failed entry stays in its list, skipped by lookups, until the
+     * next launch of its kernel sets it back to 0 (under cache_lock) and
+     * compiles into it; entries are never unlinked before close, so a
+     * reader without the lock never meets a freed one. 1 is final. */
     atomic_int state;
     /* Per-kernel statistics, kept when the client's stats are on. */
     atomic_uint_fast64_t launches, total_ns;
@@ -167,6 +169,7 @@ struct cube_client {
     pthread_cond_t cache_cv; /* a compile finished */
     /* Buckets are pushed to under cache_lock and read without it. */
     _Atomic(core_cache_entry *) cache[CORE_CACHE_BUCKETS];
+    atomic_size_t cache_entries; /* entries in the buckets */
 
     cube_mutex staging_lock;
     void **staging CUBE_GUARDED_FIELD(staging_lock);
@@ -271,6 +274,9 @@ void core_graphs_destroy(cube_client *c);
 
 /* --- launch.c --- */
 void core_cache_destroy(cube_client *c);
+/* How many entries the compiled-kernel cache holds, failed ones included
+ * (one per kernel and compile mode launched). Lock-free. */
+size_t core_cache_entry_count(const cube_client *c);
 /* Logs the per-kernel summary table (when stats were on). */
 void core_cache_log_summary(cube_client *c);
 

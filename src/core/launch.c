@@ -26,19 +26,22 @@ static uint64_t cache_key(const cube_kernel *k, uint32_t mode)
            ((uint64_t)compile_mode(mode) * 0x9E3779B97F4A7C15ull);
 }
 
-/* The live entry for (k, mode) in its bucket, or NULL. Safe without the
- * lock: entries are only ever pushed at a bucket's head (after their
- * fields are set) and never unlinked before close. The same kernel object
- * is the common case; another object with the same id is compared in
- * full, so a hash collision can never run the wrong kernel. */
+/* The entry for (k, mode) in its bucket whose state is at least
+ * `min_state` (0: compiled or compiling; -1: a failed one too), or NULL.
+ * Safe without the lock: entries are only ever pushed at a bucket's head
+ * (after their fields are set) and never unlinked before close; key, mode
+ * and kernel never change. The same kernel object is the common case;
+ * another object with the same id is compared in full, so a hash
+ * collision can never run the wrong kernel. */
 static core_cache_entry *find_entry(cube_client *c, const cube_kernel *k,
-                                    uint64_t key, uint32_t cmode)
+                                    uint64_t key, uint32_t cmode, int min_state)
 {
     for (core_cache_entry *e = atomic_load_explicit(
              &c->cache[key % CORE_CACHE_BUCKETS], memory_order_acquire);
          e; e = e->next) {
         if (e->key == key && e->mode == cmode &&
-            atomic_load_explicit(&e->state, memory_order_acquire) >= 0 &&
+            atomic_load_explicit(&e->state, memory_order_acquire) >=
+                min_state &&
             (e->kernel == k ||
              (cube_kernel_id(e->kernel) == cube_kernel_id(k) &&
               strcmp(cube_kernel_name(e->kernel), cube_kernel_name(k)) == 0 &&
@@ -49,23 +52,49 @@ static core_cache_entry *find_entry(cube_client *c, const cube_kernel *k,
     return NULL;
 }
 
+/* A new entry for (k, mode), pushed at its bucket's head in the
+ * compiling state, or NULL when memory runs out. */
+static core_cache_entry *push_entry(cube_client *c, cube_kernel *k,
+                                    uint64_t key, uint32_t cmode)
+    CUBE_REQUIRES(c->cache_lock);
+static core_cache_entry *push_entry(cube_client *c, cube_kernel *k,
+                                    uint64_t key, uint32_t cmode)
+{
+    core_cache_entry *fresh = calloc(1, sizeof *fresh);
+    if (!fresh)
+        return NULL;
+    fresh->key = key;
+    fresh->mode = cmode;
+    cube_kernel_retain(k);
+    fresh->kernel = k;
+    atomic_init(&fresh->state, 0);
+    size_t bucket = key % CORE_CACHE_BUCKETS;
+    fresh->next = atomic_load_explicit(&c->cache[bucket], memory_order_relaxed);
+    atomic_store_explicit(&c->cache[bucket], fresh, memory_order_release);
+    atomic_fetch_add_explicit(&c->cache_entries, 1, memory_order_relaxed);
+    return fresh;
+}
+
 /* Finds or compiles the kernel. The returned pointer lives as long as the
  * client. A hit takes no lock. The first thread to miss compiles (outside
  * the lock) while the entry is marked as compiling; threads that ask
- * meanwhile wait for it instead of compiling the same kernel again. */
+ * meanwhile wait for it instead of compiling the same kernel again. A
+ * failed compile leaves its entry marked failed, and the next launch of
+ * the kernel compiles into that same entry: a kernel that keeps failing
+ * holds one entry, not one per launch. */
 static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
                                 const cube_compiled **out)
 {
     uint64_t key = cache_key(k, mode);
     uint32_t cmode = compile_mode(mode);
-    core_cache_entry *hit = find_entry(c, k, key, cmode);
+    core_cache_entry *hit = find_entry(c, k, key, cmode, 0);
     if (hit && atomic_load_explicit(&hit->state, memory_order_acquire) == 1) {
         *out = &hit->compiled;
         return NULL;
     }
     cube_mutex_lock(&c->cache_lock);
     for (;;) {
-        core_cache_entry *e = find_entry(c, k, key, cmode);
+        core_cache_entry *e = find_entry(c, k, key, cmode, 0);
         if (!e)
             break;
         if (atomic_load_explicit(&e->state, memory_order_acquire) == 1) {
@@ -77,35 +106,43 @@ static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
          * failed and this thread tries itself. */
         cube_cond_wait(&c->cache_cv, &c->cache_lock);
     }
-    core_cache_entry *fresh = calloc(1, sizeof *fresh);
-    if (!fresh) {
-        cube_mutex_unlock(&c->cache_lock);
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel cache");
-    }
-    fresh->key = key;
-    fresh->mode = cmode;
-    cube_kernel_retain(k);
-    fresh->kernel = k;
-    atomic_init(&fresh->state, 0);
-    size_t bucket = key % CORE_CACHE_BUCKETS;
-    fresh->next = atomic_load_explicit(&c->cache[bucket], memory_order_relaxed);
-    atomic_store_explicit(&c->cache[bucket], fresh, memory_order_release);
+    /* Only a failed entry, or none. A failed one goes back to compiling
+     * (readers without the lock skip it either way, and its key, mode
+     * and kernel stay as they are); what its compile left is released
+     * below, outside the lock, before this thread compiles into it. */
+    core_cache_entry *entry = find_entry(c, k, key, cmode, -1);
+    int reused = entry != NULL;
+    if (reused)
+        atomic_store_explicit(&entry->state, 0, memory_order_release);
+    else
+        entry = push_entry(c, k, key, cmode);
     cube_mutex_unlock(&c->cache_lock);
+    if (!entry)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel cache");
+    if (reused) {
+        c->vt->compiled_release(c->server, &entry->compiled);
+        memset(&entry->compiled, 0, sizeof entry->compiled);
+    }
 
-    cube_error *err = c->vt->compile(c->server, k, cmode, &fresh->compiled);
+    cube_error *err = c->vt->compile(c->server, k, cmode, &entry->compiled);
 
     cube_mutex_lock(&c->cache_lock);
-    atomic_store_explicit(&fresh->state, err ? -1 : 1, memory_order_release);
+    atomic_store_explicit(&entry->state, err ? -1 : 1, memory_order_release);
     pthread_cond_broadcast(&c->cache_cv);
     cube_mutex_unlock(&c->cache_lock);
     if (err)
         return err;
-    *out = &fresh->compiled;
+    *out = &entry->compiled;
     cube_log_write(
         CUBE_LOG_DEBUG, "compile", "%s: %s in %.1f ms", cube_kernel_name(k),
-        fresh->compiled.from_disk_cache ? "loaded from disk cache" : "compiled",
-        fresh->compiled.compile_ms);
+        entry->compiled.from_disk_cache ? "loaded from disk cache" : "compiled",
+        entry->compiled.compile_ms);
     return NULL;
+}
+
+size_t core_cache_entry_count(const cube_client *c)
+{
+    return atomic_load_explicit(&c->cache_entries, memory_order_relaxed);
 }
 
 void core_cache_log_summary(cube_client *c)
@@ -151,6 +188,7 @@ void core_cache_destroy(cube_client *c)
         }
         c->cache[b] = NULL;
     }
+    atomic_store_explicit(&c->cache_entries, 0, memory_order_relaxed);
 }
 
 static int param_is_written(cube_param_kind kind)

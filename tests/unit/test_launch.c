@@ -228,12 +228,112 @@ static void test_cpu_compile_without_its_directory_records_nothing(void **state)
     assert_int_equal(rmdir(base), 0);
 }
 
+/* ------------------------------------------ item: failing kernels */
+
+/* The cache's entries, counted by walking its buckets. */
+static size_t walk_cache(const cube_client *c)
+{
+    size_t n = 0;
+    for (size_t b = 0; b < CORE_CACHE_BUCKETS; b++)
+        for (const core_cache_entry *e = c->cache[b]; e; e = e->next)
+            n++;
+    return n;
+}
+
+enum { FAILING_LAUNCHES = 10000 };
+
+/* Launches `k` over (x, y) FAILING_LAUNCHES times, each failing with
+ * `code`; the cache keeps one entry for it (one per compile mode). */
+static void launch_failing(cube_client *c, cube_kernel *k, cube_code code,
+                           size_t entries_before)
+{
+    uint32_t zero[8] = {0};
+    cube_handle x, y;
+    ok(cube_create(c, zero, sizeof zero, &x));
+    ok(cube_create(c, zero, sizeof zero, &y));
+    for (int i = 0; i < FAILING_LAUNCHES; i++) {
+        uint32_t mode = i % 2 ? CUBE_LAUNCH_CHECKED : 0;
+        cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
+                            cube_arg_u32(1)};
+        cube_error *err =
+            cube_launch(c, k, cube_count_static(1, 1, 1), args, 3, mode);
+        assert_non_null(err);
+        assert_int_equal(cube_error_code(err), code);
+        cube_error_free(err);
+        if (walk_cache(c) > entries_before + 2)
+            fail_msg("after %d failed launches the cache holds %zu entries "
+                     "(at most %zu expected)",
+                     i + 1, walk_cache(c), entries_before + 2);
+    }
+    assert_int_equal(walk_cache(c), entries_before + 2);
+    assert_int_equal(core_cache_entry_count(c), walk_cache(c));
+    ok(cube_handle_release(c, x));
+    ok(cube_handle_release(c, y));
+}
+
+/* A kernel whose compile fails every time (the null backend's every
+ * kernel; an injected compile error on the CPU) holds one cache entry per
+ * compile mode however often it is launched, and a later compile that
+ * succeeds takes that entry. */
+static void test_failing_kernel_keeps_one_cache_entry(void **state)
+{
+    (void)state;
+    cube_client *c = NULL;
+    cube_error *err = cube_client_open("null", NULL, &c);
+    if (err && cube_error_code(err) == CUBE_ERR_UNAVAILABLE) {
+        cube_error_free(err); /* a build without the null backend */
+    } else {
+        ok(err);
+        cube_kernel *k = fresh_kernel("null", 0);
+        launch_failing(c, k, CUBE_ERR_UNSUPPORTED, 0);
+        cube_kernel_release(k);
+        cube_client_close(c);
+    }
+
+    c = open_cpu();
+    cube_server_vtable copy;
+    inject_compile_failures(c, &copy, CUBE_ERR_COMPILE, FAILING_LAUNCHES);
+    cube_kernel *k = fresh_kernel("cpu", 0);
+    launch_failing(c, k, CUBE_ERR_COMPILE, 0);
+    assert_int_equal(compiles, FAILING_LAUNCHES);
+    /* The compile now succeeds, in the entry the failures left. */
+    uint32_t x0[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y0[8] = {0};
+    cube_handle x, y;
+    ok(cube_create(c, x0, sizeof x0, &x));
+    ok(cube_create(c, y0, sizeof y0, &y));
+    ok(launch_add_bias(c, k, x, y, 1));
+    uint32_t want[8];
+    for (int i = 0; i < 8; i++)
+        want[i] = x0[i] + 1;
+    expect_u32s(c, y, want, 8);
+    assert_int_equal(walk_cache(c), 2);
+    /* A real compile error, a few times (each one runs the compiler). */
+    cube_kernel_desc d = {"broken",
+                          "CUBE_KERNEL(broken, CUBE_OUT(uint32_t, y))"
+                          "{ y[0] = not_declared; }\n",
+                          {1, 1, 1}};
+    cube_kernel *broken = NULL;
+    ok(cube_kernel_create(&d, &broken));
+    for (int i = 0; i < 3; i++) {
+        cube_arg arg = cube_arg_buffer(y);
+        expect_code(
+            cube_launch(c, broken, cube_count_static(1, 1, 1), &arg, 1, 0),
+            CUBE_ERR_COMPILE, NULL);
+    }
+    assert_int_equal(walk_cache(c), 3);
+    assert_int_equal(core_cache_entry_count(c), 3);
+    cube_kernel_release(broken);
+    cube_kernel_release(k);
+    cube_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resource_failure_at_compile_records_nothing),
         cmocka_unit_test(
             test_cpu_compile_without_its_directory_records_nothing),
+        cmocka_unit_test(test_failing_kernel_keeps_one_cache_entry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
