@@ -7,7 +7,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-fast test-install test-asan test-tsan test-thread-safety bench install clean info
+.PHONY: all deps build demo test test-fast test-install test-asan test-tsan test-thread-safety test-fuzz fuzz fuzz-long bench install clean info
 
 all: build
 
@@ -33,7 +33,7 @@ info: build
 
 # Unit tests and the conformance suite, then the same under ASan+UBSan and
 # under TSan, and the library through clang's thread-safety analysis.
-test: test-fast test-install test-asan test-tsan test-thread-safety
+test: test-fast test-install test-asan test-tsan test-thread-safety test-fuzz
 
 # Installs into a scratch prefix and builds a program against it with
 # pkg-config and with CMake's find_package.
@@ -70,6 +70,39 @@ test-thread-safety:
 	  -DCMAKE_C_FLAGS="-Wthread-safety -Wthread-safety-beta" $(CMAKE_FLAGS)
 	cmake --build $(BUILD)-thread-safety -j $(JOBS)
 
+# The API fuzz target (tests/fuzz/fuzz_api.c) under libFuzzer, ASan and
+# UBSan, on $(FUZZ_BACKEND), starting from the committed seed corpus; new
+# inputs collect in $(BUILD)-fuzz/corpus and crashes in $(BUILD)-fuzz/.
+# `make fuzz` runs $(FUZZ_TIME) s, `make fuzz-long` 30 minutes, `make
+# test` 45 s.
+FUZZ_TIME ?= 60
+FUZZ_BACKEND ?= cpu
+FUZZ_RUN = mkdir -p $(BUILD)-fuzz/corpus && cd $(BUILD)-fuzz && \
+	  CUBERT_FUZZ_BACKEND=$(FUZZ_BACKEND) CUBERT_CACHE_DIR=$(CURDIR)/$(BUILD)-fuzz/cache \
+	  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ./tests/fuzz_api -print_final_stats=1 -max_len=512 -timeout=30 \
+	  -artifact_prefix=$(CURDIR)/$(BUILD)-fuzz/ \
+	  -dict=$(CURDIR)/tests/fuzz/fuzz_api.dict corpus $(CURDIR)/tests/fuzz/corpus
+
+$(BUILD)-fuzz/tests/fuzz_api: FORCE
+	@./tools/install-deps.sh clang
+	cmake -S . -B $(BUILD)-fuzz -DCMAKE_C_COMPILER=clang \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUBE_BUILD_BENCH=OFF \
+	  -DCUBE_BUILD_FUZZ=ON "-DCUBE_SANITIZE=address;undefined" $(CMAKE_FLAGS)
+	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api
+
+fuzz: $(BUILD)-fuzz/tests/fuzz_api
+	$(FUZZ_RUN) -max_total_time=$(FUZZ_TIME)
+
+fuzz-long: $(BUILD)-fuzz/tests/fuzz_api
+	$(FUZZ_RUN) -max_total_time=1800
+
+test-fuzz: $(BUILD)-fuzz/tests/fuzz_api
+	$(FUZZ_RUN) -max_total_time=45
+
+.PHONY: FORCE
+FORCE:
+
 bench: build
 	./$(BUILD)/bench/bench_cpu
 	./$(BUILD)/bench/bench_memory
@@ -79,4 +112,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-thread-safety
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-thread-safety $(BUILD)-fuzz
