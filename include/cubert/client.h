@@ -74,7 +74,18 @@ cube_client_open(const char *device, const cube_client_options *options,
                  cube_client **out);
 
 /* Waits for all work, then frees the client and everything it owns: buffers
- * the caller did not release are freed too. NULL is a no-op. Blocks. */
+ * the caller did not release are freed too. NULL is a no-op. Blocks.
+ * Call it once, after every other call on the client has returned. When
+ * that rule is broken, close does not tear the client down under other
+ * threads: calls already running when it begins finish first (close waits
+ * for them), and a call that starts while close runs touches nothing and
+ * returns CUBE_ERR_INVALID_ARGUMENT, "the client is closing" (every call
+ * that takes the client, except cube_client_properties,
+ * cube_client_utilities, cube_stream_use and cube_stream_current, which
+ * read only what the client holds until it is freed;
+ * cube_profile_abandon returns nothing and does nothing). Wait for every
+ * cube_read_async future before closing. A call made after close returned
+ * uses freed memory, which nothing can detect. */
 CUBE_API void cube_client_close(cube_client *client);
 
 /* Names of the backends compiled in, NULL-terminated, static. */

@@ -153,6 +153,9 @@ void cube_client_close(cube_client *c)
 {
     if (!c)
         return;
+    /* Calls that start from here on are refused; the ones in flight
+     * finish before anything is torn down. */
+    core_calls_close(c);
     uint32_t streams = atomic_load(&c->stream_count);
     /* Captures left open end first (a device cannot drain a stream that
      * is still recording), then every stream drains before memory goes
@@ -270,7 +273,8 @@ static size_t bind_backed(const core_resolved *r, size_t n, cube_binding *b)
     return k;
 }
 
-cube_error *cube_check(cube_client *c, const cube_handle *handles, size_t n)
+static cube_error *check_call(cube_client *c, const cube_handle *handles,
+                              size_t n)
 {
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -298,7 +302,13 @@ cube_error *cube_check(cube_client *c, const cube_handle *handles, size_t n)
     return err;
 }
 
-cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
+cube_error *cube_check(cube_client *c, const cube_handle *handles, size_t n)
+{
+    CORE_CALL(c, "cube_check", check_call(c, handles, n));
+}
+
+static cube_error *sync_call(cube_client *c, const cube_handle *handles,
+                             size_t n)
 {
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -338,7 +348,12 @@ cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
     return err;
 }
 
-cube_error *cube_flush(cube_client *c)
+cube_error *cube_sync(cube_client *c, const cube_handle *handles, size_t n)
+{
+    CORE_CALL(c, "cube_sync", sync_call(c, handles, n));
+}
+
+static cube_error *flush_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_flush");
     core_stream *st = NULL;
@@ -359,4 +374,9 @@ cube_error *cube_flush(cube_client *c)
     }
     core_fault_note(c, err);
     return err;
+}
+
+cube_error *cube_flush(cube_client *c)
+{
+    CORE_CALL(c, "cube_flush", flush_call(c));
 }

@@ -109,6 +109,15 @@ typedef struct core_cache_entry {
 } core_cache_entry;
 
 #define CORE_CACHE_BUCKETS 256
+/* Public calls in flight, counted per shard so threads on shards of their
+ * own never share a cache line; the top bit of every shard says the
+ * client is closing (calls.c). */
+#define CORE_CALL_SHARDS 64
+#define CORE_CALLS_CLOSING 0x80000000u
+typedef struct core_call_shard {
+    atomic_uint n;
+    unsigned char pad[64 - sizeof(atomic_uint)]; /* a cache line each */
+} core_call_shard;
 #define CORE_CHUNK_SLOTS 4096u
 #define CORE_MAX_CHUNKS 16384u /* 67,108,864 handles */
 /* Handle bits: tag (12) | generation (26) | slot index (26). */
@@ -181,6 +190,18 @@ struct cube_client {
 
     int stats;         /* time every launch for the summary at close */
     int bounds_always; /* every launch bounds-checked (configuration) */
+
+    /* Public calls in flight (calls.c). cube_client_close sets
+     * CORE_CALLS_CLOSING in every shard, then waits for the counts to
+     * drain. Apart from the struct's other fields by a line of padding,
+     * since every call writes one of them. */
+    unsigned char calls_pad_[64];
+    core_call_shard calls[CORE_CALL_SHARDS];
+    /* Called by cube_client_close once later calls are refused and before
+     * it waits for those in flight (tests set it to act in that window);
+     * NULL: none. */
+    void (*closing_hook)(void *arg);
+    void *closing_hook_arg;
 };
 
 /* --- handles.c --- */
@@ -298,6 +319,58 @@ const cube_backend *core_backend_find(const char *name);
 const cube_backend *const *core_backends(void);
 /* 1 when `name` is a backend of the project that this build left out. */
 int core_backend_left_out(const char *name);
+
+/* --- calls.c --- */
+/* The calling thread's shard, plus one (0: not chosen yet). */
+extern _Thread_local uint32_t core_thread_call_shard;
+/* Chooses the calling thread's shard (round robin over the threads that
+ * ever called) and returns it plus one. */
+uint32_t core_call_shard_choose(void);
+/* Counts a public call on `c` in flight: the shard to hand to
+ * core_call_leave when the call is done, or NULL when cube_client_close
+ * has begun (the call must then touch nothing of the client; answer
+ * core_call_refused). One atomic increment on the thread's own shard. */
+static inline core_call_shard *core_call_enter(cube_client *c)
+{
+    uint32_t s = core_thread_call_shard;
+    if (!s)
+        s = core_call_shard_choose();
+    core_call_shard *sh = &c->calls[s - 1];
+    if (atomic_fetch_add_explicit(&sh->n, 1, memory_order_acquire) &
+        CORE_CALLS_CLOSING) {
+        atomic_fetch_sub_explicit(&sh->n, 1, memory_order_release);
+        return NULL;
+    }
+    return sh;
+}
+/* The call counted by core_call_enter is done: it touches nothing of the
+ * client after this. */
+static inline void core_call_leave(core_call_shard *sh)
+{
+    atomic_fetch_sub_explicit(&sh->n, 1, memory_order_release);
+}
+/* CUBE_ERR_INVALID_ARGUMENT: `fn` was called after cube_client_close
+ * began. Reads nothing of the client. */
+cube_error *core_call_refused(const char *fn);
+/* Refuses every public call that starts from now on, runs the closing
+ * hook, then waits until none is in flight (cube_client_close). */
+void core_calls_close(cube_client *c);
+
+/* The body of public call `fn` on client `c` whose work is `call` (an
+ * expression of type cube_error *): counted in flight around it, refused
+ * once the client is closing. A NULL client goes straight to `call`,
+ * which answers it with its own message. */
+#define CORE_CALL(c, fn, call)                                                 \
+    do {                                                                       \
+        if (!(c))                                                              \
+            return (call);                                                     \
+        core_call_shard *core_call_ = core_call_enter(c);                      \
+        if (!core_call_)                                                       \
+            return core_call_refused(fn);                                      \
+        cube_error *core_call_err_ = (call);                                   \
+        core_call_leave(core_call_);                                           \
+        return core_call_err_;                                                 \
+    } while (0)
 
 #define CORE_CHECK_CLIENT(c, fn)                                               \
     do {                                                                       \

@@ -136,7 +136,7 @@ cube_error *core_graph_record(cube_client *c, core_stream *s,
     return NULL;
 }
 
-cube_error *cube_graph_prepare(cube_client *c)
+static cube_error *graph_prepare_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_prepare");
     core_stream *s = NULL;
@@ -159,7 +159,12 @@ cube_error *cube_graph_prepare(cube_client *c)
     return err;
 }
 
-cube_error *cube_graph_begin(cube_client *c)
+cube_error *cube_graph_prepare(cube_client *c)
+{
+    CORE_CALL(c, "cube_graph_prepare", graph_prepare_call(c));
+}
+
+static cube_error *graph_begin_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_begin");
     core_stream *s = NULL;
@@ -194,7 +199,12 @@ cube_error *cube_graph_begin(cube_client *c)
     return err;
 }
 
-cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
+cube_error *cube_graph_begin(cube_client *c)
+{
+    CORE_CALL(c, "cube_graph_begin", graph_begin_call(c));
+}
+
+static cube_error *graph_end_call(cube_client *c, cube_graph_id *out)
 {
     if (!c || !out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -249,6 +259,11 @@ cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
     return NULL;
 }
 
+cube_error *cube_graph_end(cube_client *c, cube_graph_id *out)
+{
+    CORE_CALL(c, "cube_graph_end", graph_end_call(c, out));
+}
+
 /* The live graph `id`, with a reference taken; NULL when there is none. */
 static core_graph *acquire(cube_client *c, cube_graph_id id)
 {
@@ -280,7 +295,7 @@ static cube_error *not_found(const char *fn, cube_graph_id id)
                           fn, (unsigned long long)id);
 }
 
-cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
+static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_replay");
     core_stream *s = NULL;
@@ -352,7 +367,12 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
     return err;
 }
 
-cube_error *cube_graph_destroy(cube_client *c, cube_graph_id id)
+cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
+{
+    CORE_CALL(c, "cube_graph_replay", graph_replay_call(c, id));
+}
+
+static cube_error *graph_destroy_call(cube_client *c, cube_graph_id id)
 {
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -374,6 +394,11 @@ cube_error *cube_graph_destroy(cube_client *c, cube_graph_id id)
     if (last)
         graph_free(c, g);
     return NULL;
+}
+
+cube_error *cube_graph_destroy(cube_client *c, cube_graph_id id)
+{
+    CORE_CALL(c, "cube_graph_destroy", graph_destroy_call(c, id));
 }
 
 void core_graphs_destroy(cube_client *c)

@@ -572,7 +572,7 @@ static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
     return NULL;
 }
 
-cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
+static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
 {
     CORE_CHECK_CLIENT(c, "cube_empty");
     if (!out)
@@ -634,8 +634,15 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
     return NULL;
 }
 
-cube_error *cube_create(cube_client *c, const void *bytes, uint64_t size,
-                        cube_handle *out)
+cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
+{
+    if (out)
+        out->bits = 0;
+    CORE_CALL(c, "cube_empty", empty_call(c, size, out));
+}
+
+static cube_error *create_call(cube_client *c, const void *bytes, uint64_t size,
+                               cube_handle *out)
 {
     CORE_CHECK_CLIENT(c, "cube_create");
     if (!out)
@@ -661,7 +668,15 @@ cube_error *cube_create(cube_client *c, const void *bytes, uint64_t size,
     return NULL;
 }
 
-cube_error *cube_handle_retain(cube_client *c, cube_handle h)
+cube_error *cube_create(cube_client *c, const void *bytes, uint64_t size,
+                        cube_handle *out)
+{
+    if (out)
+        out->bits = 0;
+    CORE_CALL(c, "cube_create", create_call(c, bytes, size, out));
+}
+
+static cube_error *handle_retain_call(cube_client *c, cube_handle h)
 {
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -672,7 +687,12 @@ cube_error *cube_handle_retain(cube_client *c, cube_handle h)
     return not_found(c, h, "cube_handle_retain");
 }
 
-cube_error *cube_handle_release(cube_client *c, cube_handle h)
+cube_error *cube_handle_retain(cube_client *c, cube_handle h)
+{
+    CORE_CALL(c, "cube_handle_retain", handle_retain_call(c, h));
+}
+
+static cube_error *handle_release_call(cube_client *c, cube_handle h)
 {
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -702,8 +722,14 @@ cube_error *cube_handle_release(cube_client *c, cube_handle h)
     return NULL;
 }
 
-cube_error *cube_handle_slice(cube_client *c, cube_handle h, uint64_t offset,
-                              uint64_t size, cube_handle *out)
+cube_error *cube_handle_release(cube_client *c, cube_handle h)
+{
+    CORE_CALL(c, "cube_handle_release", handle_release_call(c, h));
+}
+
+static cube_error *handle_slice_call(cube_client *c, cube_handle h,
+                                     uint64_t offset, uint64_t size,
+                                     cube_handle *out)
 {
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -730,7 +756,17 @@ cube_error *cube_handle_slice(cube_client *c, cube_handle h, uint64_t offset,
     return err;
 }
 
-cube_error *cube_handle_size(cube_client *c, cube_handle h, uint64_t *out)
+cube_error *cube_handle_slice(cube_client *c, cube_handle h, uint64_t offset,
+                              uint64_t size, cube_handle *out)
+{
+    if (out)
+        out->bits = 0;
+    CORE_CALL(c, "cube_handle_slice",
+              handle_slice_call(c, h, offset, size, out));
+}
+
+static cube_error *handle_size_call(cube_client *c, cube_handle h,
+                                    uint64_t *out)
 {
     if (!c || !out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -743,4 +779,9 @@ cube_error *cube_handle_size(cube_client *c, cube_handle h, uint64_t *out)
     *out = s->size;
     unpin_slot(c, i, s);
     return NULL;
+}
+
+cube_error *cube_handle_size(cube_client *c, cube_handle h, uint64_t *out)
+{
+    CORE_CALL(c, "cube_handle_size", handle_size_call(c, h, out));
 }

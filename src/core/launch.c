@@ -810,8 +810,9 @@ static void unpin(cube_client *c, launch_job *job)
 }
 
 /* The launch, step by step (cubert/kernel.h states the contract). */
-cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
-                        const cube_arg *args, size_t nargs, uint32_t mode)
+static inline __attribute__((always_inline)) cube_error *
+launch(cube_client *c, cube_kernel *k, cube_count count, const cube_arg *args,
+       size_t nargs, uint32_t mode)
 {
     CORE_CHECK_CLIENT(c, "cube_launch");
     cube_error *err = check_request(c, k, count, args, nargs, mode);
@@ -843,4 +844,10 @@ cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
     }
     unpin(c, &job);
     return err;
+}
+
+cube_error *cube_launch(cube_client *c, cube_kernel *k, cube_count count,
+                        const cube_arg *args, size_t nargs, uint32_t mode)
+{
+    CORE_CALL(c, "cube_launch", launch(c, k, count, args, nargs, mode));
 }

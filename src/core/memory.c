@@ -21,8 +21,9 @@ static mem_device device_of(const cube_client *c)
     return d;
 }
 
-cube_error *cube_memory_layout_preset(cube_client *c, cube_layout_preset preset,
-                                      cube_memory_layout *out)
+static cube_error *memory_layout_preset_call(cube_client *c,
+                                             cube_layout_preset preset,
+                                             cube_memory_layout *out)
 {
     if (!c || !out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -37,8 +38,15 @@ cube_error *cube_memory_layout_preset(cube_client *c, cube_layout_preset preset,
     return mem_layout_preset(preset, &d, out);
 }
 
-cube_error *cube_memory_layout_validate(cube_client *c,
-                                        const cube_memory_layout *layout)
+cube_error *cube_memory_layout_preset(cube_client *c, cube_layout_preset preset,
+                                      cube_memory_layout *out)
+{
+    CORE_CALL(c, "cube_memory_layout_preset",
+              memory_layout_preset_call(c, preset, out));
+}
+
+static cube_error *memory_layout_validate_call(cube_client *c,
+                                               const cube_memory_layout *layout)
 {
     if (!c || !layout)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -48,8 +56,15 @@ cube_error *cube_memory_layout_validate(cube_client *c,
     return mem_layout_validate(layout, &d);
 }
 
-cube_error *cube_install_memory_pools(cube_client *c,
-                                      const cube_memory_layout *layout)
+cube_error *cube_memory_layout_validate(cube_client *c,
+                                        const cube_memory_layout *layout)
+{
+    CORE_CALL(c, "cube_memory_layout_validate",
+              memory_layout_validate_call(c, layout));
+}
+
+static cube_error *install_memory_pools_call(cube_client *c,
+                                             const cube_memory_layout *layout)
 {
     CORE_CHECK_CLIENT(c, "cube_install_memory_pools");
     cube_error *err = cube_memory_layout_validate(c, layout);
@@ -71,7 +86,14 @@ cube_error *cube_install_memory_pools(cube_client *c,
     return err;
 }
 
-cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
+cube_error *cube_install_memory_pools(cube_client *c,
+                                      const cube_memory_layout *layout)
+{
+    CORE_CALL(c, "cube_install_memory_pools",
+              install_memory_pools_call(c, layout));
+}
+
+static cube_error *memory_usage_get_call(cube_client *c, cube_memory_usage *out)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_usage_get");
     if (!out)
@@ -85,7 +107,12 @@ cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
     return NULL;
 }
 
-cube_error *cube_memory_cleanup(cube_client *c)
+cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
+{
+    CORE_CALL(c, "cube_memory_usage_get", memory_usage_get_call(c, out));
+}
+
+static cube_error *memory_cleanup_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_cleanup");
     core_stream *s = NULL;
@@ -100,7 +127,13 @@ cube_error *cube_memory_cleanup(cube_client *c)
     return NULL;
 }
 
-cube_error *cube_memory_report_get(cube_client *c, cube_memory_report *out)
+cube_error *cube_memory_cleanup(cube_client *c)
+{
+    CORE_CALL(c, "cube_memory_cleanup", memory_cleanup_call(c));
+}
+
+static cube_error *memory_report_get_call(cube_client *c,
+                                          cube_memory_report *out)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_report_get");
     if (!out)
@@ -116,13 +149,23 @@ cube_error *cube_memory_report_get(cube_client *c, cube_memory_report *out)
     return NULL;
 }
 
-cube_error *cube_memory_reset_peaks(cube_client *c)
+cube_error *cube_memory_report_get(cube_client *c, cube_memory_report *out)
+{
+    CORE_CALL(c, "cube_memory_report_get", memory_report_get_call(c, out));
+}
+
+static cube_error *memory_reset_peaks_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_reset_peaks");
     core_stream *s = core_stream_find(c, cube_stream_current(c));
     if (s)
         mem_reset_peaks(s->base.memory);
     return NULL;
+}
+
+cube_error *cube_memory_reset_peaks(cube_client *c)
+{
+    CORE_CALL(c, "cube_memory_reset_peaks", memory_reset_peaks_call(c));
 }
 
 cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
@@ -137,7 +180,8 @@ cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
     return NULL;
 }
 
-cube_error *cube_allocation_mode_set(cube_client *c, cube_allocation_mode mode)
+static cube_error *allocation_mode_set_call(cube_client *c,
+                                            cube_allocation_mode mode)
 {
     CORE_CHECK_CLIENT(c, "cube_allocation_mode_set");
     if (mode != CUBE_ALLOC_AUTO && mode != CUBE_ALLOC_PERSISTENT)
@@ -159,7 +203,12 @@ cube_error *cube_allocation_mode_set(cube_client *c, cube_allocation_mode mode)
     return err;
 }
 
-cube_error *cube_persistent_begin(cube_client *c)
+cube_error *cube_allocation_mode_set(cube_client *c, cube_allocation_mode mode)
+{
+    CORE_CALL(c, "cube_allocation_mode_set", allocation_mode_set_call(c, mode));
+}
+
+static cube_error *persistent_begin_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_persistent_begin");
     core_stream *s = NULL;
@@ -175,7 +224,12 @@ cube_error *cube_persistent_begin(cube_client *c)
     return err;
 }
 
-cube_error *cube_persistent_end(cube_client *c)
+cube_error *cube_persistent_begin(cube_client *c)
+{
+    CORE_CALL(c, "cube_persistent_begin", persistent_begin_call(c));
+}
+
+static cube_error *persistent_end_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_persistent_end");
     core_stream *s = NULL;
@@ -195,6 +249,11 @@ cube_error *cube_persistent_end(cube_client *c)
         s->persistent_depth++;
     core_stream_unlock(s);
     return err;
+}
+
+cube_error *cube_persistent_end(cube_client *c)
+{
+    CORE_CALL(c, "cube_persistent_end", persistent_end_call(c));
 }
 
 /* --- report formatting --- */

@@ -27,7 +27,7 @@ int cube_dry_run_active(void)
     return atomic_load_explicit(&dry_run_depth, memory_order_relaxed) > 0;
 }
 
-cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
+static cube_error *profile_start_call(cube_client *c, cube_profile_token *out)
 {
     CORE_CHECK_CLIENT(c, "cube_profile_start");
     if (!out)
@@ -73,6 +73,11 @@ cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
     return err;
 }
 
+cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
+{
+    CORE_CALL(c, "cube_profile_start", profile_start_call(c, out));
+}
+
 /* The index of `token` among the stream's windows, or -1. */
 static long find_window(const core_stream *s, cube_profile_token token)
 {
@@ -93,8 +98,8 @@ static void remove_window(core_stream *s, long i)
     }
 }
 
-cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
-                             cube_profile_result *out)
+static cube_error *profile_end_call(cube_client *c, cube_profile_token token,
+                                    cube_profile_result *out)
 {
     CORE_CHECK_CLIENT(c, "cube_profile_end");
     if (!out)
@@ -157,7 +162,13 @@ cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
     return err;
 }
 
-void cube_profile_abandon(cube_client *c, cube_profile_token token)
+cube_error *cube_profile_end(cube_client *c, cube_profile_token token,
+                             cube_profile_result *out)
+{
+    CORE_CALL(c, "cube_profile_end", profile_end_call(c, token, out));
+}
+
+static void profile_abandon(cube_client *c, cube_profile_token token)
 {
     if (!c)
         return;
@@ -176,4 +187,13 @@ void cube_profile_abandon(cube_client *c, cube_profile_token token)
         remove_window(s, i);
     }
     core_stream_unlock(s);
+}
+
+void cube_profile_abandon(cube_client *c, cube_profile_token token)
+{
+    core_call_shard *call = c ? core_call_enter(c) : NULL;
+    if (!call)
+        return; /* no client, or one that is closing (which drops it) */
+    profile_abandon(c, token);
+    core_call_leave(call);
 }

@@ -301,8 +301,8 @@ void core_stream_note_failure_now(cube_client *c, const cube_error *err)
     core_stream_unlock(s);
 }
 
-cube_error *cube_stream_ids(cube_client *c, cube_stream_id *ids,
-                            size_t capacity, size_t *count)
+static cube_error *stream_ids_call(cube_client *c, cube_stream_id *ids,
+                                   size_t capacity, size_t *count)
 {
     if (!c || !count || (capacity && !ids))
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "cube_stream_ids: %s",
@@ -314,4 +314,10 @@ cube_error *cube_stream_ids(cube_client *c, cube_stream_id *ids,
     for (uint32_t i = 0; i < n && i < capacity; i++)
         ids[i] = core_stream_at(c, i)->base.id;
     return NULL;
+}
+
+cube_error *cube_stream_ids(cube_client *c, cube_stream_id *ids,
+                            size_t capacity, size_t *count)
+{
+    CORE_CALL(c, "cube_stream_ids", stream_ids_call(c, ids, capacity, count));
 }

@@ -184,9 +184,9 @@ static cube_error *refuse_in_capture(core_stream *st, const char *operation)
     return err;
 }
 
-cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
-                       const void *const *sources, const uint64_t *sizes,
-                       size_t n)
+static cube_error *write_call(cube_client *c, const cube_copy_desc *descs,
+                              const void *const *sources, const uint64_t *sizes,
+                              size_t n)
 {
     CORE_CHECK_CLIENT(c, "cube_write");
     core_resolved *r = NULL;
@@ -240,6 +240,13 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
     return err;
 }
 
+cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
+                       const void *const *sources, const uint64_t *sizes,
+                       size_t n)
+{
+    CORE_CALL(c, "cube_write", write_call(c, descs, sources, sizes, n));
+}
+
 struct cube_future {
     cube_client *client;
     cube_pending *pending;
@@ -249,9 +256,10 @@ struct cube_future {
     int done;
 };
 
-cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
-                            void *const *destinations, const uint64_t *sizes,
-                            size_t n, cube_future **out)
+static cube_error *read_async_call(cube_client *c, const cube_copy_desc *descs,
+                                   void *const *destinations,
+                                   const uint64_t *sizes, size_t n,
+                                   cube_future **out)
 {
     if (!out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -301,6 +309,16 @@ cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
     return NULL;
 }
 
+cube_error *cube_read_async(cube_client *c, const cube_copy_desc *descs,
+                            void *const *destinations, const uint64_t *sizes,
+                            size_t n, cube_future **out)
+{
+    if (out)
+        *out = NULL;
+    CORE_CALL(c, "cube_read_async",
+              read_async_call(c, descs, destinations, sizes, n, out));
+}
+
 cube_error *cube_future_wait(cube_future *f)
 {
     if (!f)
@@ -344,9 +362,9 @@ void cube_future_free(cube_future *f)
     free(f);
 }
 
-cube_error *cube_read(cube_client *c, const cube_copy_desc *descs,
-                      void *const *destinations, const uint64_t *sizes,
-                      size_t n)
+static cube_error *read_call(cube_client *c, const cube_copy_desc *descs,
+                             void *const *destinations, const uint64_t *sizes,
+                             size_t n)
 {
     cube_future *f;
     cube_error *err = cube_read_async(c, descs, destinations, sizes, n, &f);
@@ -355,6 +373,13 @@ cube_error *cube_read(cube_client *c, const cube_copy_desc *descs,
     err = cube_future_wait(f);
     cube_future_free(f);
     return err;
+}
+
+cube_error *cube_read(cube_client *c, const cube_copy_desc *descs,
+                      void *const *destinations, const uint64_t *sizes,
+                      size_t n)
+{
+    CORE_CALL(c, "cube_read", read_call(c, descs, destinations, sizes, n));
 }
 
 /* --- staging --- */
@@ -374,8 +399,8 @@ static void staging_release(cube_client *c, void *p)
         free(p);
 }
 
-cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
-                         void **out)
+static cube_error *staging_call(cube_client *c, const uint64_t *sizes, size_t n,
+                                void **out)
 {
     CORE_CHECK_CLIENT(c, "cube_staging");
     if (!sizes || !out || n == 0)
@@ -445,7 +470,13 @@ cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
     return NULL;
 }
 
-cube_error *cube_staging_free(cube_client *c, void *buffer)
+cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
+                         void **out)
+{
+    CORE_CALL(c, "cube_staging", staging_call(c, sizes, n, out));
+}
+
+static cube_error *staging_free_call(cube_client *c, void *buffer)
 {
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -467,6 +498,11 @@ cube_error *cube_staging_free(cube_client *c, void *buffer)
     cube_mutex_unlock(&c->staging_lock);
     staging_release(c, buffer);
     return NULL;
+}
+
+cube_error *cube_staging_free(cube_client *c, void *buffer)
+{
+    CORE_CALL(c, "cube_staging_free", staging_free_call(c, buffer));
 }
 
 void core_staging_destroy(cube_client *c)

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -327,6 +328,145 @@ static void test_failing_kernel_keeps_one_cache_entry(void **state)
     cube_client_close(c);
 }
 
+/* ------------------------------------- item: close while others call */
+
+/* A thread that calls in a loop on `c` until a call answers that the
+ * client is closing; then it touches the client no more. */
+typedef struct caller {
+    cube_client *c;
+    cube_kernel *k; /* NULL: no launches (a backend without kernels) */
+    cube_handle x, y;
+    atomic_int calls;   /* calls that succeeded */
+    atomic_int refused; /* 1 once a call answered "closing" */
+    char unexpected[512];
+} caller;
+
+static cube_error *one_call(caller *w, int i)
+{
+    uint32_t buf[256];
+    memset(buf, i, sizeof buf);
+    cube_copy_desc d = cube_copy_desc_contiguous(w->y, sizeof buf, 4);
+    switch (i % 8) {
+    case 0:
+        if (w->k) {
+            cube_arg args[3] = {cube_arg_buffer(w->x), cube_arg_buffer(w->y),
+                                cube_arg_u32(1)};
+            return cube_launch(w->c, w->k, cube_count_static(256, 1, 1), args,
+                               3, 0);
+        }
+        return cube_flush(w->c);
+    case 1: {
+        const void *src[1] = {buf};
+        uint64_t size[1] = {sizeof buf};
+        return cube_write(w->c, &d, src, size, 1);
+    }
+    case 2: {
+        void *dst[1] = {buf};
+        uint64_t size[1] = {sizeof buf};
+        return cube_read(w->c, &d, dst, size, 1);
+    }
+    case 3: return cube_sync(w->c, &w->y, 1);
+    case 4: return cube_check(w->c, &w->x, 1);
+    case 5: {
+        uint64_t size = 0;
+        return cube_handle_size(w->c, w->x, &size);
+    }
+    case 6: {
+        cube_handle h = {0}, s = {0};
+        cube_error *err = cube_empty(w->c, 64, &h);
+        if (!err)
+            err = cube_handle_slice(w->c, h, 16, 16, &s);
+        if (!err)
+            err = cube_handle_release(w->c, h);
+        if (!err)
+            err = cube_handle_release(w->c, s);
+        return err;
+    }
+    default: {
+        cube_memory_usage u;
+        return cube_memory_usage_get(w->c, &u);
+    }
+    }
+}
+
+static void *call_until_refused(void *arg)
+{
+    caller *w = arg;
+    for (int i = 0;; i++) {
+        cube_error *err = one_call(w, i);
+        if (!err) {
+            atomic_fetch_add(&w->calls, 1);
+            continue;
+        }
+        if (cube_error_code(err) != CUBE_ERR_INVALID_ARGUMENT ||
+            !strstr(cube_error_message(err), "the client is closing"))
+            snprintf(w->unexpected, sizeof w->unexpected, "call %d: %s: %s",
+                     i % 8, cube_code_name(cube_error_code(err)),
+                     cube_error_message(err));
+        cube_error_free(err);
+        atomic_store(&w->refused, 1);
+        return NULL;
+    }
+}
+
+/* The closing hook: close has begun refusing calls; wait (bounded) until
+ * the caller has been refused and stopped, so that no call of it can
+ * start after the client is freed. */
+static void wait_for_refusal(void *arg)
+{
+    caller *w = arg;
+    for (int i = 0; i < 20000 && !atomic_load(&w->refused); i++)
+        usleep(500);
+}
+
+static void close_while_calling(cube_client *c, cube_kernel *k)
+{
+    caller *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    w->c = c;
+    w->k = k;
+    uint32_t init[256] = {0};
+    ok(cube_create(c, init, sizeof init, &w->x));
+    ok(cube_create(c, init, sizeof init, &w->y));
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, call_until_refused, w), 0);
+    /* Let it get going: a few hundred calls of every kind. */
+    for (int i = 0; i < 20000 && atomic_load(&w->calls) < 300; i++)
+        usleep(500);
+    c->closing_hook = wait_for_refusal;
+    c->closing_hook_arg = w;
+    cube_client_close(c);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    if (w->unexpected[0])
+        fail_msg("%s", w->unexpected);
+    assert_true(atomic_load(&w->refused));
+    assert_true(atomic_load(&w->calls) >= 300);
+    free(w);
+}
+
+/* cube_client_close while another thread launches, writes, reads, syncs,
+ * checks and makes and releases buffers in a loop: the calls in flight finish,
+ * the ones that start later are refused with CUBE_ERR_INVALID_ARGUMENT, nothing
+ * crashes. */
+static void test_close_while_another_thread_calls(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 3; round++) {
+        cube_client *c = open_cpu();
+        cube_kernel *k = fresh_kernel("close", 1);
+        close_while_calling(c, k);
+        cube_kernel_release(k);
+    }
+    cube_client *c = NULL;
+    cube_error *err = cube_client_open("null", NULL, &c);
+    if (err && cube_error_code(err) == CUBE_ERR_UNAVAILABLE) {
+        cube_error_free(err);
+        return;
+    }
+    ok(err);
+    close_while_calling(c, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -334,6 +474,7 @@ int main(void)
         cmocka_unit_test(
             test_cpu_compile_without_its_directory_records_nothing),
         cmocka_unit_test(test_failing_kernel_keeps_one_cache_entry),
+        cmocka_unit_test(test_close_while_another_thread_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
