@@ -486,7 +486,13 @@ static cube_error *check_alignment(const launch_job *job)
         uint64_t align = elem_alignment(cc->params[p].elem_size);
         uint32_t a = job->arg_of_param[p];
         const core_resolved *r = &job->r[a];
-        uint64_t address = r->alloc->storage.address + r->offset;
+        /* A buffer made in a dry run has no address yet (a Skip launch
+         * meets it so): its offset is what will count. */
+        uint64_t base =
+            atomic_load_explicit(&r->alloc->deferred, memory_order_acquire)
+                ? 0
+                : r->alloc->storage.address;
+        uint64_t address = base + r->offset;
         if (address & (align - 1))
             return cube_error_new(
                 CUBE_ERR_INVALID_ARGUMENT,
