@@ -71,7 +71,10 @@ cube_error *cube_kernel_create(const cube_kernel_desc *desc, cube_kernel **out)
     memcpy(k->cube_dim, dim, sizeof dim);
     XXH3_state_t *st = XXH3_createState();
     if (!st) {
-        cube_kernel_release(k);
+        /* Not cube_kernel_release: no reference is counted yet. */
+        free(k->name);
+        free(k->source);
+        free(k);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_kernel_create");
     }
     XXH3_64bits_reset(st);
