@@ -23,6 +23,8 @@
  * exactly that size, owned by the user, with no permission for group or
  * others, reached without a symbolic link; any other is replaced by a new
  * one, with a warning, and the entries written with it are then rebuilt.
+ * One that cannot be opened for want of memory or descriptors is left
+ * alone: the cache is off for that open.
  *
  * A disk_cache holds only values fixed at open time and an fd it never
  * changes, so it needs no lock: every write goes to a fresh file created
@@ -119,6 +121,16 @@ static int disk_cache_read_fd(int fd, size_t size, unsigned char **out,
     *out = data;
     *out_len = got;
     return 0;
+}
+
+/* Whether the errno value `e` says that the system ran short of memory or
+ * descriptors for a moment, not that a file is missing or bad: what could
+ * not be read is then left as it is (a good entry or secret is not thrown
+ * away for it). */
+static bool disk_cache_transient(int e)
+{
+    return e == ENOMEM || e == EMFILE || e == ENFILE || e == EAGAIN ||
+           e == EINTR;
 }
 
 /* Opens `name` under `dirfd` for reading: no symbolic link, and without
@@ -307,9 +319,10 @@ disk_cache_result disk_cache_get(const disk_cache *cache,
     size_t meta_len = 0;
     int e = disk_cache_read_at(cache->fd, record, DISK_CACHE_MAX_RECORD, &meta,
                                &meta_len);
-    if (e == ENOENT || e == ENOMEM) {
+    if (e == ENOENT || disk_cache_transient(e)) {
         /* No record: never written, or a writer is between its two
-         * renames. A rebuild rewrites both. */
+         * renames. A rebuild rewrites both. (Or it cannot be read now:
+         * it stays.) */
         return DISK_CACHE_MISS;
     }
     const char *why = NULL;
@@ -319,7 +332,7 @@ disk_cache_result disk_cache_get(const disk_cache *cache,
         why = disk_cache_read_failure(e, true, why_buf, sizeof why_buf);
     } else {
         e = disk_cache_read_at(cache->fd, artifact, max_len, &data, &data_len);
-        if (e == ENOENT || e == ENOMEM) {
+        if (e == ENOENT || disk_cache_transient(e)) {
             free(meta);
             return DISK_CACHE_MISS;
         }
@@ -578,6 +591,15 @@ static int disk_cache_load_secret(disk_cache *cache)
         int e = disk_cache_read_secret(cache->fd, cache->secret, &why);
         if (e == 0)
             return 0;
+        if (disk_cache_transient(e)) {
+            /* The secret may be fine: replacing it would cost every entry
+             * made with it, in every process. */
+            cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
+                           "disk cache disabled: cannot open the secret of "
+                           "'%s': %s",
+                           cache->path, file_strerror(e, eb, sizeof eb));
+            return -1;
+        }
         if (e != ENOENT) {
             cube_log_write(CUBE_LOG_WARN, DISK_CACHE_LOG,
                            "disk cache '%s': its secret is not trusted (%s); "
