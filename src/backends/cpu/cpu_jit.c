@@ -571,7 +571,10 @@ static cube_error *cpu_jit_open_bytes(const cpu_jit *jit,
     }
     if (!err)
         err = cpu_jit_dlopen(path, out);
-    /* The mapping outlives the name. */
+    /* The mapping outlives the name. The file goes by its name first, so
+     * the directory goes too when it cannot be listed (no descriptor
+     * left). */
+    unlink(path);
     cpu_jit_remove_dir(dir);
     free(path);
     free(dir);
@@ -676,6 +679,12 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
         }
     }
 done:
+    /* The files made here go by name first, so the directory goes too
+     * when it cannot be listed. */
+    if (src_path)
+        unlink(src_path);
+    if (so_path)
+        unlink(so_path);
     cpu_jit_remove_dir(dir);
     free(stamped);
     free(src_path);
