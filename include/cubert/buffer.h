@@ -135,9 +135,12 @@ typedef struct cube_future cube_future;
 /* Starts a read and returns at once with a future. The destinations are
  * borrowed until cube_future_wait returns; do not touch them before. An
  * argument error is returned at once (no future is made); a failure found
- * later is returned by cube_future_wait. Ownership: the caller frees the
- * future with cube_future_free (after or without waiting; freeing an
- * unwaited future waits first). */
+ * later is returned by cube_future_wait. Errors returned at once:
+ * CUBE_ERR_INVALID_ARGUMENT and CUBE_ERR_NOT_FOUND (as cube_read),
+ * CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_DEVICE_FAULT; every other answer,
+ * CUBE_ERR_GRAPH_STATE among them, comes from cube_future_wait.
+ * Ownership: the caller frees the future with cube_future_free (after or
+ * without waiting; freeing an unwaited future waits first). */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_read_async(cube_client *client, const cube_copy_desc *descs,
                 void *const *destinations, const uint64_t *destination_sizes,

@@ -68,7 +68,8 @@ CUBE_API cube_client_options cube_client_options_default(void);
  * CUBE_ERR_NOT_FOUND (unknown backend, device index out of range),
  * CUBE_ERR_UNAVAILABLE (the backend cannot run here; the message says why),
  * CUBE_ERR_RESOURCE_LIMIT (CUBE_MAX_CLIENTS clients are open),
- * CUBE_ERR_OUT_OF_MEMORY (then nothing is left open). */
+ * CUBE_ERR_IO (a thread the backend needs could not be started),
+ * CUBE_ERR_OUT_OF_MEMORY (after either, nothing is left open). */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_client_open(const char *device, const cube_client_options *options,
                  cube_client **out);

@@ -84,7 +84,7 @@ CUBE_API void cube_profile_abandon(cube_client *client,
  * directory is refused without waiting on it. Errors:
  * CUBE_ERR_INVALID_ARGUMENT (NULL or empty path, or a trace is already
  * running), CUBE_ERR_IO (cannot open, or not a regular file or a character
- * device). */
+ * device), CUBE_ERR_OUT_OF_MEMORY. */
 CUBE_API CUBE_MUST_USE cube_error *cube_trace_start(const char *path);
 
 /* Finishes the trace file (valid JSON from then on) and stops tracing.
