@@ -137,7 +137,7 @@ static void test_storage(void **state)
     for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
         uint64_t addr = 0;
         expect_code(ops.alloc(ops.self, huge[i], 64, &addr),
-                    CUBE_ERR_OUT_OF_MEMORY, "null backend");
+                    CUBE_ERR_OUT_OF_MEMORY, "host memory");
         assert_int_equal(addr, 0);
     }
     s->vt->destroy(s);

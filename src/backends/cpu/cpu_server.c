@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/common/host_memory.h"
 #include "backends/cpu/cpu_jit.h"
 #include "backends/cpu/cpu_workers.h"
 #include "cubert/backend/errors.h"
@@ -56,21 +57,8 @@ static void *addr(const cube_binding *b)
 }
 
 /* Host-clock profiling (server.h): while a window is open on the stream,
- * the time each launch, read and write takes is added to its busy_ns. */
-static uint64_t busy_begin(const cube_server_stream *stream)
-{
-    if (!stream->profiling)
-        return 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void busy_end(cube_server_stream *stream, uint64_t t0)
-{
-    if (t0)
-        stream->busy_ns += busy_begin(stream) - t0;
-}
+ * the time each launch, read and write takes is added to its busy_ns
+ * (host_busy_begin/end, backends/common/host_memory.c). */
 
 /* --- properties --- */
 
@@ -143,102 +131,27 @@ static cube_error *cpu_properties(cube_server *server, cube_properties *out)
  * Work runs at issue time, so a stream needs no state here; its memory is
  * aligned host memory, pooled by the stream's manager (the client's). */
 
-static cube_error *host_alloc(void *self, uint64_t size, uint64_t align,
-                              uint64_t *address)
-{
-    (void)self;
-    uint64_t rounded = (size + align - 1) & ~(align - 1);
-    if (rounded < size || rounded > SIZE_MAX)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "%llu bytes do not fit the address space",
-                              (unsigned long long)size);
-    void *p = aligned_alloc((size_t)align, (size_t)rounded);
-    if (!p)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "the host refused %llu bytes",
-                              (unsigned long long)size);
-    *address = (uint64_t)(uintptr_t)p;
-    return NULL;
-}
-
-static void host_free(void *self, uint64_t address, uint64_t size)
-{
-    (void)self;
-    (void)size;
-    free((void *)(uintptr_t)address);
-}
-
 static cube_error *cpu_stream_open(cube_server *server,
                                    cube_server_stream *stream,
                                    cube_storage_ops *storage)
 {
     (void)stream;
-    storage->self = server;
-    storage->alloc = host_alloc;
-    storage->free = host_free;
+    host_storage_ops(server, storage);
     return NULL;
 }
 
 /* --- copies --- */
-
-/* Visits every row of a strided op: a row is the innermost dimension,
- * contiguous when its stride equals the element size. `to_host` picks the
- * direction. */
-static void strided_copy(const cube_copy_op *op, unsigned char *host,
-                         int to_host)
-{
-    unsigned char *dev = addr(&op->binding);
-    if (op->contiguous) {
-        if (to_host)
-            memcpy(host, dev, op->bytes);
-        else
-            memcpy(dev, host, op->bytes);
-        return;
-    }
-    uint32_t last = op->rank - 1;
-    uint64_t idx[CUBE_MAX_RANK] = {0};
-    uint64_t inner = op->shape[last];
-    uint64_t es = op->elem_size;
-    int dense_rows = op->byte_strides[last] == es;
-    for (;;) {
-        uint64_t off = 0;
-        for (uint32_t k = 0; k < last; k++)
-            off += idx[k] * op->byte_strides[k];
-        unsigned char *row = dev + off;
-        if (dense_rows) {
-            if (to_host)
-                memcpy(host, row, inner * es);
-            else
-                memcpy(row, host, inner * es);
-            host += inner * es;
-        } else {
-            for (uint64_t e = 0; e < inner; e++) {
-                unsigned char *el = row + e * op->byte_strides[last];
-                if (to_host)
-                    memcpy(host, el, es);
-                else
-                    memcpy(el, host, es);
-                host += es;
-            }
-        }
-        int k = (int)last - 1;
-        while (k >= 0 && ++idx[k] == op->shape[k])
-            idx[k--] = 0;
-        if (k < 0)
-            return;
-    }
-}
 
 static cube_error *cpu_read(cube_server *server, cube_server_stream *stream,
                             const cube_copy_op *ops, size_t n, void *const *dst,
                             cube_pending **pending)
 {
     (void)server;
-    uint64_t t0 = busy_begin(stream);
+    uint64_t t0 = host_busy_begin(stream);
     *pending = NULL;
     for (size_t i = 0; i < n; i++)
-        strided_copy(&ops[i], dst[i], 1);
-    busy_end(stream, t0);
+        host_copy_op(&ops[i], dst[i], 1);
+    host_busy_end(stream, t0);
     return NULL;
 }
 
@@ -247,10 +160,10 @@ static cube_error *cpu_write(cube_server *server, cube_server_stream *stream,
                              const void *const *src)
 {
     (void)server;
-    uint64_t t0 = busy_begin(stream);
+    uint64_t t0 = host_busy_begin(stream);
     for (size_t i = 0; i < n; i++)
-        strided_copy(&ops[i], (unsigned char *)(uintptr_t)src[i], 0);
-    busy_end(stream, t0);
+        host_copy_op(&ops[i], (unsigned char *)(uintptr_t)src[i], 0);
+    host_busy_end(stream, t0);
     return NULL;
 }
 
@@ -535,9 +448,9 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
 static cube_error *cpu_launch(cube_server *server, cube_server_stream *stream,
                               const cube_dispatch *d)
 {
-    uint64_t t0 = busy_begin(stream);
+    uint64_t t0 = host_busy_begin(stream);
     cube_error *err = run_launch((cpu_server *)server, d);
-    busy_end(stream, t0);
+    host_busy_end(stream, t0);
     return err;
 }
 

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/common/host_memory.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
 
@@ -84,36 +85,6 @@ static cube_error *null_properties(cube_server *server, cube_properties *out)
  * The client owns each stream's memory manager; a backend only says where
  * the manager's pages come from. Here that is the C heap. */
 
-/* The storage's alloc: one aligned block of host memory. aligned_alloc
- * wants a size that is a multiple of the alignment, so round up, and
- * refuse a size that cannot be rounded or addressed rather than wrap. */
-static cube_error *host_alloc(void *self, uint64_t size, uint64_t align,
-                              uint64_t *address)
-{
-    (void)self;
-    uint64_t rounded = (size + align - 1) & ~(align - 1);
-    if (rounded < size || rounded > SIZE_MAX)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "null backend: %llu bytes do not fit the "
-                              "address space",
-                              (unsigned long long)size);
-    void *p = aligned_alloc((size_t)align, (size_t)rounded);
-    if (!p)
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "null backend: the host refused %llu bytes",
-                              (unsigned long long)size);
-    *address = (uint64_t)(uintptr_t)p;
-    return NULL;
-}
-
-/* The storage's free: the manager hands back exactly what alloc gave. */
-static void host_free(void *self, uint64_t address, uint64_t size)
-{
-    (void)self;
-    (void)size;
-    free((void *)(uintptr_t)address);
-}
-
 /* A stream needs no state of its own here (work is done at call time, so
  * there is no queue), hence stream->impl stays NULL and stream_close is
  * left out. A backend with queues creates one here and frees it in
@@ -123,77 +94,18 @@ static cube_error *null_stream_open(cube_server *server,
                                     cube_storage_ops *storage)
 {
     (void)stream;
-    storage->self = server;
-    storage->alloc = host_alloc;
-    storage->free = host_free;
+    /* Host memory (backends/common/host_memory.c), as the CPU backend
+     * uses; a device backend hands its own allocator here. */
+    host_storage_ops(server, storage);
     return NULL;
 }
 
 /* --- copies --- */
 
-/* Profiling windows are timed on the host clock by the client, from what
- * the backend counts (server.h, cube_server_stream): while a window is
- * open on the stream, the time each read and write takes is added to its
- * busy_ns. */
-static uint64_t busy_begin(const cube_server_stream *stream)
-{
-    if (!stream->profiling)
-        return 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void busy_end(cube_server_stream *stream, uint64_t t0)
-{
-    if (t0)
-        stream->busy_ns += busy_begin(stream) - t0;
-}
-
-/* The host address of a binding's first byte: a buffer's address is a
- * host pointer on this backend. */
-static unsigned char *binding_address(const cube_binding *b)
-{
-    return (unsigned char *)(uintptr_t)b->storage->address + b->offset;
-}
-
-/* Moves one op's elements between the binding and packed host memory
- * (`to_host` picks the direction). The client validated the op: rank 1..8,
- * no zero extent, every byte inside the binding, `host` holding op->bytes.
- * A dense op is one memcpy; otherwise an odometer walks the outer indices
- * and each innermost row is copied element by element. */
-static void copy_op(const cube_copy_op *op, unsigned char *host, int to_host)
-{
-    unsigned char *dev = binding_address(&op->binding);
-    if (op->contiguous) {
-        if (to_host)
-            memcpy(host, dev, op->bytes);
-        else
-            memcpy(dev, host, op->bytes);
-        return;
-    }
-    uint32_t last = op->rank - 1;
-    uint64_t es = op->elem_size;
-    uint64_t index[CUBE_MAX_RANK] = {0};
-    for (;;) {
-        uint64_t row = 0;
-        for (uint32_t k = 0; k < last; k++)
-            row += index[k] * op->byte_strides[k];
-        for (uint64_t e = 0; e < op->shape[last]; e++) {
-            unsigned char *el = dev + row + e * op->byte_strides[last];
-            if (to_host)
-                memcpy(host, el, es);
-            else
-                memcpy(el, host, es);
-            host += es;
-        }
-        int k = (int)last - 1;
-        while (k >= 0 && ++index[k] == op->shape[k])
-            index[k--] = 0;
-        if (k < 0)
-            return;
-    }
-}
+/* Copies and busy time come from backends/common/host_memory.c: while a
+ * profiling window is open on the stream, the time each read and write
+ * takes is added to its busy_ns (server.h, cube_server_stream), which the
+ * client's host-clock window reports. */
 
 /* read: done before returning, so there is never a pending read and the
  * read_wait slot stays NULL. The client has already refused a read of a
@@ -203,11 +115,11 @@ static cube_error *null_read(cube_server *server, cube_server_stream *stream,
                              void *const *dst, cube_pending **pending)
 {
     (void)server;
-    uint64_t t0 = busy_begin(stream);
+    uint64_t t0 = host_busy_begin(stream);
     *pending = NULL;
     for (size_t i = 0; i < n; i++)
-        copy_op(&ops[i], dst[i], 1);
-    busy_end(stream, t0);
+        host_copy_op(&ops[i], dst[i], 1);
+    host_busy_end(stream, t0);
     return NULL;
 }
 
@@ -218,10 +130,10 @@ static cube_error *null_write(cube_server *server, cube_server_stream *stream,
                               const void *const *src)
 {
     (void)server;
-    uint64_t t0 = busy_begin(stream);
+    uint64_t t0 = host_busy_begin(stream);
     for (size_t i = 0; i < n; i++)
-        copy_op(&ops[i], (unsigned char *)(uintptr_t)src[i], 0);
-    busy_end(stream, t0);
+        host_copy_op(&ops[i], (unsigned char *)(uintptr_t)src[i], 0);
+    host_busy_end(stream, t0);
     return NULL;
 }
 

@@ -1,0 +1,41 @@
+/* Host memory for backends whose buffers live in host memory (the CPU
+ * backend, the null backend): the storage a stream's memory manager
+ * allocates from, strided copies between a buffer and packed host bytes,
+ * and the busy time a host-clock profiling window counts.
+ *
+ * Thread safety: every function may be called from any thread; the busy
+ * counters of one stream are touched only by calls on that stream (the
+ * client serializes them).
+ */
+#ifndef CUBE_BACKENDS_COMMON_HOST_MEMORY_H
+#define CUBE_BACKENDS_COMMON_HOST_MEMORY_H
+
+#include <stdint.h>
+
+#include "cubert/backend/server.h"
+
+/* cube_storage_ops.alloc over aligned_alloc: `size` bytes rounded up to
+ * `align` (a power of two). `self` is unused. Errors:
+ * CUBE_ERR_OUT_OF_MEMORY (the host refused, or the rounded size does not
+ * fit the address space), its message naming `self_name`'s backend is
+ * left to the caller's prefix. */
+cube_error *host_storage_alloc(void *self, uint64_t size, uint64_t align,
+                               uint64_t *address);
+/* cube_storage_ops.free: gives back what host_storage_alloc gave. */
+void host_storage_free(void *self, uint64_t address, uint64_t size);
+
+/* Fills `ops` with the two functions above. */
+void host_storage_ops(cube_server *server, cube_storage_ops *ops);
+
+/* Copies one op's elements between its binding and packed host bytes:
+ * to the host when `to_host`, else from it. Strided layouts go row by row
+ * (a row is the innermost dimension, one memcpy when it is dense). */
+void host_copy_op(const cube_copy_op *op, unsigned char *host, int to_host);
+
+/* Around work done at call time on `stream`: while a profiling window is
+ * open (stream->profiling), the work's duration is added to
+ * stream->busy_ns, which the client's host-clock window reports. */
+uint64_t host_busy_begin(const cube_server_stream *stream);
+void host_busy_end(cube_server_stream *stream, uint64_t t0);
+
+#endif /* CUBE_BACKENDS_COMMON_HOST_MEMORY_H */
