@@ -21,10 +21,12 @@
  * syncs; one track per stream) that Perfetto opens. Setting CUBERT_TRACE to
  * a path starts one at the first cube_client_open.
  *
- * Dry run: between cube_dry_run_begin and the matching cube_dry_run_end,
- * every launch in the process, from any thread, behaves as
- * CUBE_LAUNCH_SKIP: compiled, validated and cached, then dropped. Scopes
- * nest (a counter), also across threads. Buffers made inside a scope are
+ * Dry run: between cube_dry_run_begin(client) and the matching
+ * cube_dry_run_end(client), every launch the calling thread issues on that
+ * client behaves as CUBE_LAUNCH_SKIP: compiled, validated and cached, then
+ * dropped (a graph replay runs nothing). Other threads, and the same thread
+ * on other clients, are not affected. Scopes nest per thread and client.
+ * Buffers the thread makes on the client inside a scope are
  * handed out without memory (a size that can never fit is still refused);
  * they get memory at their first real use — a write, a read or a launch
  * outside a scope — and if that fails, the call and later reads report
@@ -92,12 +94,18 @@ CUBE_API CUBE_MUST_USE cube_error *cube_trace_start(const char *path);
  * trace it does nothing. */
 CUBE_API CUBE_MUST_USE cube_error *cube_trace_stop(void);
 
-/* Enters and leaves the process-wide dry-run scope. Leaving more often than
- * entering is ignored. */
-CUBE_API void cube_dry_run_begin(void);
-CUBE_API void cube_dry_run_end(void);
-/* Nonzero inside a dry-run scope. */
-CUBE_API int cube_dry_run_active(void);
+/* Enters and leaves a dry-run scope of the calling thread on `client`
+ * (see above); scopes nest. A scope left open when the client closes ends
+ * with it.
+ * Errors (begin): CUBE_ERR_INVALID_ARGUMENT (client NULL),
+ * CUBE_ERR_RESOURCE_LIMIT (the thread has scopes open on 8 open clients).
+ * Errors (end): CUBE_ERR_INVALID_ARGUMENT (client NULL, or no scope of the
+ * calling thread is open on it). */
+CUBE_API CUBE_MUST_USE cube_error *cube_dry_run_begin(cube_client *client);
+CUBE_API CUBE_MUST_USE cube_error *cube_dry_run_end(cube_client *client);
+/* Nonzero while the calling thread has a dry-run scope open on `client`
+ * (0 for NULL). */
+CUBE_API int cube_dry_run_active(cube_client *client);
 
 #ifdef __cplusplus
 }

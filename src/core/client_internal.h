@@ -213,6 +213,10 @@ void core_handles_destroy(cube_client *c);
 /* Whether the client with `serial` (whose tag was `tag`) is still open:
  * serials are never reused. Lock-free. */
 int core_client_is_open(uint32_t tag, uint64_t serial);
+
+/* --- profile.c --- */
+/* Whether the calling thread has a dry-run scope open on `c`. */
+int core_dry_run_active(const cube_client *c);
 /* Resolves and pins `h`. Errors: CUBE_ERR_NOT_FOUND (message names `what`). */
 cube_error *core_resolve(cube_client *c, cube_handle h, const char *what,
                          core_resolved *out);

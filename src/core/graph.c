@@ -314,7 +314,7 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
                              "capturing; replay after cube_graph_end");
     else if (!g)
         err = not_found("cube_graph_replay", id);
-    if (err || cube_dry_run_active()) {
+    if (err || core_dry_run_active(c)) {
         core_stream_unlock(s);
         if (g)
             release(c, g);

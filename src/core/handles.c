@@ -594,7 +594,7 @@ static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
         return err;
     }
     a->stream = st;
-    if (cube_dry_run_active()) {
+    if (core_dry_run_active(c)) {
         /* A dry run hands out buffers without backing; they get memory at
          * their first real use. A size that can never fit is still
          * refused now. */

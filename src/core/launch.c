@@ -378,7 +378,7 @@ static void job_begin(launch_job *job, const cube_client *c, cube_kernel *k,
     if (c->bounds_always)
         mode |= CUBE_LAUNCH_CHECKED;
     /* Inside a dry-run scope every launch is a Skip. */
-    if (cube_dry_run_active())
+    if (core_dry_run_active(c))
         mode |= CUBE_LAUNCH_SKIP;
     job->k = k;
     job->count = count;

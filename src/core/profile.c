@@ -1,30 +1,93 @@
 /* Profiling windows (the work's time on the host clock, as the backend
- * counts it, unless the backend times on the device) and the process-wide
- * dry-run scope. */
+ * counts it, unless the backend times on the device) and the dry-run
+ * scopes, per thread and client. */
 #include <stdlib.h>
 
 #include "core/client_internal.h"
 
 static atomic_uint_fast64_t next_token = 1;
-static atomic_int dry_run_depth;
+/* Dry-run scopes of the calling thread, per client: a thread has scopes
+ * open on at most DRY_RUN_CLIENTS clients at once. An entry of a client
+ * that has closed gives its room back (serials are never reused). */
+#define DRY_RUN_CLIENTS 8
+static _Thread_local struct {
+    // cppcheck-suppress unusedStructMember
+    uint64_t client_serial; /* 0: free (cppcheck does not follow TLS) */
+    // cppcheck-suppress unusedStructMember
+    uint32_t client_tag;
+    // cppcheck-suppress unusedStructMember
+    uint32_t depth;
+} dry_runs[DRY_RUN_CLIENTS];
+/* How many entries are in use: none, the common case, answers at once. */
+static _Thread_local int dry_run_count;
 
-void cube_dry_run_begin(void)
+/* The calling thread's entry for `c`, or -1. */
+static int dry_run_find(const cube_client *c)
 {
-    atomic_fetch_add(&dry_run_depth, 1);
+    for (int i = 0; dry_run_count && i < DRY_RUN_CLIENTS; i++)
+        if (dry_runs[i].client_serial == c->serial)
+            return i;
+    return -1;
 }
 
-void cube_dry_run_end(void)
+int core_dry_run_active(const cube_client *c)
 {
-    /* Leaving more often than entering is ignored, never negative. */
-    int depth = atomic_load(&dry_run_depth);
-    while (depth > 0 &&
-           !atomic_compare_exchange_weak(&dry_run_depth, &depth, depth - 1)) {
+    return dry_run_count && dry_run_find(c) >= 0;
+}
+
+int cube_dry_run_active(cube_client *c)
+{
+    return c ? core_dry_run_active(c) : 0;
+}
+
+cube_error *cube_dry_run_begin(cube_client *c)
+{
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_dry_run_begin: client is NULL");
+    int i = dry_run_find(c);
+    if (i >= 0) {
+        dry_runs[i].depth++;
+        return NULL;
     }
+    for (int k = 0; k < DRY_RUN_CLIENTS && i < 0; k++)
+        if (dry_runs[k].client_serial == 0)
+            i = k;
+    for (int k = 0; k < DRY_RUN_CLIENTS && i < 0; k++) {
+        if (!core_client_is_open(dry_runs[k].client_tag,
+                                 dry_runs[k].client_serial)) {
+            dry_runs[k].client_serial = 0;
+            dry_run_count--;
+            i = k;
+        }
+    }
+    if (i < 0)
+        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                              "cube_dry_run_begin: a thread may have dry-run "
+                              "scopes open on at most %d open clients at once",
+                              DRY_RUN_CLIENTS);
+    dry_runs[i].client_serial = c->serial;
+    dry_runs[i].client_tag = c->tag;
+    dry_runs[i].depth = 1;
+    dry_run_count++;
+    return NULL;
 }
 
-int cube_dry_run_active(void)
+cube_error *cube_dry_run_end(cube_client *c)
 {
-    return atomic_load_explicit(&dry_run_depth, memory_order_relaxed) > 0;
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_dry_run_end: client is NULL");
+    int i = dry_run_find(c);
+    if (i < 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_dry_run_end: the calling thread has no "
+                              "dry-run scope open on this client");
+    if (--dry_runs[i].depth == 0) {
+        dry_runs[i].client_serial = 0;
+        dry_run_count--;
+    }
+    return NULL;
 }
 
 static cube_error *profile_start_call(cube_client *c, cube_profile_token *out)

@@ -348,8 +348,8 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(dry_run_launch_changes_no_buffer_or_failure_record)                      \
     X(dry_run_launches_compile_and_validate_but_change_no_buffer)              \
     X(dry_run_scopes_nest_and_launches_run_after_the_last_end)                 \
-    X(dry_run_end_without_begin_is_ignored)                                    \
-    X(dry_run_scope_covers_launches_from_other_threads)                        \
+    X(dry_run_end_without_begin_is_refused)                                    \
+    X(dry_run_scope_covers_only_the_thread_and_client_that_opened_it)                        \
     /* memory pools, layouts, reports, modes (test_memory.c) */                \
     X(memory_preset_layouts_validate_and_install_on_an_empty_stream)           \
     X(memory_validation_rejects_each_mistake_naming_pool_and_field)            \

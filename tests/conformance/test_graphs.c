@@ -1589,11 +1589,11 @@ CONF_TEST_NEEDS(graph_replay_inside_dry_run_does_nothing, CUBE_FEATURE_KERNELS)
     cube_code c1 = conf_code(g_axpy(x, y, 1));
     cube_graph_id id = g_end();
     assert_int_equal(c1, CUBE_OK);
-    cube_dry_run_begin();
+    CONF_OK(cube_dry_run_begin(conf.client));
     cube_code in_dry[2];
     in_dry[0] = conf_code(cube_graph_replay(conf.client, id));
     in_dry[1] = conf_code(cube_graph_replay(conf.client, id));
-    cube_dry_run_end();
+    CONF_OK(cube_dry_run_end(conf.client));
     static const cube_code ok2[2] = {CUBE_OK, CUBE_OK};
     static const char *const what[2] = {"replay in a dry run",
                                         "second replay in a dry run"};

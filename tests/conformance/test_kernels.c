@@ -180,12 +180,12 @@ CONF_TEST_NEEDS(kernel_slice_misaligned_for_its_elements_is_refused,
     assert_memory_equal(got, bytes, sizeof bytes);
     /* A buffer made in a dry run has no memory yet: its slice's offset
      * is what counts, and the dry run's launch is refused alike. */
-    cube_dry_run_begin();
+    CONF_OK(cube_dry_run_begin(conf.client));
     cube_handle later = conf_empty(256);
     cube_handle later2 = conf_slice(later, 2, 128);
     cube_arg dry[2] = {cube_arg_buffer(later2), cube_arg_u32(7)};
     expect_misaligned(conf.k.fill, dry, 2, EXEC, 0, 2, 4);
-    cube_dry_run_end();
+    CONF_OK(cube_dry_run_end(conf.client));
     conf_release(later2);
     conf_release(later);
 

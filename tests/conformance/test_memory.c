@@ -1735,14 +1735,14 @@ CONF_TEST(memory_dry_run_buffers_get_memory_at_first_real_use)
      * any other buffer. */
     m_enter();
     cube_memory_usage u0 = m_usage();
-    cube_dry_run_begin();
+    CONF_OK(cube_dry_run_begin(conf.client));
     cube_handle h = {0};
     cube_error *err = cube_empty(conf.client, 1000, &h);
     cube_memory_usage u1 = m_usage();
     cube_handle too_big = {0};
     cube_error *big =
         cube_empty(conf.client, conf.props.max_buffer_size + 1, &too_big);
-    cube_dry_run_end();
+    CONF_OK(cube_dry_run_end(conf.client));
     CONF_OK(err);
     /* No memory yet, and a size that can never fit is still refused. */
     assert_int_equal(u1.buffers, u0.buffers);
@@ -1770,12 +1770,12 @@ CONF_TEST(memory_dry_run_buffer_without_memory_passes_sync_and_check)
      * its first write then backs it as usual. */
     m_enter();
     cube_memory_usage u0 = m_usage();
-    cube_dry_run_begin();
+    CONF_OK(cube_dry_run_begin(conf.client));
     cube_handle h = {0};
     cube_error *made = cube_empty(conf.client, 64, &h);
     cube_error *synced = made ? NULL : cube_sync(conf.client, &h, 1);
     cube_error *checked = made ? NULL : cube_check(conf.client, &h, 1);
-    cube_dry_run_end();
+    CONF_OK(cube_dry_run_end(conf.client));
     CONF_OK(made);
     CONF_OK(synced);
     CONF_OK(checked);
@@ -1809,11 +1809,11 @@ CONF_TEST(memory_dry_run_buffer_that_cannot_be_backed_is_storage_mapping_failed)
     uint64_t p = 256 * m_a();
     cube_memory_layout l = m_layout_capped();
     CONF_OK(cube_install_memory_pools(conf.client, &l));
-    cube_dry_run_begin();
+    CONF_OK(cube_dry_run_begin(conf.client));
     cube_handle a = {0}, b = {0};
     cube_error *ea = cube_empty(conf.client, 4 * p, &a);
     cube_error *eb = cube_empty(conf.client, 2 * p, &b);
-    cube_dry_run_end();
+    CONF_OK(cube_dry_run_end(conf.client));
     CONF_OK(ea);
     CONF_OK(eb);
 
@@ -1855,11 +1855,11 @@ CONF_TEST_NEEDS(
     uint64_t p = 256 * m_a();
     cube_memory_layout l = m_layout_capped();
     CONF_OK(cube_install_memory_pools(conf.client, &l));
-    cube_dry_run_begin();
+    CONF_OK(cube_dry_run_begin(conf.client));
     cube_handle a = {0}, b = {0};
     cube_error *ea = cube_empty(conf.client, 4 * p, &a);
     cube_error *eb = cube_empty(conf.client, 2 * p, &b);
-    cube_dry_run_end();
+    CONF_OK(cube_dry_run_end(conf.client));
     CONF_OK(ea);
     CONF_OK(eb);
     unsigned char *src = calloc(4 * p, 1);

@@ -673,8 +673,8 @@ static const char SRC_DRY_PROBE[] =
 /* Leaves every dry-run scope this test may have left open. */
 static void p_dry_run_reset(void)
 {
-    for (int i = 0; i < 64 && cube_dry_run_active(); i++)
-        cube_dry_run_end();
+    for (int i = 0; i < 64 && cube_dry_run_active(conf.client); i++)
+        CONF_OK(cube_dry_run_end(conf.client));
 }
 
 /* Needs no kernel: a launch inside a dry run changes no buffer and no
@@ -691,10 +691,10 @@ CONF_TEST(dry_run_launch_changes_no_buffer_or_failure_record)
     cube_count two = cube_count_static(2, 1, 1); /* fill: 32 units a cube */
     cube_code want = conf_runs_kernels() ? CUBE_OK : CUBE_ERR_UNSUPPORTED;
     p_dry_run_reset();
-    cube_dry_run_begin();
+    CONF_OK(cube_dry_run_begin(conf.client));
     cube_code in_scope =
         conf_code(conf_launch(conf.k.fill, two, args, 2, EXEC));
-    cube_dry_run_end();
+    CONF_OK(cube_dry_run_end(conf.client));
     assert_int_equal(in_scope, want);
     CONF_OK(cube_check(conf.client, &y, 1));
     CONF_READ_OK(y, got, sizeof got);
@@ -719,9 +719,9 @@ CONF_TEST_NEEDS(dry_run_launches_compile_and_validate_but_change_no_buffer,
     cube_handle a = p_floats(0, 1), b = p_floats(0, 2), c = p_floats(0, 3);
     cube_kernel *fresh = conf_kernel("dry_probe", SRC_DRY_PROBE, 16, 1, 1);
     p_dry_run_reset();
-    assert_false(cube_dry_run_active());
-    cube_dry_run_begin();
-    int active = cube_dry_run_active();
+    assert_false(cube_dry_run_active(conf.client));
+    CONF_OK(cube_dry_run_begin(conf.client));
+    int active = cube_dry_run_active(conf.client);
     cube_code codes[5];
     cube_error *e[5];
     e[0] = p_axpy(x, y, 1);
@@ -734,13 +734,13 @@ CONF_TEST_NEEDS(dry_run_launches_compile_and_validate_but_change_no_buffer,
     /* A kernel no launch has compiled yet compiles in the dry run. */
     cube_arg probe[2] = {cube_arg_buffer(c), cube_arg_u32(9)};
     e[4] = conf_launch(fresh, cube_count_static(1, 1, 1), probe, 2, EXEC);
-    cube_dry_run_end();
+    CONF_OK(cube_dry_run_end(conf.client));
     for (int i = 0; i < 5; i++) {
         codes[i] = cube_error_code(e[i]);
         cube_error_free(e[i]);
     }
     assert_true(active);
-    assert_false(cube_dry_run_active());
+    assert_false(cube_dry_run_active(conf.client));
     assert_int_equal(codes[0], CUBE_OK);
     assert_int_equal(codes[1], CUBE_ERR_COMPILE);
     assert_int_equal(codes[2], CUBE_ERR_RESOURCE_LIMIT);
@@ -771,17 +771,17 @@ CONF_TEST_NEEDS(dry_run_scopes_nest_and_launches_run_after_the_last_end,
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     p_dry_run_reset();
-    cube_dry_run_begin();
-    cube_dry_run_begin();
-    cube_dry_run_end();
-    int still = cube_dry_run_active();
+    CONF_OK(cube_dry_run_begin(conf.client));
+    CONF_OK(cube_dry_run_begin(conf.client));
+    CONF_OK(cube_dry_run_end(conf.client));
+    int still = cube_dry_run_active(conf.client);
     cube_error *e1 = p_axpy(x, y, 1);
-    cube_dry_run_begin();
-    cube_dry_run_end();
-    int again = cube_dry_run_active();
+    CONF_OK(cube_dry_run_begin(conf.client));
+    CONF_OK(cube_dry_run_end(conf.client));
+    int again = cube_dry_run_active(conf.client);
     cube_error *e2 = p_axpy(x, y, 1);
-    cube_dry_run_end();
-    int after = cube_dry_run_active();
+    CONF_OK(cube_dry_run_end(conf.client));
+    int after = cube_dry_run_active(conf.client);
     p_dry_run_reset();
     CONF_OK(e1);
     CONF_OK(e2);
@@ -795,20 +795,23 @@ CONF_TEST_NEEDS(dry_run_scopes_nest_and_launches_run_after_the_last_end,
     conf_release(y);
 }
 
-CONF_TEST_NEEDS(dry_run_end_without_begin_is_ignored, CUBE_FEATURE_KERNELS)
+CONF_TEST_NEEDS(dry_run_end_without_begin_is_refused, CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     p_dry_run_reset();
-    cube_dry_run_end();
-    cube_dry_run_end();
-    int after_ends = cube_dry_run_active();
+    CONF_EXPECT(cube_dry_run_end(conf.client), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_dry_run_end(conf.client), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_dry_run_begin(NULL), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_dry_run_end(NULL), CUBE_ERR_INVALID_ARGUMENT);
+    assert_false(cube_dry_run_active(NULL));
+    int after_ends = cube_dry_run_active(conf.client);
     CONF_OK(p_axpy(x, y, 1));
-    /* The extra ends did not bank a credit: one begin is active again. */
-    cube_dry_run_begin();
-    int active = cube_dry_run_active();
+    /* The refused ends banked no credit: one begin is active again. */
+    CONF_OK(cube_dry_run_begin(conf.client));
+    int active = cube_dry_run_active(conf.client);
     cube_error *e = p_axpy(x, y, 1);
-    cube_dry_run_end();
-    int ended = cube_dry_run_active();
+    CONF_OK(cube_dry_run_end(conf.client));
+    int ended = cube_dry_run_active(conf.client);
     p_dry_run_reset();
     CONF_OK(e);
     assert_false(after_ends);
@@ -821,15 +824,9 @@ CONF_TEST_NEEDS(dry_run_end_without_begin_is_ignored, CUBE_FEATURE_KERNELS)
 
 static void *p_dry_begin_main(void *arg)
 {
-    (void)arg;
-    cube_dry_run_begin();
-    return NULL;
-}
-
-static void *p_dry_end_main(void *arg)
-{
-    (void)arg;
-    cube_dry_run_end();
+    cube_error **out = arg;
+    /* Opened and left open on this thread: ends with nothing here. */
+    *out = cube_dry_run_begin(conf.client);
     return NULL;
 }
 
@@ -842,50 +839,51 @@ typedef struct p_dry_launcher {
 static void *p_dry_launch_main(void *arg)
 {
     p_dry_launcher *l = arg;
-    l->active = cube_dry_run_active();
+    l->active = cube_dry_run_active(conf.client);
     l->err = p_axpy(l->x, l->y, 1);
     return NULL;
 }
 
-CONF_TEST_NEEDS(dry_run_scope_covers_launches_from_other_threads,
+CONF_TEST_NEEDS(dry_run_scope_covers_only_the_thread_and_client_that_opened_it,
                 CUBE_FEATURE_KERNELS)
 {
     cube_handle x = p_floats(1, 1), y = p_floats(0, 0);
     p_dry_run_reset();
     CONF_OK(p_axpy(x, y, 0)); /* compiled before the threads */
     pthread_t t;
-    /* Opened on another thread, in force on this one. */
-    assert_int_equal(pthread_create(&t, NULL, p_dry_begin_main, NULL), 0);
+    /* Opened on another thread: not in force on this one. */
+    cube_error *begun = NULL;
+    assert_int_equal(pthread_create(&t, NULL, p_dry_begin_main, &begun), 0);
     assert_int_equal(pthread_join(t, NULL), 0);
-    int active = cube_dry_run_active();
+    CONF_OK(begun);
+    assert_false(cube_dry_run_active(conf.client));
+    CONF_OK(p_axpy(x, y, 1));
+    p_expect_floats(y, 1, 1);
+    /* Opened here: in force here, not on another thread's launch. */
+    CONF_OK(cube_dry_run_begin(conf.client));
+    int active = cube_dry_run_active(conf.client);
     cube_error *e1 = p_axpy(x, y, 1);
-    /* Opened here, in force on another thread's stream. */
     p_dry_launcher l;
     memset(&l, 0, sizeof l);
     l.x = x;
     l.y = y;
     assert_int_equal(pthread_create(&t, NULL, p_dry_launch_main, &l), 0);
     assert_int_equal(pthread_join(t, NULL), 0);
-    /* Closed on a third thread. */
-    assert_int_equal(pthread_create(&t, NULL, p_dry_end_main, NULL), 0);
-    assert_int_equal(pthread_join(t, NULL), 0);
-    int after = cube_dry_run_active();
-    p_dry_run_reset();
+    /* Nor on another client of the same thread. */
+    cube_client *other = NULL;
+    CONF_OK(cube_client_open(conf.backend, NULL, &other));
+    int other_active = cube_dry_run_active(other);
+    cube_client_close(other);
+    CONF_OK(cube_dry_run_end(conf.client));
+    int after = cube_dry_run_active(conf.client);
     CONF_OK(e1);
     CONF_OK(l.err);
     assert_true(active);
-    assert_true(l.active);
-    assert_false(after);
-    p_expect_floats(y, 0, 0);
-    /* Scope closed: another thread's launch runs. */
-    memset(&l, 0, sizeof l);
-    l.x = x;
-    l.y = y;
-    assert_int_equal(pthread_create(&t, NULL, p_dry_launch_main, &l), 0);
-    assert_int_equal(pthread_join(t, NULL), 0);
-    CONF_OK(l.err);
     assert_false(l.active);
-    p_expect_floats(y, 1, 1);
+    assert_false(other_active);
+    assert_false(after);
+    /* This thread's launch was dropped, the other thread's ran. */
+    p_expect_floats(y, 2, 2);
     conf_release(x);
     conf_release(y);
 }

@@ -30,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* --- the model ------------------------------------------------------------ */
 
 typedef struct model_alloc {
-    int live;         /* handles still name it */
+    int live; /* handles still name it */
     uint32_t size;
     uint32_t handles; /* slots naming it */
     int failed;       /* the failure store holds an error for it */
@@ -39,9 +39,9 @@ typedef struct model_alloc {
 } model_alloc;
 
 typedef struct model_slot {
-    cube_handle h;  /* bits 0: never filled */
-    uint32_t refs;  /* 0: released (h is then stale) */
-    int alloc;      /* index into allocs */
+    cube_handle h; /* bits 0: never filled */
+    uint32_t refs; /* 0: released (h is then stale) */
+    int alloc;     /* index into allocs */
     uint32_t offset, size;
 } model_slot;
 
@@ -176,7 +176,8 @@ static uint32_t pick_size(reader *r)
     return b ? b : MAX_SIZE;
 }
 
-/* --- operations ------------------------------------------------------------ */
+/* --- operations ------------------------------------------------------------
+ */
 
 static void op_empty(reader *r)
 {
@@ -401,7 +402,8 @@ static void op_axpy(reader *r, int bad)
         return;
     if (bad && !slot_live(z))
         return;
-    cube_arg args[3] = {cube_arg_buffer(slots[x].h), cube_arg_buffer(slots[y].h),
+    cube_arg args[3] = {cube_arg_buffer(slots[x].h),
+                        cube_arg_buffer(slots[y].h),
                         bad ? cube_arg_buffer(slots[z].h) : cube_arg_u32(av)};
     cube_error *err =
         cube_launch(g_client, g_axpy, words_count(slots[y].size), args, 3, 0);
@@ -438,7 +440,8 @@ static void op_axpy(reader *r, int bad)
         uint8_t *ky = ay->known + slots[y].offset + i;
         const uint8_t *px = ax->bytes + slots[x].offset + i;
         const uint8_t *kx = ax->known + slots[x].offset + i;
-        int known = ky[0] & ky[1] & ky[2] & ky[3] & kx[0] & kx[1] & kx[2] & kx[3];
+        int known =
+            ky[0] & ky[1] & ky[2] & ky[3] & kx[0] & kx[1] & kx[2] & kx[3];
         put32(py, av * get32(px) + get32(py));
         memset(ky, known, 4);
     }
@@ -488,8 +491,8 @@ static void op_barrier(reader *r, int sync)
     }
     if (!sync && n == 0)
         return; /* check of nothing: not specified beyond success */
-    cube_error *err = sync ? cube_sync(g_client, hs, n)
-                           : cube_check(g_client, hs, n);
+    cube_error *err =
+        sync ? cube_sync(g_client, hs, n) : cube_check(g_client, hs, n);
     if (stale)
         return expect(err, CUBE_ERR_NOT_FOUND);
     expect(err, failed ? CUBE_ERR_SEVERAL : CUBE_OK);
@@ -507,14 +510,17 @@ static void op_dry(reader *r)
 {
     if (rd8(r) & 1) {
         if (dry_depth < 4) {
-            cube_dry_run_begin();
+            expect(cube_dry_run_begin(g_client), CUBE_OK);
             dry_depth++;
         }
     } else if (dry_depth > 0) {
-        cube_dry_run_end();
+        expect(cube_dry_run_end(g_client), CUBE_OK);
         dry_depth--;
+    } else {
+        /* No scope open: an end is refused and changes nothing. */
+        expect(cube_dry_run_end(g_client), CUBE_ERR_INVALID_ARGUMENT);
     }
-    if (!!cube_dry_run_active() != !!dry_depth)
+    if (!!cube_dry_run_active(g_client) != !!dry_depth)
         fail_model("cube_dry_run_active differs from the model", NULL);
 }
 
@@ -541,9 +547,7 @@ static void op_hostile(reader *r)
     uint64_t one[1] = {1};
     cube_arg args[2] = {cube_arg_buffer(any), cube_arg_u32(1)};
     switch (which % 20) {
-    case 0:
-        expect(cube_empty(NULL, 16, &h), CUBE_ERR_INVALID_ARGUMENT);
-        break;
+    case 0: expect(cube_empty(NULL, 16, &h), CUBE_ERR_INVALID_ARGUMENT); break;
     case 1:
         expect(cube_empty(g_client, 0, &h), CUBE_ERR_INVALID_ARGUMENT);
         break;
@@ -574,7 +578,8 @@ static void op_hostile(reader *r)
         expect(cube_handle_release(NULL, any), CUBE_ERR_INVALID_ARGUMENT);
         break;
     case 7:
-        expect(cube_write(g_client, &d, src, one, 0), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_write(g_client, &d, src, one, 0),
+               CUBE_ERR_INVALID_ARGUMENT);
         expect(cube_write(g_client, NULL, src, one, 1),
                CUBE_ERR_INVALID_ARGUMENT);
         expect(cube_write(NULL, &d, src, one, 1), CUBE_ERR_INVALID_ARGUMENT);
@@ -582,21 +587,25 @@ static void op_hostile(reader *r)
     case 8:
         if (!any.bits)
             break;
-        expect(cube_read(g_client, &d, NULL, one, 1), CUBE_ERR_INVALID_ARGUMENT);
-        expect(cube_read(g_client, &d, dst, NULL, 1), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_read(g_client, &d, NULL, one, 1),
+               CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_read(g_client, &d, dst, NULL, 1),
+               CUBE_ERR_INVALID_ARGUMENT);
         break;
     case 9:
         if (!any.bits)
             break;
         /* A source size that differs from the descriptor's bytes. */
         one[0] = 2;
-        expect(cube_write(g_client, &d, src, one, 1), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_write(g_client, &d, src, one, 1),
+               CUBE_ERR_INVALID_ARGUMENT);
         break;
     case 10:
         if (!any.bits)
             break;
         d.rank = 0;
-        expect(cube_write(g_client, &d, src, one, 1), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_write(g_client, &d, src, one, 1),
+               CUBE_ERR_INVALID_ARGUMENT);
         d.rank = CUBE_MAX_RANK + 1;
         expect(cube_read(g_client, &d, dst, one, 1), CUBE_ERR_INVALID_ARGUMENT);
         break;
@@ -604,9 +613,11 @@ static void op_hostile(reader *r)
         if (!any.bits)
             break;
         d.elem_size = 0;
-        expect(cube_write(g_client, &d, src, one, 1), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_write(g_client, &d, src, one, 1),
+               CUBE_ERR_INVALID_ARGUMENT);
         d.elem_size = 65;
-        expect(cube_write(g_client, &d, src, one, 1), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_write(g_client, &d, src, one, 1),
+               CUBE_ERR_INVALID_ARGUMENT);
         break;
     case 12:
         if (!any.bits)
@@ -621,26 +632,27 @@ static void op_hostile(reader *r)
     case 13:
         if (!any.bits)
             break;
-        expect(cube_launch(g_client, g_fill, cube_count_static(0, 1, 1), args, 2,
-                           0),
+        expect(cube_launch(g_client, g_fill, cube_count_static(0, 1, 1), args,
+                           2, 0),
                CUBE_ERR_INVALID_ARGUMENT);
         break;
     case 14:
         if (!any.bits)
             break;
-        expect(cube_launch(g_client, g_fill, cube_count_static(1, 1, 1), args, 2,
-                           1u << 7),
+        expect(cube_launch(g_client, g_fill, cube_count_static(1, 1, 1), args,
+                           2, 1u << 7),
                CUBE_ERR_INVALID_ARGUMENT);
         break;
     case 15:
-        expect(cube_launch(g_client, g_fill, cube_count_static(1, 1, 1), NULL, 2,
-                           0),
+        expect(cube_launch(g_client, g_fill, cube_count_static(1, 1, 1), NULL,
+                           2, 0),
                CUBE_ERR_INVALID_ARGUMENT);
-        expect(cube_launch(NULL, g_fill, cube_count_static(1, 1, 1), args, 2, 0),
-               CUBE_ERR_INVALID_ARGUMENT);
-        expect(cube_launch(g_client, NULL, cube_count_static(1, 1, 1), args, 2,
-                           0),
-               CUBE_ERR_INVALID_ARGUMENT);
+        expect(
+            cube_launch(NULL, g_fill, cube_count_static(1, 1, 1), args, 2, 0),
+            CUBE_ERR_INVALID_ARGUMENT);
+        expect(
+            cube_launch(g_client, NULL, cube_count_static(1, 1, 1), args, 2, 0),
+            CUBE_ERR_INVALID_ARGUMENT);
         break;
     case 16:
         expect(cube_sync(g_client, NULL, 1), CUBE_ERR_INVALID_ARGUMENT);
@@ -652,9 +664,9 @@ static void op_hostile(reader *r)
         if (f.bits == 0)
             break;
         cube_arg fa[2] = {cube_arg_buffer(f), cube_arg_u32(1)};
-        expect(cube_launch(g_client, g_fill, cube_count_static(1, 1, 1), fa, 2,
-                           0),
-               CUBE_ERR_NOT_FOUND);
+        expect(
+            cube_launch(g_client, g_fill, cube_count_static(1, 1, 1), fa, 2, 0),
+            CUBE_ERR_NOT_FOUND);
         cube_copy_desc fd = cube_copy_desc_contiguous(f, 1, 1);
         expect(cube_write(g_client, &fd, src, one, 1), CUBE_ERR_NOT_FOUND);
         expect(cube_read(g_client, &fd, dst, one, 1), CUBE_ERR_NOT_FOUND);
@@ -665,13 +677,12 @@ static void op_hostile(reader *r)
         expect(cube_memory_cleanup(NULL), CUBE_ERR_INVALID_ARGUMENT);
         expect(cube_flush(NULL), CUBE_ERR_INVALID_ARGUMENT);
         break;
-    default:
-        expect(cube_flush(g_client), CUBE_OK);
-        break;
+    default: expect(cube_flush(g_client), CUBE_OK); break;
     }
 }
 
-/* --- driver ----------------------------------------------------------------- */
+/* --- driver -----------------------------------------------------------------
+ */
 
 static const char axpy_src[] =
     "CUBE_KERNEL(fz_axpy, CUBE_IN(uint32_t, x), CUBE_INOUT(uint32_t, y),\n"
@@ -745,28 +756,82 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (op_index = 0; op_index < MAX_OPS && r.at < r.n; op_index++) {
         uint8_t op = rd8(&r);
         switch (op % 19) {
-        case 0: op_name = "empty"; op_empty(&r); break;
-        case 1: op_name = "create"; op_create(&r); break;
-        case 2: op_name = "write"; op_write(&r); break;
-        case 3: op_name = "read"; op_read(&r, 0); break;
-        case 4: op_name = "read_async"; op_read(&r, 1); break;
-        case 5: op_name = "slice"; op_slice(&r); break;
-        case 6: op_name = "retain"; op_retain(&r); break;
-        case 7: op_name = "release"; op_release(&r); break;
-        case 8: op_name = "size"; op_size(&r); break;
-        case 9: op_name = "axpy"; op_axpy(&r, 0); break;
-        case 10: op_name = "axpy_bad_args"; op_axpy(&r, 1); break;
-        case 11: op_name = "fill"; op_fill(&r); break;
-        case 12: op_name = "sync"; op_barrier(&r, 1); break;
-        case 13: op_name = "check"; op_barrier(&r, 0); break;
+        case 0:
+            op_name = "empty";
+            op_empty(&r);
+            break;
+        case 1:
+            op_name = "create";
+            op_create(&r);
+            break;
+        case 2:
+            op_name = "write";
+            op_write(&r);
+            break;
+        case 3:
+            op_name = "read";
+            op_read(&r, 0);
+            break;
+        case 4:
+            op_name = "read_async";
+            op_read(&r, 1);
+            break;
+        case 5:
+            op_name = "slice";
+            op_slice(&r);
+            break;
+        case 6:
+            op_name = "retain";
+            op_retain(&r);
+            break;
+        case 7:
+            op_name = "release";
+            op_release(&r);
+            break;
+        case 8:
+            op_name = "size";
+            op_size(&r);
+            break;
+        case 9:
+            op_name = "axpy";
+            op_axpy(&r, 0);
+            break;
+        case 10:
+            op_name = "axpy_bad_args";
+            op_axpy(&r, 1);
+            break;
+        case 11:
+            op_name = "fill";
+            op_fill(&r);
+            break;
+        case 12:
+            op_name = "sync";
+            op_barrier(&r, 1);
+            break;
+        case 13:
+            op_name = "check";
+            op_barrier(&r, 0);
+            break;
         case 14:
             op_name = "cleanup";
             expect(cube_memory_cleanup(g_client), CUBE_OK);
             break;
-        case 15: op_name = "dry_run"; op_dry(&r); break;
-        case 16: op_name = "stream_use"; op_stream(&r); break;
-        case 17: op_name = "hostile"; op_hostile(&r); break;
-        default: op_name = "create"; op_create(&r); break;
+        case 15:
+            op_name = "dry_run";
+            op_dry(&r);
+            break;
+        case 16:
+            op_name = "stream_use";
+            op_stream(&r);
+            break;
+        case 17:
+            op_name = "hostile";
+            op_hostile(&r);
+            break;
+        default:
+            op_name = "create";
+            op_create(&r);
+            break;
         }
     }
     /* Leave nothing behind for the next input. */
@@ -774,7 +839,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int s = 0; s < SLOTS; s++)
         slot_clear(s);
     while (dry_depth > 0) {
-        cube_dry_run_end();
+        expect(cube_dry_run_end(g_client), CUBE_OK);
         dry_depth--;
     }
     expect(cube_stream_use(g_client, 0), CUBE_OK);
@@ -804,18 +869,18 @@ static int replay_file(const char *path)
 static int generate(const char *dir)
 {
     static const uint8_t hand[][24] = {
-        {1, 0, 64, 7, 3, 0, 64, 0},                       /* create, read */
-        {0, 1, 32, 2, 1, 32, 0, 1, 9, 3, 1, 32, 0},        /* empty, write, read */
-        {1, 0, 64, 1, 5, 0, 2, 8, 0, 16, 0, 3, 2, 16, 0},  /* slice, read */
-        {1, 0, 64, 6, 0, 7, 0, 7, 0, 7, 0, 3, 0, 8, 0},    /* retain, release x3 */
-        {1, 0, 64, 1, 1, 1, 64, 2, 9, 0, 1, 3, 0, 3, 1, 64, 0},    /* axpy */
+        {1, 0, 64, 7, 3, 0, 64, 0},                 /* create, read */
+        {0, 1, 32, 2, 1, 32, 0, 1, 9, 3, 1, 32, 0}, /* empty, write, read */
+        {1, 0, 64, 1, 5, 0, 2, 8, 0, 16, 0, 3, 2, 16, 0}, /* slice, read */
+        {1, 0, 64, 6, 0, 7, 0, 7, 0, 7, 0, 3, 0, 8, 0}, /* retain, release x3 */
+        {1, 0, 64, 1, 1, 1, 64, 2, 9, 0, 1, 3, 0, 3, 1, 64, 0},     /* axpy */
         {1, 0, 64, 1, 1, 1, 64, 2, 10, 0, 1, 0, 0, 0, 3, 1, 64, 0}, /* bad */
         {1, 0, 64, 1, 10, 0, 0, 0, 0, 0, 11, 0, 5, 0, 3, 0, 64, 0}, /* fill */
         {1, 0, 64, 1, 10, 0, 0, 0, 0, 0, 2, 0, 64, 0, 0, 9, 12, 1}, /* clear */
-        {15, 1, 0, 0, 32, 15, 0, 3, 0, 32, 0, 12, 255},           /* dry run */
-        {15, 1, 1, 0, 64, 1, 9, 0, 0, 1, 0, 15, 0, 3, 0, 64, 0},  /* dry axpy */
-        {16, 1, 1, 0, 64, 3, 16, 2, 3, 0, 64, 0, 16, 0, 14},      /* streams */
-        {17, 3, 0, 17, 5, 0, 1, 2, 3, 4, 5, 6, 7, 8, 17, 16, 0},  /* hostile */
+        {15, 1, 0, 0, 32, 15, 0, 3, 0, 32, 0, 12, 255},          /* dry run */
+        {15, 1, 1, 0, 64, 1, 9, 0, 0, 1, 0, 15, 0, 3, 0, 64, 0}, /* dry axpy */
+        {16, 1, 1, 0, 64, 3, 16, 2, 3, 0, 64, 0, 16, 0, 14},     /* streams */
+        {17, 3, 0, 17, 5, 0, 1, 2, 3, 4, 5, 6, 7, 8, 17, 16, 0}, /* hostile */
         {1, 0, 8, 0, 17, 8, 0, 17, 12, 0, 17, 13, 0, 17, 14, 0},
         {1, 0, 8, 0, 17, 9, 0, 17, 10, 0, 17, 11, 0, 17, 15, 0},
         {1, 0, 8, 0, 13, 1, 12, 1, 4, 0, 8, 0, 7, 0, 13, 1, 12, 1},

@@ -263,12 +263,12 @@ static void first_use_mapping_failure_is_documented(void **state)
     l.pools[0].cap = page;
     assert_null(cube_install_memory_pools(c, &l));
 
-    cube_dry_run_begin();
+    assert_null(cube_dry_run_begin(c));
     cube_handle first = {0}, h[3] = {{0}};
     assert_null(cube_empty(c, page, &first));
     for (int i = 0; i < 3; i++)
         assert_null(cube_empty(c, page, &h[i]));
-    cube_dry_run_end();
+    assert_null(cube_dry_run_end(c));
     unsigned char *bytes = calloc(page, 1);
     assert_non_null(bytes);
     cube_copy_desc d0 = cube_copy_desc_contiguous(first, page, 1);
