@@ -53,9 +53,9 @@
  * --phases runs only the phases named, in the order given (comma
  * separated, a name may come back: check, graph, launch, sustained,
  * alloc, pinned, pageable, roundtrip, compile, cross, threads; "all", the
- * default, is that list in that order); launch needs the add3 buffers, so it runs check
- * first where no check ran before it. --graph-detail adds to the graph
- * phase each side replayed alone (no alternation) and, for the driver,
+ * default, is that list in that order); launch needs the add3 buffers, so it
+ * runs check first where no check ran before it. --graph-detail adds to the
+ * graph phase each side replayed alone (no alternation) and, for the driver,
  * the host time of the launch calls and the device time between two
  * events around the replays, per node.
  * Built only where CMake finds the CUDA toolkit; the program links

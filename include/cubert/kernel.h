@@ -166,12 +166,12 @@ enum {
  * and uint32_t, 8 for double — is CUBE_ERR_INVALID_ARGUMENT naming the
  * argument, its offset and the alignment, recorded nowhere and refused in
  * Skip mode too (on CUDA such an access is a device fault). Buffers are
- * allocated aligned; only a slice's offset can break the rule. A failure of the launch itself — compile error
- * (CUBE_ERR_COMPILE, with the compiler's log), a cube dimension, unit count
- * or shared memory over the device's limits (CUBE_ERR_RESOURCE_LIMIT), an
- * argument list that does not fit the kernel's parameters
- * (CUBE_ERR_INVALID_ARGUMENT), an input buffer that carries a failure
- * (CUBE_ERR_SEVERAL) — is returned to the caller and recorded on the
+ * allocated aligned; only a slice's offset can break the rule. A failure of the
+ * launch itself — compile error (CUBE_ERR_COMPILE, with the compiler's log), a
+ * cube dimension, unit count or shared memory over the device's limits
+ * (CUBE_ERR_RESOURCE_LIMIT), an argument list that does not fit the kernel's
+ * parameters (CUBE_ERR_INVALID_ARGUMENT), an input buffer that carries a
+ * failure (CUBE_ERR_SEVERAL) — is returned to the caller and recorded on the
  * buffers the launch would have written, so reads of them fail: the
  * buffers given for its CUBE_OUT and CUBE_INOUT parameters (arguments are
  * matched to parameters by position, also when they do not fit them), or

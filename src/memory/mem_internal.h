@@ -111,9 +111,9 @@ typedef struct mem_stats {
 
 struct mem_pool {
     cube_pool_config config;
-    uint32_t index;    /* position in the report */
-    mem_bins bins;     /* sliced and exclusive: free blocks */
-    mem_page *pages;   /* sliced: all pages */
+    uint32_t index;  /* position in the report */
+    mem_bins bins;   /* sliced and exclusive: free blocks */
+    mem_page *pages; /* sliced: all pages */
     /* Sliced: the slice freed last, kept as it was (not merged, not in
      * the bins) so that a request of its extent takes it back without a
      * search, a split and a merge; any other request, a release or a
