@@ -10,6 +10,7 @@
 #ifndef CUBE_BACKENDS_COMMON_HOST_MEMORY_H
 #define CUBE_BACKENDS_COMMON_HOST_MEMORY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cubert/backend/server.h"
@@ -37,5 +38,19 @@ void host_copy_op(const cube_copy_op *op, unsigned char *host, int to_host);
  * stream->busy_ns, which the client's host-clock window reports. */
 uint64_t host_busy_begin(const cube_server_stream *stream);
 void host_busy_end(cube_server_stream *stream, uint64_t t0);
+
+/* Vtable slots for a backend that does its work at call time on host
+ * memory: read and write copy before returning (no pending read, the
+ * caller's memory free at once) and count busy time; sync and flush have
+ * nothing left to wait for (host memory cannot fault). */
+cube_error *host_read(cube_server *server, cube_server_stream *stream,
+                      const cube_copy_op *ops, size_t n, void *const *dst,
+                      cube_pending **pending);
+cube_error *host_write(cube_server *server, cube_server_stream *stream,
+                       const cube_copy_op *ops, size_t n,
+                       const void *const *src);
+cube_error *host_sync(cube_server *server, cube_server_stream *stream,
+                      const cube_binding *bindings, size_t n);
+cube_error *host_flush(cube_server *server, cube_server_stream *stream);
 
 #endif /* CUBE_BACKENDS_COMMON_HOST_MEMORY_H */

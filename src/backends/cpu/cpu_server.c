@@ -142,48 +142,9 @@ static cube_error *cpu_stream_open(cube_server *server,
 
 /* --- copies --- */
 
-static cube_error *cpu_read(cube_server *server, cube_server_stream *stream,
-                            const cube_copy_op *ops, size_t n, void *const *dst,
-                            cube_pending **pending)
-{
-    (void)server;
-    uint64_t t0 = host_busy_begin(stream);
-    *pending = NULL;
-    for (size_t i = 0; i < n; i++)
-        host_copy_op(&ops[i], dst[i], 1);
-    host_busy_end(stream, t0);
-    return NULL;
-}
-
-static cube_error *cpu_write(cube_server *server, cube_server_stream *stream,
-                             const cube_copy_op *ops, size_t n,
-                             const void *const *src)
-{
-    (void)server;
-    uint64_t t0 = host_busy_begin(stream);
-    for (size_t i = 0; i < n; i++)
-        host_copy_op(&ops[i], (unsigned char *)(uintptr_t)src[i], 0);
-    host_busy_end(stream, t0);
-    return NULL;
-}
-
-static cube_error *cpu_sync(cube_server *server, cube_server_stream *stream,
-                            const cube_binding *bindings, size_t n)
-{
-    /* Work completes before the call that issued it returns. */
-    (void)server;
-    (void)stream;
-    (void)bindings;
-    (void)n;
-    return NULL;
-}
-
-static cube_error *cpu_flush(cube_server *server, cube_server_stream *stream)
-{
-    (void)server;
-    (void)stream;
-    return NULL;
-}
+/* Reads, writes, sync and flush are done at call time:
+ * backends/common/host_memory.c (work finishes before the call that
+ * issued it returns, so sync and flush have nothing left to wait for). */
 
 /* --- compilation --- */
 
@@ -469,13 +430,13 @@ static const cube_server_vtable cpu_vtable = {
     .destroy = cpu_destroy,
     .properties = cpu_properties,
     .stream_open = cpu_stream_open,
-    .read = cpu_read,
-    .write = cpu_write,
-    .sync = cpu_sync,
+    .read = host_read,
+    .write = host_write,
+    .sync = host_sync,
     .compile = cpu_compile,
     .compiled_release = cpu_compiled_release,
     .launch = cpu_launch,
-    .flush = cpu_flush,
+    .flush = host_flush,
 };
 
 static cube_error *cpu_device_count(uint32_t *out)

@@ -107,58 +107,11 @@ static cube_error *null_stream_open(cube_server *server,
  * takes is added to its busy_ns (server.h, cube_server_stream), which the
  * client's host-clock window reports. */
 
-/* read: done before returning, so there is never a pending read and the
- * read_wait slot stays NULL. The client has already refused a read of a
- * failed buffer; the backend only copies. */
-static cube_error *null_read(cube_server *server, cube_server_stream *stream,
-                             const cube_copy_op *ops, size_t n,
-                             void *const *dst, cube_pending **pending)
-{
-    (void)server;
-    uint64_t t0 = host_busy_begin(stream);
-    *pending = NULL;
-    for (size_t i = 0; i < n; i++)
-        host_copy_op(&ops[i], dst[i], 1);
-    host_busy_end(stream, t0);
-    return NULL;
-}
-
-/* write: done before returning, so the caller may reuse its host memory
- * at once, as the contract requires. */
-static cube_error *null_write(cube_server *server, cube_server_stream *stream,
-                              const cube_copy_op *ops, size_t n,
-                              const void *const *src)
-{
-    (void)server;
-    uint64_t t0 = host_busy_begin(stream);
-    for (size_t i = 0; i < n; i++)
-        host_copy_op(&ops[i], (unsigned char *)(uintptr_t)src[i], 0);
-    host_busy_end(stream, t0);
-    return NULL;
-}
-
-/* --- barriers --- */
-
-/* sync: every operation finished in the call that issued it, on whichever
- * stream, and host memory cannot fault; the client adds the failure
- * store's answer. */
-static cube_error *null_sync(cube_server *server, cube_server_stream *stream,
-                             const cube_binding *bindings, size_t n)
-{
-    (void)server;
-    (void)stream;
-    (void)bindings;
-    (void)n;
-    return NULL;
-}
-
-/* flush: nothing is ever queued, and there is no context to break. */
-static cube_error *null_flush(cube_server *server, cube_server_stream *stream)
-{
-    (void)server;
-    (void)stream;
-    return NULL;
-}
+/* read, write, sync and flush: host_read, host_write, host_sync and
+ * host_flush (backends/common/host_memory.c) do the work at call time, as
+ * the contract allows: a read is never pending, the caller may reuse its
+ * memory when a write returns, and nothing is ever left to wait for. A
+ * device backend writes its own, in stream order. */
 
 /* --- kernels --- */
 
@@ -214,13 +167,13 @@ static const cube_server_vtable null_vtable = {
     .destroy = null_destroy,
     .properties = null_properties,
     .stream_open = null_stream_open,
-    .read = null_read,
-    .write = null_write,
-    .sync = null_sync,
+    .read = host_read,
+    .write = host_write,
+    .sync = host_sync,
     .compile = null_compile,
     .compiled_release = null_compiled_release,
     .launch = null_launch,
-    .flush = null_flush,
+    .flush = host_flush,
 };
 
 /* One device, always there: the client refuses "null:1" and above with
