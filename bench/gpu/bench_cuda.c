@@ -78,6 +78,8 @@
 #include <unistd.h>
 
 #include "../bench_util.h"
+#define BENCH_PROGRAM "bench_cuda"
+#include "cuda_bench_util.h"
 #include "cubert/cubert.h"
 
 /* --- sizes and repetitions --- */
@@ -115,29 +117,6 @@
 
 /* --- failures --- */
 
-static void cu_check(CUresult r, const char *call, int line)
-{
-    if (r == CUDA_SUCCESS)
-        return;
-    const char *name = NULL, *text = NULL;
-    cuGetErrorName(r, &name);
-    cuGetErrorString(r, &text);
-    fprintf(stderr, "bench_cuda: line %d: %s failed: %s (%s)\n", line, call,
-            name ? name : "unknown error", text ? text : "no description");
-    exit(1);
-}
-#define CK(call) cu_check((call), #call, __LINE__)
-
-static void nvrtc_check(nvrtcResult r, const char *call, int line)
-{
-    if (r == NVRTC_SUCCESS)
-        return;
-    fprintf(stderr, "bench_cuda: line %d: %s failed: %s\n", line, call,
-            nvrtcGetErrorString(r));
-    exit(1);
-}
-#define NV(call) nvrtc_check((call), #call, __LINE__)
-
 /* Exits 1 with the whole error when `err` is set. */
 static void ok(cube_error *err, const char *what)
 {
@@ -149,27 +128,6 @@ static void ok(cube_error *err, const char *what)
     free(text);
     cube_error_free(err);
     exit(1);
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "bench_cuda: %s\n", what);
-    exit(1);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n);
-    if (!p)
-        die("out of host memory");
-    return p;
-}
-
-static double now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
 }
 
 /* --- kernels --- */
@@ -222,37 +180,6 @@ static cube_kernel *make_kernel(const char *name, const char *source,
     cube_kernel *k = NULL;
     ok(cube_kernel_create(&desc, &k), "cube_kernel_create");
     return k;
-}
-
-/* Compiles CUDA C to CUBIN for compute capability major.minor with NVRTC
- * and loads it into the current context. */
-static CUmodule nvrtc_module(const char *source, int major, int minor)
-{
-    nvrtcProgram prog;
-    NV(nvrtcCreateProgram(&prog, source, "bench_cuda.cu", 0, NULL, NULL));
-    char arch[48];
-    snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d", major, minor);
-    const char *opts[] = {arch};
-    nvrtcResult r = nvrtcCompileProgram(prog, 1, opts);
-    if (r != NVRTC_SUCCESS) {
-        size_t n = 0;
-        nvrtcGetProgramLogSize(prog, &n);
-        char *log = xmalloc(n + 1);
-        log[0] = '\0';
-        nvrtcGetProgramLog(prog, log);
-        fprintf(stderr, "bench_cuda: NVRTC (%s): %s\n%s\n", arch,
-                nvrtcGetErrorString(r), log);
-        exit(1);
-    }
-    size_t size = 0;
-    NV(nvrtcGetCUBINSize(prog, &size));
-    char *cubin = xmalloc(size);
-    NV(nvrtcGetCUBIN(prog, cubin));
-    NV(nvrtcDestroyProgram(&prog));
-    CUmodule module;
-    CK(cuModuleLoadData(&module, cubin));
-    free(cubin);
-    return module;
 }
 
 /* --- state --- */
@@ -876,21 +803,6 @@ static void bench_sustained(void)
 }
 
 /* --- (c) graph replay --- */
-
-/* The number of threads of this process (from /proc/self/status), or -1. */
-static int process_threads(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f)
-        return -1;
-    char line[256];
-    int n = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Threads: %d", &n) == 1)
-            break;
-    fclose(f);
-    return n;
-}
 
 /* --graph-detail: each side replayed alone, and the driver's replays
  * split into the host time of the launch calls and the device time

@@ -66,57 +66,14 @@
 #include <unistd.h>
 
 #include "../bench_util.h"
+#define BENCH_PROGRAM "graph_replay_driver"
+#include "cuda_bench_util.h"
 
 #define PIECE_BYTES ((size_t)4 << 20)
 #define MAX_ROUNDS 1000
 #define MAX_THREADS 256
 
 /* --- failures --- */
-
-static void cu_check(CUresult r, const char *call, int line)
-{
-    if (r == CUDA_SUCCESS)
-        return;
-    const char *name = NULL, *text = NULL;
-    cuGetErrorName(r, &name);
-    cuGetErrorString(r, &text);
-    fprintf(stderr, "graph_replay_driver: line %d: %s failed: %s (%s)\n", line,
-            call, name ? name : "unknown error",
-            text ? text : "no description");
-    exit(1);
-}
-#define CK(call) cu_check((call), #call, __LINE__)
-
-static void nvrtc_check(nvrtcResult r, const char *call, int line)
-{
-    if (r == NVRTC_SUCCESS)
-        return;
-    fprintf(stderr, "graph_replay_driver: line %d: %s failed: %s\n", line, call,
-            nvrtcGetErrorString(r));
-    exit(1);
-}
-#define NV(call) nvrtc_check((call), #call, __LINE__)
-
-static void die(const char *what)
-{
-    fprintf(stderr, "graph_replay_driver: %s\n", what);
-    exit(1);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p)
-        die("out of host memory");
-    return p;
-}
-
-static double now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
 
 /* --- kernels: bench_cuda's sources, and the parameterless one --- */
 
@@ -152,37 +109,6 @@ static const char add3_src[] =
     "    if (i < n)\n"
     "        out[i] = a[i] + b[i] + c[i];\n"
     "}\n";
-
-/* As bench_cuda's nvrtc_module: CUDA C to CUBIN for sm_<major><minor>,
- * loaded into the current context. */
-static CUmodule nvrtc_module(const char *source, int major, int minor)
-{
-    nvrtcProgram prog;
-    NV(nvrtcCreateProgram(&prog, source, "bench_cuda.cu", 0, NULL, NULL));
-    char arch[48];
-    snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d", major, minor);
-    const char *opts[] = {arch};
-    nvrtcResult r = nvrtcCompileProgram(prog, 1, opts);
-    if (r != NVRTC_SUCCESS) {
-        size_t n = 0;
-        nvrtcGetProgramLogSize(prog, &n);
-        char *log = xmalloc(n + 1);
-        log[0] = '\0';
-        nvrtcGetProgramLog(prog, log);
-        fprintf(stderr, "graph_replay_driver: NVRTC (%s): %s\n%s\n", arch,
-                nvrtcGetErrorString(r), log);
-        exit(1);
-    }
-    size_t size = 0;
-    NV(nvrtcGetCUBINSize(prog, &size));
-    char *cubin = xmalloc(size);
-    NV(nvrtcGetCUBIN(prog, cubin));
-    NV(nvrtcDestroyProgram(&prog));
-    CUmodule module;
-    CK(cuModuleLoadData(&module, cubin));
-    free(cubin);
-    return module;
-}
 
 /* --- options and state --- */
 
@@ -272,21 +198,6 @@ static void helpers_stop(void)
     for (long i = 0; i < H.count; i++)
         pthread_join(H.ids[i], NULL);
     H.count = 0;
-}
-
-/* The number of threads of this process (from /proc/self/status), or -1. */
-static int process_threads(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f)
-        return -1;
-    char line[256];
-    int n = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Threads: %d", &n) == 1)
-            break;
-    fclose(f);
-    return n;
 }
 
 /* --- measuring --- */
