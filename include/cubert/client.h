@@ -94,7 +94,8 @@ CUBE_API const char *const *cube_backend_names(void);
 
 /* Names of the backends cubert has but this build left out (opening one
  * answers CUBE_ERR_UNAVAILABLE, "not part of this build"), NULL-terminated,
- * static; empty when every backend is built. */
+ * static (the caller frees nothing); empty when every backend is built.
+ * Any thread; never fails. */
 CUBE_API const char *const *cube_backend_names_left_out(void);
 
 /* How a profile duration was measured. */

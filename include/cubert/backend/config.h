@@ -13,6 +13,12 @@
  * once per process; lookups read the environment each time, so a backend
  * sees the variables as they are when it opens.
  *
+ * Ownership: every string these functions hand out is borrowed (the
+ * descriptors and the file's values live as long as the process, a
+ * variable's value until the environment changes); the caller frees
+ * nothing. None of them fails with an error: a key that does not exist is
+ * the -1 or NULL each function states.
+ *
  * Thread safety: every function may be called from any thread, as long as
  * no thread changes the environment meanwhile (the getenv rule).
  */
