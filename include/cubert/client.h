@@ -1,6 +1,9 @@
 /* cubert — clients, properties, streams, barriers and memory statistics.
  *
- * A client is one open device. It is thread-safe: any number of threads may
+ * A client is one user's reference to a device (cubert/device.h): the
+ * device's server is opened once per process and shared by every client of
+ * it, while handles, failures, dry runs, profiling windows, captures and
+ * graphs are the client's own. It is thread-safe: any number of threads may
  * share one and call anything on it at once. Each thread works on its own
  * stream by default (an in-order queue); cube_stream_use() lets a thread
  * name another stream of the same client.
@@ -59,12 +62,19 @@ typedef struct cube_client_options {
 /* Default options (every field zero except struct_size). */
 CUBE_API cube_client_options cube_client_options_default(void);
 
-/* Opens `device`: "cpu", "cuda", "cuda:N" (N in decimal digits, 0..1024),
- * "null" (host memory, no kernels), or NULL for $CUBERT_DEVICE, else
- * "cpu". `options` may be NULL. At most CUBE_MAX_CLIENTS clients are open
- * at once in a process (a closed one makes room).
+/* Opens a client of `device`: "cpu", "cpu:N" (with $CUBERT_CPU_DEVICES),
+ * "cuda", "cuda:N" (N in decimal digits, 0..1024), "null" (host memory,
+ * no kernels), or NULL for $CUBERT_DEVICE, else "cpu". `options` may be
+ * NULL. The first open of a device opens its server with these options;
+ * an open of a device that is open already shares its server, and the
+ * options it sets itself (cpu_threads nonzero on the CPU backend,
+ * cache_dir non-NULL) must match the first open's. At most
+ * CUBE_MAX_CLIENTS clients are open at once in a process (a closed one
+ * makes room).
  * Errors: CUBE_ERR_INVALID_ARGUMENT (out NULL, malformed device string or
- * options: struct_size, cpu_threads above CUBE_MAX_CPU_THREADS),
+ * options: struct_size, cpu_threads above CUBE_MAX_CPU_THREADS; options
+ * that differ from those the open device was opened with: the message
+ * names the option and both values),
  * CUBE_ERR_NOT_FOUND (unknown backend, device index out of range),
  * CUBE_ERR_UNAVAILABLE (the backend cannot run here; the message says why),
  * CUBE_ERR_RESOURCE_LIMIT (CUBE_MAX_CLIENTS clients are open),
@@ -74,8 +84,11 @@ CUBE_API CUBE_MUST_USE cube_error *
 cube_client_open(const char *device, const cube_client_options *options,
                  cube_client **out);
 
-/* Waits for all work, then frees the client and everything it owns: buffers
- * the caller did not release are freed too. NULL is a no-op. Blocks.
+/* Waits for all work on the device's streams (other clients' work queued
+ * there too), then frees the client and everything it owns: buffers the
+ * caller did not release are freed too, captures it left open end, its
+ * profiling windows are dropped. The last client of a device closes the
+ * device's server. NULL is a no-op. Blocks.
  * Call it once, after every other call on the client has returned. When
  * that rule is broken, close does not tear the client down under other
  * threads: calls already running when it begins finish first (close waits

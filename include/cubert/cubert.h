@@ -6,6 +6,7 @@
 #include "cubert/error.h"
 #include "cubert/log.h"
 #include "cubert/client.h"
+#include "cubert/device.h"
 #include "cubert/buffer.h"
 #include "cubert/kernel.h"
 #include "cubert/memory.h"

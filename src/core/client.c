@@ -17,37 +17,6 @@ cube_client_options cube_client_options_default(void)
     return o;
 }
 
-/* Splits "name" or "name:index". */
-static cube_error *parse_device(const char *device, char *name, size_t cap,
-                                uint32_t *index)
-{
-    const char *colon = strchr(device, ':');
-    size_t n = colon ? (size_t)(colon - device) : strlen(device);
-    if (n == 0 || n >= cap)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_client_open: device '%s' is malformed "
-                              "(expected a backend name, or name:index as "
-                              "in 'cpu:0')",
-                              device);
-    memcpy(name, device, n);
-    name[n] = '\0';
-    *index = 0;
-    if (colon) {
-        char *end;
-        errno = 0;
-        unsigned long v = strtoul(colon + 1, &end, 10);
-        /* Digits only: strtoul would also take " 1", "+1" and "-1". */
-        if (errno || *end || end == colon + 1 || v > 1024 || colon[1] < '0' ||
-            colon[1] > '9')
-            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                  "cube_client_open: device index in '%s' is "
-                                  "not a number in 0..1024",
-                                  device);
-        *index = (uint32_t)v;
-    }
-    return NULL;
-}
-
 cube_error *cube_client_open(const char *device,
                              const cube_client_options *options,
                              cube_client **out)
@@ -58,6 +27,9 @@ cube_error *cube_client_open(const char *device,
     *out = NULL;
     const core_config *cfg = core_config_get();
     cube_client_options opts = cube_client_options_default();
+    /* What the caller set itself, to tell a second open of a device that
+     * asks for other options from one that takes the device's. */
+    cube_client_options asked = cube_client_options_default();
     if (options) {
         if (options->struct_size < sizeof(uint32_t) ||
             options->struct_size > sizeof opts)
@@ -67,6 +39,7 @@ cube_error *cube_client_open(const char *device,
                                   options->struct_size);
         memcpy(&opts, options, options->struct_size);
         opts.struct_size = sizeof opts;
+        asked = opts;
         /* Checked here, so every backend refuses it alike. */
         if (opts.cpu_threads > CUBE_MAX_CPU_THREADS)
             return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -81,72 +54,93 @@ cube_error *cube_client_open(const char *device,
     if (!device)
         device = cfg->device[0] ? cfg->device : "cpu";
 
-    char name[32];
+    const cube_backend *backend = NULL;
     uint32_t index = 0;
-    cube_error *err = parse_device(device, name, sizeof name, &index);
+    cube_error *err =
+        core_device_parse(device, "cube_client_open", &backend, &index);
     if (err)
         return err;
-    const cube_backend *backend = core_backend_find(name);
-    if (!backend) {
-        if (core_backend_left_out(name))
-            return cube_error_new(CUBE_ERR_UNAVAILABLE,
-                                  "cube_client_open: the %s backend is not "
-                                  "part of this build of cubert",
-                                  name);
-        return cube_error_new(CUBE_ERR_NOT_FOUND,
-                              "cube_client_open: no backend named '%s'", name);
-    }
-    uint32_t devices = 0;
-    err = backend->device_count(&devices);
-    if (err)
-        return cube_error_prefix(err, "cube_client_open(%s)", device);
-    if (index >= devices)
-        return cube_error_new(CUBE_ERR_NOT_FOUND,
-                              "cube_client_open: %s has %u device(s); index "
-                              "%u does not exist",
-                              name, devices, index);
 
     cube_client *c = calloc(1, sizeof *c);
     if (!c)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_client_open");
     c->serial = atomic_fetch_add(&next_client_serial, 1);
     /* The handle table first: a client without one could hold no buffer,
-     * and nothing of the backend is opened yet to be undone. */
+     * and nothing of the device is opened yet to be undone. */
     err = core_handles_init(c);
     if (err) {
         free(c);
         return cube_error_prefix(err, "cube_client_open(%s)", device);
     }
-    err = backend->open(index, &opts, &c->server);
+    err = core_device_acquire(backend, index, &opts, &asked, &c->dev);
     if (err) {
         core_handles_destroy(c);
         free(c);
-        return cube_error_prefix(err, "cube_client_open(%s)", device);
+        return cube_error_code(err) == CUBE_ERR_INVALID_ARGUMENT
+                   ? err
+                   : cube_error_prefix(err, "cube_client_open(%s)", device);
     }
-    c->vt = c->server->vt;
-    c->server->client = c;
-    snprintf(c->device, sizeof c->device, "%s:%u", name, index);
+    c->server = c->dev->server;
+    c->vt = c->dev->vt;
+    c->props = c->dev->props;
+    snprintf(c->device, sizeof c->device, "%s", c->dev->name);
     cube_mutex_init(&c->failure_lock);
-    cube_mutex_init(&c->streams_lock);
-    cube_mutex_init(&c->cache_lock);
-    pthread_cond_init(&c->cache_cv, NULL);
     cube_mutex_init(&c->staging_lock);
     cube_mutex_init(&c->graphs_lock);
-    atomic_init(&c->faulted, 0);
     core_trace_from_env();
     /* Launch timing for the per-kernel summary costs two clock reads per
      * launch: only when someone will read it. */
-    c->stats = cube_log_enabled(CUBE_LOG_INFO);
+    c->stats = c->dev->stats;
     c->bounds_always = core_config_bounds_always();
-    err = c->vt->properties(c->server, &c->props);
-    if (err) {
-        cube_client_close(c);
-        return cube_error_prefix(err, "cube_client_open(%s)", device);
-    }
     cube_log_write(CUBE_LOG_INFO, "client", "opened %s (%s)", c->device,
                    c->props.name);
     *out = c;
     return NULL;
+}
+
+/* Ends the captures `c` left open on the device's streams (a device cannot
+ * drain a stream that is still recording), drops its profiling windows,
+ * then drains every stream: the client's buffers go back after the work
+ * queued on them. Other clients of the device may be issuing work
+ * meanwhile: each stream is entered. */
+static void close_streams(cube_client *c)
+{
+    core_device *d = c->dev;
+    uint32_t streams = atomic_load(&d->stream_count);
+    for (uint32_t i = 0; i < streams; i++) {
+        core_stream *s = core_stream_at(d, i);
+        core_stream_lock(s);
+        if (s->capture && s->capture_client == c) {
+            if (c->vt->end_capture) {
+                uint64_t hw = 0;
+                cube_error_free(c->vt->end_capture(c->server, &s->base, &hw));
+                if (hw)
+                    c->vt->graph_destroy(c->server, &s->base, hw);
+            }
+            core_graph_abort(c, s->capture);
+            s->capture = NULL;
+            s->capture_client = NULL;
+            s->prepared = 0;
+        }
+        /* Windows never ended hold backend resources (CUDA events). */
+        for (size_t w = 0; w < s->window_count;) {
+            if (s->windows[w].client_serial != c->serial) {
+                w++;
+                continue;
+            }
+            if (c->vt->abandon_profile)
+                c->vt->abandon_profile(c->server, &s->base,
+                                       s->windows[w].backend_token);
+            core_stream_window_remove(s, w);
+        }
+        core_stream_unlock(s);
+    }
+    for (uint32_t i = 0; i < streams; i++) {
+        core_stream *s = core_stream_at(d, i);
+        core_stream_lock(s);
+        cube_error_free(c->vt->sync(c->server, &s->base, NULL, 0));
+        core_stream_unlock(s);
+    }
 }
 
 void cube_client_close(cube_client *c)
@@ -156,46 +150,12 @@ void cube_client_close(cube_client *c)
     /* Calls that start from here on are refused; the ones in flight
      * finish before anything is torn down. */
     core_calls_close(c);
-    uint32_t streams = atomic_load(&c->stream_count);
-    /* Captures left open end first (a device cannot drain a stream that
-     * is still recording), then every stream drains before memory goes
-     * back. */
-    for (uint32_t i = 0; i < streams; i++) {
-        core_stream *s = core_stream_at(c, i);
-        if (s->capture && c->vt->end_capture) {
-            uint64_t hw = 0;
-            cube_error_free(c->vt->end_capture(c->server, &s->base, &hw));
-            if (hw)
-                c->vt->graph_destroy(c->server, &s->base, hw);
-        }
-    }
-    for (uint32_t i = 0; i < streams; i++) {
-        core_stream *s = core_stream_at(c, i);
-        cube_error_free(c->vt->sync(c->server, &s->base, NULL, 0));
-    }
-    core_cache_log_summary(c);
-    for (uint32_t i = 0; i < streams; i++) {
-        core_stream *s = core_stream_at(c, i);
-        if (s->capture)
-            core_graph_abort(c, s->capture);
-        /* Windows never ended hold backend resources (CUDA events). */
-        for (size_t w = 0; w < s->window_count && c->vt->abandon_profile; w++)
-            c->vt->abandon_profile(c->server, &s->base,
-                                   s->windows[w].backend_token);
-        s->window_count = 0;
-        s->capture = NULL;
-    }
+    close_streams(c);
     core_graphs_destroy(c);
-    core_cache_destroy(c);
     core_staging_destroy(c);
     core_handles_destroy(c);
-    core_streams_destroy(c);
-    c->vt->destroy(c->server);
-    cube_error_free(c->fault);
+    core_device_release(c->dev);
     cube_mutex_destroy(&c->failure_lock);
-    cube_mutex_destroy(&c->streams_lock);
-    cube_mutex_destroy(&c->cache_lock);
-    pthread_cond_destroy(&c->cache_cv);
     cube_mutex_destroy(&c->staging_lock);
     cube_mutex_destroy(&c->graphs_lock);
     free(c);
@@ -313,7 +273,7 @@ static cube_error *sync_call(cube_client *c, const cube_handle *handles,
     if (!c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_sync: client is NULL");
-    if (atomic_load_explicit(&c->faulted, memory_order_acquire))
+    if (atomic_load_explicit(&c->dev->faulted, memory_order_acquire))
         return core_fault_get(c);
     core_resolved *r;
     cube_error *err = resolve_all(c, handles, n, "cube_sync", &r);

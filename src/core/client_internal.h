@@ -60,6 +60,7 @@ typedef struct core_window {
     uint64_t busy_at_start; /* the stream's busy_ns (host-clock timing) */
     uint64_t launches_at_start;
     uint64_t failures_at_start;
+    uint64_t client_serial; /* the client that opened it */
 } core_window;
 
 typedef struct core_graph core_graph;
@@ -73,8 +74,10 @@ typedef struct core_stream {
     cube_mutex lock;
     /* cube_graph_prepare called, capture not begun */
     int prepared CUBE_GUARDED_FIELD(lock);
-    /* the graph being recorded, or NULL */
+    /* the graph being recorded, or NULL, and the client recording it
+     * (work of other clients on the stream is refused meanwhile) */
     core_graph *capture CUBE_GUARDED_FIELD(lock);
+    struct cube_client *capture_client CUBE_GUARDED_FIELD(lock);
     /* open profiling windows */
     core_window *windows CUBE_GUARDED_FIELD(lock);
     size_t window_count CUBE_GUARDED_FIELD(lock);
@@ -129,7 +132,58 @@ typedef struct core_call_shard {
 #define CORE_STREAM_CHUNK 256u
 #define CORE_STREAM_CHUNKS 256u /* CUBE_MAX_STREAMS + 1 pointers */
 
+/* A device open in this process: its server and what every client of it
+ * shares (the server's pools and streams, the compiled-kernel cache, the
+ * device fault). One per device per process (device.c), reference counted
+ * by the clients open on it and freed when the last one closes. The
+ * fields from `server` to `props` do not change after the open; every
+ * other field is under the lock its comment names or atomic. */
+typedef struct core_device {
+    const cube_backend *backend;
+    uint32_t index;
+    char name[48];       /* "cuda:0" */
+    cube_server *server; /* owned */
+    const cube_server_vtable *vt;
+    cube_properties props;
+    /* The options the server was opened with, as asked (after the
+     * configuration's defaults): a later open of the device that asks for
+     * others is refused. cpu_threads 0: the backend's default. */
+    uint32_t cpu_threads;
+    char *cache_dir; /* NULL: not asked; "" disables */
+    /* Clients open on the device; under the registry's lock. */
+    uint32_t clients;
+    struct core_device *next; /* the registry's list */
+
+    cube_mutex fault_lock;
+    atomic_int faulted;
+    cube_error *fault CUBE_GUARDED_FIELD(fault_lock);
+
+    /* Streams: chunks of pointers that never move, filled in order, so a
+     * stream is found by index without a lock; streams_lock guards
+     * creating one (and the layout new streams get). */
+    cube_mutex streams_lock;
+    _Atomic(core_stream **) stream_chunks[CORE_STREAM_CHUNKS];
+    atomic_uint stream_count;
+    /* what new streams get, when has_layout */
+    cube_memory_layout layout CUBE_GUARDED_FIELD(streams_lock);
+    int has_layout CUBE_GUARDED_FIELD(streams_lock);
+
+    cube_mutex cache_lock;
+    pthread_cond_t cache_cv; /* a compile finished */
+    /* Buckets are pushed to under cache_lock and read without it. */
+    _Atomic(core_cache_entry *) cache[CORE_CACHE_BUCKETS];
+    atomic_size_t cache_entries; /* entries in the buckets */
+    int stats; /* time every launch for the summary at the last close */
+} core_device;
+
+/* A client: one user's view of a device. What it holds alone: its
+ * handles (and through them its buffers and their failures), its dry-run
+ * scopes, the profiling windows and graph captures it opened, its graphs,
+ * its staging buffers and the streams its threads chose. Everything else
+ * is the device's. `server`, `vt` and `props` are the device's, copied
+ * for the hot paths. */
 struct cube_client {
+    core_device *dev;
     cube_server *server;
     const cube_server_vtable *vt;
     uint64_t serial; /* process-unique, never reused */
@@ -160,25 +214,8 @@ struct cube_client {
 
     cube_mutex defer_lock; /* backs deferred allocations, once */
 
+    /* Guards the failures of this client's allocations. */
     cube_mutex failure_lock;
-    atomic_int faulted;
-    cube_error *fault CUBE_GUARDED_FIELD(failure_lock);
-
-    /* Streams: chunks of pointers that never move, filled in order, so a
-     * stream is found by index without a lock; streams_lock guards
-     * creating one (and the layout new streams get). */
-    cube_mutex streams_lock;
-    _Atomic(core_stream **) stream_chunks[CORE_STREAM_CHUNKS];
-    atomic_uint stream_count;
-    /* what new streams get, when has_layout */
-    cube_memory_layout layout CUBE_GUARDED_FIELD(streams_lock);
-    int has_layout CUBE_GUARDED_FIELD(streams_lock);
-
-    cube_mutex cache_lock;
-    pthread_cond_t cache_cv; /* a compile finished */
-    /* Buckets are pushed to under cache_lock and read without it. */
-    _Atomic(core_cache_entry *) cache[CORE_CACHE_BUCKETS];
-    atomic_size_t cache_entries; /* entries in the buckets */
 
     cube_mutex staging_lock;
     void **staging CUBE_GUARDED_FIELD(staging_lock);
@@ -203,6 +240,27 @@ struct cube_client {
     void (*closing_hook)(void *arg);
     void *closing_hook_arg;
 };
+
+/* --- device.c --- */
+/* The device `backend`:`index` opened with `opts` (defaults applied, as
+ * cube_client_open resolved them; explicit: which of its fields the caller
+ * set), one more client on it. Opens the server when no client has it
+ * open. Errors: CUBE_ERR_INVALID_ARGUMENT (the device is open with other
+ * options), what the backend's open and properties return. */
+cube_error *core_device_acquire(const cube_backend *backend, uint32_t index,
+                                const cube_client_options *opts,
+                                const cube_client_options *asked,
+                                core_device **out);
+/* Splits "name" or "name:index", finds the backend and checks the index
+ * against its device count; `fn` names the public call in messages.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (malformed), CUBE_ERR_NOT_FOUND (no
+ * such backend or index), CUBE_ERR_UNAVAILABLE (left out of the build, or
+ * the backend's device_count says why not). */
+cube_error *core_device_parse(const char *device, const char *fn,
+                              const cube_backend **backend, uint32_t *index);
+/* One client less; the last one closes the device (every stream drained
+ * and closed, the kernel cache freed, the server destroyed). */
+void core_device_release(core_device *d);
 
 /* --- handles.c --- */
 /* The handle table and the client's tag; needs c->serial. On error
@@ -254,12 +312,12 @@ void core_alloc_unpin(cube_client *c, core_alloc *a);
  * CUBE_MAX_STREAMS streams), what the backend's stream_open returns. */
 cube_error *core_stream_get(cube_client *c, core_stream **out);
 /* The stream `id` when it exists, else NULL (never creates one). */
-core_stream *core_stream_find(cube_client *c, cube_stream_id id);
+core_stream *core_stream_find(core_device *d, cube_stream_id id);
 /* The stream at `index`, or NULL. Lock-free. */
-core_stream *core_stream_at(const cube_client *c, uint32_t index);
+core_stream *core_stream_at(const core_device *d, uint32_t index);
 /* Closes every stream: memory managers first, then the backend's side
- * (client close, after every stream drained). */
-void core_streams_destroy(cube_client *c);
+ * (the device's last close, after every stream drained). */
+void core_streams_destroy(core_device *d);
 /* Takes and drops the stream's lock, which serializes the calls that
  * issue work on it (see the lock order in docs/threading.md). */
 void core_stream_lock(core_stream *s) CUBE_ACQUIRE(s->lock);
@@ -273,6 +331,9 @@ cube_error *core_stream_refuse_in_capture(const core_stream *s,
  * stream entered. */
 void core_stream_note_failure(core_stream *s, const cube_error *err)
     CUBE_REQUIRES(s->lock);
+/* Drops profiling window `i` of the stream (the backend's token is the
+ * caller's to end or abandon first). Call with the stream entered. */
+void core_stream_window_remove(core_stream *s, size_t i) CUBE_REQUIRES(s->lock);
 /* The same, entering the stream itself. */
 void core_stream_note_failure_now(cube_client *c, const cube_error *err);
 
@@ -298,12 +359,12 @@ void core_graph_abort(cube_client *c, core_graph *g);
 void core_graphs_destroy(cube_client *c);
 
 /* --- launch.c --- */
-void core_cache_destroy(cube_client *c);
+void core_cache_destroy(core_device *d);
 /* How many entries the compiled-kernel cache holds, failed ones included
  * (one per kernel and compile mode launched). Lock-free. */
 size_t core_cache_entry_count(const cube_client *c);
 /* Logs the per-kernel summary table (when stats were on). */
-void core_cache_log_summary(cube_client *c);
+void core_cache_log_summary(core_device *d);
 
 /* --- transfer.c --- */
 void core_staging_destroy(cube_client *c);
@@ -381,7 +442,7 @@ void core_calls_close(cube_client *c);
         if (!(c))                                                              \
             return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,                   \
                                   fn ": client is NULL");                      \
-        if (atomic_load_explicit(&(c)->faulted, memory_order_acquire))         \
+        if (atomic_load_explicit(&(c)->dev->faulted, memory_order_acquire))    \
             return core_fault_get(c);                                          \
     } while (0)
 

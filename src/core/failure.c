@@ -1,6 +1,6 @@
 /* The failure store: each allocation carries the error of the work that
  * should have written it, until a later successful full write clears it.
- * The device fault is the client's terminal state. */
+ * The device fault is the terminal state of every client of the device. */
 #include <stdlib.h>
 
 #include "core/client_internal.h"
@@ -77,9 +77,10 @@ cube_error *core_failure_claim_check(cube_client *c, const core_resolved *r,
 
 cube_error *core_fault_get(cube_client *c)
 {
-    cube_mutex_lock(&c->failure_lock);
-    cube_error *copy = cube_error_clone(c->fault);
-    cube_mutex_unlock(&c->failure_lock);
+    core_device *d = c->dev;
+    cube_mutex_lock(&d->fault_lock);
+    cube_error *copy = cube_error_clone(d->fault);
+    cube_mutex_unlock(&d->fault_lock);
     return copy;
 }
 
@@ -87,9 +88,11 @@ void core_fault_note(cube_client *c, const cube_error *err)
 {
     if (cube_error_code(err) != CUBE_ERR_DEVICE_FAULT)
         return;
-    cube_mutex_lock(&c->failure_lock);
-    if (!c->fault)
-        c->fault = cube_error_clone(err);
-    cube_mutex_unlock(&c->failure_lock);
-    atomic_store_explicit(&c->faulted, 1, memory_order_release);
+    /* The device's: every client of it is in the terminal state. */
+    core_device *d = c->dev;
+    cube_mutex_lock(&d->fault_lock);
+    if (!d->fault)
+        d->fault = cube_error_clone(err);
+    cube_mutex_unlock(&d->fault_lock);
+    atomic_store_explicit(&d->faulted, 1, memory_order_release);
 }

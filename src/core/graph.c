@@ -195,6 +195,8 @@ static cube_error *graph_begin_call(cube_client *c)
             s->capture = NULL;
         }
     }
+    if (!err)
+        s->capture_client = c;
     core_stream_unlock(s);
     return err;
 }
@@ -216,11 +218,14 @@ static cube_error *graph_end_call(cube_client *c, cube_graph_id *out)
     if (err)
         return err;
     core_stream_lock(s);
-    core_graph *g = s->capture;
+    /* Another client's capture on a shared stream is not this one's to
+     * end. */
+    core_graph *g = s->capture_client == c ? s->capture : NULL;
     cube_error *hw_err = NULL;
     if (g) {
         /* A refused end changes nothing; a capture that ends disarms. */
         s->capture = NULL;
+        s->capture_client = NULL;
         s->prepared = 0;
         if (c->vt->end_capture) {
             hw_err = c->vt->end_capture(c->server, &s->base, &g->hardware);

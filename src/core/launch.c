@@ -33,7 +33,7 @@ static uint64_t cache_key(const cube_kernel *k, uint32_t mode)
  * and kernel never change. The same kernel object is the common case;
  * another object with the same id is compared in full, so a hash
  * collision can never run the wrong kernel. */
-static core_cache_entry *find_entry(cube_client *c, const cube_kernel *k,
+static core_cache_entry *find_entry(core_device *c, const cube_kernel *k,
                                     uint64_t key, uint32_t cmode, int min_state)
 {
     for (core_cache_entry *e = atomic_load_explicit(
@@ -54,10 +54,10 @@ static core_cache_entry *find_entry(cube_client *c, const cube_kernel *k,
 
 /* A new entry for (k, mode), pushed at its bucket's head in the
  * compiling state, or NULL when memory runs out. */
-static core_cache_entry *push_entry(cube_client *c, cube_kernel *k,
+static core_cache_entry *push_entry(core_device *c, cube_kernel *k,
                                     uint64_t key, uint32_t cmode)
     CUBE_REQUIRES(c->cache_lock);
-static core_cache_entry *push_entry(cube_client *c, cube_kernel *k,
+static core_cache_entry *push_entry(core_device *c, cube_kernel *k,
                                     uint64_t key, uint32_t cmode)
 {
     core_cache_entry *fresh = calloc(1, sizeof *fresh);
@@ -75,16 +75,17 @@ static core_cache_entry *push_entry(cube_client *c, cube_kernel *k,
     return fresh;
 }
 
-/* Finds or compiles the kernel. The returned pointer lives as long as the
- * client. A hit takes no lock. The first thread to miss compiles (outside
- * the lock) while the entry is marked as compiling; threads that ask
- * meanwhile wait for it instead of compiling the same kernel again. A
- * failed compile leaves its entry marked failed, and the next launch of
- * the kernel compiles into that same entry: a kernel that keeps failing
- * holds one entry, not one per launch. */
-static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
-                                const cube_compiled **out)
+/* Finds or compiles the kernel in the device's cache (shared by its
+ * clients). The returned pointer lives as long as the device. A hit takes no
+ * lock. The first thread to miss compiles (outside the lock) while the entry is
+ * marked as compiling; threads that ask meanwhile wait for it instead of
+ * compiling the same kernel again. A failed compile leaves its entry marked
+ * failed, and the next launch of the kernel compiles into that same entry: a
+ * kernel that keeps failing holds one entry, not one per launch. */
+static cube_error *get_compiled(cube_client *client, cube_kernel *k,
+                                uint32_t mode, const cube_compiled **out)
 {
+    core_device *c = client->dev;
     uint64_t key = cache_key(k, mode);
     uint32_t cmode = compile_mode(mode);
     core_cache_entry *hit = find_entry(c, k, key, cmode, 0);
@@ -120,11 +121,12 @@ static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
     if (!entry)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel cache");
     if (reused) {
-        c->vt->compiled_release(c->server, &entry->compiled);
+        client->vt->compiled_release(client->server, &entry->compiled);
         memset(&entry->compiled, 0, sizeof entry->compiled);
     }
 
-    cube_error *err = c->vt->compile(c->server, k, cmode, &entry->compiled);
+    cube_error *err =
+        client->vt->compile(client->server, k, cmode, &entry->compiled);
 
     cube_mutex_lock(&c->cache_lock);
     atomic_store_explicit(&entry->state, err ? -1 : 1, memory_order_release);
@@ -142,10 +144,10 @@ static cube_error *get_compiled(cube_client *c, cube_kernel *k, uint32_t mode,
 
 size_t core_cache_entry_count(const cube_client *c)
 {
-    return atomic_load_explicit(&c->cache_entries, memory_order_relaxed);
+    return atomic_load_explicit(&c->dev->cache_entries, memory_order_relaxed);
 }
 
-void core_cache_log_summary(cube_client *c)
+void core_cache_log_summary(core_device *c)
 {
     if (!c->stats || !cube_log_enabled(CUBE_LOG_INFO))
         return;
@@ -157,7 +159,7 @@ void core_cache_log_summary(cube_client *c)
         return;
     cube_log_write(
         CUBE_LOG_INFO, "profile",
-        "kernel summary for %s (host clock, launch to return):", c->device);
+        "kernel summary for %s (host clock, launch to return):", c->name);
     cube_log_write(CUBE_LOG_INFO, "profile", "%-32s %10s %12s %12s", "kernel",
                    "launches", "total ms", "mean us");
     for (size_t b = 0; b < CORE_CACHE_BUCKETS; b++) {
@@ -175,7 +177,7 @@ void core_cache_log_summary(cube_client *c)
     }
 }
 
-void core_cache_destroy(cube_client *c)
+void core_cache_destroy(core_device *c)
 {
     for (size_t b = 0; b < CORE_CACHE_BUCKETS; b++) {
         core_cache_entry *e = c->cache[b];
@@ -791,7 +793,19 @@ static cube_error *run_dispatch(cube_client *c, launch_job *job)
         return err;
     core_stream_lock(st);
     if (st->capture) {
-        err = capture_dispatch(c, st, job);
+        /* Another client's capture on a shared stream cannot hold this
+         * client's buffers: refused (recorded nowhere), like work a
+         * capture cannot record. */
+        if (st->capture_client == c) {
+            err = capture_dispatch(c, st, job);
+        } else {
+            job->refused = 1;
+            err = cube_error_new(CUBE_ERR_GRAPH_STATE,
+                                 "cube_launch: stream 0x%016llx is capturing "
+                                 "a graph for another client of %s; launch "
+                                 "after its cube_graph_end",
+                                 (unsigned long long)st->base.id, c->device);
+        }
         core_stream_unlock(st);
         return err;
     }

@@ -72,10 +72,10 @@ static cube_error *install_memory_pools_call(cube_client *c,
         return cube_error_prefix(err, "cube_install_memory_pools");
     /* Streams created from now on get the layout, whatever happens to the
      * calling stream's pools. */
-    cube_mutex_lock(&c->streams_lock);
-    c->layout = *layout;
-    c->has_layout = 1;
-    cube_mutex_unlock(&c->streams_lock);
+    cube_mutex_lock(&c->dev->streams_lock);
+    c->dev->layout = *layout;
+    c->dev->has_layout = 1;
+    cube_mutex_unlock(&c->dev->streams_lock);
     core_stream *s = NULL;
     err = core_stream_get(c, &s);
     if (err)
@@ -101,7 +101,7 @@ static cube_error *memory_usage_get_call(cube_client *c, cube_memory_usage *out)
                               "cube_memory_usage_get: out is NULL");
     memset(out, 0, sizeof *out);
     /* A stream that never existed holds nothing: not worth creating. */
-    core_stream *s = core_stream_find(c, cube_stream_current(c));
+    core_stream *s = core_stream_find(c->dev, cube_stream_current(c));
     if (s)
         mem_usage(s->base.memory, out);
     return NULL;
@@ -157,7 +157,7 @@ cube_error *cube_memory_report_get(cube_client *c, cube_memory_report *out)
 static cube_error *memory_reset_peaks_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_reset_peaks");
-    core_stream *s = core_stream_find(c, cube_stream_current(c));
+    core_stream *s = core_stream_find(c->dev, cube_stream_current(c));
     if (s)
         mem_reset_peaks(s->base.memory);
     return NULL;

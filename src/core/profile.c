@@ -121,6 +121,7 @@ static cube_error *profile_start_call(cube_client *c, cube_profile_token *out)
         /* Tokens the caller sees never repeat, whatever the backend's
          * (an address it may reuse) looks like. */
         w->token = atomic_fetch_add(&next_token, 1);
+        w->client_serial = c->serial;
         w->backend_token = token;
         w->launches_at_start = s->launches;
         w->failures_at_start = s->failures;
@@ -141,16 +142,19 @@ cube_error *cube_profile_start(cube_client *c, cube_profile_token *out)
     CORE_CALL(c, "cube_profile_start", profile_start_call(c, out));
 }
 
-/* The index of `token` among the stream's windows, or -1. */
-static long find_window(const core_stream *s, cube_profile_token token)
+/* The index of `token` among the windows `c` opened on the stream, or
+ * -1 (another client's window on a shared stream is not its to end). */
+static long find_window(const cube_client *c, const core_stream *s,
+                        cube_profile_token token)
 {
     for (size_t i = 0; i < s->window_count; i++)
-        if (s->windows[i].token == token)
+        if (s->windows[i].token == token &&
+            s->windows[i].client_serial == c->serial)
             return (long)i;
     return -1;
 }
 
-static void remove_window(core_stream *s, long i)
+void core_stream_window_remove(core_stream *s, size_t i)
 {
     s->windows[i] = s->windows[--s->window_count];
     if (s->window_count == 0) {
@@ -183,13 +187,14 @@ static cube_error *profile_end_call(cube_client *c, cube_profile_token token,
         core_stream_unlock(s);
         return err;
     }
-    long i = find_window(s, token);
+    long i = find_window(c, s, token);
     if (i < 0) {
         core_stream_unlock(s);
         return cube_error_new(CUBE_ERR_PROFILE,
                               "cube_profile_end: token %llu is not an open "
                               "window of the calling stream (unknown, "
-                              "already closed, or another stream's)",
+                              "already closed, another stream's or another "
+                              "client's)",
                               (unsigned long long)token);
     }
     core_window w = s->windows[i];
@@ -220,7 +225,7 @@ static cube_error *profile_end_call(cube_client *c, cube_profile_token token,
         out->method = method;
         out->launches = s->launches - w.launches_at_start;
     }
-    remove_window(s, i);
+    core_stream_window_remove(s, (size_t)i);
     core_stream_unlock(s);
     return err;
 }
@@ -242,12 +247,12 @@ static void profile_abandon(cube_client *c, cube_profile_token token)
         return;
     }
     core_stream_lock(s);
-    long i = find_window(s, token);
+    long i = find_window(c, s, token);
     if (i >= 0) {
         if (c->vt->abandon_profile)
             c->vt->abandon_profile(c->server, &s->base,
                                    s->windows[i].backend_token);
-        remove_window(s, i);
+        core_stream_window_remove(s, (size_t)i);
     }
     core_stream_unlock(s);
 }

@@ -106,13 +106,13 @@ cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
 
 /* --- the table --- */
 
-core_stream *core_stream_at(const cube_client *c, uint32_t index)
+core_stream *core_stream_at(const core_device *d, uint32_t index)
 {
-    if (index >= atomic_load_explicit(&c->stream_count, memory_order_acquire))
+    if (index >= atomic_load_explicit(&d->stream_count, memory_order_acquire))
         return NULL;
     /* The chunk was published before the count that covers it. */
     core_stream **chunk = atomic_load_explicit(
-        &((cube_client *)c)->stream_chunks[index / CORE_STREAM_CHUNK],
+        &((core_device *)d)->stream_chunks[index / CORE_STREAM_CHUNK],
         memory_order_acquire);
     return chunk[index % CORE_STREAM_CHUNK];
 }
@@ -120,34 +120,34 @@ core_stream *core_stream_at(const cube_client *c, uint32_t index)
 cube_server_stream *cube_server_stream_at(const cube_server *server,
                                           uint32_t index)
 {
-    core_stream *s = core_stream_at(server->client, index);
+    core_stream *s = core_stream_at(server->device, index);
     return s ? &s->base : NULL;
 }
 
 uint32_t cube_server_stream_count(const cube_server *server)
 {
-    return atomic_load_explicit(&server->client->stream_count,
+    return atomic_load_explicit(&server->device->stream_count,
                                 memory_order_acquire);
 }
 
-core_stream *core_stream_find(cube_client *c, cube_stream_id id)
+core_stream *core_stream_find(core_device *d, cube_stream_id id)
 {
-    uint32_t n = atomic_load_explicit(&c->stream_count, memory_order_acquire);
+    uint32_t n = atomic_load_explicit(&d->stream_count, memory_order_acquire);
     for (uint32_t i = 0; i < n; i++) {
-        core_stream *s = core_stream_at(c, i);
+        core_stream *s = core_stream_at(d, i);
         if (s->base.id == id)
             return s;
     }
     return NULL;
 }
 
-static void stream_free(cube_client *c, core_stream *s)
+static void stream_free(core_device *d, core_stream *s)
 {
     if (s->base.memory)
         mem_manager_destroy(s->base.memory);
     s->base.memory = NULL;
-    if (c->vt->stream_close)
-        c->vt->stream_close(c->server, &s->base);
+    if (d->vt->stream_close)
+        d->vt->stream_close(d->server, &s->base);
     cube_mutex_destroy(&s->lock);
     free(s->windows);
     cube_error_free(s->last_failure);
@@ -155,23 +155,24 @@ static void stream_free(cube_client *c, core_stream *s)
 }
 
 /* Creates stream `id` at the next index. Under streams_lock. */
-static cube_error *stream_create(cube_client *c, cube_stream_id id,
+static cube_error *stream_create(core_device *d, cube_stream_id id,
                                  core_stream **out)
+    CUBE_REQUIRES(d->streams_lock)
 {
     uint32_t index =
-        atomic_load_explicit(&c->stream_count, memory_order_relaxed);
+        atomic_load_explicit(&d->stream_count, memory_order_relaxed);
     if (index >= CUBE_MAX_STREAMS)
         return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
-                              "a client has at most %u streams",
+                              "a device has at most %u streams",
                               CUBE_MAX_STREAMS);
     uint32_t k = index / CORE_STREAM_CHUNK;
     core_stream **chunk =
-        atomic_load_explicit(&c->stream_chunks[k], memory_order_relaxed);
+        atomic_load_explicit(&d->stream_chunks[k], memory_order_relaxed);
     if (!chunk) {
         chunk = calloc(CORE_STREAM_CHUNK, sizeof *chunk);
         if (!chunk)
             return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "stream table");
-        atomic_store_explicit(&c->stream_chunks[k], chunk,
+        atomic_store_explicit(&d->stream_chunks[k], chunk,
                               memory_order_release);
     }
     core_stream *s = calloc(1, sizeof *s);
@@ -182,41 +183,41 @@ static cube_error *stream_create(cube_client *c, cube_stream_id id,
     cube_mutex_init(&s->lock);
     cube_storage_ops ops;
     memset(&ops, 0, sizeof ops);
-    cube_error *err = c->vt->stream_open(c->server, &s->base, &ops);
+    cube_error *err = d->vt->stream_open(d->server, &s->base, &ops);
     if (err) {
         cube_mutex_destroy(&s->lock);
         free(s);
         return err;
     }
-    mem_device dev = {c->props.memory_alignment, c->props.memory_total};
-    err = mem_manager_create(&ops, &dev, c->has_layout ? &c->layout : NULL,
+    mem_device dev = {d->props.memory_alignment, d->props.memory_total};
+    err = mem_manager_create(&ops, &dev, d->has_layout ? &d->layout : NULL,
                              &s->base.memory);
     if (err) {
-        stream_free(c, s);
+        stream_free(d, s);
         return err;
     }
     chunk[index % CORE_STREAM_CHUNK] = s;
-    atomic_store_explicit(&c->stream_count, index + 1, memory_order_release);
+    atomic_store_explicit(&d->stream_count, index + 1, memory_order_release);
     *out = s;
     return NULL;
 }
 
-void core_streams_destroy(cube_client *c)
+void core_streams_destroy(core_device *d)
 {
-    uint32_t n = atomic_load(&c->stream_count);
+    uint32_t n = atomic_load(&d->stream_count);
     /* Every manager first: a backend's storage may need its stream state
      * (and other streams') to give memory back. */
     for (uint32_t i = 0; i < n; i++) {
-        core_stream *s = core_stream_at(c, i);
+        core_stream *s = core_stream_at(d, i);
         mem_manager_destroy(s->base.memory);
         s->base.memory = NULL;
     }
     for (uint32_t i = 0; i < n; i++)
-        stream_free(c, core_stream_at(c, i));
+        stream_free(d, core_stream_at(d, i));
     for (uint32_t k = 0; k < CORE_STREAM_CHUNKS; k++)
-        free(atomic_load(&c->stream_chunks[k]));
-    memset(c->stream_chunks, 0, sizeof c->stream_chunks);
-    atomic_store(&c->stream_count, 0);
+        free(atomic_load(&d->stream_chunks[k]));
+    memset(d->stream_chunks, 0, sizeof d->stream_chunks);
+    atomic_store(&d->stream_count, 0);
 }
 
 /* The stream a thread used last, per thread: streams live as long as their
@@ -237,13 +238,14 @@ cube_error *core_stream_get(cube_client *c, core_stream **out)
         *out = last_stream.stream;
         return NULL;
     }
-    core_stream *s = core_stream_find(c, id);
+    core_device *d = c->dev;
+    core_stream *s = core_stream_find(d, id);
     if (!s) {
-        cube_mutex_lock(&c->streams_lock);
+        cube_mutex_lock(&d->streams_lock);
         /* Another thread naming the same id may have created it. */
-        s = core_stream_find(c, id);
-        cube_error *err = s ? NULL : stream_create(c, id, &s);
-        cube_mutex_unlock(&c->streams_lock);
+        s = core_stream_find(d, id);
+        cube_error *err = s ? NULL : stream_create(d, id, &s);
+        cube_mutex_unlock(&d->streams_lock);
         if (err)
             return err;
     }
@@ -309,10 +311,11 @@ static cube_error *stream_ids_call(cube_client *c, cube_stream_id *ids,
                               !c       ? "client is NULL"
                               : !count ? "count is NULL"
                                        : "ids is NULL with capacity > 0");
-    uint32_t n = atomic_load_explicit(&c->stream_count, memory_order_acquire);
+    uint32_t n =
+        atomic_load_explicit(&c->dev->stream_count, memory_order_acquire);
     *count = n;
     for (uint32_t i = 0; i < n && i < capacity; i++)
-        ids[i] = core_stream_at(c, i)->base.id;
+        ids[i] = core_stream_at(c->dev, i)->base.id;
     return NULL;
 }
 

@@ -236,7 +236,7 @@ static size_t walk_cache(const cube_client *c)
 {
     size_t n = 0;
     for (size_t b = 0; b < CORE_CACHE_BUCKETS; b++)
-        for (const core_cache_entry *e = c->cache[b]; e; e = e->next)
+        for (const core_cache_entry *e = c->dev->cache[b]; e; e = e->next)
             n++;
     return n;
 }

@@ -31,25 +31,31 @@ extern "C" {
 
 typedef struct cube_server_vtable cube_server_vtable;
 
+/* The core's record of an open device (opaque to backends). */
+struct core_device;
+
 /* The base of every backend's server object: a backend struct starts with
- * this member so the client can reach the vtable. `client` is set by the
- * client right after the backend's open returns; backends use it only
- * through the cube_server_stream_* helpers below. */
+ * this member so the client can reach the vtable. `device` is set by the
+ * core right after the backend's open returns; backends use it only
+ * through the cube_server_stream_* helpers below. A server serves every
+ * client of its device in the process (cubert/device.h). */
 typedef struct cube_server {
     const cube_server_vtable *vt;
-    struct cube_client *client;
+    struct core_device *device;
 } cube_server;
 
 /* A stream's memory manager (src/memory/memory_manager.h). */
 struct mem_manager;
 
-/* A stream as the client hands it to every stream slot. The client creates
- * it the first time a stream id is used (the stream_open slot fills
- * `impl`), builds its memory manager over the storage stream_open
- * describes, and keeps both until the client closes: a backend keeps no
- * stream table of its own and never looks a stream up by id.
+/* A stream as the core hands it to every stream slot. The core creates
+ * it the first time a stream id is used on the device (the stream_open
+ * slot fills `impl`), builds its memory manager over the storage
+ * stream_open describes, and keeps both until the device closes (its last
+ * client closes): a backend keeps no stream table of its own and never
+ * looks a stream up by id. Every client of the device uses the same
+ * stream objects.
  *
- * `index` is dense per client (0, 1, 2, ... in order of creation, below
+ * `index` is dense per device (0, 1, 2, ... in order of creation, below
  * CUBE_MAX_STREAMS), so a backend can name a stream in a few bits and find
  * it again with cube_server_stream_at. The first four fields do not change
  * after stream_open returns.
@@ -65,7 +71,7 @@ struct mem_manager;
 typedef struct cube_server_stream {
     cube_stream_id id;
     uint32_t index;
-    struct mem_manager *memory; /* owned by the client */
+    struct mem_manager *memory; /* owned by the core */
     void *impl;                 /* owned by the backend */
     uint32_t profiling;         /* set by the client */
     uint64_t busy_ns;           /* added to by the backend */
@@ -172,7 +178,7 @@ struct cube_server_vtable {
 
     /* stream_open: sets up the backend's side of a new stream (its
      * stream->impl) and says in *storage where the stream's memory comes
-     * from. Called once per stream, with the client's stream table locked
+     * from. Called once per stream, with the device's stream table locked
      * (keep it short). Errors: CUBE_ERR_OUT_OF_MEMORY, a driver error.
      * stream_close (optional): frees stream->impl. Called at close, after
      * every stream was drained and every stream's memory manager was
@@ -291,19 +297,29 @@ typedef struct cube_backend {
     /* How many devices there are. CUBE_ERR_UNAVAILABLE, with the reason,
      * when the backend cannot run on this machine. */
     cube_error *(*device_count)(uint32_t *out);
-    /* Opens device `index`. */
+    /* Opens device `index`: once per device and process, however many
+     * clients use it. */
     cube_error *(*open)(uint32_t index, const cube_client_options *options,
                         cube_server **out);
+    /* Fills *out with what `properties` would report once device `index`
+     * is opened with `options`, without opening it (no context, no
+     * threads). */
+    cube_error *(*device_properties)(uint32_t index,
+                                     const cube_client_options *options,
+                                     cube_properties *out);
+    /* Nonzero when cube_client_options.cpu_threads shapes its servers (a
+     * second open asking for other threads is then refused). */
+    int uses_cpu_threads;
     /* The backend's configuration keys (cubert/backend/config.h), ended by
      * an entry whose name is NULL; NULL when it has none. */
     const struct cube_config_key *config_keys;
 } cube_backend;
 
-/* The stream of `server`'s client at `index` (see cube_server_stream), or
+/* The stream of `server`'s device at `index` (see cube_server_stream), or
  * NULL when there is none yet. Lock-free; any thread. */
 CUBE_API cube_server_stream *cube_server_stream_at(const cube_server *server,
                                                    uint32_t index);
-/* How many streams `server`'s client has created so far: indices below it
+/* How many streams `server`'s device has created so far: indices below it
  * are valid. Lock-free; any thread. */
 CUBE_API uint32_t cube_server_stream_count(const cube_server *server);
 

@@ -872,6 +872,13 @@ const cube_config_key cpu_config_keys[] = {
      .default_text = "none",
      .doc = "extra options for every CPU kernel compilation, separated by "
             "blanks"},
+    {.name = "cpu_devices",
+     .type = CUBE_CONFIG_UINT,
+     .min = 1,
+     .max = 256,
+     .default_text = "1",
+     .doc = "how many virtual CPU devices (cpu:0 .. cpu:N-1) the CPU backend "
+            "offers; the online cores are shared among them"},
     {.name = NULL}};
 
 /* Whether `word` (a -D or -U option, or the word after a lone -D or -U

@@ -15,6 +15,7 @@
 #include "backends/cpu/cpu_jit.h"
 #include "backends/cpu/cpu_workers.h"
 #include "cubert/backend/errors.h"
+#include "cubert/backend/config.h"
 #include "cubert/backend/server.h"
 #include "cubert/log.h"
 
@@ -85,9 +86,8 @@ static void read_cpu_name(char *out, size_t cap)
     fclose(f);
 }
 
-static void fill_properties(cpu_server *s)
+static void fill_properties(cube_properties *p, uint32_t threads)
 {
-    cube_properties *p = &s->props;
     memset(p, 0, sizeof *p);
     snprintf(p->backend, sizeof p->backend, "cpu");
     read_cpu_name(p->name, sizeof p->name);
@@ -111,7 +111,7 @@ static void fill_properties(cpu_server *s)
                                               : (uint64_t)1 << 32;
     p->memory_alignment = CPU_ALIGNMENT;
     p->max_buffer_size = p->memory_total;
-    p->compute_units = cpu_workers_threads(s->workers);
+    p->compute_units = threads;
     p->features = CUBE_FEATURE_ATOMIC_F32_ADD | CUBE_FEATURE_F64 |
                   CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
                   CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT |
@@ -439,12 +439,44 @@ static const cube_server_vtable cpu_vtable = {
     .flush = host_flush,
 };
 
+/* Virtual devices: $CUBERT_CPU_DEVICES, else one. */
+static uint32_t cpu_devices(void)
+{
+    cube_config_value v;
+    if (cube_config_lookup("cpu_devices", &v) == 0 &&
+        v.origin != CUBE_CONFIG_UNSET && v.number > 0)
+        return v.number;
+    return 1;
+}
+
 static cube_error *cpu_device_count(uint32_t *out)
 {
-    *out = 1;
+    *out = cpu_devices();
     return NULL;
 }
 
+/* The worker threads of a device: as asked, else the online cores shared
+ * among the virtual devices (at least one each). */
+static uint32_t cpu_device_threads(const cube_client_options *options)
+{
+    if (options->cpu_threads)
+        return options->cpu_threads;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t n = (uint32_t)(cores > 0 ? cores : 1) / cpu_devices();
+    return n ? n : 1;
+}
+
+static cube_error *cpu_device_properties(uint32_t index,
+                                         const cube_client_options *options,
+                                         cube_properties *out)
+{
+    (void)index;
+    fill_properties(out, cpu_device_threads(options));
+    return NULL;
+}
+
+/* Opens virtual device `index`: every device has its own workers, memory
+ * and compiled kernels (the disk cache is shared). */
 static cube_error *cpu_open(uint32_t index, const cube_client_options *options,
                             cube_server **out)
 {
@@ -467,23 +499,23 @@ static cube_error *cpu_open(uint32_t index, const cube_client_options *options,
     }
     cpu_jit_options jo = {NULL, NULL, cache_dir};
     cube_error *err = cpu_jit_create(&jo, &s->jit);
-    if (!err) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        uint32_t threads = options->cpu_threads
-                               ? options->cpu_threads
-                               : (uint32_t)(cores > 0 ? cores : 1);
-        err = cpu_workers_create(threads, &s->workers);
-    }
+    if (!err)
+        err = cpu_workers_create(cpu_device_threads(options), &s->workers);
     if (err) {
         cpu_workers_destroy(s->workers);
         cpu_jit_destroy(s->jit);
         free(s);
         return err;
     }
-    fill_properties(s);
+    fill_properties(&s->props, cpu_workers_threads(s->workers));
     *out = &s->base;
     return NULL;
 }
 
-const cube_backend cube_backend_cpu = {"cpu", cpu_device_count, cpu_open,
+const cube_backend cube_backend_cpu = {"cpu",
+                                       cpu_device_count,
+                                       cpu_open,
+                                       .device_properties =
+                                           cpu_device_properties,
+                                       .uses_cpu_threads = 1,
                                        .config_keys = cpu_config_keys};

@@ -206,5 +206,35 @@ static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
     return NULL;
 }
 
+/* device_properties: the driver's attributes of device `index`, read
+ * without a context (cube_device_describe). */
+static cube_error *cuda_device_properties(uint32_t index,
+                                          const cube_client_options *options,
+                                          cube_properties *out)
+{
+    (void)options;
+    const cuda_api *a = NULL;
+    cube_error *err = cuda_api_load(&a);
+    if (err)
+        return err;
+    /* fill_properties reads through a server; this one opens nothing. */
+    cuda_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cuda device");
+    s->api = a;
+    CUresult r = a->cuDeviceGet(&s->device, (int)index);
+    if (r != CUDA_SUCCESS)
+        err = cuda_error(a, r, CUBE_ERR_UNAVAILABLE,
+                         "cannot open CUDA device %u", index);
+    if (!err)
+        err = fill_properties(s);
+    if (!err)
+        *out = s->props;
+    free(s);
+    return err;
+}
+
 const cube_backend cube_backend_cuda = {"cuda", cuda_device_count, cuda_open,
+                                        .device_properties =
+                                            cuda_device_properties,
                                         .config_keys = cuda_config_keys};

@@ -51,9 +51,8 @@ static uint64_t host_memory(void)
  * bit is set: without CUBE_FEATURE_KERNELS callers know not to launch. The
  * cube count limits are wide so that a launch is not refused before it
  * reaches compile, which says why no kernel runs here. */
-static void fill_properties(null_server *s)
+static void fill_properties(cube_properties *p)
 {
-    cube_properties *p = &s->props;
     memset(p, 0, sizeof *p);
     snprintf(p->backend, sizeof p->backend, "null");
     snprintf(p->name, sizeof p->name, "null device (host memory, no kernels)");
@@ -198,13 +197,26 @@ static cube_error *null_open(uint32_t index, const cube_client_options *options,
     if (!s)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "null server");
     s->base.vt = &null_vtable;
-    fill_properties(s);
+    fill_properties(&s->props);
     *out = &s->base;
+    return NULL;
+}
+
+/* device_properties: what properties would say once open, without
+ * opening (cube_device_describe). */
+static cube_error *null_device_properties(uint32_t index,
+                                          const cube_client_options *options,
+                                          cube_properties *out)
+{
+    (void)index;
+    (void)options;
+    fill_properties(out);
     return NULL;
 }
 
 /* What the registry knows: cmake/backends.cmake's registration promises
  * that this folder defines cube_backend_null, named "null". No
- * configuration keys. */
-const cube_backend cube_backend_null = {"null", null_device_count, null_open,
-                                        .config_keys = NULL};
+ * configuration keys; the CPU threads option means nothing here. */
+const cube_backend cube_backend_null = {
+    "null", null_device_count, null_open,
+    .device_properties = null_device_properties, .config_keys = NULL};
