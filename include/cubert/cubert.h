@@ -7,6 +7,7 @@
 #include "cubert/log.h"
 #include "cubert/client.h"
 #include "cubert/device.h"
+#include "cubert/comm.h"
 #include "cubert/buffer.h"
 #include "cubert/kernel.h"
 #include "cubert/memory.h"

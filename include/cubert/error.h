@@ -63,8 +63,18 @@ typedef enum cube_code {
      * buffers are still live in them (streams created later use it). */
     CUBE_ERR_POOLS_IN_USE = 17,
     /* The stream named cannot take the request (not initialized). */
-    CUBE_ERR_STREAM_UNAVAILABLE = 18
+    CUBE_ERR_STREAM_UNAVAILABLE = 18,
+    /* A peer did not take part in time: a rank that never joined a
+     * collective, a send without its receive (cubert/comm.h). Nothing
+     * moved; the communicator still works. */
+    CUBE_ERR_TIMEOUT = 19,
+    /* The communicator was aborted (cube_comm_abort, or a peer that
+     * could not recover); every later call on it answers this. */
+    CUBE_ERR_ABORTED = 20
 } cube_code;
+
+/* The largest cube_code. */
+#define CUBE_CODE_LAST CUBE_ERR_ABORTED
 
 typedef struct cube_error cube_error;
 

@@ -95,4 +95,13 @@ static inline void cube_cond_wait(pthread_cond_t *cv, cube_mutex *mu)
     pthread_cond_wait(cv, &mu->m);
 }
 
+/* pthread_cond_timedwait on a cube_mutex the caller holds, until
+ * `deadline` (of the clock the condition was made with). */
+static inline void cube_cond_timedwait(pthread_cond_t *cv, cube_mutex *mu,
+                                       const struct timespec *deadline)
+    CUBE_REQUIRES(mu) CUBE_NO_TSA
+{
+    pthread_cond_timedwait(cv, &mu->m, deadline);
+}
+
 #endif /* CUBE_BASE_MUTEX_H */

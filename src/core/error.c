@@ -198,6 +198,8 @@ const char *cube_code_name(cube_code code)
     case CUBE_ERR_PROFILE: return "profile error";
     case CUBE_ERR_POOLS_IN_USE: return "pools in use";
     case CUBE_ERR_STREAM_UNAVAILABLE: return "stream unavailable";
+    case CUBE_ERR_TIMEOUT: return "timeout";
+    case CUBE_ERR_ABORTED: return "aborted";
     }
     return "unknown error";
 }

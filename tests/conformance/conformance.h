@@ -410,7 +410,18 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(streams_failure_on_one_stream_is_reported_on_others_until_rewritten)     \
     X(streams_copies_failures_and_releases_cross_streams)                      \
     X(streams_ids_list_each_stream_once_explicit_ids_are_separate_queues)      \
-    X(streams_device_fault_breaks_every_call_until_the_client_is_reopened)
+    X(streams_device_fault_breaks_every_call_until_the_client_is_reopened)    \
+    /* communication between devices (test_comm.c) */                          \
+    X(comm_all_reduce_every_dtype_and_op_matches_the_host)                     \
+    X(comm_every_collective_with_a_thread_per_rank_matches_the_host)           \
+    X(comm_in_place_layouts_work_and_other_overlaps_are_refused)               \
+    X(comm_failed_source_refuses_on_every_rank_and_marks_destinations)         \
+    X(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)       \
+    X(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on)     \
+    X(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls)                 \
+    X(comm_hostile_arguments_get_clear_errors_and_change_nothing)              \
+    X(comm_copy_peer_between_clients_devices_and_backends)                     \
+    X(comm_kernel_on_another_stream_sees_the_reduced_buffer)
 
 /* clang-format on */
 

@@ -73,6 +73,8 @@ static const char *code_spelling(cube_code code)
         "CUBE_ERR_PROFILE",
         "CUBE_ERR_POOLS_IN_USE",
         "CUBE_ERR_STREAM_UNAVAILABLE",
+        "CUBE_ERR_TIMEOUT",
+        "CUBE_ERR_ABORTED",
     };
     if ((size_t)code >= sizeof names / sizeof names[0])
         fail_msg("code %d has no spelling here: add it", (int)code);

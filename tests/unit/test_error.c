@@ -46,7 +46,7 @@ static void test_null_is_success(void **state)
     assert_int_equal(cube_error_cause_count(NULL), 0);
     assert_null(cube_error_clone(NULL));
     cube_error_free(NULL);
-    for (int c = 0; c <= CUBE_ERR_STREAM_UNAVAILABLE; c++)
+    for (int c = 0; c <= CUBE_CODE_LAST; c++)
         assert_non_null(cube_code_name((cube_code)c));
 }
 

@@ -1768,7 +1768,7 @@ typedef struct fi_tally {
     unsigned missed[FI_KINDS]; /* not reached */
     unsigned bad[FI_KINDS];
     /* Codes answered, per API call and group. */
-    unsigned codes[API_COUNT][FI_GROUPS][CUBE_ERR_STREAM_UNAVAILABLE + 1];
+    unsigned codes[API_COUNT][FI_GROUPS][CUBE_CODE_LAST + 1];
 } fi_tally;
 
 static fi_tally fi_total;
@@ -1845,7 +1845,7 @@ static unsigned fi_sweep(const char *title, const fi_job *jobs, size_t n,
         if (o->answered >= 0) {
             t.reported[k]++;
             int code = o->code;
-            if (code >= 0 && code <= CUBE_ERR_STREAM_UNAVAILABLE)
+            if (code >= 0 && code <= CUBE_CODE_LAST)
                 t.codes[o->answered][fi_kinds[k].group][code]++;
         } else {
             t.absorbed[k]++;
@@ -1869,7 +1869,7 @@ static unsigned fi_sweep(const char *title, const fi_job *jobs, size_t n,
     }
     for (int a = 0; a < API_COUNT; a++)
         for (int g = 0; g < FI_GROUPS; g++)
-            for (int code = 0; code <= CUBE_ERR_STREAM_UNAVAILABLE; code++)
+            for (int code = 0; code <= CUBE_CODE_LAST; code++)
                 fi_total.codes[a][g][code] += t.codes[a][g][code];
     munmap(outs, (n ? n : 1) * sizeof *outs);
     free(status);
@@ -1944,7 +1944,7 @@ static unsigned fi_codes_in_doc(const char *text, const char *function,
     while (start > text && strncmp(start, "/*", 2) != 0)
         start--;
     unsigned codes = 0;
-    for (int code = 1; code <= CUBE_ERR_STREAM_UNAVAILABLE; code++) {
+    for (int code = 1; code <= CUBE_CODE_LAST; code++) {
         /* cube_code_name gives "out of memory"; the comment spells the
          * enumerator. */
         static const char *const spell[] = {
@@ -1967,6 +1967,8 @@ static unsigned fi_codes_in_doc(const char *text, const char *function,
             "CUBE_ERR_PROFILE",
             "CUBE_ERR_POOLS_IN_USE",
             "CUBE_ERR_STREAM_UNAVAILABLE",
+            "CUBE_ERR_TIMEOUT",
+            "CUBE_ERR_ABORTED",
         };
         size_t len = strlen(spell[code]);
         for (const char *p = start; p && p < end; p++) {
@@ -2080,7 +2082,7 @@ static void fi_summary(const fi_count *warm, const fi_count *cold,
         for (int g = 0; g < FI_GROUPS; g++) {
             char line[512] = "";
             size_t len = 0;
-            for (int code = 0; code <= CUBE_ERR_STREAM_UNAVAILABLE; code++) {
+            for (int code = 0; code <= CUBE_CODE_LAST; code++) {
                 if (!fi_total.codes[a][g][code] || len >= sizeof line)
                     continue;
                 int n = snprintf(line + len, sizeof line - len, " %s x%u",

@@ -85,7 +85,14 @@ static void test_slots(void **state)
     assert_null(vt->start_profile);
     assert_null(vt->end_profile);
     assert_null(vt->abandon_profile);
-    assert_null(vt->copy_to_peer);
+    /* ServerCommunication from the shared host-memory code. */
+    assert_non_null(vt->copy_to_peer);
+    assert_non_null(vt->collective);
+    assert_null(vt->comm_init);
+    assert_null(vt->comm_destroy);
+    assert_null(vt->comm_abort);
+    assert_null(vt->group_begin);
+    assert_null(vt->group_end);
     vt->destroy(s);
 }
 

@@ -163,6 +163,48 @@ typedef struct cube_dispatch {
     uint32_t mode; /* CUBE_LAUNCH_* */
 } cube_dispatch;
 
+/* Collectives as the core hands them to a backend (cubert/comm.h). */
+typedef enum cube_collective_kind {
+    CUBE_COLLECTIVE_ALL_REDUCE = 1,
+    CUBE_COLLECTIVE_BROADCAST = 2,
+    CUBE_COLLECTIVE_REDUCE = 3,
+    CUBE_COLLECTIVE_ALL_GATHER = 4,
+    CUBE_COLLECTIVE_REDUCE_SCATTER = 5,
+    CUBE_COLLECTIVE_SEND = 6,
+    CUBE_COLLECTIVE_RECV = 7
+} cube_collective_kind;
+
+/* One rank's call: its buffers (storage NULL where the call has none:
+ * a broadcast's source off the root, a reduce's destination off it, the
+ * destination of a send, the source of a receive) and the call's
+ * arguments, checked by the core. */
+typedef struct cube_collective {
+    cube_collective_kind kind;
+    cube_binding src, dst;
+    uint64_t count;  /* elements per rank, as in cubert/comm.h */
+    uint32_t dtype;  /* cube_dtype */
+    uint32_t op;     /* cube_reduce_op, for reductions */
+    uint32_t root;   /* broadcast, reduce */
+    uint32_t peer;   /* send, receive */
+    uint32_t rank;   /* the caller's rank */
+    uint32_t nranks; /* the communicator's size */
+} cube_collective;
+
+/* Every call of one collective, handed to each rank's collective slot
+ * once all of them arrived and agreed: `calls` by rank (nranks entries),
+ * or for a send and its receive the two calls ([0] the send, [1] the
+ * receive). The caller's own call is calls[index]. `shared` is
+ * CUBE_COLLECTIVE_SHARED bytes the core zeroes for the calls of this one
+ * collective to coordinate through (host backends share its work out
+ * there); it lives until every call of it returned. */
+#define CUBE_COLLECTIVE_SHARED 128
+typedef struct cube_collective_set {
+    const cube_collective *calls;
+    uint32_t count;
+    uint32_t index;
+    void *shared;
+} cube_collective_set;
+
 /* A backend's read in flight; the client waits on it with read_wait. */
 typedef struct cube_pending cube_pending;
 
@@ -284,11 +326,42 @@ struct cube_server_vtable {
     void (*abandon_profile)(cube_server *server, cube_server_stream *stream,
                             uint64_t token);
 
-    /* (optional) ServerCommunication: a copy from this server's binding to
-     * a peer server's binding. Default: CUBE_ERR_UNSUPPORTED. */
+    /* (optional) ServerCommunication. Default: collectives answer
+     * CUBE_ERR_UNSUPPORTED, and cube_copy_peer goes through host memory.
+     *
+     * copy_to_peer: copies `src` (this server's) into `dst` (of `peer`, a
+     * server of the same backend, maybe this one) on `peer_stream`:
+     * after the work that last wrote src on any of this server's streams,
+     * before the work later issued on peer_stream, and as a write of dst
+     * for readers on peer's other streams. `stream` is the calling
+     * thread's stream of this server. The core holds both streams (one
+     * lock when they are the same object). */
     cube_error *(*copy_to_peer)(cube_server *server, cube_server_stream *stream,
                                 const cube_binding *src, cube_server *peer,
+                                cube_server_stream *peer_stream,
                                 const cube_binding *dst);
+
+    /* comm_init: makes the backend's state of each rank of a new
+     * communicator over `servers` (n ranks, one server each, all of this
+     * backend) into impls[i] (NULL when it keeps none). Called once for
+     * the whole communicator, from one thread. comm_destroy frees one
+     * rank's; comm_abort stops one rank's work in flight (never blocks). */
+    cube_error *(*comm_init)(cube_server *const *servers, uint32_t n,
+                             void **impls);
+    void (*comm_destroy)(cube_server *server, void *impl);
+    void (*comm_abort)(cube_server *server, void *impl);
+    /* collective: issues the calling rank's part (set->calls[set->index])
+     * of a collective on `stream`, ordered like a launch that reads src
+     * and writes dst. Every call of the set is made, by whichever threads
+     * issued them; a call returns once its rank's part is issued (a host
+     * backend: done, destinations written). An error means the part did
+     * not run; the core records it on the destination. */
+    cube_error *(*collective)(cube_server *server, cube_server_stream *stream,
+                              void *impl, const cube_collective_set *set);
+    /* (optional) group_begin / group_end: bracket the parts one thread
+     * issues for several ranks at once (NCCL's group calls). */
+    void (*group_begin)(void);
+    cube_error *(*group_end)(void);
 };
 
 /* A backend as the registry knows it. */

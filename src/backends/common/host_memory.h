@@ -53,4 +53,15 @@ cube_error *host_sync(cube_server *server, cube_server_stream *stream,
                       const cube_binding *bindings, size_t n);
 cube_error *host_flush(cube_server *server, cube_server_stream *stream);
 
+/* ServerCommunication for host-memory backends (host_collective.c): the
+ * collective slot over ranks that are threads of this process (every
+ * rank's call shares out the work and returns when it is all done), and
+ * copy_to_peer as one memmove at call time. */
+cube_error *host_collective(cube_server *server, cube_server_stream *stream,
+                            void *impl, const cube_collective_set *set);
+cube_error *host_copy_to_peer(cube_server *server, cube_server_stream *stream,
+                              const cube_binding *src, cube_server *peer,
+                              cube_server_stream *peer_stream,
+                              const cube_binding *dst);
+
 #endif /* CUBE_BACKENDS_COMMON_HOST_MEMORY_H */

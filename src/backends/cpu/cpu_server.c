@@ -437,6 +437,8 @@ static const cube_server_vtable cpu_vtable = {
     .compiled_release = cpu_compiled_release,
     .launch = cpu_launch,
     .flush = host_flush,
+    .copy_to_peer = host_copy_to_peer,
+    .collective = host_collective,
 };
 
 /* Virtual devices: $CUBERT_CPU_DEVICES, else one. */

@@ -110,7 +110,12 @@ static cube_error *null_stream_open(cube_server *server,
  * host_flush (backends/common/host_memory.c) do the work at call time, as
  * the contract allows: a read is never pending, the caller may reuse its
  * memory when a write returns, and nothing is ever left to wait for. A
- * device backend writes its own, in stream order. */
+ * device backend writes its own, in stream order.
+ *
+ * copy_to_peer and collective (ServerCommunication): host_copy_to_peer
+ * and host_collective (backends/common/host_collective.c) work on any
+ * backend whose buffers are host memory. With one device the null
+ * backend's communicators have one rank. */
 
 /* --- kernels --- */
 
@@ -173,6 +178,8 @@ static const cube_server_vtable null_vtable = {
     .compiled_release = null_compiled_release,
     .launch = null_launch,
     .flush = host_flush,
+    .copy_to_peer = host_copy_to_peer,
+    .collective = host_collective,
 };
 
 /* One device, always there: the client refuses "null:1" and above with

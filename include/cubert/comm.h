@@ -1,0 +1,221 @@
+/* cubert — data between devices: copies from one client's buffer to
+ * another's, and communicators with their collectives.
+ *
+ * A communicator joins N clients (its ranks, 0..N-1), each on its own
+ * device, for collectives: all-reduce, broadcast, reduce, all-gather,
+ * reduce-scatter, and point-to-point send and receive. It is made from a
+ * set of clients of one process (cube_comm_init_all). The CPU backend runs
+ * them between its virtual devices (CUBERT_CPU_DEVICES); CUDA through NCCL.
+ *
+ * Like a launch, each collective call works on the calling thread's
+ * stream of its rank's client, in order with the work issued there before
+ * and after: no separate step makes the stream wait for it. And like a
+ * launch it takes part in the failure store: a source buffer that carries
+ * a failure on any rank refuses the collective on every rank
+ * (CUBE_ERR_SEVERAL, naming the rank) and every rank's destination carries
+ * that failure; a collective that completes is a full write of each
+ * destination range and clears its failure.
+ *
+ * Every rank makes the same sequence of collective calls, each with the
+ * same kind, count, element type, operation and root (send and receive
+ * pair in order between two ranks). Before any byte moves, the ranks'
+ * calls are compared: a rank that passed other arguments, or whose call
+ * was refused (a bad handle, a buffer too small), refuses the collective
+ * on every rank with CUBE_ERR_INVALID_ARGUMENT naming the rank and what
+ * differs; nothing is recorded and the communicator stays usable. A rank
+ * that does not make its call within the communicator's timeout leaves
+ * the others with CUBE_ERR_TIMEOUT (recorded on their destinations, since
+ * those were not written), never a hang; the late rank, when it comes,
+ * gets the same answer, and the communicator goes on with the next call.
+ *
+ * One thread may drive every rank: between cube_group_begin() and
+ * cube_group_end() collective calls only queue, and cube_group_end runs
+ * them (as ncclGroupStart/ncclGroupEnd). Or one thread per rank calls
+ * its rank's collectives; a call then returns once every rank's call
+ * arrived and its own part was issued.
+ *
+ * Element counts are per rank, as in NCCL: all-reduce, broadcast and
+ * reduce move `count` elements; all-gather gathers `count` from each rank
+ * into count * N; reduce-scatter reduces count * N into `count` per rank.
+ * Buffers may be larger than what a call uses (the first bytes are used).
+ * A call may work in place: the source and the destination the same
+ * range (all-reduce, broadcast, reduce), or as in NCCL rank r's source
+ * the r-th count of its destination (all-gather) or its destination the
+ * r-th count of its source (reduce-scatter); other overlaps of a rank's
+ * source and destination are refused (CUBE_ERR_INVALID_ARGUMENT).
+ *
+ * Ownership: cube_comm_init_all hands out communicators the caller frees
+ * with cube_comm_destroy, each before its client closes.
+ * Thread safety: a communicator is used by one thread at a time (its
+ * rank's calls are ordered); different ranks' communicators by different
+ * threads at once. Errors are listed per call.
+ */
+#ifndef CUBERT_COMM_H
+#define CUBERT_COMM_H
+
+#include <stdint.h>
+
+#include "cubert/client.h"
+#include "cubert/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cube_comm cube_comm;
+
+/* Element types of collectives: the kernel dialect's, plus the halves. */
+typedef enum cube_dtype {
+    CUBE_DTYPE_I8 = 1,
+    CUBE_DTYPE_U8 = 2,
+    CUBE_DTYPE_I32 = 3,
+    CUBE_DTYPE_U32 = 4,
+    CUBE_DTYPE_I64 = 5,
+    CUBE_DTYPE_U64 = 6,
+    CUBE_DTYPE_F16 = 7,  /* IEEE half */
+    CUBE_DTYPE_BF16 = 8, /* bfloat16 */
+    CUBE_DTYPE_F32 = 9,
+    CUBE_DTYPE_F64 = 10
+} cube_dtype;
+
+/* The size in bytes of one element of `dtype`; 0 for a value that is not
+ * a cube_dtype. */
+CUBE_API uint32_t cube_dtype_size(cube_dtype dtype);
+
+/* Reductions. CUBE_REDUCE_AVG is the sum divided by the ranks (integer
+ * division for integer types). Every rank gets the same bytes: elements
+ * are combined in rank order. */
+typedef enum cube_reduce_op {
+    CUBE_REDUCE_SUM = 1,
+    CUBE_REDUCE_PROD = 2,
+    CUBE_REDUCE_MIN = 3,
+    CUBE_REDUCE_MAX = 4,
+    CUBE_REDUCE_AVG = 5
+} cube_reduce_op;
+
+typedef struct cube_comm_options {
+    /* sizeof(cube_comm_options): lets the struct grow compatibly. */
+    uint32_t struct_size;
+    /* How long a rank waits for the others to join a call before it
+     * answers CUBE_ERR_TIMEOUT, in milliseconds; 0: 300000 (5 minutes). */
+    uint32_t timeout_ms;
+} cube_comm_options;
+
+/* Default options (every field zero except struct_size). */
+CUBE_API cube_comm_options cube_comm_options_default(void);
+
+/* Makes a communicator of `n` ranks (1..CUBE_MAX_RANKS) over `clients`
+ * (rank i is clients[i]), one per client, into comms[0..n-1]. The clients
+ * belong to one backend and each to a device of its own (a device cannot
+ * be two ranks). `options` may be NULL.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL clients, comms or a client in
+ * it, n out of range, clients of different backends or of one device, a
+ * malformed options struct), CUBE_ERR_UNSUPPORTED (the backend has no
+ * collectives), CUBE_ERR_UNAVAILABLE (NCCL could not be loaded: the
+ * message names what was tried), CUBE_ERR_OUT_OF_MEMORY, the device fault
+ * of a client. On error comms holds no communicator. */
+#define CUBE_MAX_RANKS 1024u
+CUBE_API CUBE_MUST_USE cube_error *
+cube_comm_init_all(cube_client *const *clients, uint32_t n,
+                   const cube_comm_options *options, cube_comm **comms);
+
+/* Frees one rank's communicator; the group's shared state goes with the
+ * last. NULL is a no-op. A rank's calls queued in an open group must have
+ * run (cube_group_end) before. Peers' calls waiting for this rank end with
+ * CUBE_ERR_TIMEOUT. */
+CUBE_API void cube_comm_destroy(cube_comm *comm);
+
+/* Aborts the communicator for every rank: calls waiting in it return
+ * CUBE_ERR_ABORTED at once, and so does every later call on any of its
+ * ranks. Errors: CUBE_ERR_INVALID_ARGUMENT (comm NULL). */
+CUBE_API CUBE_MUST_USE cube_error *cube_comm_abort(cube_comm *comm);
+
+/* The rank and the number of ranks; 0 for NULL. */
+CUBE_API uint32_t cube_comm_rank(const cube_comm *comm);
+CUBE_API uint32_t cube_comm_size(const cube_comm *comm);
+
+/* The collectives. Handles are the rank's client's. Errors (besides those
+ * the introduction describes: CUBE_ERR_INVALID_ARGUMENT for a call that
+ * differs from the other ranks' or a rank's refused call,
+ * CUBE_ERR_SEVERAL for a failed source on some rank, CUBE_ERR_TIMEOUT,
+ * CUBE_ERR_ABORTED): CUBE_ERR_INVALID_ARGUMENT (comm NULL, count 0, a
+ * dtype, op, root or peer out of range, a buffer smaller than the call
+ * needs — also refused on the other ranks), CUBE_ERR_NOT_FOUND (a
+ * released or foreign handle), CUBE_ERR_GRAPH_STATE (the calling stream
+ * is capturing a graph: collectives are not recorded in graphs),
+ * CUBE_ERR_DEVICE_FAULT, and what the backend's engine answers (NCCL's
+ * errors as CUBE_ERR_INTERNAL or CUBE_ERR_UNAVAILABLE, with NCCL's
+ * text). Inside a dry-run scope a call is checked on its own rank and
+ * dropped: every rank must then be in a dry run alike. */
+
+/* dst = op over ranks of src, on every rank. */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_all_reduce(cube_comm *comm, cube_handle src, cube_handle dst,
+                uint64_t count, cube_dtype dtype, cube_reduce_op op);
+/* dst = root's src, on every rank. src is read on the root only (other
+ * ranks may pass the zero handle). */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_broadcast(cube_comm *comm, cube_handle src, cube_handle dst,
+               uint64_t count, cube_dtype dtype, uint32_t root);
+/* root's dst = op over ranks of src. dst is written on the root only
+ * (other ranks may pass the zero handle). */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_reduce(cube_comm *comm, cube_handle src, cube_handle dst, uint64_t count,
+            cube_dtype dtype, cube_reduce_op op, uint32_t root);
+/* dst[i * count ..] = rank i's src[0 .. count), on every rank. */
+CUBE_API CUBE_MUST_USE cube_error *cube_all_gather(cube_comm *comm,
+                                                   cube_handle src,
+                                                   cube_handle dst,
+                                                   uint64_t count,
+                                                   cube_dtype dtype);
+/* dst[0 .. count) on rank r = op over ranks of src[r * count ..]. */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_reduce_scatter(cube_comm *comm, cube_handle src, cube_handle dst,
+                    uint64_t count, cube_dtype dtype, cube_reduce_op op);
+/* Point to point: `peer`'s matching cube_recv gets src's first count
+ * elements. The n-th send from a to b pairs with the n-th receive at b
+ * from a. */
+CUBE_API CUBE_MUST_USE cube_error *cube_send(cube_comm *comm, cube_handle src,
+                                             uint64_t count, cube_dtype dtype,
+                                             uint32_t peer);
+CUBE_API CUBE_MUST_USE cube_error *cube_recv(cube_comm *comm, cube_handle dst,
+                                             uint64_t count, cube_dtype dtype,
+                                             uint32_t peer);
+
+/* Groups, per thread and nestable: calls between the outermost begin and
+ * end queue (checked on their own rank at once), and the end runs them
+ * together, waiting for every rank they involve. cube_group_end returns
+ * the first failure among them (each failed call's destination carries
+ * its own). Errors of cube_group_end: CUBE_ERR_INVALID_ARGUMENT (no group
+ * open), those of the queued calls. cube_group_begin fails only with
+ * CUBE_ERR_RESOURCE_LIMIT (more than 1024 levels). */
+CUBE_API CUBE_MUST_USE cube_error *cube_group_begin(void);
+CUBE_API CUBE_MUST_USE cube_error *cube_group_end(void);
+
+/* Copies src's bytes (a buffer or a slice of `src_client`) into dst's (of
+ * `dst_client`, which may be the same client, another client of the same
+ * device, or a client of another device or backend). The two ranges have
+ * the same size. Ordered after the work that last wrote src and before
+ * the work issued after it on the calling thread's stream of dst's
+ * client, which readers of dst on other streams wait for as after a
+ * launch. Like a launch it takes part in the failure store: a source that
+ * carries a failure refuses the copy (CUBE_ERR_SEVERAL) and dst carries
+ * that failure; a copy that ran clears dst's failure when dst is its whole
+ * buffer. Devices of one backend copy directly (CUDA: peer to peer where
+ * the hardware allows, else through the host); other pairs go through
+ * host memory. Inside a dry-run scope on dst_client it is checked and
+ * dropped. Errors: CUBE_ERR_INVALID_ARGUMENT (a client NULL, sizes that
+ * differ), CUBE_ERR_NOT_FOUND (a handle not of its client),
+ * CUBE_ERR_SEVERAL, CUBE_ERR_GRAPH_STATE (a stream involved is
+ * capturing), CUBE_ERR_OUT_OF_MEMORY (host staging), CUBE_ERR_DEVICE_FAULT
+ * (of either client). */
+CUBE_API CUBE_MUST_USE cube_error *cube_copy_peer(cube_client *dst_client,
+                                                  cube_handle dst,
+                                                  cube_client *src_client,
+                                                  cube_handle src);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUBERT_COMM_H */

@@ -1,0 +1,1000 @@
+/* Communicators and collectives (cubert/comm.h): the rendezvous of the
+ * ranks' calls, the checks that make a mismatch an error instead of a
+ * hang or garbage, the timeout, the failure store, and groups.
+ *
+ * Every call of a rank is matched to the calls of the other ranks by a
+ * sequence number (per rank for collectives, per ordered pair of ranks
+ * for send and receive). The calls of one collective meet in a
+ * `comm_call` record of the communicator's group: each rank posts its
+ * arguments there, and the last to arrive judges them (a refused call, a
+ * mismatch, a failed source) once for all. Only then does any rank hand
+ * its part to the backend, so a wrong call moves no byte and leaves the
+ * backend's communicator as it was. A rank that waits longer than the
+ * timeout cancels the record: every rank of it, also one that comes
+ * later, answers CUBE_ERR_TIMEOUT.
+ *
+ * Locks: a group's `lock` is a leaf, held only to post, judge and wait
+ * (never across a backend call); a stream's lock is taken after it is
+ * dropped, around the backend's collective slot.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/client_internal.h"
+#include "cubert/comm.h"
+
+#define DEFAULT_TIMEOUT_MS 300000u
+#define MAX_GROUP_DEPTH 1024
+
+/* The calls of one collective (or of one send and its receive). */
+typedef struct comm_call {
+    uint64_t seq;
+    int p2p;           /* a send and its receive */
+    uint32_t from, to; /* p2p: the sender and the receiver */
+    uint32_t expected; /* calls to meet: the ranks, or 2 */
+    uint32_t arrived;
+    uint32_t issued; /* calls whose part was issued (or will never be) */
+    uint32_t left;   /* calls whose rank is done with the record */
+    int ready;     /* every call arrived and was judged */
+    int cancelled; /* timed out before every call arrived */
+    cube_error *verdict; /* why no rank runs it, or NULL */
+    cube_collective *calls;   /* by rank, or [send, receive] */
+    cube_error **refused;     /* per call: why its rank refused it */
+    cube_error **failed;      /* per call: its source's failure */
+    _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
+    struct comm_call *next;
+} comm_call;
+
+/* What the ranks of one communicator share. */
+typedef struct comm_group {
+    cube_mutex lock;
+    pthread_cond_t changed; /* a call arrived, was judged or cancelled */
+    uint32_t n;
+    uint32_t alive CUBE_GUARDED_FIELD(lock); /* ranks not destroyed */
+    unsigned char *gone CUBE_GUARDED_FIELD(lock); /* per rank: destroyed */
+    uint64_t timeout_ns;
+    int aborted CUBE_GUARDED_FIELD(lock);
+    uint64_t *seq CUBE_GUARDED_FIELD(lock);      /* per rank */
+    uint64_t *send_seq CUBE_GUARDED_FIELD(lock); /* per (from, to) */
+    uint64_t *recv_seq CUBE_GUARDED_FIELD(lock); /* per (from, to) */
+    comm_call *calls CUBE_GUARDED_FIELD(lock);   /* pending */
+    const cube_server_vtable *vt;
+} comm_group;
+
+struct cube_comm {
+    comm_group *group;
+    uint32_t rank;
+    cube_client *client;
+    void *impl; /* the backend's */
+};
+
+/* A call this thread posted and has yet to run (right away, or at the
+ * end of its group). */
+typedef struct pending {
+    cube_comm *comm;
+    comm_call *call;
+    uint32_t index; /* its place in call->calls */
+    cube_error *local; /* its own rank's refusal, answered as is */
+    core_resolved src, dst;
+    int has_src, has_dst;
+    uint64_t dst_bytes;
+    uint64_t deadline_ns;
+    cube_error *result; /* the answer, once run */
+} pending;
+
+static _Thread_local int group_depth;
+static _Thread_local pending *queue;
+static _Thread_local size_t queue_len, queue_cap;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint32_t cube_dtype_size(cube_dtype dtype)
+{
+    switch (dtype) {
+    case CUBE_DTYPE_I8:
+    case CUBE_DTYPE_U8: return 1;
+    case CUBE_DTYPE_F16:
+    case CUBE_DTYPE_BF16: return 2;
+    case CUBE_DTYPE_I32:
+    case CUBE_DTYPE_U32:
+    case CUBE_DTYPE_F32: return 4;
+    case CUBE_DTYPE_I64:
+    case CUBE_DTYPE_U64:
+    case CUBE_DTYPE_F64: return 8;
+    }
+    return 0;
+}
+
+static const char *dtype_name(uint32_t dtype)
+{
+    static const char *const names[] = {"?",   "i8",  "u8",   "i32",
+                                        "u32", "i64", "u64",  "f16",
+                                        "bf16", "f32", "f64"};
+    return dtype <= CUBE_DTYPE_F64 ? names[dtype] : "?";
+}
+
+static const char *kind_name(cube_collective_kind kind)
+{
+    switch (kind) {
+    case CUBE_COLLECTIVE_ALL_REDUCE: return "cube_all_reduce";
+    case CUBE_COLLECTIVE_BROADCAST: return "cube_broadcast";
+    case CUBE_COLLECTIVE_REDUCE: return "cube_reduce";
+    case CUBE_COLLECTIVE_ALL_GATHER: return "cube_all_gather";
+    case CUBE_COLLECTIVE_REDUCE_SCATTER: return "cube_reduce_scatter";
+    case CUBE_COLLECTIVE_SEND: return "cube_send";
+    case CUBE_COLLECTIVE_RECV: return "cube_recv";
+    }
+    return "collective";
+}
+
+static int is_reduction(cube_collective_kind kind)
+{
+    return kind == CUBE_COLLECTIVE_ALL_REDUCE ||
+           kind == CUBE_COLLECTIVE_REDUCE ||
+           kind == CUBE_COLLECTIVE_REDUCE_SCATTER;
+}
+
+/* --- communicators --- */
+
+cube_comm_options cube_comm_options_default(void)
+{
+    cube_comm_options o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    return o;
+}
+
+uint32_t cube_comm_rank(const cube_comm *comm)
+{
+    return comm ? comm->rank : 0;
+}
+
+uint32_t cube_comm_size(const cube_comm *comm)
+{
+    return comm ? comm->group->n : 0;
+}
+
+static void call_free(comm_call *k)
+{
+    for (uint32_t i = 0; i < k->expected; i++) {
+        cube_error_free(k->refused[i]);
+        cube_error_free(k->failed[i]);
+    }
+    cube_error_free(k->verdict);
+    free(k->calls);
+    free(k->refused);
+    free(k->failed);
+    free(k);
+}
+
+static void group_free(comm_group *g)
+{
+    while (g->calls) {
+        comm_call *next = g->calls->next;
+        call_free(g->calls);
+        g->calls = next;
+    }
+    free(g->seq);
+    free(g->send_seq);
+    free(g->recv_seq);
+    free(g->gone);
+    pthread_cond_destroy(&g->changed);
+    cube_mutex_destroy(&g->lock);
+    free(g);
+}
+
+static cube_error *check_init(cube_client *const *clients, uint32_t n,
+                              const cube_comm_options *options,
+                              cube_comm **comms)
+{
+    if (!clients || !comms)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_all: %s is NULL",
+                              clients ? "comms" : "clients");
+    if (n == 0 || n > CUBE_MAX_RANKS)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_all: n = %u is not in 1..%u", n,
+                              CUBE_MAX_RANKS);
+    if (options && (options->struct_size < sizeof(uint32_t) ||
+                    options->struct_size > sizeof(cube_comm_options)))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_all: options->struct_size %u is "
+                              "not sizeof(cube_comm_options)",
+                              options->struct_size);
+    for (uint32_t i = 0; i < n; i++) {
+        if (!clients[i])
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_comm_init_all: clients[%u] is NULL",
+                                  i);
+        if (clients[i]->vt != clients[0]->vt)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_comm_init_all: clients[0] is on %s "
+                                  "and clients[%u] on %s: a communicator "
+                                  "joins devices of one backend",
+                                  clients[0]->device, i, clients[i]->device);
+        for (uint32_t j = 0; j < i; j++)
+            if (clients[j]->dev == clients[i]->dev)
+                return cube_error_new(
+                    CUBE_ERR_INVALID_ARGUMENT,
+                    "cube_comm_init_all: clients[%u] and clients[%u] are "
+                    "both on %s: each rank needs a device of its own",
+                    j, i, clients[i]->device);
+        if (atomic_load_explicit(&clients[i]->dev->faulted,
+                                 memory_order_acquire))
+            return core_fault_get(clients[i]);
+    }
+    if (!clients[0]->vt->collective)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "cube_comm_init_all: the %s backend has no "
+                              "collectives",
+                              clients[0]->props.backend);
+    return NULL;
+}
+
+cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
+                               const cube_comm_options *options,
+                               cube_comm **comms)
+{
+    cube_error *err = check_init(clients, n, options, comms);
+    if (err)
+        return err;
+    memset(comms, 0, n * sizeof *comms);
+    cube_comm_options o = cube_comm_options_default();
+    if (options)
+        memcpy(&o, options, options->struct_size);
+    comm_group *g = calloc(1, sizeof *g);
+    cube_comm *made = calloc(n, sizeof *made);
+    cube_server **servers = calloc(n, sizeof *servers);
+    void **impls = calloc(n, sizeof *impls);
+    if (g) {
+        g->seq = calloc(n, sizeof *g->seq);
+        g->send_seq = calloc((size_t)n * n, sizeof *g->send_seq);
+        g->recv_seq = calloc((size_t)n * n, sizeof *g->recv_seq);
+        g->gone = calloc(n, 1);
+    }
+    if (!g || !made || !servers || !impls || !g->seq || !g->send_seq ||
+        !g->recv_seq || !g->gone) {
+        if (g) {
+            free(g->seq);
+            free(g->send_seq);
+            free(g->recv_seq);
+            free(g->gone);
+        }
+        free(g);
+        free(made);
+        free(servers);
+        free(impls);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_comm_init_all");
+    }
+    for (uint32_t i = 0; i < n; i++)
+        servers[i] = clients[i]->server;
+    const cube_server_vtable *vt = clients[0]->vt;
+    err = vt->comm_init ? vt->comm_init(servers, n, impls) : NULL;
+    free(servers);
+    if (err) {
+        free(g->seq);
+        free(g->send_seq);
+        free(g->recv_seq);
+        free(g->gone);
+        free(g);
+        free(made);
+        free(impls);
+        return cube_error_prefix(err, "cube_comm_init_all");
+    }
+    cube_mutex_init(&g->lock);
+    /* Deadlines are on the monotonic clock: setting the date does not
+     * move them. */
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->changed, &attr);
+    pthread_condattr_destroy(&attr);
+    g->n = n;
+    g->alive = n;
+    g->vt = vt;
+    g->timeout_ns =
+        (uint64_t)(o.timeout_ms ? o.timeout_ms : DEFAULT_TIMEOUT_MS) *
+        1000000ull;
+    /* One allocation for the ranks: comms[i] points into it, and the
+     * last destroy frees it with the group. */
+    for (uint32_t i = 0; i < n; i++) {
+        made[i].group = g;
+        made[i].rank = i;
+        made[i].client = clients[i];
+        made[i].impl = impls[i];
+        comms[i] = &made[i];
+    }
+    free(impls);
+    cube_log_write(CUBE_LOG_INFO, "comm", "communicator of %u rank(s) on %s%s",
+                   n, clients[0]->device, n > 1 ? ", ..." : "");
+    return NULL;
+}
+
+void cube_comm_destroy(cube_comm *comm)
+{
+    if (!comm)
+        return;
+    comm_group *g = comm->group;
+    if (g->vt->comm_destroy)
+        g->vt->comm_destroy(comm->client->server, comm->impl);
+    comm->impl = NULL;
+    cube_mutex_lock(&g->lock);
+    g->gone[comm->rank] = 1;
+    int last = --g->alive == 0;
+    /* Peers waiting for this rank will not see it come. */
+    pthread_cond_broadcast(&g->changed);
+    cube_mutex_unlock(&g->lock);
+    if (last) {
+        cube_comm *first = comm - comm->rank;
+        group_free(g);
+        free(first);
+    }
+}
+
+cube_error *cube_comm_abort(cube_comm *comm)
+{
+    if (!comm)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_abort: comm is NULL");
+    comm_group *g = comm->group;
+    cube_mutex_lock(&g->lock);
+    g->aborted = 1;
+    pthread_cond_broadcast(&g->changed);
+    cube_mutex_unlock(&g->lock);
+    if (g->vt->comm_abort) {
+        cube_comm *first = comm - comm->rank;
+        for (uint32_t i = 0; i < g->n; i++)
+            if (first[i].impl)
+                g->vt->comm_abort(first[i].client->server, first[i].impl);
+    }
+    return NULL;
+}
+
+/* --- the rendezvous --- */
+
+/* The record of call `seq` (p2p: from `from` to `to`), made when this
+ * rank is the first to come. NULL for want of memory. */
+static comm_call *call_find(comm_group *g, int p2p, uint32_t from,
+                            uint32_t to, uint64_t seq)
+    CUBE_REQUIRES(g->lock)
+{
+    for (comm_call *k = g->calls; k; k = k->next)
+        if (k->seq == seq && k->p2p == p2p &&
+            (!p2p || (k->from == from && k->to == to)))
+            return k;
+    comm_call *k = calloc(1, sizeof *k);
+    if (!k)
+        return NULL;
+    k->seq = seq;
+    k->p2p = p2p;
+    k->from = from;
+    k->to = to;
+    k->expected = p2p ? 2 : g->n;
+    k->calls = calloc(k->expected, sizeof *k->calls);
+    k->refused = calloc(k->expected, sizeof *k->refused);
+    k->failed = calloc(k->expected, sizeof *k->failed);
+    if (!k->calls || !k->refused || !k->failed) {
+        free(k->calls);
+        free(k->refused);
+        free(k->failed);
+        free(k);
+        return NULL;
+    }
+    k->next = g->calls;
+    g->calls = k;
+    return k;
+}
+
+static void call_unlink(comm_group *g, comm_call *k) CUBE_REQUIRES(g->lock)
+{
+    for (comm_call **p = &g->calls; *p; p = &(*p)->next)
+        if (*p == k) {
+            *p = k->next;
+            return;
+        }
+}
+
+static void describe(const cube_collective *c, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "%s of %llu %s", kind_name(c->kind),
+                     (unsigned long long)c->count, dtype_name(c->dtype));
+    if (n < 0 || (size_t)n >= cap)
+        return;
+    if (is_reduction(c->kind))
+        n += snprintf(buf + n, cap - (size_t)n, " (op %u)", c->op);
+    if ((c->kind == CUBE_COLLECTIVE_BROADCAST ||
+         c->kind == CUBE_COLLECTIVE_REDUCE) &&
+        n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, " from root %u", c->root);
+}
+
+/* Whether two calls of one collective agree. */
+static int agree(const cube_collective *a, const cube_collective *b, int p2p)
+{
+    if (p2p)
+        return a->count == b->count && a->dtype == b->dtype;
+    return a->kind == b->kind && a->count == b->count &&
+           a->dtype == b->dtype &&
+           (!is_reduction(a->kind) || a->op == b->op) &&
+           ((a->kind != CUBE_COLLECTIVE_BROADCAST &&
+             a->kind != CUBE_COLLECTIVE_REDUCE) ||
+            a->root == b->root);
+}
+
+/* Decides, once every call arrived, why none of them may run (or NULL). */
+static cube_error *judge(const comm_call *k)
+{
+    for (uint32_t i = 0; i < k->expected; i++)
+        if (k->refused[i])
+            return cube_error_wrap(
+                cube_error_clone(k->refused[i]), CUBE_ERR_INVALID_ARGUMENT,
+                "rank %u's %s was refused, so no rank runs it",
+                k->calls[i].rank, kind_name(k->calls[i].kind));
+    for (uint32_t i = 1; i < k->expected; i++) {
+        if (!agree(&k->calls[0], &k->calls[i], k->p2p)) {
+            char a[160], b[160];
+            describe(&k->calls[0], a, sizeof a);
+            describe(&k->calls[i], b, sizeof b);
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "the ranks' calls differ: rank %u made %s, "
+                                  "rank %u %s; no rank runs it",
+                                  k->calls[0].rank, a, k->calls[i].rank, b);
+        }
+    }
+    cube_error *several = NULL;
+    for (uint32_t i = 0; i < k->expected; i++) {
+        if (!k->failed[i])
+            continue;
+        if (!several)
+            several = cube_error_new(
+                CUBE_ERR_SEVERAL,
+                "%s: a source buffer cannot be trusted (the work that "
+                "should have written it failed), so no rank runs it",
+                kind_name(k->calls[0].kind));
+        cube_error_add_cause(several,
+                             cube_error_prefix(cube_error_clone(k->failed[i]),
+                                               "rank %u's source",
+                                               k->calls[i].rank));
+    }
+    return several;
+}
+
+/* Posts this thread's call; p->call is set (NULL with p->local set when
+ * memory ran out or the communicator is aborted). */
+static void post(pending *p, const cube_collective *mine, cube_error *failure)
+{
+    comm_group *g = p->comm->group;
+    uint32_t r = p->comm->rank, n = g->n;
+    cube_mutex_lock(&g->lock);
+    if (g->aborted) {
+        cube_mutex_unlock(&g->lock);
+        cube_error_free(failure);
+        cube_error_free(p->local);
+        p->local = cube_error_new(CUBE_ERR_ABORTED, "%s: the communicator "
+                                                    "was aborted",
+                                  kind_name(mine->kind));
+        return;
+    }
+    int p2p = mine->kind == CUBE_COLLECTIVE_SEND ||
+              mine->kind == CUBE_COLLECTIVE_RECV;
+    uint32_t from = 0, to = 0;
+    uint64_t seq;
+    if (!p2p) {
+        seq = g->seq[r]++;
+        p->index = r;
+    } else if (mine->kind == CUBE_COLLECTIVE_SEND) {
+        from = r;
+        to = mine->peer;
+        seq = g->send_seq[(size_t)from * n + to]++;
+        p->index = 0;
+    } else {
+        from = mine->peer;
+        to = r;
+        seq = g->recv_seq[(size_t)from * n + to]++;
+        p->index = 1;
+    }
+    comm_call *k = call_find(g, p2p, from, to, seq);
+    if (!k) {
+        cube_mutex_unlock(&g->lock);
+        cube_error_free(failure);
+        cube_error_free(p->local);
+        p->local = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s",
+                                  kind_name(mine->kind));
+        return;
+    }
+    k->calls[p->index] = *mine;
+    k->refused[p->index] = p->local ? cube_error_clone(p->local) : NULL;
+    k->failed[p->index] = failure;
+    if (++k->arrived == k->expected && !k->cancelled) {
+        k->verdict = judge(k);
+        k->ready = 1;
+        pthread_cond_broadcast(&g->changed);
+    }
+    p->call = k;
+    cube_mutex_unlock(&g->lock);
+}
+
+/* Whether a call of `k` that has not arrived can no longer come: its
+ * rank's communicator was destroyed. */
+static int missing_gone(const comm_group *g, const comm_call *k)
+    CUBE_REQUIRES(g->lock)
+{
+    for (uint32_t i = 0; i < k->expected; i++) {
+        uint32_t rank = k->p2p ? (i == 0 ? k->from : k->to) : i;
+        if (!k->calls[i].nranks && g->gone[rank])
+            return 1;
+    }
+    return 0;
+}
+
+/* Waits until p's call is judged, cancelled or aborted: NULL when this
+ * rank may run its part, else what to answer. */
+static cube_error *await(pending *p)
+{
+    comm_group *g = p->comm->group;
+    comm_call *k = p->call;
+    cube_mutex_lock(&g->lock);
+    while (!k->ready && !k->cancelled && !g->aborted) {
+        if (now_ns() >= p->deadline_ns || missing_gone(g, k)) {
+            /* Every rank of it answers the same from now on. */
+            k->cancelled = 1;
+            pthread_cond_broadcast(&g->changed);
+            break;
+        }
+        struct timespec until = {
+            (time_t)(p->deadline_ns / 1000000000ull),
+            (long)(p->deadline_ns % 1000000000ull)};
+        cube_cond_timedwait(&g->changed, &g->lock, &until);
+    }
+    cube_error *err = NULL;
+    const char *what = kind_name(k->calls[p->index].kind);
+    if (g->aborted && !k->ready)
+        err = cube_error_new(CUBE_ERR_ABORTED,
+                             "%s: the communicator was aborted", what);
+    else if (k->cancelled)
+        err = cube_error_new(
+            CUBE_ERR_TIMEOUT,
+            "%s: %u of %u ranks' calls arrived within the communicator's "
+            "timeout of %llu ms (a rank that never made its call, or a send "
+            "without its receive); nothing moved",
+            what, k->arrived, k->expected,
+            (unsigned long long)(g->timeout_ns / 1000000ull));
+    else if (k->verdict)
+        err = cube_error_clone(k->verdict);
+    cube_mutex_unlock(&g->lock);
+    return err;
+}
+
+/* This rank's part is issued (or will never be). */
+static void mark_issued(pending *p)
+{
+    comm_group *g = p->comm->group;
+    cube_mutex_lock(&g->lock);
+    p->call->issued++;
+    pthread_cond_broadcast(&g->changed);
+    cube_mutex_unlock(&g->lock);
+}
+
+/* This rank is done with p's call. When the ranks run it, the others may
+ * still be writing this rank's destination (a host backend's ranks share
+ * the work): wait until every part was issued before the pins go. The
+ * last rank to leave frees the record. */
+static void leave(pending *p)
+{
+    comm_group *g = p->comm->group;
+    comm_call *k = p->call;
+    cube_mutex_lock(&g->lock);
+    while (k->ready && !k->verdict && k->issued < k->expected && !g->aborted)
+        cube_cond_wait(&g->changed, &g->lock);
+    if (++k->left == k->expected) {
+        call_unlink(g, k);
+        call_free(k);
+    }
+    cube_mutex_unlock(&g->lock);
+}
+
+/* Issues this rank's part on its stream. */
+static cube_error *issue(pending *p)
+{
+    cube_client *c = p->comm->client;
+    core_stream *st = NULL;
+    cube_error *err = core_stream_get(c, &st);
+    if (err)
+        return err;
+    cube_collective_set set = {p->call->calls, p->call->expected, p->index,
+                               p->call->shared};
+    core_stream_lock(st);
+    err = core_stream_refuse_in_capture(st, "collective");
+    if (!err)
+        err = c->vt->collective(c->server, &st->base, p->comm->impl, &set);
+    if (!err)
+        st->launches++;
+    core_stream_note_failure(st, err);
+    core_stream_unlock(st);
+    core_fault_note(c, err);
+    return err;
+}
+
+/* Records the outcome on this rank's destination and drops the pins. */
+static void settle(pending *p, const cube_error *err)
+{
+    cube_client *c = p->comm->client;
+    if (p->has_dst) {
+        /* A refused call (this rank's own, or a peer's, or calls that
+         * differ) is the request's; anything else should have written
+         * the destination and did not. */
+        if (err && !p->local &&
+            cube_error_code(err) != CUBE_ERR_INVALID_ARGUMENT)
+            core_failure_record(c, p->dst.alloc, err);
+        else if (!err && p->dst.offset == 0 &&
+                 p->dst_bytes == p->dst.alloc->storage.size)
+            core_failure_clear(c, p->dst.alloc);
+        core_resolved_drop(c, &p->dst);
+    }
+    if (p->has_src)
+        core_resolved_drop(c, &p->src);
+    cube_error_free(p->local);
+    p->local = NULL;
+}
+
+/* Runs the pending calls a[0..n): waits for each, issues the parts that
+ * may run (inside the backend's group when there are several), then
+ * settles each. Returns the first error; each failed call's destination
+ * carries its own. */
+static cube_error *run_pending(pending *a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        a[i].result = a[i].local  ? cube_error_clone(a[i].local)
+                      : a[i].call ? await(&a[i])
+                                  : NULL;
+    const cube_server_vtable *vt = NULL;
+    size_t runnable = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!a[i].result) {
+            vt = a[i].comm->group->vt;
+            runnable++;
+        }
+    int grouped = runnable > 1 && vt->group_begin;
+    if (grouped)
+        vt->group_begin();
+    for (size_t i = 0; i < n; i++)
+        if (!a[i].result)
+            a[i].result = issue(&a[i]);
+    if (grouped) {
+        cube_error *e = vt->group_end();
+        for (size_t i = 0; e && i < n; i++)
+            if (!a[i].result)
+                a[i].result = cube_error_clone(e);
+        cube_error_free(e);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (a[i].call)
+            mark_issued(&a[i]);
+    cube_error *first = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i].call)
+            leave(&a[i]);
+        settle(&a[i], a[i].result);
+        if (a[i].result && !first)
+            first = a[i].result;
+        else
+            cube_error_free(a[i].result);
+        a[i].result = NULL;
+    }
+    return first;
+}
+
+/* --- one call --- */
+
+/* Resolves `h` for this call, needing at least `bytes`; the failure of
+ * its buffer goes to *failure when asked. */
+static cube_error *take(cube_client *c, cube_handle h, uint64_t bytes,
+                        const char *what, const char *fn, core_resolved *out,
+                        cube_error **failure)
+{
+    cube_error *err = core_resolve(c, h, fn, out);
+    if (err)
+        return cube_error_prefix(err, "%s", what);
+    if (out->size < bytes) {
+        cube_error *e = cube_error_new(
+            CUBE_ERR_INVALID_ARGUMENT,
+            "%s: the %s holds %llu bytes; the call needs %llu", fn, what,
+            (unsigned long long)out->size, (unsigned long long)bytes);
+        core_resolved_drop(c, out);
+        return e;
+    }
+    err = core_materialize(c, out, 1);
+    if (err) {
+        core_resolved_drop(c, out);
+        return err;
+    }
+    if (failure)
+        *failure = core_failure_get(c, out->alloc);
+    return NULL;
+}
+
+/* In place is the same range, or NCCL's layouts for all-gather and
+ * reduce-scatter; any other overlap of the source and the destination
+ * would read bytes the call already wrote. */
+static cube_error *check_overlap(const cube_collective *mine, const pending *p,
+                                 uint64_t src_bytes, uint64_t dst_bytes,
+                                 uint64_t one, const char *fn)
+{
+    if (p->src.alloc != p->dst.alloc)
+        return NULL;
+    uint64_t s = p->src.offset, d = p->dst.offset;
+    if (s + src_bytes <= d || d + dst_bytes <= s)
+        return NULL;
+    uint64_t mine_at = (uint64_t)mine->rank * one;
+    if (mine->kind == CUBE_COLLECTIVE_ALL_GATHER ? s == d + mine_at
+        : mine->kind == CUBE_COLLECTIVE_REDUCE_SCATTER ? d == s + mine_at
+                                                       : s == d)
+        return NULL;
+    return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                          "%s: the source (bytes %llu..%llu) and the "
+                          "destination (bytes %llu..%llu) of one buffer "
+                          "overlap other than in place",
+                          fn, (unsigned long long)s,
+                          (unsigned long long)(s + src_bytes),
+                          (unsigned long long)d,
+                          (unsigned long long)(d + dst_bytes));
+}
+
+/* Checks one rank's call and resolves its buffers into p. A refusal
+ * goes to p->local: the call is still posted, so the peers learn of it. */
+static cube_error *prepare(pending *p, cube_collective *mine,
+                           cube_handle src, cube_handle dst,
+                           cube_error **failure)
+{
+    cube_comm *comm = p->comm;
+    cube_client *c = comm->client;
+    const char *fn = kind_name(mine->kind);
+    uint32_t n = comm->group->n, r = comm->rank;
+    uint32_t es = cube_dtype_size((cube_dtype)mine->dtype);
+    if (atomic_load_explicit(&c->dev->faulted, memory_order_acquire))
+        return core_fault_get(c);
+    if (mine->count == 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: count is 0", fn);
+    if (!es)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: dtype %u is not a cube_dtype", fn,
+                              mine->dtype);
+    if (is_reduction(mine->kind) &&
+        (mine->op < CUBE_REDUCE_SUM || mine->op > CUBE_REDUCE_AVG))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: op %u is not a cube_reduce_op", fn,
+                              mine->op);
+    if ((mine->kind == CUBE_COLLECTIVE_BROADCAST ||
+         mine->kind == CUBE_COLLECTIVE_REDUCE) &&
+        mine->root >= n)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: root %u is not a rank (0..%u)", fn,
+                              mine->root, n - 1);
+    if ((mine->kind == CUBE_COLLECTIVE_SEND ||
+         mine->kind == CUBE_COLLECTIVE_RECV) &&
+        (mine->peer >= n || mine->peer == r))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: peer %u is not another rank (0..%u, not "
+                              "%u)",
+                              fn, mine->peer, n - 1, r);
+    if (mine->count > UINT64_MAX / es / n)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: count %llu overflows", fn,
+                              (unsigned long long)mine->count);
+    uint64_t one = mine->count * es, all = one * n;
+    uint64_t src_bytes = 0, dst_bytes = 0;
+    switch (mine->kind) {
+    case CUBE_COLLECTIVE_ALL_REDUCE: src_bytes = dst_bytes = one; break;
+    case CUBE_COLLECTIVE_BROADCAST:
+        src_bytes = r == mine->root ? one : 0;
+        dst_bytes = one;
+        break;
+    case CUBE_COLLECTIVE_REDUCE:
+        src_bytes = one;
+        dst_bytes = r == mine->root ? one : 0;
+        break;
+    case CUBE_COLLECTIVE_ALL_GATHER:
+        src_bytes = one;
+        dst_bytes = all;
+        break;
+    case CUBE_COLLECTIVE_REDUCE_SCATTER:
+        src_bytes = all;
+        dst_bytes = one;
+        break;
+    case CUBE_COLLECTIVE_SEND: src_bytes = one; break;
+    case CUBE_COLLECTIVE_RECV: dst_bytes = one; break;
+    }
+    cube_error *err = NULL;
+    if (src_bytes) {
+        err = take(c, src, src_bytes, "source", fn, &p->src, failure);
+        if (err)
+            return err;
+        p->has_src = 1;
+        mine->src = core_binding(&p->src);
+    }
+    if (dst_bytes) {
+        err = take(c, dst, dst_bytes, "destination", fn, &p->dst, NULL);
+        if (err)
+            return err;
+        p->has_dst = 1;
+        p->dst_bytes = dst_bytes;
+        mine->dst = core_binding(&p->dst);
+    }
+    if (p->has_src && p->has_dst)
+        return check_overlap(mine, p, src_bytes, dst_bytes, one, fn);
+    return NULL;
+}
+
+static cube_error *collective_call(cube_comm *comm, cube_collective mine,
+                                   cube_handle src, cube_handle dst)
+{
+    pending p;
+    memset(&p, 0, sizeof p);
+    p.comm = comm;
+    mine.rank = comm->rank;
+    mine.nranks = comm->group->n;
+    p.deadline_ns = now_ns() + comm->group->timeout_ns;
+    cube_error *failure = NULL;
+    p.local = prepare(&p, &mine, src, dst, &failure);
+    if (!p.local && core_dry_run_active(comm->client)) {
+        /* Checked and dropped, as a launch in a dry run. */
+        cube_error_free(failure);
+        settle(&p, NULL);
+        return NULL;
+    }
+    if (!p.local) {
+        /* A capture cannot record it: refused before the peers wait. */
+        core_stream *st = NULL;
+        p.local = core_stream_get(comm->client, &st);
+        if (!p.local) {
+            core_stream_lock(st);
+            p.local = core_stream_refuse_in_capture(st, kind_name(mine.kind));
+            core_stream_unlock(st);
+        }
+    }
+    /* This rank's own refusal is its answer; the peers learn of it. */
+    post(&p, &mine, failure);
+    cube_error *own = p.local ? cube_error_clone(p.local) : NULL;
+    if (group_depth > 0) {
+        if (queue_len == queue_cap) {
+            size_t cap = queue_cap ? queue_cap * 2 : 8;
+            pending *grown = realloc(queue, cap * sizeof *grown);
+            if (!grown) {
+                /* Run it now rather than lose it. */
+                cube_error *e = run_pending(&p, 1);
+                cube_error_free(own);
+                return e;
+            }
+            queue = grown;
+            queue_cap = cap;
+        }
+        queue[queue_len++] = p;
+        return own;
+    }
+    cube_error *e = run_pending(&p, 1);
+    cube_error_free(own);
+    return e;
+}
+
+/* The public calls: counted in flight on the rank's client. */
+#define COMM_CALL(comm, fn, mine, src, dst)                                    \
+    do {                                                                       \
+        if (!(comm))                                                           \
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,                   \
+                                  fn ": comm is NULL");                        \
+        CORE_CALL((comm)->client, fn,                                          \
+                  collective_call((comm), (mine), (src), (dst)));              \
+    } while (0)
+
+static cube_collective make(cube_collective_kind kind, uint64_t count,
+                            cube_dtype dtype, uint32_t op, uint32_t root,
+                            uint32_t peer)
+{
+    cube_collective m;
+    memset(&m, 0, sizeof m);
+    m.kind = kind;
+    m.count = count;
+    m.dtype = (uint32_t)dtype;
+    m.op = op;
+    m.root = root;
+    m.peer = peer;
+    return m;
+}
+
+static const cube_handle no_handle = {0};
+
+cube_error *cube_all_reduce(cube_comm *comm, cube_handle src, cube_handle dst,
+                            uint64_t count, cube_dtype dtype,
+                            cube_reduce_op op)
+{
+    COMM_CALL(comm, "cube_all_reduce",
+              make(CUBE_COLLECTIVE_ALL_REDUCE, count, dtype, op, 0, 0), src,
+              dst);
+}
+
+cube_error *cube_broadcast(cube_comm *comm, cube_handle src, cube_handle dst,
+                           uint64_t count, cube_dtype dtype, uint32_t root)
+{
+    COMM_CALL(comm, "cube_broadcast",
+              make(CUBE_COLLECTIVE_BROADCAST, count, dtype, 0, root, 0), src,
+              dst);
+}
+
+cube_error *cube_reduce(cube_comm *comm, cube_handle src, cube_handle dst,
+                        uint64_t count, cube_dtype dtype, cube_reduce_op op,
+                        uint32_t root)
+{
+    COMM_CALL(comm, "cube_reduce",
+              make(CUBE_COLLECTIVE_REDUCE, count, dtype, op, root, 0), src,
+              dst);
+}
+
+cube_error *cube_all_gather(cube_comm *comm, cube_handle src, cube_handle dst,
+                            uint64_t count, cube_dtype dtype)
+{
+    COMM_CALL(comm, "cube_all_gather",
+              make(CUBE_COLLECTIVE_ALL_GATHER, count, dtype, 0, 0, 0), src,
+              dst);
+}
+
+cube_error *cube_reduce_scatter(cube_comm *comm, cube_handle src,
+                                cube_handle dst, uint64_t count,
+                                cube_dtype dtype, cube_reduce_op op)
+{
+    COMM_CALL(comm, "cube_reduce_scatter",
+              make(CUBE_COLLECTIVE_REDUCE_SCATTER, count, dtype, op, 0, 0),
+              src, dst);
+}
+
+cube_error *cube_send(cube_comm *comm, cube_handle src, uint64_t count,
+                      cube_dtype dtype, uint32_t peer)
+{
+    COMM_CALL(comm, "cube_send",
+              make(CUBE_COLLECTIVE_SEND, count, dtype, 0, 0, peer), src,
+              no_handle);
+}
+
+cube_error *cube_recv(cube_comm *comm, cube_handle dst, uint64_t count,
+                      cube_dtype dtype, uint32_t peer)
+{
+    COMM_CALL(comm, "cube_recv",
+              make(CUBE_COLLECTIVE_RECV, count, dtype, 0, 0, peer), no_handle,
+              dst);
+}
+
+/* --- groups --- */
+
+cube_error *cube_group_begin(void)
+{
+    if (group_depth >= MAX_GROUP_DEPTH)
+        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                              "cube_group_begin: groups nest at most %d deep",
+                              MAX_GROUP_DEPTH);
+    group_depth++;
+    return NULL;
+}
+
+cube_error *cube_group_end(void)
+{
+    if (group_depth == 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_group_end: no group is open on this "
+                              "thread");
+    if (--group_depth > 0)
+        return NULL;
+    pending *a = queue;
+    size_t n = queue_len;
+    queue = NULL;
+    queue_len = queue_cap = 0;
+    cube_error *err = run_pending(a, n);
+    free(a);
+    return err;
+}

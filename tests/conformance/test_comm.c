@@ -1,0 +1,943 @@
+/* Data between devices (cubert/comm.h): collectives checked against a host
+ * reference, driven by one thread (a group) and by one thread per rank;
+ * in-place layouts; the failure store; mismatched calls, missing ranks and
+ * unmatched sends (errors, never hangs, the communicator still usable);
+ * abort; hostile arguments; copies between clients and devices.
+ *
+ * Ranks need devices of their own: the CPU backend's virtual devices
+ * (CUBERT_CPU_DEVICES, set here for the test's own opens), or as many GPUs
+ * as there are. A test that needs more devices than the backend has runs
+ * with fewer ranks, or is skipped. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "conformance.h"
+
+#define MAX_TEST_RANKS 4
+
+/* Opens up to `want` clients on devices 0.. of the backend under test
+ * (at least one: the device conf.client is on) and returns how many. */
+static uint32_t open_ranks(uint32_t want, cube_client **c)
+{
+    if (conf_is_cpu())
+        setenv("CUBERT_CPU_DEVICES", "4", 1);
+    uint32_t have = 0;
+    cube_error *err = cube_device_count(conf.backend, &have);
+    CONF_OK(err);
+    uint32_t n = want < have ? want : have;
+    for (uint32_t i = 0; i < n; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s:%u", conf.backend, i);
+        CONF_OK(cube_client_open(name, NULL, &c[i]));
+    }
+    return n;
+}
+
+static void close_ranks(cube_client **c, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        cube_client_close(c[i]);
+    if (conf_is_cpu())
+        unsetenv("CUBERT_CPU_DEVICES");
+}
+
+static cube_comm_options quick(uint32_t ms)
+{
+    cube_comm_options o = cube_comm_options_default();
+    o.timeout_ms = ms;
+    return o;
+}
+
+/* --- element values, exact in every dtype --- */
+
+static double value(uint32_t rank, uint64_t i)
+{
+    return (double)(1 + (rank + i) % 2);
+}
+
+static void put(void *buf, uint64_t i, cube_dtype t, double v)
+{
+    switch (t) {
+    case CUBE_DTYPE_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case CUBE_DTYPE_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case CUBE_DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case CUBE_DTYPE_U32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
+    case CUBE_DTYPE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case CUBE_DTYPE_U64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
+    case CUBE_DTYPE_F32: ((float *)buf)[i] = (float)v; break;
+    case CUBE_DTYPE_F64: ((double *)buf)[i] = v; break;
+    case CUBE_DTYPE_F16:
+    case CUBE_DTYPE_BF16: {
+        /* Exact small values only: rebias the float's exponent. */
+        float f = (float)v;
+        uint32_t x;
+        memcpy(&x, &f, 4);
+        uint16_t h;
+        if (t == CUBE_DTYPE_BF16)
+            h = (uint16_t)(x >> 16);
+        else if (f == 0)
+            h = 0;
+        else
+            h = (uint16_t)(((x >> 16) & 0x8000u) |
+                           ((((x >> 23) & 255u) - 112u) << 10) |
+                           ((x >> 13) & 1023u));
+        ((uint16_t *)buf)[i] = h;
+        break;
+    }
+    }
+}
+
+static double get(const void *buf, uint64_t i, cube_dtype t)
+{
+    switch (t) {
+    case CUBE_DTYPE_I8: return ((const int8_t *)buf)[i];
+    case CUBE_DTYPE_U8: return ((const uint8_t *)buf)[i];
+    case CUBE_DTYPE_I32: return ((const int32_t *)buf)[i];
+    case CUBE_DTYPE_U32: return ((const uint32_t *)buf)[i];
+    case CUBE_DTYPE_I64: return (double)((const int64_t *)buf)[i];
+    case CUBE_DTYPE_U64: return (double)((const uint64_t *)buf)[i];
+    case CUBE_DTYPE_F32: return ((const float *)buf)[i];
+    case CUBE_DTYPE_F64: return ((const double *)buf)[i];
+    case CUBE_DTYPE_F16:
+    case CUBE_DTYPE_BF16: {
+        uint16_t h = ((const uint16_t *)buf)[i];
+        uint32_t x;
+        if (t == CUBE_DTYPE_BF16)
+            x = (uint32_t)h << 16;
+        else if ((h & 0x7fffu) == 0)
+            x = (uint32_t)(h & 0x8000u) << 16;
+        else
+            x = ((uint32_t)(h & 0x8000u) << 16) |
+                ((((h >> 10) & 31u) + 112u) << 23) | ((h & 1023u) << 13);
+        float f;
+        memcpy(&f, &x, 4);
+        return f;
+    }
+    }
+    return 0;
+}
+
+static int is_float(cube_dtype t)
+{
+    return t == CUBE_DTYPE_F16 || t == CUBE_DTYPE_BF16 ||
+           t == CUBE_DTYPE_F32 || t == CUBE_DTYPE_F64;
+}
+
+/* op over ranks of value(r, i), as the contract defines it. */
+static double reference(cube_reduce_op op, uint32_t n, uint64_t i,
+                        cube_dtype t)
+{
+    double acc = value(0, i);
+    for (uint32_t r = 1; r < n; r++) {
+        double v = value(r, i);
+        switch (op) {
+        case CUBE_REDUCE_SUM:
+        case CUBE_REDUCE_AVG: acc += v; break;
+        case CUBE_REDUCE_PROD: acc *= v; break;
+        case CUBE_REDUCE_MIN: acc = v < acc ? v : acc; break;
+        case CUBE_REDUCE_MAX: acc = v > acc ? v : acc; break;
+        }
+    }
+    if (op == CUBE_REDUCE_AVG)
+        acc = is_float(t) ? acc / n : (double)((int64_t)acc / (int64_t)n);
+    return acc;
+}
+
+/* A buffer on `c` holding value(rank, i) for `count` elements. */
+static cube_handle filled(cube_client *c, uint32_t rank, uint64_t count,
+                          cube_dtype t, uint64_t at)
+{
+    uint32_t es = cube_dtype_size(t);
+    unsigned char *host = calloc(count, es);
+    assert_non_null(host);
+    for (uint64_t i = 0; i < count; i++)
+        put(host, i, t, value(rank, at + i));
+    cube_handle h;
+    CONF_OK(cube_create(c, host, count * es, &h));
+    free(host);
+    return h;
+}
+
+static void *read_all(cube_client *c, cube_handle h, uint64_t bytes)
+{
+    void *host = malloc(bytes);
+    assert_non_null(host);
+    cube_copy_desc d = cube_copy_desc_contiguous(h, bytes, 1);
+    void *dst[1] = {host};
+    uint64_t size[1] = {bytes};
+    CONF_OK(cube_read(c, &d, dst, size, 1));
+    return host;
+}
+
+static void expect_reduced(cube_client *c, cube_handle h, uint64_t count,
+                           cube_dtype t, cube_reduce_op op, uint32_t n,
+                           uint64_t at, const char *what)
+{
+    void *host = read_all(c, h, count * cube_dtype_size(t));
+    for (uint64_t i = 0; i < count; i++) {
+        double want = reference(op, n, at + i, t), got = get(host, i, t);
+        if (got != want)
+            fail_msg("%s: dtype %d op %d, %u ranks: element %llu is %g, "
+                     "expected %g",
+                     what, (int)t, (int)op, n, (unsigned long long)i, got,
+                     want);
+    }
+    free(host);
+}
+
+static cube_handle slice_of(cube_client *c, cube_handle h, uint64_t offset,
+                            uint64_t size)
+{
+    cube_handle s;
+    CONF_OK(cube_handle_slice(c, h, offset, size, &s));
+    return s;
+}
+
+static void mark_failed(cube_client *c, cube_handle h)
+{
+    cube_arg a = cube_arg_buffer(h);
+    cube_error *err =
+        cube_launch(c, conf.k.mark, cube_count_static(1, 1, 1), &a, 1, 0);
+    CONF_CODE(err, conf_mark_code());
+    cube_error_free(err);
+}
+
+/* ------------------------------------------------ every dtype and op */
+
+CONF_TEST(comm_all_reduce_every_dtype_and_op_matches_the_host)
+{
+    static const cube_dtype types[] = {
+        CUBE_DTYPE_I8,  CUBE_DTYPE_U8,  CUBE_DTYPE_I32,  CUBE_DTYPE_U32,
+        CUBE_DTYPE_I64, CUBE_DTYPE_U64, CUBE_DTYPE_F16,  CUBE_DTYPE_BF16,
+        CUBE_DTYPE_F32, CUBE_DTYPE_F64};
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(4, c);
+    cube_comm *comm[MAX_TEST_RANKS];
+    CONF_OK(cube_comm_init_all(c, n, NULL, comm));
+    for (uint32_t r = 0; r < n; r++) {
+        assert_int_equal(cube_comm_rank(comm[r]), r);
+        assert_int_equal(cube_comm_size(comm[r]), n);
+    }
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        cube_dtype t = types[ti];
+        /* More than one chunk of the host engine for the wide types. */
+        uint64_t count = cube_dtype_size(t) == 8 ? 5000 : 1001;
+        for (cube_reduce_op op = CUBE_REDUCE_SUM; op <= CUBE_REDUCE_AVG;
+             op++) {
+            if (op == CUBE_REDUCE_AVG && is_float(t) && n == 3)
+                continue; /* x/3 is not exact in every float type */
+            cube_handle src[MAX_TEST_RANKS], dst[MAX_TEST_RANKS];
+            for (uint32_t r = 0; r < n; r++) {
+                src[r] = filled(c[r], r, count, t, 0);
+                CONF_OK(cube_empty(c[r], count * cube_dtype_size(t), &dst[r]));
+            }
+            /* One thread drives every rank. */
+            CONF_OK(cube_group_begin());
+            for (uint32_t r = 0; r < n; r++)
+                CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, t, op));
+            CONF_OK(cube_group_end());
+            for (uint32_t r = 0; r < n; r++) {
+                expect_reduced(c[r], dst[r], count, t, op, n, 0,
+                               "all-reduce");
+                CONF_OK(cube_handle_release(c[r], src[r]));
+                CONF_OK(cube_handle_release(c[r], dst[r]));
+            }
+        }
+    }
+    for (uint32_t r = 0; r < n; r++)
+        cube_comm_destroy(comm[r]);
+    close_ranks(c, n);
+}
+
+/* ------------------------------------------- one thread per rank */
+
+typedef struct rank_job {
+    cube_comm *comm;
+    cube_client *client;
+    uint32_t rank, n;
+    int failures;
+    char why[256];
+} rank_job;
+
+#define JOB_CHECK(job, cond, ...)                                              \
+    do {                                                                       \
+        if (!(cond) && !(job)->failures++)                                     \
+            snprintf((job)->why, sizeof(job)->why, __VA_ARGS__);               \
+    } while (0)
+
+static int job_ok(rank_job *job, cube_error *err, const char *what)
+{
+    if (!err)
+        return 1;
+    JOB_CHECK(job, 0, "rank %u: %s: %s", job->rank, what,
+              cube_error_message(err));
+    cube_error_free(err);
+    return 0;
+}
+
+static void job_expect(rank_job *job, cube_handle h, uint64_t bytes,
+                       const void *want, const char *what)
+{
+    void *got = malloc(bytes);
+    cube_copy_desc d = cube_copy_desc_contiguous(h, bytes, 1);
+    void *dst[1] = {got};
+    uint64_t size[1] = {bytes};
+    if (got && job_ok(job, cube_read(job->client, &d, dst, size, 1), what))
+        JOB_CHECK(job, memcmp(got, want, bytes) == 0,
+                  "rank %u: %s: wrong bytes", job->rank, what);
+    free(got);
+}
+
+/* Every collective once, f32, count 777; rank r's source holds
+ * r * 1000 + i. */
+static void *every_collective(void *arg)
+{
+    rank_job *job = arg;
+    const uint64_t count = 777;
+    uint32_t r = job->rank, n = job->n;
+    cube_client *c = job->client;
+    float *mine = malloc(count * n * sizeof(float));
+    float *want = malloc(count * n * sizeof(float));
+    if (!mine || !want) {
+        JOB_CHECK(job, 0, "out of memory");
+        free(mine);
+        free(want);
+        return NULL;
+    }
+    for (uint64_t i = 0; i < count * n; i++)
+        mine[i] = (float)(r * 1000 + i % 5000);
+    cube_handle src, dst;
+    if (!job_ok(job, cube_create(c, mine, count * n * 4, &src), "create") ||
+        !job_ok(job, cube_empty(c, count * n * 4, &dst), "empty"))
+        goto out;
+
+    /* broadcast from the last rank */
+    if (job_ok(job, cube_broadcast(job->comm, src, dst, count, CUBE_DTYPE_F32,
+                                   n - 1),
+               "broadcast")) {
+        for (uint64_t i = 0; i < count; i++)
+            want[i] = (float)((n - 1) * 1000 + i);
+        job_expect(job, dst, count * 4, want, "broadcast");
+    }
+    /* reduce (max) to rank 0; other ranks pass no destination */
+    cube_handle none = {0};
+    if (job_ok(job, cube_reduce(job->comm, src, r == 0 ? dst : none, count,
+                                CUBE_DTYPE_F32, CUBE_REDUCE_MAX, 0),
+               "reduce") &&
+        r == 0) {
+        for (uint64_t i = 0; i < count; i++)
+            want[i] = (float)((n - 1) * 1000 + i);
+        job_expect(job, dst, count * 4, want, "reduce");
+    }
+    /* all-gather */
+    if (job_ok(job, cube_all_gather(job->comm, src, dst, count,
+                                    CUBE_DTYPE_F32),
+               "all_gather")) {
+        for (uint32_t q = 0; q < n; q++)
+            for (uint64_t i = 0; i < count; i++)
+                want[q * count + i] = (float)(q * 1000 + i);
+        job_expect(job, dst, count * n * 4, want, "all_gather");
+    }
+    /* reduce-scatter (sum) */
+    if (job_ok(job, cube_reduce_scatter(job->comm, src, dst, count,
+                                        CUBE_DTYPE_F32, CUBE_REDUCE_SUM),
+               "reduce_scatter")) {
+        for (uint64_t i = 0; i < count; i++) {
+            float s = 0;
+            for (uint32_t q = 0; q < n; q++)
+                s += (float)(q * 1000 + (r * count + i) % 5000);
+            want[i] = s;
+        }
+        job_expect(job, dst, count * 4, want, "reduce_scatter");
+    }
+    /* a ring of sends: to the next rank, from the previous */
+    if (n > 1) {
+        uint32_t next = (r + 1) % n, prev = (r + n - 1) % n;
+        if (r % 2 == 0) {
+            job_ok(job, cube_send(job->comm, src, count, CUBE_DTYPE_F32, next),
+                   "send");
+            job_ok(job, cube_recv(job->comm, dst, count, CUBE_DTYPE_F32, prev),
+                   "recv");
+        } else {
+            job_ok(job, cube_recv(job->comm, dst, count, CUBE_DTYPE_F32, prev),
+                   "recv");
+            job_ok(job, cube_send(job->comm, src, count, CUBE_DTYPE_F32, next),
+                   "send");
+        }
+        for (uint64_t i = 0; i < count; i++)
+            want[i] = (float)(prev * 1000 + i);
+        job_expect(job, dst, count * 4, want, "send/recv");
+    }
+    job_ok(job, cube_handle_release(c, src), "release");
+    job_ok(job, cube_handle_release(c, dst), "release");
+out:
+    free(mine);
+    free(want);
+    return NULL;
+}
+
+static void run_rank_threads(cube_comm **comm, cube_client **c, uint32_t n,
+                             void *(*body)(void *))
+{
+    pthread_t t[MAX_TEST_RANKS];
+    rank_job jobs[MAX_TEST_RANKS];
+    memset(jobs, 0, sizeof jobs);
+    for (uint32_t r = 0; r < n; r++) {
+        jobs[r].comm = comm[r];
+        jobs[r].client = c[r];
+        jobs[r].rank = r;
+        jobs[r].n = n;
+        assert_int_equal(pthread_create(&t[r], NULL, body, &jobs[r]), 0);
+    }
+    for (uint32_t r = 0; r < n; r++)
+        pthread_join(t[r], NULL);
+    for (uint32_t r = 0; r < n; r++)
+        if (jobs[r].failures)
+            fail_msg("%s", jobs[r].why);
+}
+
+CONF_TEST(comm_every_collective_with_a_thread_per_rank_matches_the_host)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t have = open_ranks(4, c);
+    for (uint32_t n = 1; n <= have; n++) {
+        cube_comm *comm[MAX_TEST_RANKS];
+        CONF_OK(cube_comm_init_all(c, n, NULL, comm));
+        run_rank_threads(comm, c, n, every_collective);
+        for (uint32_t r = 0; r < n; r++)
+            cube_comm_destroy(comm[r]);
+    }
+    close_ranks(c, have);
+}
+
+/* ------------------------------------------------------------ in place */
+
+CONF_TEST(comm_in_place_layouts_work_and_other_overlaps_are_refused)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(3, c);
+    cube_comm *comm[MAX_TEST_RANKS];
+    CONF_OK(cube_comm_init_all(c, n, NULL, comm));
+    const uint64_t count = 300;
+    const cube_dtype t = CUBE_DTYPE_I32;
+    cube_handle b[MAX_TEST_RANKS];
+
+    /* all-reduce with src == dst */
+    for (uint32_t r = 0; r < n; r++)
+        b[r] = filled(c[r], r, count, t, 0);
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++)
+        CONF_OK(cube_all_reduce(comm[r], b[r], b[r], count, t,
+                                CUBE_REDUCE_SUM));
+    CONF_OK(cube_group_end());
+    for (uint32_t r = 0; r < n; r++) {
+        expect_reduced(c[r], b[r], count, t, CUBE_REDUCE_SUM, n, 0,
+                       "in-place all-reduce");
+        CONF_OK(cube_handle_release(c[r], b[r]));
+    }
+
+    /* all-gather as NCCL does it in place: rank r's source is the r-th
+     * count of its destination */
+    cube_handle s[MAX_TEST_RANKS];
+    for (uint32_t r = 0; r < n; r++) {
+        CONF_OK(cube_empty(c[r], count * n * 4, &b[r]));
+        cube_handle v = filled(c[r], r, count, t, 0);
+        s[r] = slice_of(c[r], b[r], r * count * 4, count * 4);
+        CONF_OK(cube_copy_peer(c[r], s[r], c[r], v));
+        CONF_OK(cube_handle_release(c[r], v));
+    }
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++)
+        CONF_OK(cube_all_gather(comm[r], s[r], b[r], count, t));
+    CONF_OK(cube_group_end());
+    for (uint32_t r = 0; r < n; r++) {
+        int32_t *got = read_all(c[r], b[r], count * n * 4);
+        for (uint32_t q = 0; q < n; q++)
+            for (uint64_t i = 0; i < count; i++)
+                assert_int_equal(got[q * count + i], (int32_t)value(q, i));
+        free(got);
+    }
+
+    /* reduce-scatter in place: rank r's destination is the r-th count of
+     * its source */
+    for (uint32_t r = 0; r < n; r++) {
+        CONF_OK(cube_handle_release(c[r], s[r]));
+        cube_handle v = filled(c[r], r, count * n, t, 0);
+        CONF_OK(cube_copy_peer(c[r], b[r], c[r], v));
+        CONF_OK(cube_handle_release(c[r], v));
+        s[r] = slice_of(c[r], b[r], r * count * 4, count * 4);
+    }
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++)
+        CONF_OK(cube_reduce_scatter(comm[r], b[r], s[r], count, t,
+                                    CUBE_REDUCE_SUM));
+    CONF_OK(cube_group_end());
+    for (uint32_t r = 0; r < n; r++)
+        expect_reduced(c[r], s[r], count, t, CUBE_REDUCE_SUM, n, r * count,
+                       "in-place reduce-scatter");
+
+    /* Any other overlap is refused, on this rank and every other. */
+    if (n > 1) {
+        cube_handle odd = slice_of(c[0], b[0], 4, count * 4);
+        cube_handle whole = slice_of(c[0], b[0], 0, count * 4);
+        CONF_OK(cube_group_begin());
+        CONF_EXPECT_MSG(cube_all_reduce(comm[0], whole, odd, count, t,
+                                        CUBE_REDUCE_SUM),
+                        CUBE_ERR_INVALID_ARGUMENT, "overlap");
+        for (uint32_t r = 1; r < n; r++)
+            CONF_OK(cube_all_reduce(comm[r], s[r], s[r], count, t,
+                                    CUBE_REDUCE_SUM));
+        cube_error *err = cube_group_end();
+        CONF_EXPECT_MSG(err, CUBE_ERR_INVALID_ARGUMENT, "overlap");
+        CONF_OK(cube_handle_release(c[0], odd));
+        CONF_OK(cube_handle_release(c[0], whole));
+        /* Refused everywhere: nothing was recorded on the others. */
+        for (uint32_t r = 1; r < n; r++)
+            CONF_OK(cube_check(c[r], &s[r], 1));
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        CONF_OK(cube_handle_release(c[r], s[r]));
+        CONF_OK(cube_handle_release(c[r], b[r]));
+        cube_comm_destroy(comm[r]);
+    }
+    close_ranks(c, n);
+}
+
+/* ----------------------------------------------------------- failures */
+
+CONF_TEST(comm_failed_source_refuses_on_every_rank_and_marks_destinations)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(3, c);
+    cube_comm *comm[MAX_TEST_RANKS];
+    CONF_OK(cube_comm_init_all(c, n, NULL, comm));
+    const uint64_t count = 64;
+    cube_handle src[MAX_TEST_RANKS], dst[MAX_TEST_RANKS];
+    for (uint32_t r = 0; r < n; r++) {
+        src[r] = filled(c[r], r, count, CUBE_DTYPE_F32, 0);
+        dst[r] = filled(c[r], r, count, CUBE_DTYPE_F32, 0);
+    }
+    uint32_t bad = n - 1;
+    mark_failed(c[bad], src[bad]);
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++)
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
+                                CUBE_DTYPE_F32, CUBE_REDUCE_SUM));
+    cube_error *err = cube_group_end();
+    CONF_CODE(err, CUBE_ERR_SEVERAL);
+    char needle[32], *text = cube_error_format(err);
+    snprintf(needle, sizeof needle, "rank %u's source", bad);
+    if (!text || !strstr(text, needle))
+        fail_msg("the error does not name %s: %s", needle, text ? text : "?");
+    free(text);
+    cube_error_free(err);
+    /* Every rank's destination carries it; the sources of the others do
+     * not. */
+    for (uint32_t r = 0; r < n; r++) {
+        CONF_EXPECT(cube_check(c[r], &dst[r], 1), CUBE_ERR_SEVERAL);
+        if (r != bad)
+            CONF_OK(cube_check(c[r], &src[r], 1));
+    }
+    /* A rewrite of the source, and the next all-reduce clears them. */
+    CONF_OK(cube_handle_release(c[bad], src[bad]));
+    src[bad] = filled(c[bad], bad, count, CUBE_DTYPE_F32, 0);
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++)
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
+                                CUBE_DTYPE_F32, CUBE_REDUCE_SUM));
+    CONF_OK(cube_group_end());
+    for (uint32_t r = 0; r < n; r++) {
+        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_F32, CUBE_REDUCE_SUM,
+                       n, 0, "after the failure");
+        CONF_OK(cube_handle_release(c[r], src[r]));
+        CONF_OK(cube_handle_release(c[r], dst[r]));
+        cube_comm_destroy(comm[r]);
+    }
+    close_ranks(c, n);
+}
+
+CONF_TEST(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(3, c);
+    if (n < 2) {
+        close_ranks(c, n);
+        print_message("skipped: one device, no peer to disagree with\n");
+        skip();
+    }
+    cube_comm *comm[MAX_TEST_RANKS];
+    CONF_OK(cube_comm_init_all(c, n, NULL, comm));
+    const uint64_t count = 32;
+    cube_handle src[MAX_TEST_RANKS], dst[MAX_TEST_RANKS];
+    for (uint32_t r = 0; r < n; r++) {
+        src[r] = filled(c[r], r, count, CUBE_DTYPE_U32, 0);
+        dst[r] = filled(c[r], 9, count, CUBE_DTYPE_U32, 0);
+    }
+    /* rank 1 asks for fewer elements */
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++)
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], r == 1 ? 16 : count,
+                                CUBE_DTYPE_U32, CUBE_REDUCE_SUM));
+    CONF_EXPECT_MSG(cube_group_end(), CUBE_ERR_INVALID_ARGUMENT, "differ");
+    /* rank 0 another element type, and another kind */
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++) {
+        if (r == 0)
+            CONF_OK(cube_broadcast(comm[r], src[r], dst[r], count,
+                                   CUBE_DTYPE_I32, 0));
+        else
+            CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
+                                    CUBE_DTYPE_U32, CUBE_REDUCE_SUM));
+    }
+    CONF_EXPECT_MSG(cube_group_end(), CUBE_ERR_INVALID_ARGUMENT, "differ");
+    /* rank 1 passes a released handle: its own call answers NOT_FOUND,
+     * the others learn it was refused */
+    cube_handle gone = filled(c[1], 1, count, CUBE_DTYPE_U32, 0);
+    CONF_OK(cube_handle_release(c[1], gone));
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++) {
+        cube_error *e = cube_all_reduce(comm[r], r == 1 ? gone : src[r],
+                                        dst[r], count, CUBE_DTYPE_U32,
+                                        CUBE_REDUCE_SUM);
+        if (r == 1)
+            CONF_EXPECT(e, CUBE_ERR_NOT_FOUND);
+        else
+            CONF_OK(e);
+    }
+    CONF_EXPECT_MSG(cube_group_end(), CUBE_ERR_INVALID_ARGUMENT,
+                    "rank 1's cube_all_reduce was refused");
+    /* Refusals record nothing and move nothing. */
+    for (uint32_t r = 0; r < n; r++) {
+        CONF_OK(cube_check(c[r], &dst[r], 1));
+        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM,
+                       1, 9, "untouched");
+    }
+    /* The communicator goes on. */
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++)
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
+                                CUBE_DTYPE_U32, CUBE_REDUCE_SUM));
+    CONF_OK(cube_group_end());
+    for (uint32_t r = 0; r < n; r++) {
+        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM,
+                       n, 0, "after the refusals");
+        CONF_OK(cube_handle_release(c[r], src[r]));
+        CONF_OK(cube_handle_release(c[r], dst[r]));
+        cube_comm_destroy(comm[r]);
+    }
+    close_ranks(c, n);
+}
+
+CONF_TEST(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(2, c);
+    if (n < 2) {
+        close_ranks(c, n);
+        print_message("skipped: one device, no peer to wait for\n");
+        skip();
+    }
+    cube_comm *comm[MAX_TEST_RANKS];
+    cube_comm_options o = quick(200);
+    CONF_OK(cube_comm_init_all(c, n, &o, comm));
+    const uint64_t count = 16;
+    cube_handle src[2], dst[2];
+    for (uint32_t r = 0; r < 2; r++) {
+        src[r] = filled(c[r], r, count, CUBE_DTYPE_U32, 0);
+        dst[r] = filled(c[r], 7, count, CUBE_DTYPE_U32, 0);
+    }
+    /* Rank 1 does not come in time: rank 0 times out, its destination
+     * carries the timeout, and rank 1's late call gets the same answer. */
+    CONF_EXPECT_MSG(cube_all_reduce(comm[0], src[0], dst[0], count,
+                                    CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+                    CUBE_ERR_TIMEOUT, "1 of 2");
+    CONF_EXPECT(cube_check(c[0], &dst[0], 1), CUBE_ERR_SEVERAL);
+    CONF_EXPECT(cube_all_reduce(comm[1], src[1], dst[1], count,
+                                CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+                CUBE_ERR_TIMEOUT);
+    /* A send without its receive times out; the late receive too. */
+    CONF_EXPECT(cube_send(comm[0], src[0], count, CUBE_DTYPE_U32, 1),
+                CUBE_ERR_TIMEOUT);
+    CONF_EXPECT(cube_recv(comm[1], dst[1], count, CUBE_DTYPE_U32, 0),
+                CUBE_ERR_TIMEOUT);
+    /* Then both pairs work again. */
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < 2; r++)
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
+                                CUBE_DTYPE_U32, CUBE_REDUCE_SUM));
+    CONF_OK(cube_send(comm[0], src[0], count, CUBE_DTYPE_U32, 1));
+    CONF_OK(cube_recv(comm[1], src[1], count, CUBE_DTYPE_U32, 0));
+    CONF_OK(cube_group_end());
+    for (uint32_t r = 0; r < 2; r++)
+        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM, 2,
+                       0, "after the timeouts");
+    expect_reduced(c[1], src[1], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM, 1, 0,
+                   "received");
+    /* A rank destroyed while another waits for it: no hang either. */
+    cube_comm_destroy(comm[1]);
+    CONF_EXPECT(cube_all_reduce(comm[0], src[0], dst[0], count,
+                                CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+                CUBE_ERR_TIMEOUT);
+    cube_comm_destroy(comm[0]);
+    for (uint32_t r = 0; r < 2; r++) {
+        CONF_OK(cube_handle_release(c[r], src[r]));
+        CONF_OK(cube_handle_release(c[r], dst[r]));
+    }
+    close_ranks(c, n);
+}
+
+static void *abort_later(void *arg)
+{
+    struct timespec pause = {0, 50 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    cube_error_free(cube_comm_abort(arg));
+    return NULL;
+}
+
+CONF_TEST(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(2, c);
+    if (n < 2) {
+        close_ranks(c, n);
+        print_message("skipped: one device, no peer to wait for\n");
+        skip();
+    }
+    cube_comm *comm[MAX_TEST_RANKS];
+    cube_comm_options o = quick(60000);
+    CONF_OK(cube_comm_init_all(c, n, &o, comm));
+    cube_handle h = filled(c[0], 0, 8, CUBE_DTYPE_U32, 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, abort_later, comm[1]), 0);
+    CONF_EXPECT(cube_all_reduce(comm[0], h, h, 8, CUBE_DTYPE_U32,
+                                CUBE_REDUCE_SUM),
+                CUBE_ERR_ABORTED);
+    pthread_join(t, NULL);
+    CONF_EXPECT(cube_all_reduce(comm[0], h, h, 8, CUBE_DTYPE_U32,
+                                CUBE_REDUCE_SUM),
+                CUBE_ERR_ABORTED);
+    CONF_EXPECT(cube_comm_abort(NULL), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_OK(cube_handle_release(c[0], h));
+    for (uint32_t r = 0; r < n; r++)
+        cube_comm_destroy(comm[r]);
+    close_ranks(c, n);
+}
+
+/* ------------------------------------------------- hostile arguments */
+
+CONF_TEST(comm_hostile_arguments_get_clear_errors_and_change_nothing)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(2, c);
+    cube_comm *comm[MAX_TEST_RANKS];
+    cube_comm_options bad_size = cube_comm_options_default();
+    bad_size.struct_size = 3;
+    CONF_EXPECT(cube_comm_init_all(NULL, 1, NULL, comm),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_comm_init_all(c, 1, NULL, NULL),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT_MSG(cube_comm_init_all(c, 0, NULL, comm),
+                    CUBE_ERR_INVALID_ARGUMENT, "n = 0");
+    CONF_EXPECT(cube_comm_init_all(c, 1, &bad_size, comm),
+                CUBE_ERR_INVALID_ARGUMENT);
+    cube_client *twice[2] = {c[0], conf.client};
+    CONF_EXPECT_MSG(cube_comm_init_all(twice, 2, NULL, comm),
+                    CUBE_ERR_INVALID_ARGUMENT, "device of its own");
+    cube_client *holes[2] = {c[0], NULL};
+    CONF_EXPECT(cube_comm_init_all(holes, 2, NULL, comm),
+                CUBE_ERR_INVALID_ARGUMENT);
+    if (!conf_is_cpu()) {
+        cube_client *cpu = NULL;
+        CONF_OK(cube_client_open("cpu", NULL, &cpu));
+        cube_client *mixed[2] = {c[0], cpu};
+        CONF_EXPECT_MSG(cube_comm_init_all(mixed, 2, NULL, comm),
+                        CUBE_ERR_INVALID_ARGUMENT, "one backend");
+        cube_client_close(cpu);
+    }
+    /* Refusals on a communicator of one rank: no peer to wait for. */
+    cube_comm *one = NULL;
+    CONF_OK(cube_comm_init_all(c, 1, NULL, &one));
+    cube_handle h = filled(c[0], 0, 8, CUBE_DTYPE_U32, 0);
+    cube_handle small = filled(c[0], 0, 2, CUBE_DTYPE_U32, 0);
+    CONF_EXPECT_MSG(cube_all_reduce(NULL, h, h, 8, CUBE_DTYPE_U32,
+                                    CUBE_REDUCE_SUM),
+                    CUBE_ERR_INVALID_ARGUMENT, "comm is NULL");
+    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, 0, CUBE_DTYPE_U32,
+                                    CUBE_REDUCE_SUM),
+                    CUBE_ERR_INVALID_ARGUMENT, "count is 0");
+    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, 8, (cube_dtype)0,
+                                    CUBE_REDUCE_SUM),
+                    CUBE_ERR_INVALID_ARGUMENT, "dtype");
+    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, 8, (cube_dtype)11,
+                                    CUBE_REDUCE_SUM),
+                    CUBE_ERR_INVALID_ARGUMENT, "dtype");
+    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, 8, CUBE_DTYPE_U32,
+                                    (cube_reduce_op)6),
+                    CUBE_ERR_INVALID_ARGUMENT, "op");
+    CONF_EXPECT_MSG(cube_broadcast(one, h, h, 8, CUBE_DTYPE_U32, 1),
+                    CUBE_ERR_INVALID_ARGUMENT, "root");
+    CONF_EXPECT_MSG(cube_all_reduce(one, h, small, 8, CUBE_DTYPE_U32,
+                                    CUBE_REDUCE_SUM),
+                    CUBE_ERR_INVALID_ARGUMENT, "holds 8 bytes");
+    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, UINT64_MAX / 2,
+                                    CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+                    CUBE_ERR_INVALID_ARGUMENT, "overflows");
+    CONF_EXPECT_MSG(cube_all_reduce(one, conf.sentinel, h, 8, CUBE_DTYPE_U32,
+                                    CUBE_REDUCE_SUM),
+                    CUBE_ERR_NOT_FOUND, "source");
+    CONF_EXPECT_MSG(cube_send(one, h, 8, CUBE_DTYPE_U32, 0),
+                    CUBE_ERR_INVALID_ARGUMENT, "peer");
+    CONF_EXPECT_MSG(cube_recv(one, h, 8, CUBE_DTYPE_U32, 1),
+                    CUBE_ERR_INVALID_ARGUMENT, "peer");
+    /* A group whose call was refused answers the refusal at its end. */
+    CONF_OK(cube_group_begin());
+    CONF_EXPECT(cube_all_reduce(one, h, h, 0, CUBE_DTYPE_U32,
+                                CUBE_REDUCE_SUM),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT_MSG(cube_group_end(), CUBE_ERR_INVALID_ARGUMENT, "count");
+    /* And the communicator still works. */
+    CONF_OK(cube_all_reduce(one, h, h, 8, CUBE_DTYPE_U32, CUBE_REDUCE_SUM));
+    CONF_EXPECT_MSG(cube_group_end(), CUBE_ERR_INVALID_ARGUMENT, "no group");
+    assert_int_equal(cube_comm_rank(NULL), 0);
+    assert_int_equal(cube_comm_size(NULL), 0);
+    assert_int_equal(cube_dtype_size((cube_dtype)0), 0);
+    assert_int_equal(cube_dtype_size(CUBE_DTYPE_BF16), 2);
+    cube_comm_destroy(NULL);
+    /* Nothing changed: the buffer holds its bytes, no failure. */
+    CONF_OK(cube_check(c[0], &h, 1));
+    expect_reduced(c[0], h, 8, CUBE_DTYPE_U32, CUBE_REDUCE_SUM, 1, 0,
+                   "untouched");
+    CONF_OK(cube_handle_release(c[0], h));
+    CONF_OK(cube_handle_release(c[0], small));
+    cube_comm_destroy(one);
+    close_ranks(c, n);
+}
+
+/* -------------------------------------------------------- peer copies */
+
+CONF_TEST(comm_copy_peer_between_clients_devices_and_backends)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(2, c);
+    cube_client *same = NULL, *host = NULL;
+    CONF_OK(cube_client_open(conf.backend, NULL, &same)); /* c[0]'s device */
+    CONF_OK(cube_client_open(conf_is_cpu() ? "null" : "cpu", NULL, &host));
+    unsigned char in[1000], out[1000];
+    conf_pattern(in, sizeof in, 77);
+    cube_handle a;
+    CONF_OK(cube_create(c[0], in, sizeof in, &a));
+    cube_client *targets[4] = {c[n - 1], same, c[0], host};
+    for (int t = 0; t < 4; t++) {
+        cube_client *d = targets[t];
+        cube_handle b;
+        CONF_OK(cube_empty(d, sizeof in, &b));
+        CONF_OK(cube_copy_peer(d, b, c[0], a));
+        cube_copy_desc desc = cube_copy_desc_contiguous(b, sizeof out, 1);
+        void *dst[1] = {out};
+        uint64_t size[1] = {sizeof out};
+        CONF_OK(cube_read(d, &desc, dst, size, 1));
+        assert_memory_equal(in, out, sizeof in);
+        /* and back, through a slice */
+        cube_handle part;
+        CONF_OK(cube_handle_slice(d, b, 100, 200, &part));
+        cube_handle back;
+        CONF_OK(cube_empty(c[0], 200, &back));
+        CONF_OK(cube_copy_peer(c[0], back, d, part));
+        desc = cube_copy_desc_contiguous(back, 200, 1);
+        size[0] = 200;
+        CONF_OK(cube_read(c[0], &desc, dst, size, 1));
+        assert_memory_equal(in + 100, out, 200);
+        /* sizes differ; a foreign handle; a NULL client */
+        CONF_EXPECT_MSG(cube_copy_peer(c[0], back, d, b),
+                        CUBE_ERR_INVALID_ARGUMENT, "same");
+        if (d != c[0])
+            CONF_EXPECT_MSG(cube_copy_peer(d, a, c[0], a), CUBE_ERR_NOT_FOUND,
+                            "destination");
+        CONF_EXPECT(cube_copy_peer(NULL, b, c[0], a),
+                    CUBE_ERR_INVALID_ARGUMENT);
+        CONF_EXPECT(cube_copy_peer(d, b, NULL, a), CUBE_ERR_INVALID_ARGUMENT);
+        /* a failed source refuses and the destination carries it; a full
+         * copy clears it again */
+        mark_failed(c[0], back);
+        CONF_EXPECT(cube_copy_peer(d, part, c[0], back), CUBE_ERR_SEVERAL);
+        CONF_EXPECT(cube_check(d, &b, 1), CUBE_ERR_SEVERAL);
+        CONF_OK(cube_copy_peer(d, b, c[0], a));
+        CONF_OK(cube_check(d, &b, 1));
+        CONF_OK(cube_handle_release(c[0], back));
+        CONF_OK(cube_handle_release(d, part));
+        CONF_OK(cube_handle_release(d, b));
+    }
+    CONF_OK(cube_handle_release(c[0], a));
+    cube_client_close(host);
+    cube_client_close(same);
+    close_ranks(c, n);
+}
+
+/* ---------------------------------------------------------- ordering */
+
+typedef struct reader_job {
+    cube_client *client;
+    cube_handle x, y;
+    uint32_t count;
+    cube_error *err;
+} reader_job;
+
+static void *scale_on_another_stream(void *arg)
+{
+    reader_job *j = arg;
+    cube_arg args[3] = {cube_arg_buffer(j->x), cube_arg_buffer(j->y),
+                        cube_arg_f32(2.0f)};
+    j->err = cube_launch(j->client, conf.k.scale,
+                         cube_count_static(conf_div_up(j->count, 64), 1, 1),
+                         args, 3, 0);
+    if (!j->err)
+        j->err = cube_sync(j->client, &j->y, 1);
+    return NULL;
+}
+
+CONF_TEST_NEEDS(comm_kernel_on_another_stream_sees_the_reduced_buffer,
+                CUBE_FEATURE_KERNELS)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(2, c);
+    cube_comm *comm[MAX_TEST_RANKS];
+    CONF_OK(cube_comm_init_all(c, n, NULL, comm));
+    const uint32_t count = 1 << 20;
+    cube_handle src[MAX_TEST_RANKS], dst[MAX_TEST_RANKS];
+    for (uint32_t r = 0; r < n; r++) {
+        src[r] = filled(c[r], r, count, CUBE_DTYPE_F32, 0);
+        CONF_OK(cube_empty(c[r], count * 4, &dst[r]));
+    }
+    CONF_OK(cube_group_begin());
+    for (uint32_t r = 0; r < n; r++)
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
+                                CUBE_DTYPE_F32, CUBE_REDUCE_SUM));
+    CONF_OK(cube_group_end());
+    /* Another thread (its own stream) reads rank 0's result at once. */
+    reader_job j = {c[0], dst[0], {0}, count, NULL};
+    CONF_OK(cube_empty(c[0], count * 4, &j.y));
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, scale_on_another_stream, &j), 0);
+    pthread_join(t, NULL);
+    CONF_OK(j.err);
+    float *got = read_all(c[0], j.y, count * 4);
+    for (uint32_t i = 0; i < count; i++)
+        if (got[i] != 2.0f * (float)reference(CUBE_REDUCE_SUM, n, i,
+                                               CUBE_DTYPE_F32))
+            fail_msg("element %u is %g", i, got[i]);
+    free(got);
+    CONF_OK(cube_handle_release(c[0], j.y));
+    for (uint32_t r = 0; r < n; r++) {
+        CONF_OK(cube_handle_release(c[r], src[r]));
+        CONF_OK(cube_handle_release(c[r], dst[r]));
+        cube_comm_destroy(comm[r]);
+    }
+    close_ranks(c, n);
+}
