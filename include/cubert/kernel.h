@@ -58,7 +58,11 @@ CUBE_API const char *cube_kernel_name(const cube_kernel *kernel);
  * runs nothing, in Skip mode too). A dynamic count is only known when the
  * launch executes: one with a zero component runs no cube, and the launch
  * succeeds like one whose cubes all ran (every backend with kernels; a
- * software graph's replay of it too). A dynamic component over the
+ * software graph's replay of it too). Running nothing, it rewrites
+ * nothing: its CUBE_OUT buffers keep any failure they carried (a launch
+ * that ran clears it, a full write), and a graph replay in which such a
+ * launch ran no cube leaves the failures of that launch's outputs as they
+ * were. A dynamic component over the
  * device's maximum fails the launch with CUBE_ERR_RESOURCE_LIMIT, on its
  * outputs. */
 typedef struct cube_count {

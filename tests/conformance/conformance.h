@@ -241,6 +241,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(kernel_dynamic_count_sees_count_written_by_previous_kernel)              \
     X(kernel_dynamic_count_buffer_under_12_bytes_is_invalid)                   \
     X(kernel_zero_count_static_is_refused_dynamic_runs_nothing)                \
+    X(kernel_dynamic_zero_count_keeps_output_failures)                         \
     X(kernel_checked_write_past_end_leaves_neighbours_intact)                  \
     X(kernel_checked_read_past_end_gives_zero)                                 \
     X(kernel_math_functions_and_device_helpers)                                \
@@ -301,6 +302,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(graph_replays_equal_the_same_launches_made_directly)                     \
     X(graph_replay_uses_inputs_rewritten_between_replays)                      \
     X(graph_replay_reads_dynamic_count_from_its_buffer)                        \
+    X(graph_replay_of_dynamic_zero_count_keeps_output_failures)                \
     X(graph_end_returns_distinct_nonzero_ids_and_unprepares_the_stream)        \
     X(graph_prepare_twice_is_harmless_and_refused_while_capturing)             \
     X(graph_begin_without_prepare_is_graph_state)                              \
