@@ -186,7 +186,9 @@ enum {
  * through the kernel — CUBE_ERR_OUT_OF_MEMORY (host or device memory, the
  * compiler's included) or CUBE_ERR_IO (the compiler's private directory,
  * files or process could not be made, started or waited for, the
- * compiled object could not be loaded) — is returned and recorded on no
+ * compiler was killed by a signal — the message names it — or failed
+ * without a word of diagnostics, the compiled object could not be
+ * loaded) — is returned and recorded on no
  * buffer: nothing ran, every buffer holds what it held, and the same
  * launch may be retried. CUBE_ERR_RESOURCE_LIMIT from a compile (the
  * kernel's shared memory refused by the device) is the kernel's and is

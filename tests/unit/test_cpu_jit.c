@@ -890,6 +890,51 @@ static void test_missing_compiler(void **state)
     rm_tree(dir);
 }
 
+/* A compiler that dies of a signal, or fails without a word, failed for
+ * the machine, not for the source: CUBE_ERR_IO naming the signal, never
+ * CUBE_ERR_COMPILE. `cc` answers --version, then runs `body`. */
+static void expect_machine_failure(const char *body, const char *needle)
+{
+    char *dir = make_tmpdir();
+    char cc[512], script[1024];
+    snprintf(cc, sizeof cc, "%s/dying-cc", dir);
+    int n = snprintf(script, sizeof script,
+                     "#!/bin/sh\n"
+                     "if [ \"$1\" = --version ]; then echo dying-cc 1; "
+                     "exit 0; fi\n%s\n",
+                     body);
+    write_file(cc, script, (size_t)n);
+    assert_int_equal(chmod(cc, 0700), 0);
+    cpu_jit_options opts = {.cc = cc, .cflags = NULL, .cache_dir = dir};
+    cpu_jit *jit = NULL;
+    assert_null(cpu_jit_create(&opts, &jit));
+    cpu_module *m = NULL;
+    cube_error *err = cpu_jit_load(jit, ADD_SRC, NULL, &m, NULL);
+    assert_null(m);
+    if (!err || cube_error_code(err) != CUBE_ERR_IO)
+        fail_msg("%s: expected CUBE_ERR_IO, got %s: %s", body,
+                 err ? cube_code_name(cube_error_code(err)) : "success",
+                 err ? cube_error_message(err) : "");
+    if (!strstr(cube_error_message(err), needle))
+        fail_msg("'%s' does not name '%s'", cube_error_message(err), needle);
+    assert_non_null(strstr(cube_error_message(err), "dying-cc"));
+    cube_error_free(err);
+    cpu_jit_destroy(jit);
+    rm_tree(dir);
+}
+
+static void test_compiler_killed_is_io(void **state)
+{
+    (void)state;
+    expect_machine_failure("kill -KILL $$", "signal 9 (SIGKILL)");
+    expect_machine_failure("kill -SEGV $$", "signal 11 (SIGSEGV)");
+    expect_machine_failure("exit 1", "no diagnostics");
+    expect_machine_failure(
+        "echo 'gcc: fatal error: Killed signal terminated program cc1'; "
+        "exit 1",
+        "status 1");
+}
+
 static void test_flags_change_key(void **state)
 {
     (void)state;
@@ -1251,6 +1296,7 @@ int main(void)
         cmocka_unit_test_setup(test_fifo_entry_rebuilt, setup),
         cmocka_unit_test_setup(test_syntax_error, setup),
         cmocka_unit_test_setup(test_missing_compiler, setup),
+        cmocka_unit_test_setup(test_compiler_killed_is_io, setup),
         cmocka_unit_test_setup(test_cflags_cannot_redefine_cube_macros, setup),
         cmocka_unit_test_setup(test_launch_flags_and_undefined_symbols, setup),
         cmocka_unit_test_setup(test_flags_change_key, setup),

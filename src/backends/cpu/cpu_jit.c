@@ -351,15 +351,55 @@ static cube_error *cpu_jit_run(const char *const *argv, char **output,
     return NULL;
 }
 
-/* Describes a wait status for a message: "exited with status 1". */
+/* The name of signal `sig` for a message ("SIGKILL"), or NULL. */
+static const char *cpu_jit_signal_name(int sig)
+{
+    static const struct {
+        int sig;
+        const char *name;
+    } names[] = {
+        {SIGKILL, "SIGKILL"}, {SIGSEGV, "SIGSEGV"}, {SIGABRT, "SIGABRT"},
+        {SIGBUS, "SIGBUS"},   {SIGILL, "SIGILL"},   {SIGFPE, "SIGFPE"},
+        {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"},   {SIGHUP, "SIGHUP"},
+        {SIGPIPE, "SIGPIPE"}, {SIGXCPU, "SIGXCPU"}, {SIGXFSZ, "SIGXFSZ"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].sig == sig)
+            return names[i].name;
+    return NULL;
+}
+
+/* Describes a wait status for a message: "exited with status 1", "was
+ * killed by signal 9 (SIGKILL)". */
 static void cpu_jit_describe_status(int status, char *buf, size_t size)
 {
-    if (WIFEXITED(status))
+    if (WIFEXITED(status)) {
         snprintf(buf, size, "exited with status %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(buf, size, "was killed by signal %d", WTERMSIG(status));
-    else
+    } else if (WIFSIGNALED(status)) {
+        const char *name = cpu_jit_signal_name(WTERMSIG(status));
+        snprintf(buf, size, "was killed by signal %d%s%s%s", WTERMSIG(status),
+                 name ? " (" : "", name ? name : "", name ? ")" : "");
+    } else {
         snprintf(buf, size, "ended with wait status %d", status);
+    }
+}
+
+/* Whether a failed compile is the machine's rather than the source's: the
+ * compiler was killed by a signal (the out-of-memory killer, a crash, a
+ * time limit), its driver says one of its own programs was (GCC: "signal
+ * terminated program cc1"; Clang: "failed due to signal", "unable to
+ * execute command"), or it failed without a word of diagnostics. Another
+ * attempt may succeed; the source was never judged. */
+static bool cpu_jit_failure_is_machine(int status, const char *output)
+{
+    if (!WIFEXITED(status))
+        return true;
+    static const char *const driver_says[] = {"signal terminated program",
+                                              "failed due to signal",
+                                              "unable to execute command"};
+    for (size_t i = 0; i < sizeof driver_says / sizeof driver_says[0]; i++)
+        if (strstr(output, driver_says[i]))
+            return true;
+    return output[strspn(output, " \t\r\n")] == '\0';
 }
 
 /* Number of space-separated words in `s`. */
@@ -433,10 +473,19 @@ static cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         char how[64];
         cpu_jit_describe_status(status, how, sizeof how);
-        err = cube_error_new(CUBE_ERR_COMPILE,
-                             "cpu_jit_load: compiler '%s' %s compiling %s",
-                             jit->cc, how, hex);
-        cube_error_set_log(err, output);
+        if (cpu_jit_failure_is_machine(status, output))
+            err = cube_error_new(CUBE_ERR_IO,
+                                 "cpu_jit_load: compiler '%s' %s compiling "
+                                 "%s%s (the compiler failed, not the "
+                                 "source: another attempt may succeed)",
+                                 jit->cc, how, hex,
+                                 output[0] ? "" : ", with no diagnostics");
+        else
+            err = cube_error_new(CUBE_ERR_COMPILE,
+                                 "cpu_jit_load: compiler '%s' %s compiling %s",
+                                 jit->cc, how, hex);
+        if (output[0])
+            cube_error_set_log(err, output);
         cube_log_write(CUBE_LOG_DEBUG, "compile",
                        "compile of %s failed after %.1f ms", hex, ms);
         free(output);

@@ -64,8 +64,10 @@ void cpu_jit_destroy(cpu_jit *jit);
  * flags, the compiler's identity (its --version output) and the machine's CPU.
  * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_COMPILE (the compiler's
  * output is the error's log; a symbol nothing defines is one, from the
- * linker), CUBE_ERR_IO (cannot run the compiler or load the object),
- * CUBE_ERR_OUT_OF_MEMORY. `origin` may be NULL. */
+ * linker), CUBE_ERR_IO (cannot run the compiler or load the object; the
+ * compiler, or a program its driver ran, was killed by a signal; it failed
+ * without any diagnostics: the message names the signal or says so, and
+ * any output is the log), CUBE_ERR_OUT_OF_MEMORY. `origin` may be NULL. */
 cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
                          cpu_module **out, cpu_jit_origin *origin);
 
