@@ -53,7 +53,10 @@ typedef enum cpu_jit_origin {
 
 /* Errors: CUBE_ERR_INVALID_ARGUMENT (out NULL), CUBE_ERR_OUT_OF_MEMORY.
  * An unusable cache directory is not an error: the disk cache is disabled
- * with a warning through the logger. */
+ * with a warning through the logger. So is a compiler or CPU that cannot
+ * be identified for the key (`cc --version` fails or prints nothing,
+ * /proc/cpuinfo cannot be read or names none of its fields): one warning,
+ * and no disk cache for this jit. */
 cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out);
 void cpu_jit_destroy(cpu_jit *jit);
 
