@@ -224,6 +224,11 @@ cube_error *cuda_enter(cuda_server *s);
 cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
                       const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* A cube_error for a failed allocation (cuda_alloc_code): a sticky error
+ * is noted as cuda_fail notes it; any other error once the context is
+ * broken is CUBE_ERR_DEVICE_FAULT too, never CUBE_ERR_OUT_OF_MEMORY. */
+cube_error *cuda_fail_alloc(cuda_server *s, CUresult r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Retains the device's primary context into s->ctx and makes it current
  * (cuda_destroy releases it). Errors: CUBE_ERR_DEVICE_FAULT when an
  * earlier fault broke it for the rest of the process, CUBE_ERR_UNAVAILABLE
