@@ -132,6 +132,7 @@ cube_error *cube_client_open(const char *device,
     pthread_cond_init(&c->cache_cv, NULL);
     cube_mutex_init(&c->staging_lock);
     cube_mutex_init(&c->graphs_lock);
+    cube_mutex_init(&c->futures_lock);
     atomic_init(&c->faulted, 0);
     core_trace_from_env();
     /* Launch timing for the per-kernel summary costs two clock reads per
@@ -156,6 +157,9 @@ void cube_client_close(cube_client *c)
     /* Calls that start from here on are refused; the ones in flight
      * finish before anything is torn down. */
     core_calls_close(c);
+    /* Reads still outstanding complete now; their futures outlive the
+     * client. */
+    core_futures_detach(c);
     uint32_t streams = atomic_load(&c->stream_count);
     /* Captures left open end first (a device cannot drain a stream that
      * is still recording), then every stream drains before memory goes
@@ -198,6 +202,7 @@ void cube_client_close(cube_client *c)
     pthread_cond_destroy(&c->cache_cv);
     cube_mutex_destroy(&c->staging_lock);
     cube_mutex_destroy(&c->graphs_lock);
+    cube_mutex_destroy(&c->futures_lock);
     free(c);
 }
 

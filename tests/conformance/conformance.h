@@ -179,6 +179,8 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(client_open_with_options_works)                                          \
     X(client_open_cpu_threads_out_of_range_is_invalid_argument)                \
     X(client_close_frees_what_the_caller_did_not_release)                      \
+    X(client_close_completes_outstanding_futures)                              \
+    X(client_close_while_another_thread_waits_on_a_future)                     \
     X(client_properties_are_sane)                                              \
     X(client_backend_names_lists_cpu_and_is_terminated)                        \
     X(error_accessors_tolerate_null_and_format_whole_error)                    \
