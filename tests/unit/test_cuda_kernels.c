@@ -157,7 +157,8 @@ static void test_nvrtc_cubin_carries_its_stamp(void **state)
     assert_non_null(cuda_artifact_wrong(cubin, n, 1, &b));
     free(cubin);
     free(src);
-    dlclose(h);
+    /* NVRTC stays loaded: what it keeps for the process stays reachable
+     * (a leak check after dlclose would blame its allocations on us). */
 }
 
 int main(void)
