@@ -140,7 +140,14 @@ typedef struct cube_future cube_future;
  * CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_DEVICE_FAULT; every other answer,
  * CUBE_ERR_GRAPH_STATE among them, comes from cube_future_wait.
  * Ownership: the caller frees the future with cube_future_free (after or
- * without waiting; freeing an unwaited future waits first). */
+ * without waiting; freeing an unwaited future waits first).
+ * A future outlives its client: cube_client_close completes every read
+ * whose future was not waited on yet (it waits for the read, so the
+ * destinations then hold the bytes, or the read failed) and detaches the
+ * future; cube_future_wait, cube_future_ready and cube_future_free on it
+ * afterwards touch nothing of the client, and the wait answers the read's
+ * result. A wait running on another thread while the client closes is
+ * finished by that thread (close waits for it). */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_read_async(cube_client *client, const cube_copy_desc *descs,
                 void *const *destinations, const uint64_t *destination_sizes,

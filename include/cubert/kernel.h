@@ -58,7 +58,11 @@ CUBE_API const char *cube_kernel_name(const cube_kernel *kernel);
  * runs nothing, in Skip mode too). A dynamic count is only known when the
  * launch executes: one with a zero component runs no cube, and the launch
  * succeeds like one whose cubes all ran (every backend with kernels; a
- * software graph's replay of it too). A dynamic component over the
+ * software graph's replay of it too). Running nothing, it rewrites
+ * nothing: its CUBE_OUT buffers keep any failure they carried (a launch
+ * that ran clears it, a full write), and a graph replay in which such a
+ * launch ran no cube leaves the failures of that launch's outputs as they
+ * were. A dynamic component over the
  * device's maximum fails the launch with CUBE_ERR_RESOURCE_LIMIT, on its
  * outputs. */
 typedef struct cube_count {
@@ -182,7 +186,9 @@ enum {
  * through the kernel — CUBE_ERR_OUT_OF_MEMORY (host or device memory, the
  * compiler's included) or CUBE_ERR_IO (the compiler's private directory,
  * files or process could not be made, started or waited for, the
- * compiled object could not be loaded) — is returned and recorded on no
+ * compiler was killed by a signal — the message names it — or failed
+ * without a word of diagnostics, the compiled object could not be
+ * loaded) — is returned and recorded on no
  * buffer: nothing ran, every buffer holds what it held, and the same
  * launch may be retried. CUBE_ERR_RESOURCE_LIMIT from a compile (the
  * kernel's shared memory refused by the device) is the kernel's and is

@@ -87,6 +87,7 @@ cube_error *cube_client_open(const char *device,
     cube_mutex_init(&c->failure_lock);
     cube_mutex_init(&c->staging_lock);
     cube_mutex_init(&c->graphs_lock);
+    cube_mutex_init(&c->futures_lock);
     core_trace_from_env();
     /* Launch timing for the per-kernel summary costs two clock reads per
      * launch: only when someone will read it. */
@@ -150,6 +151,9 @@ void cube_client_close(cube_client *c)
     /* Calls that start from here on are refused; the ones in flight
      * finish before anything is torn down. */
     core_calls_close(c);
+    /* Reads still outstanding complete now; their futures outlive the
+     * client. */
+    core_futures_detach(c);
     close_streams(c);
     core_graphs_destroy(c);
     core_staging_destroy(c);
@@ -158,6 +162,7 @@ void cube_client_close(cube_client *c)
     cube_mutex_destroy(&c->failure_lock);
     cube_mutex_destroy(&c->staging_lock);
     cube_mutex_destroy(&c->graphs_lock);
+    cube_mutex_destroy(&c->futures_lock);
     free(c);
 }
 

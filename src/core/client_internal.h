@@ -225,6 +225,11 @@ struct cube_client {
     cube_mutex graphs_lock;
     core_graph *graphs CUBE_GUARDED_FIELD(graphs_lock); /* live, a list */
 
+    /* Futures not yet waited on, a list (transfer.c): close completes
+     * and detaches them before it tears anything down. */
+    cube_mutex futures_lock;
+    struct cube_future *futures CUBE_GUARDED_FIELD(futures_lock);
+
     int stats;         /* time every launch for the summary at close */
     int bounds_always; /* every launch bounds-checked (configuration) */
 
@@ -368,6 +373,12 @@ void core_cache_log_summary(core_device *d);
 
 /* --- transfer.c --- */
 void core_staging_destroy(cube_client *c);
+/* Completes every read whose future was not waited on yet (waiting for it
+ * and dropping its pins) and detaches the future from the client: a later
+ * cube_future_wait answers the read's result without touching the client.
+ * Waits for a cube_future_wait running on another thread. Client close,
+ * after the calls in flight drained, before anything is torn down. */
+void core_futures_detach(cube_client *c);
 
 /* --- config.c --- */
 typedef struct core_config {

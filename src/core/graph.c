@@ -34,6 +34,9 @@ struct core_graph {
     alloc_set reads;  /* inputs, checked before a replay */
     alloc_set writes; /* OUT and INOUT: marked when a replay fails */
     alloc_set clears; /* OUT: trusted again when a replay lands */
+    /* OUT of launches with a dynamic count: trusted again when a replay
+     * lands and every such launch ran (a zero count rewrites nothing). */
+    alloc_set dynamic_clears;
     core_graph *next;
 };
 
@@ -68,6 +71,7 @@ static void graph_free(cube_client *c, core_graph *g)
     free(g->reads.items);
     free(g->writes.items);
     free(g->clears.items);
+    free(g->dynamic_clears.items);
     free(g->entries);
     free(g);
 }
@@ -122,13 +126,17 @@ cube_error *core_graph_record(cube_client *c, core_stream *s,
     for (size_t i = 0; i < nwritten && !err; i++)
         if (set_add(&g->writes, written[i]) < 0)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    /* A dynamic count may name zero cubes at a replay, which then
+     * rewrites nothing: its outputs are not the graph's own. */
+    alloc_set *clears = d->count_buffer ? &g->dynamic_clears : &g->clears;
     for (size_t i = 0; i < ncleared && !err; i++)
-        if (set_add(&g->clears, cleared[i]) < 0)
+        if (set_add(clears, cleared[i]) < 0)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
     if (err)
         return err;
     graph_entry *e = &g->entries[g->count++];
     e->dispatch = *d;
+    e->dispatch.ran_nothing = NULL; /* the launch's: set at each replay */
     if (d->count_buffer) {
         e->count_binding = *d->count_buffer;
         e->dispatch.count_buffer = &e->count_binding;
@@ -300,6 +308,19 @@ static cube_error *not_found(const char *fn, cube_graph_id id)
                           fn, (unsigned long long)id);
 }
 
+/* Hands one recorded dispatch to the backend again. One with a dynamic
+ * count goes as a copy that answers into *ran_nothing (replays of one
+ * graph may run on several streams at once: the entry is not written). */
+static cube_error *replay_entry(cube_client *c, core_stream *s,
+                                const graph_entry *e, int *ran_nothing)
+{
+    if (!e->dispatch.count_buffer)
+        return c->vt->launch(c->server, &s->base, &e->dispatch);
+    cube_dispatch d = e->dispatch;
+    d.ran_nothing = ran_nothing;
+    return c->vt->launch(c->server, &s->base, &d);
+}
+
 static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_replay");
@@ -335,6 +356,7 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
                                   "buffer cannot be trusted",
                                   (unsigned long long)id);
     }
+    int ran_nothing = 0; /* a dynamic count of zero cubes, at least one */
     if (!err) {
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         size_t done = 0;
@@ -343,8 +365,7 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
             done = err ? 0 : g->count;
         }
         for (; !g->hardware && done < g->count && !err; done++)
-            err =
-                c->vt->launch(c->server, &s->base, &g->entries[done].dispatch);
+            err = replay_entry(c, s, &g->entries[done], &ran_nothing);
         if (!err)
             s->launches += g->count;
         if (t0) {
@@ -367,6 +388,8 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
     } else if (!err) {
         for (size_t i = 0; i < g->clears.count; i++)
             core_failure_clear(c, g->clears.items[i]);
+        for (size_t i = 0; i < g->dynamic_clears.count && !ran_nothing; i++)
+            core_failure_clear(c, g->dynamic_clears.items[i]);
     }
     release(c, g);
     return err;

@@ -291,6 +291,9 @@ typedef struct launch_job {
     size_t nargs;
     uint32_t mode; /* the caller's, with what the client adds */
     int dynamic;   /* the cube count is read from a buffer */
+    /* Set by the backend: the dynamic count had a zero component, so the
+     * launch ran no cube and wrote nothing. */
+    int ran_nothing;
     int deferred;  /* a buffer made in a dry run has no memory yet */
     size_t filled; /* entries of r set: pinned, or empty for a scalar */
     core_resolved r[CUBE_MAX_PARAMS];
@@ -388,6 +391,7 @@ static void job_begin(launch_job *job, const cube_client *c, cube_kernel *k,
     job->nargs = nargs;
     job->mode = mode;
     job->dynamic = count.dynamic.bits != 0;
+    job->ran_nothing = 0;
     job->deferred = 0;
     job->filled = 0;
     job->count_res.alloc = NULL;
@@ -671,9 +675,11 @@ static void build_dispatch(launch_job *job)
     d->cube_count[1] = job->count.y;
     d->cube_count[2] = job->count.z;
     d->count_buffer = NULL;
+    d->ran_nothing = NULL;
     if (job->dynamic) {
         bind_buffer(&job->count_binding, &job->count_res);
         d->count_buffer = &job->count_binding;
+        d->ran_nothing = &job->ran_nothing;
     }
     d->mode = job->mode;
     for (uint32_t p = 0; p < cc->param_count; p++) {
@@ -769,10 +775,14 @@ static void log_dispatch(const launch_job *job, const cube_error *err)
 }
 
 /* The outputs now hold what this launch computed: a failure they carried
- * is gone. Trusted outputs (the common case) cost a load each. */
+ * is gone. Trusted outputs (the common case) cost a load each. A dynamic
+ * count of zero ran nothing and rewrote nothing: the outputs keep their
+ * failures. */
 static void trust_outputs(cube_client *c, const launch_job *job)
 {
     const cube_compiled *cc = job->cc;
+    if (job->ran_nothing)
+        return;
     for (uint32_t p = 0; p < cc->param_count; p++) {
         if (cc->params[p].kind != CUBE_PARAM_BUFFER_OUT)
             continue;

@@ -1,7 +1,17 @@
-/* Writes, reads (blocking and asynchronous) and staging buffers. */
+/* Writes, reads (blocking and asynchronous) and staging buffers.
+ *
+ * Futures and client close: a future not yet waited on is on its client's
+ * list (futures_lock, a leaf). Its state says who owns its read: the
+ * caller, once cube_future_wait claimed it (ATTACHED -> WAITING), or
+ * cube_client_close, which claims every one left (ATTACHED -> CLOSING),
+ * completes its read and leaves it DETACHED. A wait that finds CLOSING
+ * waits for DETACHED and then answers from the future alone; close waits
+ * for a WAITING future to leave the list before it tears anything down. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/client_internal.h"
 #include "core/trace.h"
@@ -247,6 +257,13 @@ cube_error *cube_write(cube_client *c, const cube_copy_desc *descs,
     CORE_CALL(c, "cube_write", write_call(c, descs, sources, sizes, n));
 }
 
+enum {
+    FUTURE_ATTACHED = 0, /* on the client's list, its read outstanding */
+    FUTURE_WAITING = 1,  /* cube_future_wait is completing it */
+    FUTURE_CLOSING = 2,  /* cube_client_close is completing it */
+    FUTURE_DETACHED = 3  /* completed by close: the client may be gone */
+};
+
 struct cube_future {
     cube_client *client;
     cube_pending *pending;
@@ -254,7 +271,86 @@ struct cube_future {
     core_resolved *resolved;
     size_t n;
     int done;
+    atomic_int state;
+    /* On the client's list while ATTACHED (futures_lock). */
+    struct cube_future *prev, *next;
 };
+
+static void future_link(cube_client *c, cube_future *f)
+{
+    cube_mutex_lock(&c->futures_lock);
+    f->prev = NULL;
+    f->next = c->futures;
+    if (c->futures)
+        c->futures->prev = f;
+    c->futures = f;
+    cube_mutex_unlock(&c->futures_lock);
+}
+
+static void future_unlink(cube_client *c, cube_future *f)
+    CUBE_REQUIRES(c->futures_lock)
+{
+    if (f->prev)
+        f->prev->next = f->next;
+    else
+        c->futures = f->next;
+    if (f->next)
+        f->next->prev = f->prev;
+    f->prev = f->next = NULL;
+}
+
+/* Waits for the future's read and drops its pins; the result stays in
+ * f->result. f->pending is left as it is (cube_future_ready may read it
+ * meanwhile): the caller's wait clears it, a detached future never uses
+ * it again. */
+static void future_complete(cube_client *c, cube_future *f)
+{
+    if (f->pending) {
+        cube_error *err = c->vt->read_wait
+                              ? c->vt->read_wait(c->server, f->pending)
+                              : cube_error_new(CUBE_ERR_INTERNAL,
+                                               "backend left a read pending "
+                                               "without read_wait");
+        core_fault_note(c, err);
+        if (!f->result)
+            f->result = err;
+        else
+            cube_error_free(err);
+    }
+    unpin(c, f->resolved, f->n);
+    f->resolved = NULL;
+}
+
+void core_futures_detach(cube_client *c)
+{
+    for (unsigned spins = 0;; spins++) {
+        cube_future *claimed = NULL;
+        cube_mutex_lock(&c->futures_lock);
+        for (cube_future *f = c->futures; f && !claimed; f = f->next) {
+            int expected = FUTURE_ATTACHED;
+            if (atomic_compare_exchange_strong_explicit(
+                    &f->state, &expected, FUTURE_CLOSING, memory_order_acquire,
+                    memory_order_relaxed))
+                claimed = f;
+        }
+        if (claimed)
+            future_unlink(c, claimed);
+        int left = c->futures != NULL;
+        cube_mutex_unlock(&c->futures_lock);
+        if (claimed) {
+            future_complete(c, claimed);
+            atomic_store_explicit(&claimed->state, FUTURE_DETACHED,
+                                  memory_order_release);
+        } else if (!left) {
+            return;
+        } else if (spins < 64) {
+            sched_yield(); /* a wait on another thread is finishing */
+        } else {
+            struct timespec pause = {0, 100000}; /* 0.1 ms */
+            nanosleep(&pause, NULL);
+        }
+    }
+}
 
 static cube_error *read_async_call(cube_client *c, const cube_copy_desc *descs,
                                    void *const *destinations,
@@ -282,6 +378,8 @@ static cube_error *read_async_call(cube_client *c, const cube_copy_desc *descs,
     f->client = c;
     f->resolved = r;
     f->n = n;
+    atomic_init(&f->state, FUTURE_ATTACHED);
+    future_link(c, f);
     /* A capture refuses the read first, whatever the buffers hold; then
      * the claim check, before any byte is copied. */
     core_stream *st = NULL;
@@ -326,22 +424,33 @@ cube_error *cube_future_wait(cube_future *f)
                               "cube_future_wait: future is NULL");
     if (f->done)
         return NULL;
-    cube_client *c = f->client;
-    if (f->pending) {
-        cube_error *err = c->vt->read_wait
-                              ? c->vt->read_wait(c->server, f->pending)
-                              : cube_error_new(CUBE_ERR_INTERNAL,
-                                               "backend left a read pending "
-                                               "without read_wait");
+    int state = FUTURE_ATTACHED;
+    if (atomic_compare_exchange_strong_explicit(
+            &f->state, &state, FUTURE_WAITING, memory_order_acquire,
+            memory_order_acquire)) {
+        /* The caller's: close waits until it leaves the list. */
+        cube_client *c = f->client;
+        future_complete(c, f);
         f->pending = NULL;
-        core_fault_note(c, err);
-        if (!f->result)
-            f->result = err;
-        else
-            cube_error_free(err);
+        cube_mutex_lock(&c->futures_lock);
+        future_unlink(c, f);
+        cube_mutex_unlock(&c->futures_lock);
+        /* Nothing of the client is touched from here on. */
+    } else {
+        /* cube_client_close completed the read (or is completing it): the
+         * answer is in the future, the client may be gone. */
+        for (unsigned spins = 0;
+             atomic_load_explicit(&f->state, memory_order_acquire) !=
+             FUTURE_DETACHED;
+             spins++) {
+            if (spins < 64) {
+                sched_yield();
+            } else {
+                struct timespec pause = {0, 100000}; /* 0.1 ms */
+                nanosleep(&pause, NULL);
+            }
+        }
     }
-    unpin(c, f->resolved, f->n);
-    f->resolved = NULL;
     f->done = 1;
     cube_error *result = f->result;
     f->result = NULL;
@@ -350,7 +459,16 @@ cube_error *cube_future_wait(cube_future *f)
 
 int cube_future_ready(const cube_future *f)
 {
-    return f && (f->done || !f->pending);
+    if (!f)
+        return 0;
+    if (f->done)
+        return 1;
+    int state = atomic_load_explicit(&f->state, memory_order_acquire);
+    if (state == FUTURE_DETACHED)
+        return 1;
+    /* Close may be completing it (and reads, never writes, f->pending
+     * until DETACHED). */
+    return state != FUTURE_CLOSING && !f->pending;
 }
 
 void cube_future_free(cube_future *f)

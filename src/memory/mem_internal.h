@@ -196,7 +196,9 @@ mem_block *mem_record_take(mem_manager *m) CUBE_REQUIRES(m->lock);
 void mem_record_give(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
 
 /* Storage with out-of-memory handling: on a refusal, releases everything
- * unused and retries once. Errors: CUBE_ERR_OUT_OF_MEMORY. */
+ * unused and retries once. Errors: CUBE_ERR_OUT_OF_MEMORY,
+ * CUBE_ERR_DEVICE_FAULT (the storage's own, passed on without a retry: a
+ * broken device is not short of memory). */
 cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
     CUBE_REQUIRES(m->lock);
 void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size)

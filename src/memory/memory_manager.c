@@ -207,6 +207,11 @@ cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
         m->ops.alloc(m->ops.self, size, m->dev.alignment, address);
     if (!err)
         return NULL;
+    /* A broken device: nothing released could help, and the caller must
+     * see the fault, not a shortage. */
+    if (cube_error_code(err) == CUBE_ERR_DEVICE_FAULT)
+        return cube_error_prefix(err, "reserving %llu bytes of storage",
+                                 (ull)size);
     uint64_t released = release_unused(m);
     puts_flush_locked(m);
     if (released > 0) {
@@ -219,6 +224,9 @@ cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
         if (!err)
             return NULL;
     }
+    if (cube_error_code(err) == CUBE_ERR_DEVICE_FAULT)
+        return cube_error_prefix(err, "reserving %llu bytes of storage",
+                                 (ull)size);
     if (cube_error_code(err) != CUBE_ERR_OUT_OF_MEMORY)
         return cube_error_wrap(err, CUBE_ERR_OUT_OF_MEMORY,
                                "reserving %llu bytes of storage", (ull)size);

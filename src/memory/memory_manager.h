@@ -54,7 +54,8 @@ void mem_manager_destroy(mem_manager *m);
 /* A block of at least `size` bytes, aligned. storage->size is `size`;
  * storage->cookie is the manager's record, needed by mem_free.
  * Errors: CUBE_ERR_INVALID_ARGUMENT (size 0), CUBE_ERR_BUFFER_TOO_BIG,
- * CUBE_ERR_POOL_CAPACITY_EXCEEDED, CUBE_ERR_OUT_OF_MEMORY. */
+ * CUBE_ERR_POOL_CAPACITY_EXCEEDED, CUBE_ERR_OUT_OF_MEMORY,
+ * CUBE_ERR_DEVICE_FAULT (the storage's, as it said it). */
 cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out);
 /* Gives a block back to its pool. */
 void mem_free(mem_manager *m, cube_storage *storage);

@@ -179,6 +179,8 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(client_open_with_options_works)                                          \
     X(client_open_cpu_threads_out_of_range_is_invalid_argument)                \
     X(client_close_frees_what_the_caller_did_not_release)                      \
+    X(client_close_completes_outstanding_futures)                              \
+    X(client_close_while_another_thread_waits_on_a_future)                     \
     X(client_properties_are_sane)                                              \
     X(client_backend_names_lists_cpu_and_is_terminated)                        \
     X(error_accessors_tolerate_null_and_format_whole_error)                    \
@@ -241,6 +243,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(kernel_dynamic_count_sees_count_written_by_previous_kernel)              \
     X(kernel_dynamic_count_buffer_under_12_bytes_is_invalid)                   \
     X(kernel_zero_count_static_is_refused_dynamic_runs_nothing)                \
+    X(kernel_dynamic_zero_count_keeps_output_failures)                         \
     X(kernel_checked_write_past_end_leaves_neighbours_intact)                  \
     X(kernel_checked_read_past_end_gives_zero)                                 \
     X(kernel_math_functions_and_device_helpers)                                \
@@ -301,6 +304,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(graph_replays_equal_the_same_launches_made_directly)                     \
     X(graph_replay_uses_inputs_rewritten_between_replays)                      \
     X(graph_replay_reads_dynamic_count_from_its_buffer)                        \
+    X(graph_replay_of_dynamic_zero_count_keeps_output_failures)                \
     X(graph_end_returns_distinct_nonzero_ids_and_unprepares_the_stream)        \
     X(graph_prepare_twice_is_harmless_and_refused_while_capturing)             \
     X(graph_begin_without_prepare_is_graph_state)                              \

@@ -1,4 +1,5 @@
 /* Clients, properties, backend names, errors and the logger. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,6 +243,79 @@ CONF_TEST(client_close_frees_what_the_caller_did_not_release)
     else
         CONF_EXPECT(err, CUBE_ERR_UNSUPPORTED);
     cube_client_close(c);
+}
+
+/* Starts a read of `size` bytes of `h` on `c` into `dst`. */
+static cube_future *start_read(cube_client *c, cube_handle h, void *dst,
+                               uint64_t size)
+{
+    cube_copy_desc d = cube_copy_desc_contiguous(h, size, 1);
+    void *dsts[1] = {dst};
+    uint64_t sizes[1] = {size};
+    cube_future *f = NULL;
+    CONF_OK(cube_read_async(c, &d, dsts, sizes, 1, &f));
+    assert_non_null(f);
+    return f;
+}
+
+/* A future not waited on when its client closes: close completes the read
+ * (the destination holds the bytes) and the future outlives the client;
+ * waiting on it or freeing it later touches nothing of the client. */
+CONF_TEST(client_close_completes_outstanding_futures)
+{
+    cube_client *c = NULL;
+    CONF_OK(cube_client_open(conf.backend, NULL, &c));
+    unsigned char bytes[4096], got[4096], got2[4096];
+    conf_pattern(bytes, sizeof bytes, 11);
+    memset(got, 0, sizeof got);
+    cube_handle h;
+    CONF_OK(cube_create(c, bytes, sizeof bytes, &h));
+    cube_future *f = start_read(c, h, got, sizeof got);
+    cube_future *unwaited = start_read(c, h, got2, sizeof got2);
+    cube_client_close(c);
+    assert_int_equal(cube_future_ready(f), 1);
+    CONF_OK(cube_future_wait(f));
+    assert_memory_equal(got, bytes, sizeof bytes);
+    CONF_OK(cube_future_wait(f)); /* a second wait: nothing more */
+    cube_future_free(f);
+    cube_future_free(unwaited);
+    assert_memory_equal(got2, bytes, sizeof bytes);
+}
+
+typedef struct future_waiter {
+    cube_future *f;
+    cube_error *err;
+} future_waiter;
+
+static void *wait_future(void *arg)
+{
+    future_waiter *w = arg;
+    w->err = cube_future_wait(w->f);
+    cube_future_free(w->f);
+    return NULL;
+}
+
+/* One thread waits on a future while another closes its client: whichever
+ * completes the read, the wait answers it and nothing freed is touched
+ * (the sanitizer builds judge). */
+CONF_TEST(client_close_while_another_thread_waits_on_a_future)
+{
+    unsigned char bytes[1 << 14], got[1 << 14];
+    conf_pattern(bytes, sizeof bytes, 12);
+    for (int round = 0; round < 40; round++) {
+        cube_client *c = NULL;
+        CONF_OK(cube_client_open(conf.backend, NULL, &c));
+        cube_handle h;
+        CONF_OK(cube_create(c, bytes, sizeof bytes, &h));
+        memset(got, 0, sizeof got);
+        future_waiter w = {start_read(c, h, got, sizeof got), NULL};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, wait_future, &w), 0);
+        cube_client_close(c);
+        assert_int_equal(pthread_join(t, NULL), 0);
+        CONF_OK(w.err);
+        assert_memory_equal(got, bytes, sizeof bytes);
+    }
 }
 
 static int is_power_of_two(uint64_t v)

@@ -352,6 +352,33 @@ CONF_TEST_NEEDS(graph_replay_reads_dynamic_count_from_its_buffer,
     conf_release(y);
 }
 
+/* A replay whose dynamic count is zero runs nothing: the launch's outputs
+ * keep the failures they carried. */
+CONF_TEST_NEEDS(graph_replay_of_dynamic_zero_count_keeps_output_failures,
+                CUBE_FEATURE_KERNELS)
+{
+    uint32_t fill[32];
+    memset(fill, 0x5A, sizeof fill);
+    cube_handle cnt = conf_create(((uint32_t[3]){1, 1, 1}), 12);
+    cube_handle y = conf_create(fill, sizeof fill);
+    cube_arg a = cube_arg_buffer(y);
+    CONF_OK(cube_graph_prepare(conf.client));
+    CONF_OK(cube_graph_begin(conf.client));
+    cube_code code = conf_code(
+        conf_launch(conf.k.count_probe, cube_count_dynamic(cnt), &a, 1, EXEC));
+    cube_graph_id id = g_end();
+    if (g_software_graphs()) {
+        assert_int_equal(code, CUBE_OK);
+        conf_mark_failed(y);
+        CONF_WRITE_OK(cnt, ((uint32_t[3]){0, 1, 1}), 12);
+        g_replay(id);
+        CONF_EXPECT(cube_check(conf.client, &y, 1), CUBE_ERR_SEVERAL);
+    }
+    g_destroy(id);
+    conf_release(cnt);
+    conf_release(y);
+}
+
 CONF_TEST_NEEDS(
     graph_end_returns_distinct_nonzero_ids_and_unprepares_the_stream,
     CUBE_FEATURE_KERNELS)

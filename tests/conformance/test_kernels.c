@@ -546,6 +546,31 @@ CONF_TEST(kernel_zero_count_static_is_refused_dynamic_runs_nothing)
     conf_release(y);
 }
 
+/* A dynamic count of zero runs nothing, so it rewrites nothing: an output
+ * that carried a failure keeps it (a static count's launch that ran clears
+ * it: a full write). */
+CONF_TEST_NEEDS(kernel_dynamic_zero_count_keeps_output_failures,
+                CUBE_FEATURE_KERNELS)
+{
+    uint32_t fill[32];
+    memset(fill, 0x5A, sizeof fill);
+    cube_handle y = conf_create(fill, sizeof fill);
+    cube_handle cnt = conf_create(((uint32_t[3]){0, 1, 1}), 12);
+    cube_arg a[1] = {cube_arg_buffer(y)};
+    conf_mark_failed(y);
+    CONF_OK(
+        conf_launch(conf.k.count_probe, cube_count_dynamic(cnt), a, 1, EXEC));
+    CONF_EXPECT(cube_check(conf.client, &y, 1), CUBE_ERR_SEVERAL);
+    CONF_EXPECT_REFUSED(y, sizeof fill, conf_mark_code());
+    /* One cube: the launch ran, its output is trusted again. */
+    CONF_WRITE_OK(cnt, ((uint32_t[3]){1, 1, 1}), 12);
+    CONF_OK(
+        conf_launch(conf.k.count_probe, cube_count_dynamic(cnt), a, 1, EXEC));
+    CONF_OK(cube_check(conf.client, &y, 1));
+    conf_release(cnt);
+    conf_release(y);
+}
+
 /* Three neighbouring slices of one allocation: A | B | C. */
 enum { NB = 100 };
 

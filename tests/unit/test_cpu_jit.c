@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
@@ -79,6 +80,21 @@ static int capture_warn_count(void)
 }
 
 /* ------------------------------------------------------------------ helpers */
+
+/* fopen, linked with -Wl,--wrap=fopen (tests/CMakeLists.txt): refuses
+ * /proc/cpuinfo while fail_cpuinfo is set. */
+FILE *__real_fopen(const char *path, const char *mode);
+FILE *__wrap_fopen(const char *path, const char *mode);
+static int fail_cpuinfo;
+
+FILE *__wrap_fopen(const char *path, const char *mode)
+{
+    if (fail_cpuinfo && strcmp(path, "/proc/cpuinfo") == 0) {
+        errno = EACCES;
+        return NULL;
+    }
+    return __real_fopen(path, mode);
+}
 
 static char *make_tmpdir(void)
 {
@@ -884,9 +900,111 @@ static void test_missing_compiler(void **state)
     }
     assert_true(cpu_jit_key(jit, ADD_SRC, NULL) != 0);
     cpu_jit_destroy(jit);
-    assert_int_equal(count_entries(dir), SECRET_FILES);
+    /* A compiler that cannot be identified leaves the disk cache off. */
+    assert_int_equal(count_entries(dir), 0);
     /* Nothing broke for a good compiler on the same cache. */
     load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    rm_tree(dir);
+}
+
+/* A compiler that dies of a signal, or fails without a word, failed for
+ * the machine, not for the source: CUBE_ERR_IO naming the signal, never
+ * CUBE_ERR_COMPILE. `cc` answers --version, then runs `body`. */
+static void expect_machine_failure(const char *body, const char *needle)
+{
+    char *dir = make_tmpdir();
+    char cc[512], script[1024];
+    snprintf(cc, sizeof cc, "%s/dying-cc", dir);
+    int n = snprintf(script, sizeof script,
+                     "#!/bin/sh\n"
+                     "if [ \"$1\" = --version ]; then echo dying-cc 1; "
+                     "exit 0; fi\n%s\n",
+                     body);
+    write_file(cc, script, (size_t)n);
+    assert_int_equal(chmod(cc, 0700), 0);
+    cpu_jit_options opts = {.cc = cc, .cflags = NULL, .cache_dir = dir};
+    cpu_jit *jit = NULL;
+    assert_null(cpu_jit_create(&opts, &jit));
+    cpu_module *m = NULL;
+    cube_error *err = cpu_jit_load(jit, ADD_SRC, NULL, &m, NULL);
+    assert_null(m);
+    if (!err || cube_error_code(err) != CUBE_ERR_IO)
+        fail_msg("%s: expected CUBE_ERR_IO, got %s: %s", body,
+                 err ? cube_code_name(cube_error_code(err)) : "success",
+                 err ? cube_error_message(err) : "");
+    if (!strstr(cube_error_message(err), needle))
+        fail_msg("'%s' does not name '%s'", cube_error_message(err), needle);
+    assert_non_null(strstr(cube_error_message(err), "dying-cc"));
+    cube_error_free(err);
+    cpu_jit_destroy(jit);
+    rm_tree(dir);
+}
+
+static void test_compiler_killed_is_io(void **state)
+{
+    (void)state;
+    expect_machine_failure("kill -KILL $$", "signal 9 (SIGKILL)");
+    expect_machine_failure("kill -SEGV $$", "signal 11 (SIGSEGV)");
+    expect_machine_failure("exit 1", "no diagnostics");
+    expect_machine_failure(
+        "echo 'gcc: fatal error: Killed signal terminated program cc1'; "
+        "exit 1",
+        "status 1");
+}
+
+/* Opens a jit on `dir` with compiler `cc` (NULL: the default), expecting
+ * the warning that its disk cache is off because `what` cannot be
+ * identified; two loads both compile and nothing reaches `dir`. */
+static void expect_no_disk_cache(const char *dir, const char *cc,
+                                 const char *what)
+{
+    for (int round = 0; round < 2; round++) {
+        capture_reset();
+        cpu_jit_options opts = {.cc = cc, .cflags = NULL, .cache_dir = dir};
+        cpu_jit *jit = NULL;
+        assert_null(cpu_jit_create(&opts, &jit));
+        assert_int_equal(capture_warn_count(), 1);
+        assert_non_null(strstr(capture_last_warn, "disk cache is off"));
+        assert_non_null(strstr(capture_last_warn, what));
+        cpu_module *m = NULL;
+        cpu_jit_origin origin = CPU_JIT_DISK;
+        cube_error *err = cpu_jit_load(jit, ADD_SRC, NULL, &m, &origin);
+        if (err)
+            fail_msg("load failed: %s", cube_error_message(err));
+        assert_int_equal(origin, CPU_JIT_COMPILED);
+        assert_int_equal(call_add(m, 2, 3), 5);
+        cpu_module_close(m);
+        cpu_jit_destroy(jit);
+        assert_int_equal(capture_warn_count(), 1);
+        assert_int_equal(count_entries(dir), 0);
+    }
+}
+
+/* The key names the CPU and the compiler; when either cannot be
+ * identified there is no disk cache (an entry could be another machine's
+ * or another compiler's), with one warning, and kernels still compile. */
+static void test_unknown_identity_disables_disk_cache(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir();
+    fail_cpuinfo = 1;
+    expect_no_disk_cache(dir, NULL, "/proc/cpuinfo");
+    fail_cpuinfo = 0;
+
+    char cc[512];
+    static const char script[] = "#!/bin/sh\n"
+                                 "if [ \"$1\" = --version ]; then exit 1; fi\n"
+                                 "exec cc \"$@\"\n";
+    char *bin = make_tmpdir();
+    snprintf(cc, sizeof cc, "%s/mute-cc", bin);
+    write_file(cc, script, sizeof script - 1);
+    assert_int_equal(chmod(cc, 0700), 0);
+    expect_no_disk_cache(dir, cc, "--version");
+    rm_tree(bin);
+
+    /* Identified, the same directory caches again. */
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_COMPILED, 0);
+    load_expect(dir, ADD_SRC, NULL, CPU_JIT_DISK, 0);
     rm_tree(dir);
 }
 
@@ -1251,6 +1369,9 @@ int main(void)
         cmocka_unit_test_setup(test_fifo_entry_rebuilt, setup),
         cmocka_unit_test_setup(test_syntax_error, setup),
         cmocka_unit_test_setup(test_missing_compiler, setup),
+        cmocka_unit_test_setup(test_compiler_killed_is_io, setup),
+        cmocka_unit_test_setup(test_unknown_identity_disables_disk_cache,
+                               setup),
         cmocka_unit_test_setup(test_cflags_cannot_redefine_cube_macros, setup),
         cmocka_unit_test_setup(test_launch_flags_and_undefined_symbols, setup),
         cmocka_unit_test_setup(test_flags_change_key, setup),

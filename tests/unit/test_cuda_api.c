@@ -104,12 +104,33 @@ static void test_error_codes_and_text(void **state)
     assert_non_null(strstr(cuda_result_text(NULL, 700), "code 700"));
 }
 
+/* An allocation that fails on a broken context is the device fault, not a
+ * shortage: a sticky error itself, or any error once the context is known
+ * to be broken (the driver may say out of memory). */
+static void test_allocation_failures_consult_the_context(void **state)
+{
+    (void)state;
+    assert_int_equal(cuda_alloc_code(CUDA_ERROR_OUT_OF_MEMORY, 0),
+                     CUBE_ERR_OUT_OF_MEMORY);
+    assert_int_equal(cuda_alloc_code(CUDA_ERROR_INVALID_VALUE, 0),
+                     CUBE_ERR_OUT_OF_MEMORY);
+    assert_int_equal(cuda_alloc_code(CUDA_ERROR_ILLEGAL_ADDRESS, 0),
+                     CUBE_ERR_DEVICE_FAULT);
+    assert_int_equal(cuda_alloc_code(CUDA_ERROR_LAUNCH_FAILED, 0),
+                     CUBE_ERR_DEVICE_FAULT);
+    assert_int_equal(cuda_alloc_code(CUDA_ERROR_OUT_OF_MEMORY, 1),
+                     CUBE_ERR_DEVICE_FAULT);
+    assert_int_equal(cuda_alloc_code(CUDA_ERROR_INVALID_VALUE, 1),
+                     CUBE_ERR_DEVICE_FAULT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_driver_is_unavailable_and_says_why),
         cmocka_unit_test(test_sticky_errors_are_device_faults),
         cmocka_unit_test(test_error_codes_and_text),
+        cmocka_unit_test(test_allocation_failures_consult_the_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

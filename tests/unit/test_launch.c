@@ -229,6 +229,63 @@ static void test_cpu_compile_without_its_directory_records_nothing(void **state)
     assert_int_equal(rmdir(base), 0);
 }
 
+/* The real thing again: the C compiler is killed by a signal (as the
+ * out-of-memory killer would). That is CUBE_ERR_IO naming the signal,
+ * recorded on no buffer, not a compile error; once the compiler lives
+ * the same launch on the same client runs. */
+static void test_cpu_compiler_killed_records_nothing(void **state)
+{
+    (void)state;
+    char base[] = "/tmp/cubert-test-launch-XXXXXX";
+    assert_non_null(mkdtemp(base));
+    char cc[sizeof base + 16], alive[sizeof base + 16];
+    snprintf(cc, sizeof cc, "%s/cc", base);
+    snprintf(alive, sizeof alive, "%s/alive", base);
+    FILE *f = fopen(cc, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "#!/bin/sh\n"
+            "if [ \"$1\" = --version ] || [ -e '%s' ]; then exec cc \"$@\"; "
+            "fi\n"
+            "kill -KILL $$\n",
+            alive);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(chmod(cc, 0700), 0);
+    const char *was = getenv("CUBERT_CPU_CC");
+    char *saved = was ? strdup(was) : NULL;
+    assert_int_equal(setenv("CUBERT_CPU_CC", cc, 1), 0);
+    cube_client *c = open_cpu();
+    if (saved)
+        assert_int_equal(setenv("CUBERT_CPU_CC", saved, 1), 0);
+    else
+        assert_int_equal(unsetenv("CUBERT_CPU_CC"), 0);
+    free(saved);
+
+    cube_kernel *k = fresh_kernel("killed-cc", 0);
+    uint32_t x0[8] = {7, 6, 5, 4, 3, 2, 1, 0}, y0[8] = {9, 9, 9, 9, 9, 9, 9, 9};
+    cube_handle x, y;
+    ok(cube_create(c, x0, sizeof x0, &x));
+    ok(cube_create(c, y0, sizeof y0, &y));
+    expect_code(launch_add_bias(c, k, x, y, 1), CUBE_ERR_IO, "SIGKILL");
+    ok(cube_check(c, &x, 1));
+    ok(cube_check(c, &y, 1));
+    expect_u32s(c, y, y0, 8);
+
+    f = fopen(alive, "w");
+    assert_non_null(f);
+    assert_int_equal(fclose(f), 0);
+    ok(launch_add_bias(c, k, x, y, 1));
+    uint32_t want[8];
+    for (int i = 0; i < 8; i++)
+        want[i] = x0[i] + 1;
+    expect_u32s(c, y, want, 8);
+    cube_kernel_release(k);
+    cube_client_close(c);
+    assert_int_equal(unlink(alive), 0);
+    assert_int_equal(unlink(cc), 0);
+    assert_int_equal(rmdir(base), 0);
+}
+
 /* ------------------------------------------ item: failing kernels */
 
 /* The cache's entries, counted by walking its buckets. */
@@ -473,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_resource_failure_at_compile_records_nothing),
         cmocka_unit_test(
             test_cpu_compile_without_its_directory_records_nothing),
+        cmocka_unit_test(test_cpu_compiler_killed_records_nothing),
         cmocka_unit_test(test_failing_kernel_keeps_one_cache_entry),
         cmocka_unit_test(test_close_while_another_thread_calls),
     };

@@ -27,8 +27,9 @@ typedef struct fake_storage {
     int backed;            /* host memory behind each address */
     uint64_t next_address; /* unbacked: the next address handed out */
     uint64_t allocs, frees, live_bytes;
-    uint64_t limit; /* most live bytes; 0: no limit */
-    int fail_next;  /* refuse this many requests */
+    uint64_t limit;      /* most live bytes; 0: no limit */
+    int fail_next;       /* refuse this many requests */
+    cube_code fail_code; /* with this code (0: CUBE_ERR_OUT_OF_MEMORY) */
     uint64_t refused;
 } fake_storage;
 
@@ -39,7 +40,9 @@ static cube_error *fake_alloc(void *self, uint64_t size, uint64_t align,
     if (s->fail_next > 0) {
         s->fail_next--;
         s->refused++;
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "injected failure");
+        return cube_error_new(s->fail_code ? s->fail_code
+                                           : CUBE_ERR_OUT_OF_MEMORY,
+                              "injected failure");
     }
     if (s->limit && s->live_bytes + size > s->limit) {
         s->refused++;
@@ -723,6 +726,36 @@ static void test_out_of_memory_releases_then_retries(void **state)
     assert_int_equal(usage_of(m).bytes_reserved, 0);
     check_totals(m, &s);
     mem_manager_destroy(m);
+}
+
+/* A storage that answers a device fault (a broken CUDA context) is not
+ * short of memory: the fault comes back as it is, without releasing
+ * anything or asking again, from every kind of pool. */
+static void test_device_fault_is_not_out_of_memory(void **state)
+{
+    (void)state;
+    static const cube_pool_kind kinds[] = {CUBE_POOL_SLICED,
+                                           CUBE_POOL_EXCLUSIVE};
+    for (size_t k = 0; k < 2; k++) {
+        fake_storage s = {0};
+        s.fail_code = CUBE_ERR_DEVICE_FAULT;
+        cube_memory_layout l = one_pool(kinds[k], 4096, 0);
+        mem_manager *m = make(&s, 64, 128 * MIB, &l);
+        /* The one page is in use: the next needs the storage, as does a
+         * tail. */
+        cube_storage held = take(m, 4000);
+        cube_storage x;
+        refuse_next(&s, 1);
+        expect_error(mem_alloc(m, 4000, &x), CUBE_ERR_DEVICE_FAULT, "injected");
+        assert_int_equal(s.refused, 1);
+        refuse_next(&s, 1);
+        expect_error(mem_alloc(m, 64 * KIB, &x), CUBE_ERR_DEVICE_FAULT,
+                     "injected");
+        assert_int_equal(s.refused, 2);
+        mem_free(m, &held);
+        check_totals(m, &s);
+        mem_manager_destroy(m);
+    }
 }
 
 /* --- exclusive pools --- */
@@ -1583,6 +1616,7 @@ int main(void)
         cmocka_unit_test(test_large_tail_reserves_the_rounded_size),
         cmocka_unit_test(test_only_sizes_above_the_device_are_too_big),
         cmocka_unit_test(test_out_of_memory_releases_then_retries),
+        cmocka_unit_test(test_device_fault_is_not_out_of_memory),
         cmocka_unit_test(test_exclusive_pages),
         cmocka_unit_test(test_capped_exclusive_pool_uses_its_free_pages),
         cmocka_unit_test(test_exclusive_pages_released_after_a_while),

@@ -161,6 +161,12 @@ typedef struct cube_dispatch {
     cube_binding bindings[CUBE_MAX_PARAMS];
     unsigned char scalars[CUBE_MAX_PARAMS][8];
     uint32_t mode; /* CUBE_LAUNCH_* */
+    /* With a dynamic count, where the launch slot answers whether it ran:
+     * the backend sets *ran_nothing to 1 when the count it read has a
+     * zero component (no cube ran, no buffer was written) and leaves it
+     * alone otherwise; the client then keeps the outputs' failures. NULL
+     * with a static count. */
+    int *ran_nothing;
 } cube_dispatch;
 
 /* Collectives as the core hands them to a backend (cubert/comm.h). */

@@ -351,15 +351,55 @@ static cube_error *cpu_jit_run(const char *const *argv, char **output,
     return NULL;
 }
 
-/* Describes a wait status for a message: "exited with status 1". */
+/* The name of signal `sig` for a message ("SIGKILL"), or NULL. */
+static const char *cpu_jit_signal_name(int sig)
+{
+    static const struct {
+        int sig;
+        const char *name;
+    } names[] = {
+        {SIGKILL, "SIGKILL"}, {SIGSEGV, "SIGSEGV"}, {SIGABRT, "SIGABRT"},
+        {SIGBUS, "SIGBUS"},   {SIGILL, "SIGILL"},   {SIGFPE, "SIGFPE"},
+        {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"},   {SIGHUP, "SIGHUP"},
+        {SIGPIPE, "SIGPIPE"}, {SIGXCPU, "SIGXCPU"}, {SIGXFSZ, "SIGXFSZ"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].sig == sig)
+            return names[i].name;
+    return NULL;
+}
+
+/* Describes a wait status for a message: "exited with status 1", "was
+ * killed by signal 9 (SIGKILL)". */
 static void cpu_jit_describe_status(int status, char *buf, size_t size)
 {
-    if (WIFEXITED(status))
+    if (WIFEXITED(status)) {
         snprintf(buf, size, "exited with status %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(buf, size, "was killed by signal %d", WTERMSIG(status));
-    else
+    } else if (WIFSIGNALED(status)) {
+        const char *name = cpu_jit_signal_name(WTERMSIG(status));
+        snprintf(buf, size, "was killed by signal %d%s%s%s", WTERMSIG(status),
+                 name ? " (" : "", name ? name : "", name ? ")" : "");
+    } else {
         snprintf(buf, size, "ended with wait status %d", status);
+    }
+}
+
+/* Whether a failed compile is the machine's rather than the source's: the
+ * compiler was killed by a signal (the out-of-memory killer, a crash, a
+ * time limit), its driver says one of its own programs was (GCC: "signal
+ * terminated program cc1"; Clang: "failed due to signal", "unable to
+ * execute command"), or it failed without a word of diagnostics. Another
+ * attempt may succeed; the source was never judged. */
+static bool cpu_jit_failure_is_machine(int status, const char *output)
+{
+    if (!WIFEXITED(status))
+        return true;
+    static const char *const driver_says[] = {"signal terminated program",
+                                              "failed due to signal",
+                                              "unable to execute command"};
+    for (size_t i = 0; i < sizeof driver_says / sizeof driver_says[0]; i++)
+        if (strstr(output, driver_says[i]))
+            return true;
+    return output[strspn(output, " \t\r\n")] == '\0';
 }
 
 /* Number of space-separated words in `s`. */
@@ -433,10 +473,19 @@ static cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         char how[64];
         cpu_jit_describe_status(status, how, sizeof how);
-        err = cube_error_new(CUBE_ERR_COMPILE,
-                             "cpu_jit_load: compiler '%s' %s compiling %s",
-                             jit->cc, how, hex);
-        cube_error_set_log(err, output);
+        if (cpu_jit_failure_is_machine(status, output))
+            err = cube_error_new(CUBE_ERR_IO,
+                                 "cpu_jit_load: compiler '%s' %s compiling "
+                                 "%s%s (the compiler failed, not the "
+                                 "source: another attempt may succeed)",
+                                 jit->cc, how, hex,
+                                 output[0] ? "" : ", with no diagnostics");
+        else
+            err = cube_error_new(CUBE_ERR_COMPILE,
+                                 "cpu_jit_load: compiler '%s' %s compiling %s",
+                                 jit->cc, how, hex);
+        if (output[0])
+            cube_error_set_log(err, output);
         cube_log_write(CUBE_LOG_DEBUG, "compile",
                        "compile of %s failed after %.1f ms", hex, ms);
         free(output);
@@ -771,13 +820,15 @@ cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
 
 /* ------------------------------------------------------------- creation */
 
-/* First line of `cc --version`; "unknown" when it cannot be run (loads
- * will then fail with the reason). */
-static char *cpu_jit_probe_compiler(const char *cc)
+/* First line of `cc --version`; "unknown" with *known false when it
+ * cannot be run (loads will then fail with the reason), fails or says
+ * nothing. NULL for want of memory. */
+static char *cpu_jit_probe_compiler(const char *cc, bool *known)
 {
     const char *argv[] = {cc, "--version", NULL};
     char *output = NULL;
     int status = 0;
+    *known = false;
     cube_error *err = cpu_jit_run(argv, &output, &status);
     if (err) {
         cube_log_write(CUBE_LOG_WARN, "compile",
@@ -787,15 +838,18 @@ static char *cpu_jit_probe_compiler(const char *cc)
         return strdup("unknown");
     }
     output[strcspn(output, "\n")] = '\0';
-    if (!output[0]) {
+    if (!output[0] || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         free(output);
         return strdup("unknown");
     }
+    *known = true;
     return output;
 }
 
-/* The CPU's identity for the key: -march=native output depends on it. */
-static char *cpu_jit_probe_cpu(void)
+/* The CPU's identity for the key: -march=native output depends on it.
+ * *known is false when /proc/cpuinfo cannot be read to its end or names
+ * none of the fields. NULL for want of memory. */
+static char *cpu_jit_probe_cpu(bool *known)
 {
     /* x86 names the first two; arm64 the rest. The first of each is kept
      * (heterogeneous cores may differ; the first core is what we saw). */
@@ -804,6 +858,7 @@ static char *cpu_jit_probe_cpu(void)
     enum { NFIELDS = sizeof fields / sizeof fields[0] };
     cpu_jit_buf id = {0};
     cpu_jit_buf_append(&id, "", 0);
+    *known = false;
     FILE *f = fopen("/proc/cpuinfo", "re");
     if (f) {
         bool seen[NFIELDS] = {false};
@@ -821,6 +876,8 @@ static char *cpu_jit_probe_cpu(void)
                 cpu_jit_buf_append(&id, line, strlen(line));
             }
         }
+        /* Every field found, or the whole file read without one missed. */
+        *known = found == NFIELDS || (found > 0 && feof(f) && !ferror(f));
         free(line);
         fclose(f);
     }
@@ -998,19 +1055,31 @@ cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out)
     jit->cflags = cpu_jit_filter_cflags(cflags ? cflags : "", where);
     jit->tmp_base = strdup(tmp && tmp[0] == '/' ? tmp : "/tmp");
     jit->fixed_flags = cpu_jit_join_fixed_flags();
-    jit->cpu_identity = cpu_jit_probe_cpu();
+    bool cpu_known = false, cc_known = false;
+    jit->cpu_identity = cpu_jit_probe_cpu(&cpu_known);
     if (!jit->cc || !jit->cflags || !jit->tmp_base || !jit->fixed_flags ||
         !jit->cpu_identity)
         goto oom;
-    jit->cc_identity = cpu_jit_probe_compiler(jit->cc);
+    jit->cc_identity = cpu_jit_probe_compiler(jit->cc, &cc_known);
     if (!jit->cc_identity)
         goto oom;
 
     /* Same meaning as disk_cache_open's dir: NULL for the default, ""
-     * for none. */
-    cube_error *err =
-        disk_cache_open(options ? options->cache_dir : NULL, "cpu", ".so",
-                        CPU_JIT_VERSION_TAG, &jit->cache);
+     * for none. The key names the CPU and the compiler: without either
+     * an entry could be shared by another CPU or another compiler, so
+     * there is no disk cache (kernels are compiled and kept in memory). */
+    const char *cache_dir = options ? options->cache_dir : NULL;
+    if ((!cpu_known || !cc_known) && !(cache_dir && !cache_dir[0])) {
+        cube_log_write(CUBE_LOG_WARN, "compile",
+                       "cpu jit: the disk cache is off: cannot identify %s%s%s "
+                       "for its key; kernels are compiled and kept in memory",
+                       cpu_known ? "" : "the CPU (/proc/cpuinfo)",
+                       !cpu_known && !cc_known ? " nor " : "",
+                       cc_known ? "" : "the C compiler (its --version)");
+        cache_dir = "";
+    }
+    cube_error *err = disk_cache_open(cache_dir, "cpu", ".so",
+                                      CPU_JIT_VERSION_TAG, &jit->cache);
     if (err) {
         cpu_jit_destroy(jit);
         return cube_error_prefix(err, "cpu_jit_create");

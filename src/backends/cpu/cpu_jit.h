@@ -53,7 +53,10 @@ typedef enum cpu_jit_origin {
 
 /* Errors: CUBE_ERR_INVALID_ARGUMENT (out NULL), CUBE_ERR_OUT_OF_MEMORY.
  * An unusable cache directory is not an error: the disk cache is disabled
- * with a warning through the logger. */
+ * with a warning through the logger. So is a compiler or CPU that cannot
+ * be identified for the key (`cc --version` fails or prints nothing,
+ * /proc/cpuinfo cannot be read or names none of its fields): one warning,
+ * and no disk cache for this jit. */
 cube_error *cpu_jit_create(const cpu_jit_options *options, cpu_jit **out);
 void cpu_jit_destroy(cpu_jit *jit);
 
@@ -64,8 +67,10 @@ void cpu_jit_destroy(cpu_jit *jit);
  * flags, the compiler's identity (its --version output) and the machine's CPU.
  * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_COMPILE (the compiler's
  * output is the error's log; a symbol nothing defines is one, from the
- * linker), CUBE_ERR_IO (cannot run the compiler or load the object),
- * CUBE_ERR_OUT_OF_MEMORY. `origin` may be NULL. */
+ * linker), CUBE_ERR_IO (cannot run the compiler or load the object; the
+ * compiler, or a program its driver ran, was killed by a signal; it failed
+ * without any diagnostics: the message names the signal or says so, and
+ * any output is the log), CUBE_ERR_OUT_OF_MEMORY. `origin` may be NULL. */
 cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
                          cpu_module **out, cpu_jit_origin *origin);
 

@@ -363,8 +363,12 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
                                       count[i], i, s->props.max_cube_count[i]);
     }
     uint64_t total = (uint64_t)count[0] * count[1] * count[2];
-    if (total == 0)
-        return NULL; /* a dynamic count of zero cubes: nothing to run */
+    if (total == 0) {
+        /* a dynamic count of zero cubes: nothing to run */
+        if (d->ran_nothing)
+            *d->ran_nothing = 1;
+        return NULL;
+    }
     if (total > UINT32_MAX)
         return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
                               "%llu cubes in one launch; the CPU backend runs "

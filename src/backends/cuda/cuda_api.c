@@ -241,6 +241,12 @@ int cuda_result_is_fault(CUresult r)
     }
 }
 
+cube_code cuda_alloc_code(CUresult r, int broken)
+{
+    return cuda_result_is_fault(r) || broken ? CUBE_ERR_DEVICE_FAULT
+                                             : CUBE_ERR_OUT_OF_MEMORY;
+}
+
 cube_error *cuda_error(const cuda_api *a, CUresult r, cube_code code,
                        const char *fmt, ...)
 {

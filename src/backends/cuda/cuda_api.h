@@ -233,4 +233,12 @@ cube_error *cuda_error(const cuda_api *api, CUresult r, cube_code code,
                        const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* The code of a failed allocation (cuMemAlloc, cuMemHostAlloc):
+ * CUBE_ERR_DEVICE_FAULT for a sticky error, and for any error once the
+ * context is known to be broken (`broken`: an earlier call met a sticky
+ * error); else CUBE_ERR_OUT_OF_MEMORY. A broken context's allocations
+ * fail for that reason, whatever the driver calls it: retrying after
+ * freeing memory cannot help. */
+cube_code cuda_alloc_code(CUresult r, int broken);
+
 #endif /* CUBE_CUDA_API_H */

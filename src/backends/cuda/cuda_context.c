@@ -34,6 +34,23 @@ cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
     return cuda_error(s->api, r, code, "%s", context);
 }
 
+cube_error *cuda_fail_alloc(cuda_server *s, CUresult r, const char *fmt, ...)
+{
+    char context[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(context, sizeof context, fmt, ap);
+    va_end(ap);
+    if (cuda_result_is_fault(r))
+        return cuda_fail(s, r, CUBE_ERR_DEVICE_FAULT, "%s", context);
+    if (cuda_alloc_code(r, atomic_load(&s->faulted)) == CUBE_ERR_DEVICE_FAULT)
+        return cube_error_new(CUBE_ERR_DEVICE_FAULT,
+                              "%s: %s after a device fault; the device "
+                              "context is broken, reopen the client",
+                              context, cuda_result_text(s->api, r));
+    return cuda_error(s->api, r, CUBE_ERR_OUT_OF_MEMORY, "%s", context);
+}
+
 cube_error *cuda_context_create(cuda_server *s)
 {
     const cuda_api *a = s->api;

@@ -224,6 +224,11 @@ cube_error *cuda_enter(cuda_server *s);
 cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
                       const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* A cube_error for a failed allocation (cuda_alloc_code): a sticky error
+ * is noted as cuda_fail notes it; any other error once the context is
+ * broken is CUBE_ERR_DEVICE_FAULT too, never CUBE_ERR_OUT_OF_MEMORY. */
+cube_error *cuda_fail_alloc(cuda_server *s, CUresult r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Retains the device's primary context into s->ctx and makes it current
  * (cuda_destroy releases it). Errors: CUBE_ERR_DEVICE_FAULT when an
  * earlier fault broke it for the rest of the process, CUBE_ERR_UNAVAILABLE
@@ -362,6 +367,26 @@ typedef struct cuda_kernel {
     uint32_t packed_bytes;
     uint16_t offset[CUDA_ENTRY_PARAMS];
 } cuda_kernel;
+
+/* The stamp: a device global every module carries, naming the disk cache
+ * entry (key and key material) it was built for, added to the source
+ * after the key is made (the CPU backend's cube__jit_stamp, on CUDA). */
+#define CUDA_STAMP_SYMBOL "cube__cuda_stamp"
+#define CUDA_STAMP_PREFIX "cubert-cuda-stamp "
+#define CUDA_STAMP_BUF 96
+/* The stamp text of entry `key`. */
+void cuda_stamp_text(const disk_cache_key *key, char *buf, size_t size);
+/* `source` with the stamp's definition after it; NULL for want of memory. */
+char *cuda_stamped_source(const char *source, const disk_cache_key *key);
+/* Why the artifact `bytes` cannot be entry `key`'s, or NULL when it may
+ * be: a CUBIN holds its stamp's text verbatim (its initialized globals'
+ * bytes); PTX spells it as numbers, so only the loaded module tells. */
+const char *cuda_artifact_wrong(const unsigned char *bytes, size_t len,
+                                int cubin, const disk_cache_key *key);
+/* Why a loaded module's stamp (`found`: the global's bytes, `n` of them)
+ * is not entry `key`'s, or NULL when it is. */
+const char *cuda_module_stamp_wrong(const char *found, size_t n,
+                                    const disk_cache_key *key);
 
 cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
                          uint32_t mode, cube_compiled *out);

@@ -1,6 +1,18 @@
 /* Compiling kernels on CUDA: cube C through the CUDA prelude and NVRTC to
  * CUBIN for the device's exact architecture (PTX when NVRTC does not know
- * it), a verified disk cache, and the module's signature read back. */
+ * it), a verified disk cache, and the module's signature read back.
+ *
+ * Every module carries a stamp, as the CPU backend's objects do: a device
+ * global, cube__cuda_stamp, naming the entry (key and key material) it was
+ * built for, added to the source after the key is made. A verified entry
+ * is loaded only when its CUBIN holds its own stamp, and kept only when
+ * the loaded module's global is that stamp: an entry that holds another
+ * kernel's module (with a record that matches it) is removed and rebuilt,
+ * never run. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memmem */
+#endif
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,6 +183,70 @@ static cube_error *read_global(cuda_server *s, CUmodule m, const char *prefix,
     return NULL;
 }
 
+/* ------------------------------------------------------------ the stamp */
+
+void cuda_stamp_text(const disk_cache_key *key, char *buf, size_t size)
+{
+    snprintf(buf, size,
+             CUDA_STAMP_PREFIX "%016" PRIx64 "%016" PRIx64 "%016" PRIx64,
+             key->key, key->material_high, key->material_low);
+}
+
+char *cuda_stamped_source(const char *source, const disk_cache_key *key)
+{
+    char stamp[CUDA_STAMP_BUF];
+    cuda_stamp_text(key, stamp, sizeof stamp);
+    static const char fmt[] =
+        "%s\n#line 1 \"cubert-stamp\"\n"
+        "extern \"C\" __device__ const char " CUDA_STAMP_SYMBOL
+        "[] = \"%s\";\n";
+    size_t n = strlen(source) + sizeof fmt + strlen(stamp);
+    char *text = malloc(n);
+    if (text)
+        snprintf(text, n, fmt, source, stamp);
+    return text;
+}
+
+const char *cuda_artifact_wrong(const unsigned char *bytes, size_t len,
+                                int cubin, const disk_cache_key *key)
+{
+    if (!cubin)
+        return NULL;
+    char stamp[CUDA_STAMP_BUF];
+    cuda_stamp_text(key, stamp, sizeof stamp);
+    /* With its terminating NUL: a longer stamp that starts alike is
+     * another. */
+    if (!bytes || !memmem(bytes, len, stamp, strlen(stamp) + 1))
+        return "its CUBIN does not carry the entry's stamp";
+    return NULL;
+}
+
+const char *cuda_module_stamp_wrong(const char *found, size_t n,
+                                    const disk_cache_key *key)
+{
+    char stamp[CUDA_STAMP_BUF];
+    cuda_stamp_text(key, stamp, sizeof stamp);
+    size_t want = strlen(stamp) + 1;
+    if (!found || n == 0)
+        return "the loaded module has no " CUDA_STAMP_SYMBOL;
+    if (n != want || memcmp(found, stamp, want) != 0)
+        return "the loaded module's " CUDA_STAMP_SYMBOL " names another entry";
+    return NULL;
+}
+
+/* Why the loaded module is not entry `key`'s, or NULL. A failure to read
+ * its stamp is returned in *err. */
+static const char *module_wrong(cuda_server *s, CUmodule m,
+                                const disk_cache_key *key, cube_error **err)
+{
+    char found[CUDA_STAMP_BUF];
+    size_t got = 0;
+    *err = read_global(s, m, "", CUDA_STAMP_SYMBOL, found, sizeof found, &got);
+    if (*err)
+        return NULL;
+    return cuda_module_stamp_wrong(found, got, key);
+}
+
 static cube_error *load_module(cuda_server *s, const char *name,
                                const unsigned char *bytes, cuda_kernel *k,
                                cube_compiled *out)
@@ -272,6 +348,11 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
                      strlen(opts[2]), strlen(version)};
     disk_cache_key key;
     disk_cache_key_make(parts, lens, 5, &key);
+    char *stamped = cuda_stamped_source(source, &key);
+    free(source);
+    if (!stamped)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
+    source = stamped;
 
     double t0 = now_ms();
     unsigned char *bytes = NULL;
@@ -280,8 +361,29 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
     int from_disk = disk_cache_get(s->cache, &key, CUDA_MAX_ARTIFACT, &bytes,
                                    &len) == DISK_CACHE_HIT;
     if (from_disk) {
-        err = load_module(s, name, bytes, k, out);
-        if (err) {
+        /* Its own stamp must be in the bytes before the driver sees them,
+         * and be the module's global once loaded. */
+        const char *wrong = cuda_artifact_wrong(bytes, len, cubin, &key);
+        if (!wrong) {
+            err = load_module(s, name, bytes, k, out);
+            if (!err)
+                wrong = module_wrong(s, k->module, &key, &err);
+        }
+        if (wrong) {
+            cube_log_write(CUBE_LOG_WARN, "compile",
+                           "disk cache entry %s is not the kernel '%s' it "
+                           "is filed under (%s); removing it and rebuilding",
+                           key.hex, name, wrong);
+            disk_cache_remove(s->cache, &key);
+            if (k->module)
+                s->api->cuModuleUnload(k->module);
+            k->module = NULL;
+            k->function = NULL;
+            memset(out, 0, sizeof *out);
+            free(bytes);
+            bytes = NULL;
+            from_disk = 0;
+        } else if (err) {
             /* A verified entry the driver refuses (a driver change): build
              * again rather than fail. */
             cube_log_write(CUBE_LOG_WARN, "compile",
@@ -302,7 +404,18 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
         err = nvrtc_build(s, name, source, opts, nopts, cubin, &bytes, &len);
         if (!err)
             err = load_module(s, name, bytes, k, out);
+        const char *wrong = NULL;
         if (!err)
+            wrong = cuda_artifact_wrong(bytes, len, cubin, &key);
+        if (!err && !wrong)
+            wrong = module_wrong(s, k->module, &key, &err);
+        if (!err && wrong)
+            /* The module works, but a cached copy could never be told
+             * from another kernel's: it is not cached. */
+            cube_log_write(CUBE_LOG_WARN, "compile",
+                           "not caching kernel '%s' (%s): %s", name, key.hex,
+                           wrong);
+        else if (!err)
             disk_cache_put(s->cache, &key, bytes, len);
     }
     free(bytes);

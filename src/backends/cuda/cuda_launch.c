@@ -72,8 +72,12 @@ cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,
         err = read_count(s, st, d->count_buffer, count);
         if (err)
             return err;
-        if (!count[0] || !count[1] || !count[2])
-            return NULL; /* a dynamic count of zero cubes: nothing to run */
+        if (!count[0] || !count[1] || !count[2]) {
+            /* a dynamic count of zero cubes: nothing to run */
+            if (d->ran_nothing)
+                *d->ran_nothing = 1;
+            return NULL;
+        }
     }
     /* The entry's arguments, each a pointer to its value and its size. */
     int abi = CUDA_ABI_TAG;

@@ -37,8 +37,8 @@ cube_error *cuda_device_alloc(void *self, uint64_t size, uint64_t align,
     CUresult r = s->api->cuMemAlloc(&p, (size_t)size);
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
     if (r != CUDA_SUCCESS)
-        return cuda_fail(s, r, CUBE_ERR_OUT_OF_MEMORY,
-                         "cuMemAlloc of %llu bytes", (unsigned long long)size);
+        return cuda_fail_alloc(s, r, "cuMemAlloc of %llu bytes",
+                               (unsigned long long)size);
     *address = p;
     return NULL;
 }

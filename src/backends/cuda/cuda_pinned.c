@@ -32,9 +32,8 @@ static cube_error *pinned_alloc(void *self, uint64_t size, uint64_t align,
         s->api->cuMemHostAlloc(&p, (size_t)size, CU_MEMHOSTALLOC_PORTABLE);
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
     if (r != CUDA_SUCCESS)
-        return cuda_fail(s, r, CUBE_ERR_OUT_OF_MEMORY,
-                         "cuMemHostAlloc of %llu bytes",
-                         (unsigned long long)size);
+        return cuda_fail_alloc(s, r, "cuMemHostAlloc of %llu bytes",
+                               (unsigned long long)size);
     *address = (uint64_t)(uintptr_t)p;
     return NULL;
 }

@@ -190,7 +190,7 @@ static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
             dir = path;
         }
         err =
-            disk_cache_open(dir, "cuda", ".cubin", "cubert-cuda-1", &s->cache);
+            disk_cache_open(dir, "cuda", ".cubin", "cubert-cuda-2", &s->cache);
     }
     if (err) {
         cuda_destroy(&s->base);
