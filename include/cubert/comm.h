@@ -163,11 +163,9 @@ CUBE_API CUBE_MUST_USE cube_error *
 cube_reduce(cube_comm *comm, cube_handle src, cube_handle dst, uint64_t count,
             cube_dtype dtype, cube_reduce_op op, uint32_t root);
 /* dst[i * count ..] = rank i's src[0 .. count), on every rank. */
-CUBE_API CUBE_MUST_USE cube_error *cube_all_gather(cube_comm *comm,
-                                                   cube_handle src,
-                                                   cube_handle dst,
-                                                   uint64_t count,
-                                                   cube_dtype dtype);
+CUBE_API CUBE_MUST_USE cube_error *
+cube_all_gather(cube_comm *comm, cube_handle src, cube_handle dst,
+                uint64_t count, cube_dtype dtype);
 /* dst[0 .. count) on rank r = op over ranks of src[r * count ..]. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_reduce_scatter(cube_comm *comm, cube_handle src, cube_handle dst,

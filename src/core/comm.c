@@ -36,14 +36,14 @@ typedef struct comm_call {
     uint32_t from, to; /* p2p: the sender and the receiver */
     uint32_t expected; /* calls to meet: the ranks, or 2 */
     uint32_t arrived;
-    uint32_t issued; /* calls whose part was issued (or will never be) */
-    uint32_t left;   /* calls whose rank is done with the record */
-    int ready;     /* every call arrived and was judged */
-    int cancelled; /* timed out before every call arrived */
-    cube_error *verdict; /* why no rank runs it, or NULL */
-    cube_collective *calls;   /* by rank, or [send, receive] */
-    cube_error **refused;     /* per call: why its rank refused it */
-    cube_error **failed;      /* per call: its source's failure */
+    uint32_t issued;        /* calls whose part was issued (or will never be) */
+    uint32_t left;          /* calls whose rank is done with the record */
+    int ready;              /* every call arrived and was judged */
+    int cancelled;          /* timed out before every call arrived */
+    cube_error *verdict;    /* why no rank runs it, or NULL */
+    cube_collective *calls; /* by rank, or [send, receive] */
+    cube_error **refused;   /* per call: why its rank refused it */
+    cube_error **failed;    /* per call: its source's failure */
     _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
     struct comm_call *next;
 } comm_call;
@@ -53,7 +53,7 @@ typedef struct comm_group {
     cube_mutex lock;
     pthread_cond_t changed; /* a call arrived, was judged or cancelled */
     uint32_t n;
-    uint32_t alive CUBE_GUARDED_FIELD(lock); /* ranks not destroyed */
+    uint32_t alive CUBE_GUARDED_FIELD(lock);      /* ranks not destroyed */
     unsigned char *gone CUBE_GUARDED_FIELD(lock); /* per rank: destroyed */
     uint64_t timeout_ns;
     int aborted CUBE_GUARDED_FIELD(lock);
@@ -76,7 +76,7 @@ struct cube_comm {
 typedef struct pending {
     cube_comm *comm;
     comm_call *call;
-    uint32_t index; /* its place in call->calls */
+    uint32_t index;    /* its place in call->calls */
     cube_error *local; /* its own rank's refusal, answered as is */
     core_resolved src, dst;
     int has_src, has_dst;
@@ -115,8 +115,8 @@ uint32_t cube_dtype_size(cube_dtype dtype)
 
 static const char *dtype_name(uint32_t dtype)
 {
-    static const char *const names[] = {"?",   "i8",  "u8",   "i32",
-                                        "u32", "i64", "u64",  "f16",
+    static const char *const names[] = {"?",    "i8",  "u8",  "i32",
+                                        "u32",  "i64", "u64", "f16",
                                         "bf16", "f32", "f64"};
     return dtype <= CUBE_DTYPE_F64 ? names[dtype] : "?";
 }
@@ -212,8 +212,7 @@ static cube_error *check_init(cube_client *const *clients, uint32_t n,
     for (uint32_t i = 0; i < n; i++) {
         if (!clients[i])
             return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                  "cube_comm_init_all: clients[%u] is NULL",
-                                  i);
+                                  "cube_comm_init_all: clients[%u] is NULL", i);
         if (clients[i]->vt != clients[0]->vt)
             return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                                   "cube_comm_init_all: clients[0] is on %s "
@@ -277,7 +276,8 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     for (uint32_t i = 0; i < n; i++)
         servers[i] = clients[i]->server;
     const cube_server_vtable *vt = clients[0]->vt;
-    err = vt->comm_init ? vt->comm_init(servers, n, impls) : NULL;
+    uint64_t timeout_ms = o.timeout_ms ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
+    err = vt->comm_init ? vt->comm_init(servers, n, timeout_ms, impls) : NULL;
     free(servers);
     if (err) {
         free(g->seq);
@@ -362,9 +362,8 @@ cube_error *cube_comm_abort(cube_comm *comm)
 
 /* The record of call `seq` (p2p: from `from` to `to`), made when this
  * rank is the first to come. NULL for want of memory. */
-static comm_call *call_find(comm_group *g, int p2p, uint32_t from,
-                            uint32_t to, uint64_t seq)
-    CUBE_REQUIRES(g->lock)
+static comm_call *call_find(comm_group *g, int p2p, uint32_t from, uint32_t to,
+                            uint64_t seq) CUBE_REQUIRES(g->lock)
 {
     for (comm_call *k = g->calls; k; k = k->next)
         if (k->seq == seq && k->p2p == p2p &&
@@ -421,8 +420,7 @@ static int agree(const cube_collective *a, const cube_collective *b, int p2p)
 {
     if (p2p)
         return a->count == b->count && a->dtype == b->dtype;
-    return a->kind == b->kind && a->count == b->count &&
-           a->dtype == b->dtype &&
+    return a->kind == b->kind && a->count == b->count && a->dtype == b->dtype &&
            (!is_reduction(a->kind) || a->op == b->op) &&
            ((a->kind != CUBE_COLLECTIVE_BROADCAST &&
              a->kind != CUBE_COLLECTIVE_REDUCE) ||
@@ -459,10 +457,9 @@ static cube_error *judge(const comm_call *k)
                 "%s: a source buffer cannot be trusted (the work that "
                 "should have written it failed), so no rank runs it",
                 kind_name(k->calls[0].kind));
-        cube_error_add_cause(several,
-                             cube_error_prefix(cube_error_clone(k->failed[i]),
-                                               "rank %u's source",
-                                               k->calls[i].rank));
+        cube_error_add_cause(
+            several, cube_error_prefix(cube_error_clone(k->failed[i]),
+                                       "rank %u's source", k->calls[i].rank));
     }
     return several;
 }
@@ -478,8 +475,9 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
         cube_mutex_unlock(&g->lock);
         cube_error_free(failure);
         cube_error_free(p->local);
-        p->local = cube_error_new(CUBE_ERR_ABORTED, "%s: the communicator "
-                                                    "was aborted",
+        p->local = cube_error_new(CUBE_ERR_ABORTED,
+                                  "%s: the communicator "
+                                  "was aborted",
                                   kind_name(mine->kind));
         return;
     }
@@ -506,8 +504,8 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
         cube_mutex_unlock(&g->lock);
         cube_error_free(failure);
         cube_error_free(p->local);
-        p->local = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s",
-                                  kind_name(mine->kind));
+        p->local =
+            cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s", kind_name(mine->kind));
         return;
     }
     k->calls[p->index] = *mine;
@@ -549,9 +547,8 @@ static cube_error *await(pending *p)
             pthread_cond_broadcast(&g->changed);
             break;
         }
-        struct timespec until = {
-            (time_t)(p->deadline_ns / 1000000000ull),
-            (long)(p->deadline_ns % 1000000000ull)};
+        struct timespec until = {(time_t)(p->deadline_ns / 1000000000ull),
+                                 (long)(p->deadline_ns % 1000000000ull)};
         cube_cond_timedwait(&g->changed, &g->lock, &until);
     }
     cube_error *err = NULL;
@@ -734,25 +731,23 @@ static cube_error *check_overlap(const cube_collective *mine, const pending *p,
     if (s + src_bytes <= d || d + dst_bytes <= s)
         return NULL;
     uint64_t mine_at = (uint64_t)mine->rank * one;
-    if (mine->kind == CUBE_COLLECTIVE_ALL_GATHER ? s == d + mine_at
+    if (mine->kind == CUBE_COLLECTIVE_ALL_GATHER       ? s == d + mine_at
         : mine->kind == CUBE_COLLECTIVE_REDUCE_SCATTER ? d == s + mine_at
                                                        : s == d)
         return NULL;
-    return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                          "%s: the source (bytes %llu..%llu) and the "
-                          "destination (bytes %llu..%llu) of one buffer "
-                          "overlap other than in place",
-                          fn, (unsigned long long)s,
-                          (unsigned long long)(s + src_bytes),
-                          (unsigned long long)d,
-                          (unsigned long long)(d + dst_bytes));
+    return cube_error_new(
+        CUBE_ERR_INVALID_ARGUMENT,
+        "%s: the source (bytes %llu..%llu) and the "
+        "destination (bytes %llu..%llu) of one buffer "
+        "overlap other than in place",
+        fn, (unsigned long long)s, (unsigned long long)(s + src_bytes),
+        (unsigned long long)d, (unsigned long long)(d + dst_bytes));
 }
 
 /* Checks one rank's call and resolves its buffers into p. A refusal
  * goes to p->local: the call is still posted, so the peers learn of it. */
-static cube_error *prepare(pending *p, cube_collective *mine,
-                           cube_handle src, cube_handle dst,
-                           cube_error **failure)
+static cube_error *prepare(pending *p, cube_collective *mine, cube_handle src,
+                           cube_handle dst, cube_error **failure)
 {
     cube_comm *comm = p->comm;
     cube_client *c = comm->client;
@@ -912,8 +907,7 @@ static cube_collective make(cube_collective_kind kind, uint64_t count,
 static const cube_handle no_handle = {0};
 
 cube_error *cube_all_reduce(cube_comm *comm, cube_handle src, cube_handle dst,
-                            uint64_t count, cube_dtype dtype,
-                            cube_reduce_op op)
+                            uint64_t count, cube_dtype dtype, cube_reduce_op op)
 {
     COMM_CALL(comm, "cube_all_reduce",
               make(CUBE_COLLECTIVE_ALL_REDUCE, count, dtype, op, 0, 0), src,
@@ -950,8 +944,8 @@ cube_error *cube_reduce_scatter(cube_comm *comm, cube_handle src,
                                 cube_dtype dtype, cube_reduce_op op)
 {
     COMM_CALL(comm, "cube_reduce_scatter",
-              make(CUBE_COLLECTIVE_REDUCE_SCATTER, count, dtype, op, 0, 0),
-              src, dst);
+              make(CUBE_COLLECTIVE_REDUCE_SCATTER, count, dtype, op, 0, 0), src,
+              dst);
 }
 
 cube_error *cube_send(cube_comm *comm, cube_handle src, uint64_t count,

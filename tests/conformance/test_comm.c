@@ -126,13 +126,12 @@ static double get(const void *buf, uint64_t i, cube_dtype t)
 
 static int is_float(cube_dtype t)
 {
-    return t == CUBE_DTYPE_F16 || t == CUBE_DTYPE_BF16 ||
-           t == CUBE_DTYPE_F32 || t == CUBE_DTYPE_F64;
+    return t == CUBE_DTYPE_F16 || t == CUBE_DTYPE_BF16 || t == CUBE_DTYPE_F32 ||
+           t == CUBE_DTYPE_F64;
 }
 
 /* op over ranks of value(r, i), as the contract defines it. */
-static double reference(cube_reduce_op op, uint32_t n, uint64_t i,
-                        cube_dtype t)
+static double reference(cube_reduce_op op, uint32_t n, uint64_t i, cube_dtype t)
 {
     double acc = value(0, i);
     for (uint32_t r = 1; r < n; r++) {
@@ -214,8 +213,8 @@ static void mark_failed(cube_client *c, cube_handle h)
 CONF_TEST(comm_all_reduce_every_dtype_and_op_matches_the_host)
 {
     static const cube_dtype types[] = {
-        CUBE_DTYPE_I8,  CUBE_DTYPE_U8,  CUBE_DTYPE_I32,  CUBE_DTYPE_U32,
-        CUBE_DTYPE_I64, CUBE_DTYPE_U64, CUBE_DTYPE_F16,  CUBE_DTYPE_BF16,
+        CUBE_DTYPE_I8,  CUBE_DTYPE_U8,  CUBE_DTYPE_I32, CUBE_DTYPE_U32,
+        CUBE_DTYPE_I64, CUBE_DTYPE_U64, CUBE_DTYPE_F16, CUBE_DTYPE_BF16,
         CUBE_DTYPE_F32, CUBE_DTYPE_F64};
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(4, c);
@@ -229,8 +228,7 @@ CONF_TEST(comm_all_reduce_every_dtype_and_op_matches_the_host)
         cube_dtype t = types[ti];
         /* More than one chunk of the host engine for the wide types. */
         uint64_t count = cube_dtype_size(t) == 8 ? 5000 : 1001;
-        for (cube_reduce_op op = CUBE_REDUCE_SUM; op <= CUBE_REDUCE_AVG;
-             op++) {
+        for (cube_reduce_op op = CUBE_REDUCE_SUM; op <= CUBE_REDUCE_AVG; op++) {
             if (op == CUBE_REDUCE_AVG && is_float(t) && n == 3)
                 continue; /* x/3 is not exact in every float type */
             cube_handle src[MAX_TEST_RANKS], dst[MAX_TEST_RANKS];
@@ -244,8 +242,7 @@ CONF_TEST(comm_all_reduce_every_dtype_and_op_matches_the_host)
                 CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, t, op));
             CONF_OK(cube_group_end());
             for (uint32_t r = 0; r < n; r++) {
-                expect_reduced(c[r], dst[r], count, t, op, n, 0,
-                               "all-reduce");
+                expect_reduced(c[r], dst[r], count, t, op, n, 0, "all-reduce");
                 CONF_OK(cube_handle_release(c[r], src[r]));
                 CONF_OK(cube_handle_release(c[r], dst[r]));
             }
@@ -319,17 +316,19 @@ static void *every_collective(void *arg)
         goto out;
 
     /* broadcast from the last rank */
-    if (job_ok(job, cube_broadcast(job->comm, src, dst, count, CUBE_DTYPE_F32,
-                                   n - 1),
-               "broadcast")) {
+    if (job_ok(
+            job,
+            cube_broadcast(job->comm, src, dst, count, CUBE_DTYPE_F32, n - 1),
+            "broadcast")) {
         for (uint64_t i = 0; i < count; i++)
             want[i] = (float)((n - 1) * 1000 + i);
         job_expect(job, dst, count * 4, want, "broadcast");
     }
     /* reduce (max) to rank 0; other ranks pass no destination */
     cube_handle none = {0};
-    if (job_ok(job, cube_reduce(job->comm, src, r == 0 ? dst : none, count,
-                                CUBE_DTYPE_F32, CUBE_REDUCE_MAX, 0),
+    if (job_ok(job,
+               cube_reduce(job->comm, src, r == 0 ? dst : none, count,
+                           CUBE_DTYPE_F32, CUBE_REDUCE_MAX, 0),
                "reduce") &&
         r == 0) {
         for (uint64_t i = 0; i < count; i++)
@@ -337,8 +336,7 @@ static void *every_collective(void *arg)
         job_expect(job, dst, count * 4, want, "reduce");
     }
     /* all-gather */
-    if (job_ok(job, cube_all_gather(job->comm, src, dst, count,
-                                    CUBE_DTYPE_F32),
+    if (job_ok(job, cube_all_gather(job->comm, src, dst, count, CUBE_DTYPE_F32),
                "all_gather")) {
         for (uint32_t q = 0; q < n; q++)
             for (uint64_t i = 0; i < count; i++)
@@ -346,8 +344,9 @@ static void *every_collective(void *arg)
         job_expect(job, dst, count * n * 4, want, "all_gather");
     }
     /* reduce-scatter (sum) */
-    if (job_ok(job, cube_reduce_scatter(job->comm, src, dst, count,
-                                        CUBE_DTYPE_F32, CUBE_REDUCE_SUM),
+    if (job_ok(job,
+               cube_reduce_scatter(job->comm, src, dst, count, CUBE_DTYPE_F32,
+                                   CUBE_REDUCE_SUM),
                "reduce_scatter")) {
         for (uint64_t i = 0; i < count; i++) {
             float s = 0;
@@ -434,8 +433,8 @@ CONF_TEST(comm_in_place_layouts_work_and_other_overlaps_are_refused)
         b[r] = filled(c[r], r, count, t, 0);
     CONF_OK(cube_group_begin());
     for (uint32_t r = 0; r < n; r++)
-        CONF_OK(cube_all_reduce(comm[r], b[r], b[r], count, t,
-                                CUBE_REDUCE_SUM));
+        CONF_OK(
+            cube_all_reduce(comm[r], b[r], b[r], count, t, CUBE_REDUCE_SUM));
     CONF_OK(cube_group_end());
     for (uint32_t r = 0; r < n; r++) {
         expect_reduced(c[r], b[r], count, t, CUBE_REDUCE_SUM, n, 0,
@@ -488,9 +487,9 @@ CONF_TEST(comm_in_place_layouts_work_and_other_overlaps_are_refused)
         cube_handle odd = slice_of(c[0], b[0], 4, count * 4);
         cube_handle whole = slice_of(c[0], b[0], 0, count * 4);
         CONF_OK(cube_group_begin());
-        CONF_EXPECT_MSG(cube_all_reduce(comm[0], whole, odd, count, t,
-                                        CUBE_REDUCE_SUM),
-                        CUBE_ERR_INVALID_ARGUMENT, "overlap");
+        CONF_EXPECT_MSG(
+            cube_all_reduce(comm[0], whole, odd, count, t, CUBE_REDUCE_SUM),
+            CUBE_ERR_INVALID_ARGUMENT, "overlap");
         for (uint32_t r = 1; r < n; r++)
             CONF_OK(cube_all_reduce(comm[r], s[r], s[r], count, t,
                                     CUBE_REDUCE_SUM));
@@ -528,8 +527,8 @@ CONF_TEST(comm_failed_source_refuses_on_every_rank_and_marks_destinations)
     mark_failed(c[bad], src[bad]);
     CONF_OK(cube_group_begin());
     for (uint32_t r = 0; r < n; r++)
-        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
-                                CUBE_DTYPE_F32, CUBE_REDUCE_SUM));
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, CUBE_DTYPE_F32,
+                                CUBE_REDUCE_SUM));
     cube_error *err = cube_group_end();
     CONF_CODE(err, CUBE_ERR_SEVERAL);
     char needle[32], *text = cube_error_format(err);
@@ -550,12 +549,12 @@ CONF_TEST(comm_failed_source_refuses_on_every_rank_and_marks_destinations)
     src[bad] = filled(c[bad], bad, count, CUBE_DTYPE_F32, 0);
     CONF_OK(cube_group_begin());
     for (uint32_t r = 0; r < n; r++)
-        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
-                                CUBE_DTYPE_F32, CUBE_REDUCE_SUM));
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, CUBE_DTYPE_F32,
+                                CUBE_REDUCE_SUM));
     CONF_OK(cube_group_end());
     for (uint32_t r = 0; r < n; r++) {
-        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_F32, CUBE_REDUCE_SUM,
-                       n, 0, "after the failure");
+        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_F32, CUBE_REDUCE_SUM, n,
+                       0, "after the failure");
         CONF_OK(cube_handle_release(c[r], src[r]));
         CONF_OK(cube_handle_release(c[r], dst[r]));
         cube_comm_destroy(comm[r]);
@@ -603,9 +602,8 @@ CONF_TEST(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)
     CONF_OK(cube_handle_release(c[1], gone));
     CONF_OK(cube_group_begin());
     for (uint32_t r = 0; r < n; r++) {
-        cube_error *e = cube_all_reduce(comm[r], r == 1 ? gone : src[r],
-                                        dst[r], count, CUBE_DTYPE_U32,
-                                        CUBE_REDUCE_SUM);
+        cube_error *e = cube_all_reduce(comm[r], r == 1 ? gone : src[r], dst[r],
+                                        count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM);
         if (r == 1)
             CONF_EXPECT(e, CUBE_ERR_NOT_FOUND);
         else
@@ -616,18 +614,18 @@ CONF_TEST(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)
     /* Refusals record nothing and move nothing. */
     for (uint32_t r = 0; r < n; r++) {
         CONF_OK(cube_check(c[r], &dst[r], 1));
-        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM,
-                       1, 9, "untouched");
+        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM, 1,
+                       9, "untouched");
     }
     /* The communicator goes on. */
     CONF_OK(cube_group_begin());
     for (uint32_t r = 0; r < n; r++)
-        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
-                                CUBE_DTYPE_U32, CUBE_REDUCE_SUM));
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, CUBE_DTYPE_U32,
+                                CUBE_REDUCE_SUM));
     CONF_OK(cube_group_end());
     for (uint32_t r = 0; r < n; r++) {
-        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM,
-                       n, 0, "after the refusals");
+        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM, n,
+                       0, "after the refusals");
         CONF_OK(cube_handle_release(c[r], src[r]));
         CONF_OK(cube_handle_release(c[r], dst[r]));
         cube_comm_destroy(comm[r]);
@@ -659,8 +657,8 @@ CONF_TEST(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on)
                                     CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
                     CUBE_ERR_TIMEOUT, "1 of 2");
     CONF_EXPECT(cube_check(c[0], &dst[0], 1), CUBE_ERR_SEVERAL);
-    CONF_EXPECT(cube_all_reduce(comm[1], src[1], dst[1], count,
-                                CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+    CONF_EXPECT(cube_all_reduce(comm[1], src[1], dst[1], count, CUBE_DTYPE_U32,
+                                CUBE_REDUCE_SUM),
                 CUBE_ERR_TIMEOUT);
     /* A send without its receive times out; the late receive too. */
     CONF_EXPECT(cube_send(comm[0], src[0], count, CUBE_DTYPE_U32, 1),
@@ -670,8 +668,8 @@ CONF_TEST(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on)
     /* Then both pairs work again. */
     CONF_OK(cube_group_begin());
     for (uint32_t r = 0; r < 2; r++)
-        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
-                                CUBE_DTYPE_U32, CUBE_REDUCE_SUM));
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, CUBE_DTYPE_U32,
+                                CUBE_REDUCE_SUM));
     CONF_OK(cube_send(comm[0], src[0], count, CUBE_DTYPE_U32, 1));
     CONF_OK(cube_recv(comm[1], src[1], count, CUBE_DTYPE_U32, 0));
     CONF_OK(cube_group_end());
@@ -682,8 +680,8 @@ CONF_TEST(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on)
                    "received");
     /* A rank destroyed while another waits for it: no hang either. */
     cube_comm_destroy(comm[1]);
-    CONF_EXPECT(cube_all_reduce(comm[0], src[0], dst[0], count,
-                                CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+    CONF_EXPECT(cube_all_reduce(comm[0], src[0], dst[0], count, CUBE_DTYPE_U32,
+                                CUBE_REDUCE_SUM),
                 CUBE_ERR_TIMEOUT);
     cube_comm_destroy(comm[0]);
     for (uint32_t r = 0; r < 2; r++) {
@@ -716,13 +714,13 @@ CONF_TEST(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls)
     cube_handle h = filled(c[0], 0, 8, CUBE_DTYPE_U32, 0);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, abort_later, comm[1]), 0);
-    CONF_EXPECT(cube_all_reduce(comm[0], h, h, 8, CUBE_DTYPE_U32,
-                                CUBE_REDUCE_SUM),
-                CUBE_ERR_ABORTED);
+    CONF_EXPECT(
+        cube_all_reduce(comm[0], h, h, 8, CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+        CUBE_ERR_ABORTED);
     pthread_join(t, NULL);
-    CONF_EXPECT(cube_all_reduce(comm[0], h, h, 8, CUBE_DTYPE_U32,
-                                CUBE_REDUCE_SUM),
-                CUBE_ERR_ABORTED);
+    CONF_EXPECT(
+        cube_all_reduce(comm[0], h, h, 8, CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+        CUBE_ERR_ABORTED);
     CONF_EXPECT(cube_comm_abort(NULL), CUBE_ERR_INVALID_ARGUMENT);
     CONF_OK(cube_handle_release(c[0], h));
     for (uint32_t r = 0; r < n; r++)
@@ -766,28 +764,28 @@ CONF_TEST(comm_hostile_arguments_get_clear_errors_and_change_nothing)
     CONF_OK(cube_comm_init_all(c, 1, NULL, &one));
     cube_handle h = filled(c[0], 0, 8, CUBE_DTYPE_U32, 0);
     cube_handle small = filled(c[0], 0, 2, CUBE_DTYPE_U32, 0);
-    CONF_EXPECT_MSG(cube_all_reduce(NULL, h, h, 8, CUBE_DTYPE_U32,
-                                    CUBE_REDUCE_SUM),
-                    CUBE_ERR_INVALID_ARGUMENT, "comm is NULL");
-    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, 0, CUBE_DTYPE_U32,
-                                    CUBE_REDUCE_SUM),
-                    CUBE_ERR_INVALID_ARGUMENT, "count is 0");
-    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, 8, (cube_dtype)0,
-                                    CUBE_REDUCE_SUM),
-                    CUBE_ERR_INVALID_ARGUMENT, "dtype");
-    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, 8, (cube_dtype)11,
-                                    CUBE_REDUCE_SUM),
-                    CUBE_ERR_INVALID_ARGUMENT, "dtype");
-    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, 8, CUBE_DTYPE_U32,
-                                    (cube_reduce_op)6),
-                    CUBE_ERR_INVALID_ARGUMENT, "op");
+    CONF_EXPECT_MSG(
+        cube_all_reduce(NULL, h, h, 8, CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+        CUBE_ERR_INVALID_ARGUMENT, "comm is NULL");
+    CONF_EXPECT_MSG(
+        cube_all_reduce(one, h, h, 0, CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+        CUBE_ERR_INVALID_ARGUMENT, "count is 0");
+    CONF_EXPECT_MSG(
+        cube_all_reduce(one, h, h, 8, (cube_dtype)0, CUBE_REDUCE_SUM),
+        CUBE_ERR_INVALID_ARGUMENT, "dtype");
+    CONF_EXPECT_MSG(
+        cube_all_reduce(one, h, h, 8, (cube_dtype)11, CUBE_REDUCE_SUM),
+        CUBE_ERR_INVALID_ARGUMENT, "dtype");
+    CONF_EXPECT_MSG(
+        cube_all_reduce(one, h, h, 8, CUBE_DTYPE_U32, (cube_reduce_op)6),
+        CUBE_ERR_INVALID_ARGUMENT, "op");
     CONF_EXPECT_MSG(cube_broadcast(one, h, h, 8, CUBE_DTYPE_U32, 1),
                     CUBE_ERR_INVALID_ARGUMENT, "root");
-    CONF_EXPECT_MSG(cube_all_reduce(one, h, small, 8, CUBE_DTYPE_U32,
+    CONF_EXPECT_MSG(
+        cube_all_reduce(one, h, small, 8, CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
+        CUBE_ERR_INVALID_ARGUMENT, "holds 8 bytes");
+    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, UINT64_MAX / 2, CUBE_DTYPE_U32,
                                     CUBE_REDUCE_SUM),
-                    CUBE_ERR_INVALID_ARGUMENT, "holds 8 bytes");
-    CONF_EXPECT_MSG(cube_all_reduce(one, h, h, UINT64_MAX / 2,
-                                    CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
                     CUBE_ERR_INVALID_ARGUMENT, "overflows");
     CONF_EXPECT_MSG(cube_all_reduce(one, conf.sentinel, h, 8, CUBE_DTYPE_U32,
                                     CUBE_REDUCE_SUM),
@@ -798,8 +796,7 @@ CONF_TEST(comm_hostile_arguments_get_clear_errors_and_change_nothing)
                     CUBE_ERR_INVALID_ARGUMENT, "peer");
     /* A group whose call was refused answers the refusal at its end. */
     CONF_OK(cube_group_begin());
-    CONF_EXPECT(cube_all_reduce(one, h, h, 0, CUBE_DTYPE_U32,
-                                CUBE_REDUCE_SUM),
+    CONF_EXPECT(cube_all_reduce(one, h, h, 0, CUBE_DTYPE_U32, CUBE_REDUCE_SUM),
                 CUBE_ERR_INVALID_ARGUMENT);
     CONF_EXPECT_MSG(cube_group_end(), CUBE_ERR_INVALID_ARGUMENT, "count");
     /* And the communicator still works. */
@@ -917,8 +914,8 @@ CONF_TEST_NEEDS(comm_kernel_on_another_stream_sees_the_reduced_buffer,
     }
     CONF_OK(cube_group_begin());
     for (uint32_t r = 0; r < n; r++)
-        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count,
-                                CUBE_DTYPE_F32, CUBE_REDUCE_SUM));
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, CUBE_DTYPE_F32,
+                                CUBE_REDUCE_SUM));
     CONF_OK(cube_group_end());
     /* Another thread (its own stream) reads rank 0's result at once. */
     reader_job j = {c[0], dst[0], {0}, count, NULL};
@@ -929,8 +926,8 @@ CONF_TEST_NEEDS(comm_kernel_on_another_stream_sees_the_reduced_buffer,
     CONF_OK(j.err);
     float *got = read_all(c[0], j.y, count * 4);
     for (uint32_t i = 0; i < count; i++)
-        if (got[i] != 2.0f * (float)reference(CUBE_REDUCE_SUM, n, i,
-                                               CUBE_DTYPE_F32))
+        if (got[i] !=
+            2.0f * (float)reference(CUBE_REDUCE_SUM, n, i, CUBE_DTYPE_F32))
             fail_msg("element %u is %g", i, got[i]);
     free(got);
     CONF_OK(cube_handle_release(c[0], j.y));

@@ -134,10 +134,8 @@ static void test_list_refuses_bad_names(void **state)
     assert_int_equal(n, 0);
     expect(cube_device_describe(NULL, &info), CUBE_ERR_INVALID_ARGUMENT,
            "device");
-    expect(cube_device_describe("cpu", NULL), CUBE_ERR_INVALID_ARGUMENT,
-           "out");
-    expect(cube_device_describe("cpu:1", &info), CUBE_ERR_NOT_FOUND,
-           "index 1");
+    expect(cube_device_describe("cpu", NULL), CUBE_ERR_INVALID_ARGUMENT, "out");
+    expect(cube_device_describe("cpu:1", &info), CUBE_ERR_NOT_FOUND, "index 1");
     expect(cube_device_describe("cpu:-1", &info), CUBE_ERR_INVALID_ARGUMENT,
            "index");
     expect(cube_device_describe(":0", &info), CUBE_ERR_INVALID_ARGUMENT,
@@ -267,8 +265,8 @@ static void test_conflicting_options_are_refused(void **state)
 
 /* ---------------------------------------------- what each client keeps */
 
-static void test_dry_run_profiles_and_captures_stay_with_their_client(
-    void **state)
+static void
+test_dry_run_profiles_and_captures_stay_with_their_client(void **state)
 {
     (void)state;
     cube_client *a = open_client("cpu", NULL);
@@ -438,8 +436,7 @@ static void test_threads_open_and_close_one_device(void **state)
     enum { THREADS = 4 };
     pthread_t t[THREADS];
     for (int i = 0; i < THREADS; i++)
-        assert_int_equal(pthread_create(&t[i], NULL, open_close_loop, NULL),
-                         0);
+        assert_int_equal(pthread_create(&t[i], NULL, open_close_loop, NULL), 0);
     for (int i = 0; i < THREADS; i++) {
         void *res = NULL;
         pthread_join(t[i], &res);
@@ -461,7 +458,8 @@ int main(void)
         cmocka_unit_test(test_conflicting_options_are_refused),
         cmocka_unit_test(
             test_dry_run_profiles_and_captures_stay_with_their_client),
-        cmocka_unit_test(test_fault_is_the_devices_and_a_new_open_starts_afresh),
+        cmocka_unit_test(
+            test_fault_is_the_devices_and_a_new_open_starts_afresh),
         cmocka_unit_test(test_virtual_cpu_devices_are_separate_servers),
         cmocka_unit_test(test_threads_open_and_close_one_device),
     };

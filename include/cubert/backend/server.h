@@ -349,11 +349,12 @@ struct cube_server_vtable {
 
     /* comm_init: makes the backend's state of each rank of a new
      * communicator over `servers` (n ranks, one server each, all of this
-     * backend) into impls[i] (NULL when it keeps none). Called once for
-     * the whole communicator, from one thread. comm_destroy frees one
-     * rank's; comm_abort stops one rank's work in flight (never blocks). */
+     * backend) into impls[i] (NULL when it keeps none), giving up after
+     * `timeout_ms`. Called once for the whole communicator, from one
+     * thread. comm_destroy frees one rank's; comm_abort stops one rank's
+     * work in flight (never blocks). */
     cube_error *(*comm_init)(cube_server *const *servers, uint32_t n,
-                             void **impls);
+                             uint64_t timeout_ms, void **impls);
     void (*comm_destroy)(cube_server *server, void *impl);
     void (*comm_abort)(cube_server *server, void *impl);
     /* collective: issues the calling rank's part (set->calls[set->index])

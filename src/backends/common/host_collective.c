@@ -51,8 +51,8 @@ static float f16_to_f32(uint16_t h)
                 e++;
                 man <<= 1;
             } while (!(man & 1024u));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) |
-                   ((man & 1023u) << 13);
+            bits =
+                sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 1023u) << 13);
         }
     } else if (exp == 31) {
         bits = sign | 0x7f800000u | (man << 13);
@@ -213,8 +213,8 @@ static void divide(void *acc, size_t n, uint32_t dtype, uint32_t ranks)
  * (at most a chunk). Combined in a buffer of its own, so dst may be one of
  * the sources. */
 static void reduce_into(unsigned char *dst, const cube_collective *calls,
-                        uint32_t ranks, uint64_t src_off, size_t n,
-                        uint32_t es, uint32_t dtype, uint32_t op)
+                        uint32_t ranks, uint64_t src_off, size_t n, uint32_t es,
+                        uint32_t dtype, uint32_t op)
 {
     _Alignas(64) unsigned char acc[CHUNK_BYTES];
     size_t bytes = n * es;
@@ -228,25 +228,23 @@ static void reduce_into(unsigned char *dst, const cube_collective *calls,
 
 /* Runs chunk `c` of the set's collective. `per` is the chunks of one
  * destination range of `count` elements. */
-static void run_chunk(const cube_collective_set *set, uint64_t c,
-                      uint64_t per, uint64_t elems_per_chunk)
+static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
+                      uint64_t elems_per_chunk)
 {
     const cube_collective *first = &set->calls[0];
     uint32_t es = cube_dtype_size((cube_dtype)first->dtype);
     uint32_t ranks = first->nranks;
     uint64_t part = c / per, within = c % per;
     uint64_t e0 = within * elems_per_chunk;
-    size_t n = (size_t)(first->count - e0 < elems_per_chunk
-                            ? first->count - e0
-                            : elems_per_chunk);
+    size_t n = (size_t)(first->count - e0 < elems_per_chunk ? first->count - e0
+                                                            : elems_per_chunk);
     uint64_t off = e0 * es;
     size_t bytes = n * es;
     switch (first->kind) {
     case CUBE_COLLECTIVE_ALL_REDUCE: {
         /* Reduced once into rank 0's destination, copied to the others. */
         unsigned char *d0 = at(&set->calls[0].dst) + off;
-        reduce_into(d0, set->calls, ranks, off, n, es, first->dtype,
-                    first->op);
+        reduce_into(d0, set->calls, ranks, off, n, es, first->dtype, first->op);
         for (uint32_t r = 1; r < ranks; r++)
             memcpy(at(&set->calls[r].dst) + off, d0, bytes);
         break;
@@ -281,8 +279,8 @@ static void run_chunk(const cube_collective_set *set, uint64_t c,
         /* Part `part` is rank part's result, from part * count of every
          * source. */
         uint64_t soff = part * first->count * es + off;
-        reduce_into(at(&set->calls[part].dst) + off, set->calls, ranks, soff,
-                    n, es, first->dtype, first->op);
+        reduce_into(at(&set->calls[part].dst) + off, set->calls, ranks, soff, n,
+                    es, first->dtype, first->op);
         break;
     }
     case CUBE_COLLECTIVE_SEND:
@@ -317,16 +315,15 @@ cube_error *host_collective(cube_server *server, cube_server_stream *stream,
     chunk_counter *cc = set->shared;
     uint64_t per, elems, total = chunk_plan(set, &per, &elems);
     uint64_t c;
-    while ((c = atomic_fetch_add_explicit(&cc->next, 1,
-                                          memory_order_relaxed)) < total) {
+    while ((c = atomic_fetch_add_explicit(&cc->next, 1, memory_order_relaxed)) <
+           total) {
         run_chunk(set, c, per, elems);
         atomic_fetch_add_explicit(&cc->done, 1, memory_order_release);
     }
     /* The last chunks may be another rank's, still running: this rank's
      * destination is written when every chunk is. */
     for (unsigned spins = 0;
-         atomic_load_explicit(&cc->done, memory_order_acquire) < total;
-         spins++)
+         atomic_load_explicit(&cc->done, memory_order_acquire) < total; spins++)
         sched_yield();
     host_busy_end(stream, t0);
     return NULL;

@@ -28,6 +28,12 @@ const cube_config_key cuda_config_keys[] = {
                      "/usr/local/cuda/lib64/libnvrtc.so",
      .doc = "the NVRTC library to load: a path or a name the dynamic loader "
             "finds"},
+    {.name = "nccl_library",
+     .type = CUBE_CONFIG_TEXT,
+     .max_len = CUBE_CONFIG_TEXT_MAX,
+     .default_text = "libnccl.so.2, else libnccl.so",
+     .doc = "the NCCL library CUDA collectives load: a path or a name the "
+            "dynamic loader finds"},
     {.name = NULL}};
 
 /* Opens the library configuration key `key` names, else the first of
@@ -125,6 +131,9 @@ static void load(void)
     DRV(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2")
     DRV(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
     DRV(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2")
+    DRV(cuMemcpyPeerAsync, "cuMemcpyPeerAsync")
+    DRV(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer")
+    DRV(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess")
     DRV(cuMemcpy2DAsync, "cuMemcpy2DAsync_v2")
     DRV(cuMemcpyDtoH, "cuMemcpyDtoH_v2")
     DRV(cuStreamCreate, "cuStreamCreate")

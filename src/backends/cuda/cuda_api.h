@@ -45,6 +45,7 @@ enum {
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_LAUNCH_TIMEOUT = 702,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
     CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_ASSERT = 710,
     CUDA_ERROR_HARDWARE_STACK_ERROR = 714,
@@ -143,6 +144,11 @@ typedef struct cuda_api {
             (void *, CUdeviceptr, size_t, CUstream))
     CUDA_FN(CUresult, cuMemcpyDtoDAsync,
             (CUdeviceptr, CUdeviceptr, size_t, CUstream))
+    /* Copies between devices (peer copies). */
+    CUDA_FN(CUresult, cuMemcpyPeerAsync,
+            (CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream))
+    CUDA_FN(CUresult, cuDeviceCanAccessPeer, (int *, CUdevice, CUdevice))
+    CUDA_FN(CUresult, cuCtxEnablePeerAccess, (CUcontext, unsigned))
     CUDA_FN(CUresult, cuMemcpy2DAsync, (const cuda_memcpy2d *, CUstream))
     CUDA_FN(CUresult, cuMemcpyDtoH, (void *, CUdeviceptr, size_t))
     CUDA_FN(CUresult, cuStreamCreate, (CUstream *, unsigned))

@@ -1,9 +1,9 @@
 /* The CUDA backend's internals, shared by the files of src/backends/cuda.
  *
- * One server per client (each cube_client_open opens its own), on the
- * device's primary context (shared with the CUDA runtime and the libraries
- * built on it, so device pointers pass between them). The client creates
- * the streams and owns them, each with its memory manager; the backend
+ * One server per device and process (every client of the device shares
+ * it), on the device's primary context (shared with the CUDA runtime and the
+ * libraries built on it, so device pointers pass between them). The client
+ * creates the streams and owns them, each with its memory manager; the backend
  * gives each stream a non-blocking CUDA stream (a cuda_stream, the
  * cube_server_stream's impl) and the device memory its manager allocates
  * from. Pinned host memory goes through a pooled manager of the server's
@@ -41,6 +41,8 @@
  *   cuda_transfer.c  reads and writes, the open read, cuda_stream_begin
  *   cuda_kernels.c   compiling: NVRTC, module loading, the disk cache
  *   cuda_launch.c    launches: arguments, dynamic cube counts
+ *   cuda_collective.c  copies between devices, NCCL communicators and
+ *                    collectives (NCCL through nccl_api.h)
  *   cuda_graph.c     capture, replay, destroy
  *   cuda_profile.c   profiling windows
  *   cuda_server.c    properties, open and destroy, the vtable, the backend
@@ -63,7 +65,8 @@
 #include "memory/memory_manager.h"
 
 #define CUDA_ALIGNMENT 256
-#define CUDA_USE_SLOTS 4 /* foreign streams a block tracks exactly */
+#define CUDA_USE_SLOTS 4  /* foreign streams a block tracks exactly */
+#define CUDA_MAX_PEERS 64 /* devices peer access is tracked for */
 
 /* (stream index + 1) << 48 | sequence; 0 for "none". */
 #define CUDA_TAG(index, seq) ((((uint64_t)(index) + 1) << 48) | (seq))
@@ -197,6 +200,10 @@ struct cuda_server {
      * starts only when no capture runs. */
     int frees_running CUBE_GUARDED_FIELD(deferred_lock);
     pthread_cond_t frees_idle; /* frees_running reached 0 */
+
+    /* Devices whose memory this context was asked to reach (peer access
+     * tried once each, by ordinal). */
+    atomic_int peer_tried[CUDA_MAX_PEERS];
 
     /* Events for profiling windows, transfers and reads, recycled
      * (cuda_events.c). */
@@ -395,6 +402,21 @@ void cuda_compiled_release(cube_server *server, cube_compiled *compiled);
 /* --- cuda_launch.c --- */
 cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,
                         const cube_dispatch *dispatch);
+
+/* --- cuda_collective.c --- */
+/* ServerCommunication slots of the vtable. */
+cube_error *cuda_copy_to_peer(cube_server *server, cube_server_stream *stream,
+                              const cube_binding *src, cube_server *peer,
+                              cube_server_stream *peer_stream,
+                              const cube_binding *dst);
+cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
+                           uint64_t timeout_ms, void **impls);
+void cuda_comm_destroy(cube_server *server, void *impl);
+void cuda_comm_abort(cube_server *server, void *impl);
+cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
+                            void *impl, const cube_collective_set *set);
+void cuda_group_begin(void);
+cube_error *cuda_group_end(void);
 
 /* --- cuda_graph.c --- */
 cube_error *cuda_begin_capture(cube_server *server, cube_server_stream *stream);

@@ -126,6 +126,13 @@ static const cube_server_vtable cuda_vtable = {
     .start_profile = cuda_start_profile,
     .end_profile = cuda_end_profile,
     .abandon_profile = cuda_abandon_profile,
+    .copy_to_peer = cuda_copy_to_peer,
+    .comm_init = cuda_comm_init,
+    .comm_destroy = cuda_comm_destroy,
+    .comm_abort = cuda_comm_abort,
+    .collective = cuda_collective,
+    .group_begin = cuda_group_begin,
+    .group_end = cuda_group_end,
 };
 
 static cube_error *cuda_device_count(uint32_t *out)

@@ -1,0 +1,486 @@
+/* ServerCommunication on CUDA: copies between devices' buffers and NCCL
+ * collectives, each ordered on the calling stream like a launch (after
+ * the last writers of what it reads and the other streams' uses of what
+ * it writes, and marked as a use of both).
+ *
+ * The core has matched and checked every rank's call before a part comes
+ * here, so NCCL only ever sees calls that pair up. Communicators are
+ * non-blocking (NCCL's `blocking = 0`): making one, and a call NCCL answers
+ * "in progress", are polled against a deadline and aborted past it, so a
+ * broken peer is an error, never a hang.
+ *
+ * Locks: none of its own; the core holds the calling streams.
+ */
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/nccl_api.h"
+#include "cubert/comm.h"
+#include "cubert/log.h"
+
+/* --- copies between buffers --- */
+
+/* Lets `dst`'s context reach `src`'s memory directly, once per pair;
+ * without peer access the driver stages the copy itself. */
+static void enable_peer_access(cuda_server *dst, cuda_server *src)
+{
+    int ordinal = src->ordinal;
+    if (ordinal < 0 || ordinal >= CUDA_MAX_PEERS)
+        return;
+    if (atomic_exchange(&dst->peer_tried[ordinal], 1))
+        return;
+    int can = 0;
+    const cuda_api *a = dst->api;
+    if (a->cuDeviceCanAccessPeer(&can, dst->device, src->device) !=
+            CUDA_SUCCESS ||
+        !can) {
+        cube_log_write(CUBE_LOG_INFO, "cuda",
+                       "no peer access from device %d to %d: copies between "
+                       "them go through the host",
+                       dst->ordinal, src->ordinal);
+        return;
+    }
+    CUresult r = a->cuCtxEnablePeerAccess(src->ctx, 0);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+        cube_log_write(CUBE_LOG_WARN, "cuda",
+                       "cannot enable peer access from device %d to %d: %s",
+                       dst->ordinal, src->ordinal, cuda_result_text(a, r));
+}
+
+/* Marks the copy just enqueued on `st` as a read of `src` and a write of
+ * `dst` (both blocks of st's server). */
+static cube_error *note_copy(cuda_server *s, cuda_stream *st, cuda_block *src,
+                             cuda_block *dst)
+{
+    uint64_t seq = cuda_stream_next(st);
+    int shared = 0;
+    if (src)
+        shared |= cuda_block_used(st, src, seq, 0);
+    if (dst)
+        shared |= cuda_block_used(st, dst, seq, 1);
+    return shared ? cuda_stream_record(s, st) : NULL;
+}
+
+/* Both buffers on one device: one device-to-device copy on the
+ * destination's stream. */
+static cube_error *copy_on_device(cuda_server *s, cube_server_stream *stream,
+                                  const cube_binding *src,
+                                  const cube_binding *dst)
+{
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_begin(s, stream, &st);
+    if (!err)
+        err = cuda_block_before_use(s, st, src->storage->cookie, 0);
+    if (!err)
+        err = cuda_block_before_use(s, st, dst->storage->cookie, 1);
+    if (err)
+        return err;
+    CUresult r = s->api->cuMemcpyDtoDAsync(dst->storage->address + dst->offset,
+                                           src->storage->address + src->offset,
+                                           dst->size, st->cu);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuMemcpyDtoDAsync");
+    return note_copy(s, st, src->storage->cookie, dst->storage->cookie);
+}
+
+cube_error *cuda_copy_to_peer(cube_server *server, cube_server_stream *stream,
+                              const cube_binding *src, cube_server *peer,
+                              cube_server_stream *peer_stream,
+                              const cube_binding *dst)
+{
+    cuda_server *a = (cuda_server *)server, *b = (cuda_server *)peer;
+    if (a == b)
+        return copy_on_device(a, peer_stream, src, dst);
+    /* The source's side: after its last writer, an event the copy waits
+     * for. */
+    cuda_stream *sa = NULL, *sb = NULL;
+    CUevent ready = NULL, done = NULL;
+    cube_error *err = cuda_stream_begin(a, stream, &sa);
+    if (!err)
+        err = cuda_block_before_use(a, sa, src->storage->cookie, 0);
+    if (!err)
+        err = cuda_event_get(a, &ready);
+    if (!err) {
+        CUresult r = a->api->cuEventRecord(ready, sa->cu);
+        if (r != CUDA_SUCCESS)
+            err = cuda_fail(a, r, CUBE_ERR_INTERNAL, "cuEventRecord");
+    }
+    /* The destination's side: the copy, after the destination's other
+     * uses and the source's event. */
+    if (!err)
+        err = cuda_stream_begin(b, peer_stream, &sb);
+    if (!err)
+        err = cuda_block_before_use(b, sb, dst->storage->cookie, 1);
+    if (!err) {
+        enable_peer_access(b, a);
+        CUresult r = b->api->cuStreamWaitEvent(sb->cu, ready, 0);
+        if (r == CUDA_SUCCESS)
+            r = b->api->cuMemcpyPeerAsync(
+                dst->storage->address + dst->offset, b->ctx,
+                src->storage->address + src->offset, a->ctx, dst->size, sb->cu);
+        if (r != CUDA_SUCCESS)
+            err = cuda_fail(b, r, CUBE_ERR_INTERNAL, "cuMemcpyPeerAsync");
+    }
+    if (!err)
+        err = note_copy(b, sb, NULL, dst->storage->cookie);
+    /* Back on the source's stream: later writers of the source there wait
+     * for the copy. */
+    if (!err)
+        err = cuda_event_get(b, &done);
+    if (!err) {
+        CUresult r = b->api->cuEventRecord(done, sb->cu);
+        if (r == CUDA_SUCCESS) {
+            err = cuda_enter(a);
+            if (!err)
+                r = a->api->cuStreamWaitEvent(sa->cu, done, 0);
+        }
+        if (!err && r != CUDA_SUCCESS)
+            err = cuda_fail(a, r, CUBE_ERR_INTERNAL, "cuStreamWaitEvent");
+    }
+    if (!err)
+        err = note_copy(a, sa, src->storage->cookie, NULL);
+    /* An event may go back to its pool once the waits are enqueued: a
+     * wait takes the record it sees when it is made. */
+    if (ready)
+        cuda_event_put(a, ready);
+    if (done)
+        cuda_event_put(b, done);
+    return err;
+}
+
+/* --- NCCL communicators --- */
+
+/* One rank's NCCL state: a collective slot's impl. */
+typedef struct cuda_rank {
+    const nccl_api *nccl;
+    ncclComm_t comm;
+    uint64_t timeout_ns;
+    int aborted;
+} cuda_rank;
+
+/* Ranks whose parts this thread issues between group_begin and group_end,
+ * and the streams whose cross-stream event must be recorded once NCCL has
+ * enqueued their parts (at ncclGroupEnd). */
+#define GROUP_RECORDS 64
+static _Thread_local int in_group;
+static _Thread_local struct {
+    cuda_server *s;
+    cuda_stream *st;
+} group_records[GROUP_RECORDS];
+static _Thread_local size_t group_record_count;
+
+static uint64_t clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Polls a non-blocking communicator until NCCL is done with the last
+ * call on it; past `deadline` the communicator is aborted. */
+static ncclResult_t settle(const nccl_api *n, ncclComm_t comm,
+                           uint64_t deadline, int *timed_out)
+{
+    ncclResult_t state = ncclInProgress;
+    for (unsigned spins = 0;; spins++) {
+        ncclResult_t r = n->ncclCommGetAsyncError(comm, &state);
+        if (r != ncclSuccess)
+            return r;
+        if (state != ncclInProgress)
+            return state;
+        if (clock_ns() >= deadline) {
+            *timed_out = 1;
+            n->ncclCommAbort(comm);
+            return ncclInProgress;
+        }
+        if (spins > 64) {
+            struct timespec pause = {0, 100000};
+            nanosleep(&pause, NULL);
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+static cube_error *nccl_failure(const nccl_api *n, ncclResult_t r,
+                                ncclComm_t comm, int timed_out,
+                                const char *what)
+{
+    if (timed_out)
+        return cube_error_new(CUBE_ERR_TIMEOUT,
+                              "%s: NCCL did not finish within the timeout; "
+                              "the communicator was aborted",
+                              what);
+    return cube_error_new(r == ncclSystemError || r == ncclRemoteError
+                              ? CUBE_ERR_UNAVAILABLE
+                              : CUBE_ERR_INTERNAL,
+                          "%s: %s", what, nccl_result_text(n, r, comm));
+}
+
+cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
+                           uint64_t timeout_ms, void **impls)
+{
+    const nccl_api *nccl = NULL;
+    cube_error *err = nccl_api_load(&nccl);
+    if (err)
+        return err;
+    ncclUniqueId id;
+    ncclResult_t r = nccl->ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+        return nccl_failure(nccl, r, NULL, 0, "ncclGetUniqueId");
+    cuda_rank *ranks = calloc(n, sizeof *ranks);
+    if (!ranks)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL communicator");
+    uint64_t deadline = clock_ns() + timeout_ms * 1000000ull;
+    nccl_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.size = sizeof cfg;
+    cfg.magic = NCCL_CONFIG_MAGIC;
+    cfg.version = NCCL_CONFIG_VERSION_2_18;
+    cfg.blocking = 0;
+    cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare =
+        NCCL_CONFIG_UNDEF_INT;
+    cfg.netName = NULL;
+    /* Every rank of this process, from this thread: inside one group, as
+     * NCCL requires when one thread makes several ranks. */
+    r = nccl->ncclGroupStart();
+    for (uint32_t i = 0; i < n && r == ncclSuccess && !err; i++) {
+        cuda_server *s = (cuda_server *)servers[i];
+        err = cuda_enter(s);
+        if (!err) {
+            r = nccl->ncclCommInitRankConfig(&ranks[i].comm, (int)n, id, (int)i,
+                                             &cfg);
+            if (r == ncclInProgress)
+                r = ncclSuccess;
+        }
+    }
+    ncclResult_t end = nccl->ncclGroupEnd();
+    if (r == ncclSuccess && end != ncclInProgress)
+        r = end;
+    int timed_out = 0;
+    for (uint32_t i = 0; i < n && !err && r == ncclSuccess; i++)
+        if (ranks[i].comm)
+            r = settle(nccl, ranks[i].comm, deadline, &timed_out);
+    if (!err && r != ncclSuccess)
+        err = nccl_failure(nccl, r, NULL, timed_out,
+                           "making the NCCL communicator");
+    if (err) {
+        for (uint32_t i = 0; i < n; i++)
+            if (ranks[i].comm)
+                nccl->ncclCommAbort(ranks[i].comm);
+        free(ranks);
+        return err;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        cuda_rank *one = malloc(sizeof *one);
+        if (!one) {
+            for (uint32_t j = 0; j < n; j++) {
+                nccl->ncclCommAbort(ranks[j].comm);
+                if (j < i)
+                    free(impls[j]);
+                impls[j] = NULL;
+            }
+            free(ranks);
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL communicator");
+        }
+        *one = ranks[i];
+        one->nccl = nccl;
+        one->timeout_ns = timeout_ms * 1000000ull;
+        impls[i] = one;
+    }
+    free(ranks);
+    cube_log_write(CUBE_LOG_INFO, "cuda",
+                   "NCCL %d (%s): communicator of %u rank(s)", nccl->version,
+                   nccl->path, n);
+    return NULL;
+}
+
+void cuda_comm_destroy(cube_server *server, void *impl)
+{
+    cuda_rank *rank = impl;
+    if (!rank)
+        return;
+    cuda_server *s = (cuda_server *)server;
+    cube_error_free(cuda_enter(s));
+    if (rank->aborted) {
+        free(rank);
+        return;
+    }
+    /* Finalize flushes the rank's work; a peer that never comes makes it
+     * time out, and the communicator is aborted instead. */
+    int timed_out = 0;
+    ncclResult_t r = rank->nccl->ncclCommFinalize(rank->comm);
+    if (r == ncclSuccess || r == ncclInProgress)
+        r = settle(rank->nccl, rank->comm, clock_ns() + rank->timeout_ns,
+                   &timed_out);
+    if (timed_out)
+        free(rank); /* settle aborted it, which frees it */
+    else {
+        if (r == ncclSuccess)
+            rank->nccl->ncclCommDestroy(rank->comm);
+        else
+            rank->nccl->ncclCommAbort(rank->comm);
+        free(rank);
+    }
+}
+
+void cuda_comm_abort(cube_server *server, void *impl)
+{
+    (void)server;
+    cuda_rank *rank = impl;
+    if (!rank || rank->aborted)
+        return;
+    rank->aborted = 1;
+    rank->nccl->ncclCommAbort(rank->comm);
+}
+
+static ncclDataType_t nccl_type(uint32_t dtype)
+{
+    switch (dtype) {
+    case CUBE_DTYPE_I8: return ncclInt8;
+    case CUBE_DTYPE_U8: return ncclUint8;
+    case CUBE_DTYPE_I32: return ncclInt32;
+    case CUBE_DTYPE_U32: return ncclUint32;
+    case CUBE_DTYPE_I64: return ncclInt64;
+    case CUBE_DTYPE_U64: return ncclUint64;
+    case CUBE_DTYPE_F16: return ncclFloat16;
+    case CUBE_DTYPE_BF16: return ncclBfloat16;
+    case CUBE_DTYPE_F64: return ncclFloat64;
+    default: return ncclFloat32;
+    }
+}
+
+static ncclRedOp_t nccl_op(uint32_t op)
+{
+    switch (op) {
+    case CUBE_REDUCE_PROD: return ncclProd;
+    case CUBE_REDUCE_MIN: return ncclMin;
+    case CUBE_REDUCE_MAX: return ncclMax;
+    case CUBE_REDUCE_AVG: return ncclAvg;
+    default: return ncclSum;
+    }
+}
+
+static void *addr(const cube_binding *b)
+{
+    return b->storage ? (void *)(uintptr_t)(b->storage->address + b->offset)
+                      : NULL;
+}
+
+/* Enqueues this rank's NCCL call. */
+static ncclResult_t enqueue(const nccl_api *n, ncclComm_t comm,
+                            const cube_collective *c, CUstream cu)
+{
+    ncclDataType_t t = nccl_type(c->dtype);
+    switch (c->kind) {
+    case CUBE_COLLECTIVE_ALL_REDUCE:
+        return n->ncclAllReduce(addr(&c->src), addr(&c->dst), c->count, t,
+                                nccl_op(c->op), comm, cu);
+    case CUBE_COLLECTIVE_BROADCAST:
+        return n->ncclBroadcast(addr(&c->src), addr(&c->dst), c->count, t,
+                                (int)c->root, comm, cu);
+    case CUBE_COLLECTIVE_REDUCE:
+        return n->ncclReduce(addr(&c->src), addr(&c->dst), c->count, t,
+                             nccl_op(c->op), (int)c->root, comm, cu);
+    case CUBE_COLLECTIVE_ALL_GATHER:
+        return n->ncclAllGather(addr(&c->src), addr(&c->dst), c->count, t, comm,
+                                cu);
+    case CUBE_COLLECTIVE_REDUCE_SCATTER:
+        return n->ncclReduceScatter(addr(&c->src), addr(&c->dst), c->count, t,
+                                    nccl_op(c->op), comm, cu);
+    case CUBE_COLLECTIVE_SEND:
+        return n->ncclSend(addr(&c->src), c->count, t, (int)c->peer, comm, cu);
+    case CUBE_COLLECTIVE_RECV:
+        return n->ncclRecv(addr(&c->dst), c->count, t, (int)c->peer, comm, cu);
+    }
+    return ncclInvalidArgument;
+}
+
+cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
+                            void *impl, const cube_collective_set *set)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_rank *rank = impl;
+    const cube_collective *c = &set->calls[set->index];
+    if (rank->aborted)
+        return cube_error_new(CUBE_ERR_ABORTED,
+                              "the NCCL communicator was aborted");
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_begin(s, stream, &st);
+    cuda_block *src = c->src.storage ? c->src.storage->cookie : NULL;
+    cuda_block *dst = c->dst.storage ? c->dst.storage->cookie : NULL;
+    if (!err && src)
+        err = cuda_block_before_use(s, st, src, 0);
+    if (!err && dst)
+        err = cuda_block_before_use(s, st, dst, 1);
+    if (err)
+        return err;
+    ncclResult_t r = enqueue(rank->nccl, rank->comm, c, st->cu);
+    int timed_out = 0;
+    if (r == ncclInProgress && !in_group)
+        r = settle(rank->nccl, rank->comm, clock_ns() + rank->timeout_ns,
+                   &timed_out);
+    else if (r == ncclInProgress)
+        r = ncclSuccess; /* enqueued at the group's end */
+    if (r != ncclSuccess) {
+        if (timed_out)
+            rank->aborted = 1;
+        return nccl_failure(rank->nccl, r, rank->comm, timed_out, "NCCL");
+    }
+    uint64_t seq = cuda_stream_next(st);
+    int shared = 0;
+    if (src)
+        shared |= cuda_block_used(st, src, seq, 0);
+    if (dst)
+        shared |= cuda_block_used(st, dst, seq, 1);
+    if (!shared)
+        return NULL;
+    if (!in_group)
+        return cuda_stream_record(s, st);
+    /* NCCL enqueues grouped parts at ncclGroupEnd: the event that marks
+     * them is recorded after it. */
+    if (group_record_count == GROUP_RECORDS)
+        return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                              "more than %d shared buffers in one group",
+                              GROUP_RECORDS);
+    group_records[group_record_count].s = s;
+    group_records[group_record_count].st = st;
+    group_record_count++;
+    return NULL;
+}
+
+void cuda_group_begin(void)
+{
+    const nccl_api *nccl = NULL;
+    cube_error *err = nccl_api_load(&nccl);
+    if (err) {
+        cube_error_free(err); /* no communicator exists without it */
+        return;
+    }
+    nccl->ncclGroupStart();
+    in_group = 1;
+    group_record_count = 0;
+}
+
+cube_error *cuda_group_end(void)
+{
+    const nccl_api *nccl = NULL;
+    cube_error *err = nccl_api_load(&nccl);
+    if (err)
+        return err;
+    in_group = 0;
+    ncclResult_t r = nccl->ncclGroupEnd();
+    /* Non-blocking communicators may still be enqueueing: the streams'
+     * records below must come after, so wait for the group to land. */
+    if (r == ncclInProgress)
+        r = ncclSuccess;
+    for (size_t i = 0; i < group_record_count && !err; i++)
+        err = cuda_stream_record(group_records[i].s, group_records[i].st);
+    group_record_count = 0;
+    if (!err && r != ncclSuccess)
+        err = nccl_failure(nccl, r, NULL, 0, "ncclGroupEnd");
+    return err;
+}
