@@ -11,7 +11,14 @@
  *
  * The backend comes from $CUBERT_FUZZ_BACKEND ("cpu" when unset). On a
  * backend without kernels every launch is expected to fail with
- * CUBE_ERR_UNSUPPORTED, recorded on the launch's buffers. */
+ * CUBE_ERR_UNSUPPORTED, recorded on the launch's buffers.
+ *
+ * Besides buffers, the model keeps what the calling thread's streams hold:
+ * per stream whether it is prepared for or capturing a graph, the launches
+ * a capture recorded, the open profiling windows and the counts a window
+ * reports; and the graphs that were ended and not destroyed, with the
+ * launches a replay re-applies. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +27,16 @@
 #include "cubert/cubert.h"
 
 #define SLOTS 8
-#define ALLOCS (SLOTS * 2)
+#define GRAPHS 4  /* graphs alive at once, captures included */
+#define MAX_REC 6 /* launches a capture records */
+#define STREAMS 4 /* the thread's own stream (0) and streams 1..3 */
+#define MAX_WIN 4 /* open profiling windows per stream */
+/* Each slot names one allocation; graphs pin up to two per launch. */
+#define ALLOCS (SLOTS * 2 + GRAPHS * MAX_REC * 2)
 #define MAX_SIZE 256u
 #define MAX_OPS 256
+#define HOST_MAX 4096u /* host bytes of a strided copy */
+#define WORKER_STREAM 100u
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -34,6 +48,7 @@ typedef struct model_alloc {
     uint32_t size;
     uint32_t handles; /* slots naming it */
     int failed;       /* the failure store holds an error for it */
+    uint32_t pins;    /* recorded launches (graphs, captures) naming it */
     uint8_t bytes[MAX_SIZE];
     uint8_t known[MAX_SIZE]; /* 1 where the bytes are defined */
 } model_alloc;
@@ -50,9 +65,47 @@ static int g_kernels; /* the backend runs kernels */
 static const char *g_backend;
 static cube_kernel *g_axpy, *g_fill;
 
+/* A launch a capture recorded: a replay applies it again. */
+enum { REC_FILL, REC_AXPY };
+typedef struct model_rec {
+    int kind;
+    int ya, xa; /* allocs: y always, x for axpy */
+    uint32_t yoff, ysize, xoff, xsize;
+    uint32_t scalar;
+} model_rec;
+
+typedef struct model_window {
+    cube_profile_token token;
+    uint64_t failures, launches, work; /* the stream's counts at start */
+} model_window;
+
+typedef struct model_stream {
+    int prepared, capturing;
+    int nrec;
+    model_rec rec[MAX_REC]; /* the open capture's launches */
+    /* Launch, write and replay failures, launches run (replays count
+     * theirs), and calls that ran work (launches, reads, writes). */
+    uint64_t failures, launches, work;
+    int nwin;
+    model_window win[MAX_WIN];
+} model_stream;
+
+typedef struct model_graph {
+    int live;
+    cube_graph_id id;
+    int nrec;
+    model_rec rec[MAX_REC];
+} model_graph;
+
 static model_alloc allocs[ALLOCS];
 static model_slot slots[SLOTS];
 static int dry_depth;
+static model_stream streams[STREAMS];
+static int cur; /* the stream the thread works on: 0 its own, else 1..3 */
+static model_graph graphs[GRAPHS];
+static cube_graph_id last_destroyed;
+static cube_profile_token last_closed;
+static cube_timing_method g_timing;
 static size_t op_index;
 static const char *op_name;
 
@@ -128,6 +181,18 @@ static model_alloc *slot_alloc(int s)
     return &allocs[slots[s].alloc];
 }
 
+static model_stream *cs(void)
+{
+    return &streams[cur];
+}
+
+/* The calling stream is capturing: reads, writes, syncs, profiles and
+ * replays are refused there with CUBE_ERR_GRAPH_STATE. */
+static int capturing(void)
+{
+    return streams[cur].capturing;
+}
+
 /* Forgets slot s's handle once its last reference is gone. */
 static void slot_dead(int s)
 {
@@ -149,7 +214,7 @@ static void slot_clear(int s)
 static int new_alloc(uint32_t size)
 {
     for (int i = 0; i < ALLOCS; i++) {
-        if (!allocs[i].live) {
+        if (!allocs[i].live && allocs[i].pins == 0) {
             memset(&allocs[i], 0, sizeof allocs[i]);
             allocs[i].live = 1;
             allocs[i].size = size;
@@ -200,7 +265,16 @@ static void op_create(reader *r)
         bytes[i] = (uint8_t)(seed + i * 7u);
     slot_clear(s);
     cube_handle h = {0};
-    expect(cube_create(g_client, bytes, size, &h), CUBE_OK);
+    cube_error *err = cube_create(g_client, bytes, size, &h);
+    if (capturing()) {
+        /* cube_create writes, which a capture cannot record. */
+        expect(err, CUBE_ERR_GRAPH_STATE);
+        if (h.bits != 0)
+            fail_model("a refused cube_create handed out a handle", NULL);
+        return;
+    }
+    expect(err, CUBE_OK);
+    cs()->work++;
     int a = new_alloc(size);
     memcpy(allocs[a].bytes, bytes, size);
     memset(allocs[a].known, 1, size);
@@ -230,7 +304,10 @@ static void op_write(reader *r)
         return expect(err, CUBE_ERR_NOT_FOUND);
     if (len == 0 || len > slots[s].size)
         return expect(err, CUBE_ERR_INVALID_ARGUMENT);
+    if (capturing())
+        return expect(err, CUBE_ERR_GRAPH_STATE);
     expect(err, CUBE_OK);
+    cs()->work++;
     model_alloc *a = slot_alloc(s);
     memcpy(a->bytes + slots[s].offset, src, len);
     memset(a->known + slots[s].offset, 1, len);
@@ -267,14 +344,16 @@ static void op_read(reader *r, int async)
     if (len == 0 || len > slots[s].size)
         return expect(err, CUBE_ERR_INVALID_ARGUMENT);
     model_alloc *a = slot_alloc(s);
-    if (a->failed) {
-        expect(err, CUBE_ERR_SEVERAL);
+    if (capturing() || a->failed) {
+        /* A capture refuses first, whatever the buffer holds. */
+        expect(err, capturing() ? CUBE_ERR_GRAPH_STATE : CUBE_ERR_SEVERAL);
         for (size_t i = 0; i < sizeof dst; i++)
             if (dst[i] != 0xA5)
                 fail_model("a refused read wrote its destination", NULL);
         return;
     }
     expect(err, CUBE_OK);
+    cs()->work++;
     for (uint32_t i = 0; i < len; i++) {
         uint32_t at = slots[s].offset + i;
         if (a->known[at] && dst[i] != a->bytes[at]) {
@@ -391,9 +470,78 @@ static cube_count words_count(uint32_t bytes)
     return cube_count_static(n ? (n + 63) / 64 : 1, 1, 1);
 }
 
+/* y = a * x + y over the words both ranges hold. */
+static void apply_axpy(const model_rec *rc)
+{
+    model_alloc *ax = &allocs[rc->xa], *ay = &allocs[rc->ya];
+    uint32_t n = rc->ysize < rc->xsize ? rc->ysize : rc->xsize;
+    for (uint32_t i = 0; i < n; i += 4) {
+        uint8_t *py = ay->bytes + rc->yoff + i;
+        uint8_t *ky = ay->known + rc->yoff + i;
+        const uint8_t *px = ax->bytes + rc->xoff + i;
+        const uint8_t *kx = ax->known + rc->xoff + i;
+        int known =
+            ky[0] & ky[1] & ky[2] & ky[3] & kx[0] & kx[1] & kx[2] & kx[3];
+        put32(py, rc->scalar * get32(px) + get32(py));
+        memset(ky, known, 4);
+    }
+}
+
+static void apply_fill(const model_rec *rc)
+{
+    model_alloc *a = &allocs[rc->ya];
+    for (uint32_t i = 0; i < rc->ysize; i += 4)
+        put32(a->bytes + rc->yoff + i, rc->scalar);
+    memset(a->known + rc->yoff, 1, rc->ysize);
+}
+
+static model_rec make_rec(int kind, int y, int x, uint32_t scalar)
+{
+    model_rec rc;
+    memset(&rc, 0, sizeof rc);
+    rc.kind = kind;
+    rc.ya = slots[y].alloc;
+    rc.yoff = slots[y].offset;
+    rc.ysize = slots[y].size;
+    if (kind == REC_AXPY) {
+        rc.xa = slots[x].alloc;
+        rc.xoff = slots[x].offset;
+        rc.xsize = slots[x].size;
+    }
+    rc.scalar = scalar;
+    return rc;
+}
+
+/* A launch the capture keeps: its buffers stay pinned until the graph is
+ * destroyed. */
+static void record_launch(const model_rec *rc)
+{
+    model_stream *st = cs();
+    st->rec[st->nrec++] = *rc;
+    allocs[rc->ya].pins++;
+    if (rc->kind == REC_AXPY)
+        allocs[rc->xa].pins++;
+}
+
+static void unpin_recs(const model_rec *rec, int n)
+{
+    for (int i = 0; i < n; i++) {
+        allocs[rec[i].ya].pins--;
+        if (rec[i].kind == REC_AXPY)
+            allocs[rec[i].xa].pins--;
+    }
+}
+
+/* A launch would be recorded but the model's capture is full: skip it. */
+static int capture_full(void)
+{
+    return capturing() && !dry_depth && cs()->nrec >= MAX_REC;
+}
+
 /* y = a * x + y over uint32_t (wrapping), x read-only, y read and written;
  * with `bad`, a buffer stands where the scalar belongs, so the launch fails
- * its signature check and the failure lands on y only. */
+ * its signature check and the failure lands on y only. On a capturing
+ * stream a launch that passes its checks is recorded, not run. */
 static void op_axpy(reader *r, int bad)
 {
     int x = rd8(r) % SLOTS, y = rd8(r) % SLOTS, z = rd8(r) % SLOTS;
@@ -401,6 +549,8 @@ static void op_axpy(reader *r, int bad)
     if (!slot_words(x) || !slot_words(y) || ranges_race(x, y))
         return;
     if (bad && !slot_live(z))
+        return;
+    if (!bad && capture_full())
         return;
     cube_arg args[3] = {cube_arg_buffer(slots[x].h),
                         cube_arg_buffer(slots[y].h),
@@ -414,6 +564,7 @@ static void op_axpy(reader *r, int bad)
             ax->failed = ay->failed = 1;
             if (bad)
                 slot_alloc(z)->failed = 1;
+            cs()->failures++;
         }
         return;
     }
@@ -422,8 +573,10 @@ static void op_axpy(reader *r, int bad)
             expect2(err, CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_SEVERAL);
         else
             expect(err, CUBE_ERR_INVALID_ARGUMENT);
-        if (!dry_depth)
+        if (!dry_depth) {
             ay->failed = 1;
+            cs()->failures++;
+        }
         return;
     }
     if (dry_depth)
@@ -431,20 +584,16 @@ static void op_axpy(reader *r, int bad)
     if (ax->failed || ay->failed) {
         expect(err, CUBE_ERR_SEVERAL);
         ay->failed = 1;
+        cs()->failures++;
         return;
     }
     expect(err, CUBE_OK);
-    uint32_t n = slots[y].size < slots[x].size ? slots[y].size : slots[x].size;
-    for (uint32_t i = 0; i < n; i += 4) {
-        uint8_t *py = ay->bytes + slots[y].offset + i;
-        uint8_t *ky = ay->known + slots[y].offset + i;
-        const uint8_t *px = ax->bytes + slots[x].offset + i;
-        const uint8_t *kx = ax->known + slots[x].offset + i;
-        int known =
-            ky[0] & ky[1] & ky[2] & ky[3] & kx[0] & kx[1] & kx[2] & kx[3];
-        put32(py, av * get32(px) + get32(py));
-        memset(ky, known, 4);
-    }
+    model_rec rc = make_rec(REC_AXPY, y, x, av);
+    if (capturing())
+        return record_launch(&rc);
+    apply_axpy(&rc);
+    cs()->launches++;
+    cs()->work++;
 }
 
 /* y = v everywhere: y is CUBE_OUT, so success makes its buffer trusted. */
@@ -452,7 +601,7 @@ static void op_fill(reader *r)
 {
     int y = rd8(r) % SLOTS;
     uint32_t v = (uint32_t)rd16(r) * 2654435761u;
-    if (!slot_words(y))
+    if (!slot_words(y) || capture_full())
         return;
     cube_arg args[2] = {cube_arg_buffer(slots[y].h), cube_arg_u32(v)};
     cube_error *err =
@@ -460,17 +609,22 @@ static void op_fill(reader *r)
     model_alloc *a = slot_alloc(y);
     if (!g_kernels) {
         expect(err, CUBE_ERR_UNSUPPORTED);
-        if (!dry_depth)
+        if (!dry_depth) {
             a->failed = 1;
+            cs()->failures++;
+        }
         return;
     }
     expect(err, CUBE_OK);
     if (dry_depth)
         return;
-    for (uint32_t i = 0; i < slots[y].size; i += 4)
-        put32(a->bytes + slots[y].offset + i, v);
-    memset(a->known + slots[y].offset, 1, slots[y].size);
+    model_rec rc = make_rec(REC_FILL, y, 0, v);
+    if (capturing())
+        return record_launch(&rc);
+    apply_fill(&rc);
     a->failed = 0;
+    cs()->launches++;
+    cs()->work++;
 }
 
 /* cube_sync or cube_check over the slots named by a bit mask. */
@@ -495,6 +649,8 @@ static void op_barrier(reader *r, int sync)
         sync ? cube_sync(g_client, hs, n) : cube_check(g_client, hs, n);
     if (stale)
         return expect(err, CUBE_ERR_NOT_FOUND);
+    if (sync && capturing())
+        return expect(err, CUBE_ERR_GRAPH_STATE); /* a check is allowed */
     expect(err, failed ? CUBE_ERR_SEVERAL : CUBE_OK);
 }
 
@@ -504,6 +660,7 @@ static void op_stream(reader *r)
     expect(cube_stream_use(g_client, id), CUBE_OK);
     if (id != 0 && cube_stream_current(g_client) != id)
         fail_model("cube_stream_current does not name the stream used", NULL);
+    cur = (int)id;
 }
 
 static void op_dry(reader *r)
@@ -681,6 +838,739 @@ static void op_hostile(reader *r)
     }
 }
 
+/* --- strided copies -------------------------------------------------------
+ */
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    return a && b > UINT64_MAX / a ? UINT64_MAX : a * b;
+}
+
+/* Expected answer for descriptor d over a range of `range` bytes, from
+ * buffer.h: rank 1..CUBE_MAX_RANK, element size 1..64, no zero extent, a
+ * zero stride only where its extent is 1 (unless every stride is zero:
+ * contiguous), the last element inside the range. *bytes is the packed
+ * size, *contiguous whether the elements lie row-major without gaps. */
+static cube_code desc_check(const cube_copy_desc *d, uint64_t range,
+                            uint64_t *bytes, int *contiguous)
+{
+    *bytes = 0;
+    *contiguous = 0;
+    if (d->rank == 0 || d->rank > CUBE_MAX_RANK)
+        return CUBE_ERR_INVALID_ARGUMENT;
+    if (d->elem_size == 0 || d->elem_size > 64)
+        return CUBE_ERR_INVALID_ARGUMENT;
+    int strided = 0;
+    for (uint32_t k = 0; k < d->rank; k++)
+        strided |= d->strides[k] != 0;
+    uint64_t elems = 1, last = 0, row = 1;
+    int contig = 1;
+    for (int k = (int)d->rank - 1; k >= 0; k--) {
+        uint64_t extent = d->shape[k];
+        if (extent == 0)
+            return CUBE_ERR_INVALID_ARGUMENT;
+        uint64_t stride = strided ? d->strides[k] : row;
+        if (stride == 0 && extent > 1)
+            return CUBE_ERR_INVALID_ARGUMENT;
+        if (extent > 1 && stride != row)
+            contig = 0;
+        last = sat_add(last, sat_mul(extent - 1, stride));
+        elems = sat_mul(elems, extent);
+        row = sat_mul(row, extent);
+    }
+    /* Saturated values are far past any range this model makes. */
+    uint64_t end = sat_mul(sat_add(last, 1), d->elem_size);
+    if (end > range)
+        return CUBE_ERR_INVALID_ARGUMENT;
+    *bytes = elems * d->elem_size;
+    *contiguous = contig;
+    return CUBE_OK;
+}
+
+/* The byte offset in the range of each element, in shape order (the
+ * order of the packed host data); d passed desc_check. */
+static size_t desc_offsets(const cube_copy_desc *d, uint32_t *out)
+{
+    uint64_t stride[CUBE_MAX_RANK], idx[CUBE_MAX_RANK];
+    int strided = 0;
+    for (uint32_t k = 0; k < d->rank; k++)
+        strided |= d->strides[k] != 0;
+    uint64_t row = 1;
+    for (int k = (int)d->rank - 1; k >= 0; k--) {
+        stride[k] = strided ? d->strides[k] : row;
+        row *= d->shape[k];
+        idx[k] = 0;
+    }
+    size_t n = 0;
+    for (;;) {
+        uint64_t off = 0;
+        for (uint32_t k = 0; k < d->rank; k++)
+            off += idx[k] * stride[k];
+        out[n++] = (uint32_t)(off * d->elem_size);
+        int k = (int)d->rank - 1;
+        while (k >= 0 && ++idx[k] == d->shape[k])
+            idx[k--] = 0;
+        if (k < 0)
+            return n;
+    }
+}
+
+/* A descriptor from the input: contiguous, pitched (a block of a larger
+ * row-major array), any small strides (overlapping, zero), or hostile.
+ * Returns 1 when the host size given with it must be wrong. */
+static int gen_desc(reader *r, cube_copy_desc *d, int *slot)
+{
+    static const uint32_t elem_sizes[4] = {1, 2, 4, 8};
+    uint8_t mode = rd8(r);
+    *slot = rd8(r) % SLOTS;
+    memset(d, 0, sizeof *d);
+    d->rank = 1 + rd8(r) % 3u;
+    d->elem_size = elem_sizes[rd8(r) & 3];
+    for (uint32_t k = 0; k < d->rank; k++)
+        d->shape[k] = 1 + rd8(r) % 8u;
+    uint32_t last = d->rank - 1;
+    switch (mode % 4) {
+    case 0: break; /* strides all zero: contiguous */
+    case 1:
+        d->strides[last] = 1 + (rd8(r) & 1);
+        for (int k = (int)last - 1; k >= 0; k--)
+            d->strides[k] = d->shape[k + 1] * d->strides[k + 1] + rd8(r) % 4u;
+        break;
+    case 2:
+        for (uint32_t k = 0; k < d->rank; k++)
+            d->strides[k] = rd8(r) % 12u;
+        break;
+    default:
+        switch (rd8(r) % 10) {
+        case 0: d->rank = 0; break;
+        case 1: d->rank = CUBE_MAX_RANK + 1 + rd8(r) % 4u; break;
+        case 2: d->elem_size = 0; break;
+        case 3: d->elem_size = 65 + rd8(r); break;
+        case 4: d->shape[rd8(r) % d->rank] = 0; break;
+        case 5:
+            for (uint32_t k = 0; k < d->rank; k++)
+                d->strides[k] = 1 + rd8(r) % 4u;
+            d->shape[0] = 2;
+            d->strides[0] = (uint64_t)1 << (40 + rd8(r) % 24u);
+            break;
+        case 6: d->shape[0] = (uint64_t)1 << (32 + rd8(r) % 32u); break;
+        case 7: return 1;
+        case 8:
+            for (uint32_t k = 0; k < d->rank; k++)
+                d->shape[k] = 200;
+            break;
+        default:
+            /* The highest rank, every extent 1 but one. */
+            d->rank = CUBE_MAX_RANK;
+            for (uint32_t k = 0; k < CUBE_MAX_RANK; k++)
+                d->shape[k] = 1;
+            d->shape[rd8(r) % CUBE_MAX_RANK] = 1 + rd8(r) % 16u;
+            break;
+        }
+    }
+    return 0;
+}
+
+/* cube_write or cube_read (blocking or through a future) of one or two
+ * descriptors over slots' ranges. Overlapping elements of a write leave
+ * their bytes undefined in the model: the order of the stores is not
+ * specified. */
+static void op_strided(reader *r, int write)
+{
+    static uint8_t host[2][HOST_MAX + 16];
+    static uint32_t offs[2][HOST_MAX];
+    uint8_t flags = rd8(r);
+    size_t n = 1 + (flags & 1);
+    int async = (flags >> 1) & 1;
+    cube_copy_desc d[2];
+    int sl[2], contig[2];
+    cube_code code[2];
+    uint64_t bytes[2], sizes[2];
+    for (size_t i = 0; i < n; i++) {
+        int wrong = gen_desc(r, &d[i], &sl[i]);
+        if (slots[sl[i]].h.bits == 0)
+            return;
+        d[i].handle = slots[sl[i]].h;
+        if (!slot_live(sl[i])) {
+            code[i] = CUBE_ERR_NOT_FOUND;
+            bytes[i] = 0;
+        } else {
+            code[i] =
+                desc_check(&d[i], slots[sl[i]].size, &bytes[i], &contig[i]);
+        }
+        if (code[i] == CUBE_OK && bytes[i] > HOST_MAX)
+            return; /* more host bytes than the model keeps */
+        sizes[i] = bytes[i] <= HOST_MAX ? bytes[i] : HOST_MAX;
+        if (wrong) {
+            sizes[i]++;
+            if (code[i] == CUBE_OK)
+                code[i] = CUBE_ERR_INVALID_ARGUMENT;
+        }
+    }
+    uint8_t seed = rd8(r);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < sizeof host[i]; k++)
+            host[i][k] = write ? (uint8_t)(seed + k * 29u + i) : 0xA5;
+    cube_error *err;
+    if (write) {
+        const void *srcs[2] = {host[0], host[1]};
+        err = cube_write(g_client, d, srcs, sizes, n);
+    } else {
+        void *dsts[2] = {host[0], host[1]};
+        if (async) {
+            cube_future *f = NULL;
+            err = cube_read_async(g_client, d, dsts, sizes, n, &f);
+            if (!err) {
+                err = cube_future_wait(f);
+                cube_future_free(f);
+            }
+        } else {
+            err = cube_read(g_client, d, dsts, sizes, n);
+        }
+    }
+    /* The descriptors' own mistakes first (the first one's code; with two
+     * different ones either), then a capture's refusal, then a read's
+     * failure check. */
+    cube_code want = CUBE_OK, other = CUBE_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (code[i] == CUBE_OK)
+            continue;
+        if (want == CUBE_OK)
+            want = code[i];
+        else if (code[i] != want)
+            other = code[i];
+    }
+    int failed = 0;
+    for (size_t i = 0; i < n && want == CUBE_OK; i++)
+        failed |= slot_alloc(sl[i])->failed;
+    if (want == CUBE_OK && capturing())
+        want = CUBE_ERR_GRAPH_STATE;
+    else if (want == CUBE_OK && !write && failed)
+        want = CUBE_ERR_SEVERAL;
+    if (other != CUBE_OK)
+        expect2(err, want, other);
+    else
+        expect(err, want);
+    if (want != CUBE_OK) {
+        if (!write)
+            for (size_t i = 0; i < n; i++)
+                for (size_t k = 0; k < sizeof host[i]; k++)
+                    if (host[i][k] != 0xA5)
+                        fail_model("a refused read wrote its destination",
+                                   NULL);
+        return;
+    }
+    cs()->work++;
+    size_t count[2];
+    for (size_t i = 0; i < n; i++)
+        count[i] = desc_offsets(&d[i], offs[i]);
+    if (!write) {
+        for (size_t i = 0; i < n; i++) {
+            model_alloc *a = slot_alloc(sl[i]);
+            uint32_t base = slots[sl[i]].offset, es = d[i].elem_size;
+            for (size_t e = 0; e < count[i]; e++) {
+                for (uint32_t b = 0; b < es; b++) {
+                    uint32_t at = base + offs[i][e] + b;
+                    uint8_t got = host[i][e * es + b];
+                    if (a->known[at] && got != a->bytes[at]) {
+                        char msg[160];
+                        snprintf(msg, sizeof msg,
+                                 "descriptor %zu element %zu byte %u (alloc "
+                                 "byte %u): read 0x%02x, model 0x%02x",
+                                 i, e, b, at, got, a->bytes[at]);
+                        fail_model(msg, NULL);
+                    }
+                }
+            }
+            for (size_t k = sizes[i]; k < sizeof host[i]; k++)
+                if (host[i][k] != 0xA5)
+                    fail_model("a read wrote past its destination size", NULL);
+        }
+        return;
+    }
+    /* Bytes stored by more than one element of the batch are undefined. */
+    static uint8_t cover[ALLOCS][MAX_SIZE];
+    memset(cover, 0, sizeof cover);
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < n; i++) {
+            int ai = slots[sl[i]].alloc;
+            model_alloc *a = &allocs[ai];
+            uint32_t base = slots[sl[i]].offset, es = d[i].elem_size;
+            for (size_t e = 0; e < count[i]; e++) {
+                for (uint32_t b = 0; b < es; b++) {
+                    uint32_t at = base + offs[i][e] + b;
+                    if (pass == 0) {
+                        cover[ai][at] = cover[ai][at] ? 2 : 1;
+                        continue;
+                    }
+                    a->bytes[at] = host[i][e * es + b];
+                    a->known[at] = cover[ai][at] == 1;
+                }
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        model_alloc *a = slot_alloc(sl[i]);
+        if (contig[i] && slots[sl[i]].offset == 0 && bytes[i] == a->size)
+            a->failed = 0;
+    }
+}
+
+/* --- graphs -------------------------------------------------------------- */
+
+static int graphs_in_use(void)
+{
+    int n = 0;
+    for (int g = 0; g < GRAPHS; g++)
+        n += graphs[g].live;
+    for (int s = 0; s < STREAMS; s++)
+        n += streams[s].capturing;
+    return n;
+}
+
+/* An id that names no live graph: the last destroyed one, or any other. */
+static cube_graph_id unknown_graph(reader *r)
+{
+    cube_graph_id id = (rd8(r) & 1) ? last_destroyed : rd64(r);
+    for (int g = 0; g < GRAPHS; g++)
+        if (graphs[g].live && graphs[g].id == id)
+            return 0;
+    return id;
+}
+
+/* Replay of a live graph: its inputs (what it reads before a launch of its
+ * own rewrote it whole) are checked first; one that carries a failure
+ * fails the replay, and every buffer the graph writes, with
+ * CUBE_ERR_SEVERAL. Otherwise every recorded launch is applied in order
+ * and the buffers written through CUBE_OUT are trusted again. */
+static void replay_live(model_graph *g)
+{
+    cube_error *err = cube_graph_replay(g_client, g->id);
+    if (capturing())
+        return expect(err, CUBE_ERR_GRAPH_STATE);
+    if (dry_depth)
+        return expect(err, CUBE_OK);
+    int cleared[MAX_REC], ncleared = 0, failed = 0;
+    for (int i = 0; i < g->nrec; i++) {
+        const model_rec *rc = &g->rec[i];
+        if (rc->kind == REC_FILL) {
+            cleared[ncleared++] = rc->ya;
+            continue;
+        }
+        int reads[2] = {rc->xa, rc->ya};
+        for (int k = 0; k < 2; k++) {
+            int own = 0;
+            for (int c = 0; c < ncleared; c++)
+                own |= cleared[c] == reads[k];
+            if (!own && allocs[reads[k]].failed)
+                failed = 1;
+        }
+    }
+    if (failed) {
+        expect(err, CUBE_ERR_SEVERAL);
+        for (int i = 0; i < g->nrec; i++)
+            allocs[g->rec[i].ya].failed = 1;
+        cs()->failures++;
+        return;
+    }
+    expect(err, CUBE_OK);
+    for (int i = 0; i < g->nrec; i++) {
+        if (g->rec[i].kind == REC_FILL)
+            apply_fill(&g->rec[i]);
+        else
+            apply_axpy(&g->rec[i]);
+    }
+    for (int i = 0; i < g->nrec; i++)
+        if (g->rec[i].kind == REC_FILL)
+            allocs[g->rec[i].ya].failed = 0;
+    cs()->launches += (uint64_t)g->nrec;
+    if (g->nrec)
+        cs()->work++;
+}
+
+static void op_graph(reader *r)
+{
+    uint8_t which = rd8(r);
+    uint8_t arg = rd8(r);
+    model_stream *st = cs();
+    model_graph *g = &graphs[arg % GRAPHS];
+    cube_graph_id id = 0;
+    cube_error *err;
+    switch (which % 10) {
+    case 0:
+    case 1:
+        err = cube_graph_prepare(g_client);
+        if (st->capturing)
+            return expect(err, CUBE_ERR_GRAPH_STATE);
+        expect(err, CUBE_OK);
+        st->prepared = 1;
+        break;
+    case 2:
+        if (!st->capturing && st->prepared && graphs_in_use() >= GRAPHS)
+            return;
+        err = cube_graph_begin(g_client);
+        if (st->capturing || !st->prepared)
+            return expect(err, CUBE_ERR_GRAPH_STATE);
+        expect(err, CUBE_OK);
+        st->capturing = 1;
+        st->nrec = 0;
+        break;
+    case 3:
+        err = cube_graph_end(g_client, &id);
+        if (!st->capturing) {
+            expect(err, CUBE_ERR_GRAPH_STATE);
+            if (id != 0)
+                fail_model("a refused cube_graph_end set an id", NULL);
+            return;
+        }
+        expect(err, CUBE_OK);
+        if (id == 0)
+            fail_model("cube_graph_end handed out id 0", NULL);
+        for (g = graphs; g->live; g++)
+            ; /* begin left room for it */
+        g->live = 1;
+        g->id = id;
+        g->nrec = st->nrec;
+        memcpy(g->rec, st->rec, sizeof g->rec);
+        st->capturing = st->prepared = 0;
+        st->nrec = 0;
+        break;
+    case 4:
+    case 5:
+        if (g->live)
+            replay_live(g);
+        break;
+    case 6:
+        id = unknown_graph(r);
+        err = cube_graph_replay(g_client, id);
+        /* A capture refuses first, whatever the id. */
+        expect(err, capturing() ? CUBE_ERR_GRAPH_STATE : CUBE_ERR_NOT_FOUND);
+        break;
+    case 7:
+        if (!g->live)
+            break;
+        /* Allowed on a capturing stream: nothing is issued. */
+        expect(cube_graph_destroy(g_client, g->id), CUBE_OK);
+        unpin_recs(g->rec, g->nrec);
+        g->live = 0;
+        last_destroyed = g->id;
+        break;
+    case 8:
+        id = unknown_graph(r);
+        expect(cube_graph_destroy(g_client, id), CUBE_ERR_NOT_FOUND);
+        break;
+    default:
+        expect(cube_graph_prepare(NULL), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_graph_begin(NULL), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_graph_end(NULL, &id), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_graph_end(g_client, NULL), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_graph_replay(NULL, g->id), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_graph_destroy(NULL, g->id), CUBE_ERR_INVALID_ARGUMENT);
+        break;
+    }
+}
+
+/* --- profiling windows --------------------------------------------------- */
+
+static void window_drop(model_stream *st, int i)
+{
+    last_closed = st->win[i].token;
+    st->win[i] = st->win[--st->nwin];
+}
+
+/* Another stream's open window, or -1. */
+static int foreign_window(uint8_t pick, int *stream)
+{
+    for (int k = 0; k < STREAMS; k++) {
+        int s = (pick + k) % STREAMS;
+        if (s != cur && streams[s].nwin > 0) {
+            *stream = s;
+            return pick % streams[s].nwin;
+        }
+    }
+    return -1;
+}
+
+/* A token open on no stream. */
+static cube_profile_token unknown_token(reader *r)
+{
+    cube_profile_token t = (rd8(r) & 1) ? last_closed : rd64(r);
+    for (int s = 0; s < STREAMS; s++)
+        for (int i = 0; i < streams[s].nwin; i++)
+            if (streams[s].win[i].token == t)
+                return 0;
+    return t;
+}
+
+static void op_profile(reader *r)
+{
+    uint8_t which = rd8(r);
+    uint8_t pick = rd8(r);
+    model_stream *st = cs();
+    cube_profile_token t = 0;
+    cube_profile_result res;
+    cube_error *err;
+    int fs = 0, fi;
+    switch (which % 8) {
+    case 0:
+    case 1:
+        if (st->nwin >= MAX_WIN)
+            return;
+        err = cube_profile_start(g_client, &t);
+        if (capturing())
+            return expect(err, CUBE_ERR_GRAPH_STATE);
+        expect(err, CUBE_OK);
+        if (t == 0)
+            fail_model("cube_profile_start handed out token 0", NULL);
+        for (int s = 0; s < STREAMS; s++)
+            for (int i = 0; i < streams[s].nwin; i++)
+                if (streams[s].win[i].token == t)
+                    fail_model("a token handed out twice", NULL);
+        st->win[st->nwin].token = t;
+        st->win[st->nwin].failures = st->failures;
+        st->win[st->nwin].launches = st->launches;
+        st->win[st->nwin].work = st->work;
+        st->nwin++;
+        break;
+    case 2:
+    case 3: {
+        if (st->nwin == 0)
+            return;
+        int i = pick % st->nwin;
+        model_window w = st->win[i];
+        memset(&res, 0xFF, sizeof res);
+        err = cube_profile_end(g_client, w.token, &res);
+        if (capturing())
+            return expect(err, CUBE_ERR_GRAPH_STATE); /* stays open */
+        window_drop(st, i);
+        if (st->failures != w.failures)
+            return expect(err, CUBE_ERR_PROFILE);
+        expect(err, CUBE_OK);
+        if (res.launches != st->launches - w.launches) {
+            char msg[128];
+            snprintf(msg, sizeof msg,
+                     "window counted %llu launches, model %llu",
+                     (unsigned long long)res.launches,
+                     (unsigned long long)(st->launches - w.launches));
+            fail_model(msg, NULL);
+        }
+        if (res.method != g_timing)
+            fail_model("the window's timing method is not the device's", NULL);
+        if (!(res.seconds >= 0.0) || res.seconds > 3600.0)
+            fail_model("the window's duration is out of range", NULL);
+        if (g_timing == CUBE_TIMING_HOST_CLOCK && st->work == w.work &&
+            res.seconds != 0.0)
+            fail_model("a window without work reported a duration", NULL);
+        break;
+    }
+    case 4:
+        fi = foreign_window(pick, &fs);
+        if (fi < 0)
+            return;
+        err = cube_profile_end(g_client, streams[fs].win[fi].token, &res);
+        expect(err, capturing() ? CUBE_ERR_GRAPH_STATE : CUBE_ERR_PROFILE);
+        break;
+    case 5:
+        t = unknown_token(r);
+        if (t == 0)
+            return;
+        err = cube_profile_end(g_client, t, &res);
+        expect(err, capturing() ? CUBE_ERR_GRAPH_STATE : CUBE_ERR_PROFILE);
+        break;
+    case 6:
+        /* Abandon: the calling stream's window goes; another stream's
+         * token, or an unknown one, is ignored. */
+        if (pick & 1) {
+            if (st->nwin == 0)
+                return;
+            int i = (pick >> 1) % st->nwin;
+            cube_profile_abandon(g_client, st->win[i].token);
+            window_drop(st, i);
+        } else if ((fi = foreign_window(pick, &fs)) >= 0) {
+            cube_profile_abandon(g_client, streams[fs].win[fi].token);
+        } else {
+            cube_profile_abandon(g_client, unknown_token(r));
+        }
+        break;
+    default:
+        expect(cube_profile_start(NULL, &t), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_profile_start(g_client, NULL), CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_profile_end(NULL, 1, &res), CUBE_ERR_INVALID_ARGUMENT);
+        if (st->nwin > 0)
+            t = st->win[pick % st->nwin].token;
+        expect(cube_profile_end(g_client, t, NULL), CUBE_ERR_INVALID_ARGUMENT);
+        cube_profile_abandon(NULL, t);
+        break;
+    }
+}
+
+/* --- misaligned slices ----------------------------------------------------
+ */
+
+/* A slice whose offset is not a multiple of 4 bound to a uint32_t
+ * parameter: refused with CUBE_ERR_INVALID_ARGUMENT once the kernel
+ * compiled, recorded nowhere, in Skip mode too. Without kernels the
+ * compile fails first (CUBE_ERR_UNSUPPORTED, on every bound buffer). */
+static void op_misaligned(reader *r)
+{
+    int s = rd8(r) % SLOTS, t = rd8(r) % SLOTS;
+    uint8_t how = rd8(r);
+    if (!slot_live(s) || slots[s].offset % 4 == 0)
+        return;
+    uint32_t mode = (how & 4) ? CUBE_LAUNCH_SKIP : 0;
+    cube_error *err;
+    int bound[2] = {s, s};
+    if (how % 3 == 0) {
+        cube_arg args[2] = {cube_arg_buffer(slots[s].h), cube_arg_u32(7)};
+        err = cube_launch(g_client, g_fill, words_count(slots[s].size), args, 2,
+                          mode);
+    } else {
+        if (!slot_live(t))
+            return;
+        int x = how % 3 == 1 ? s : t, y = how % 3 == 1 ? t : s;
+        bound[0] = x;
+        bound[1] = y;
+        cube_arg args[3] = {cube_arg_buffer(slots[x].h),
+                            cube_arg_buffer(slots[y].h), cube_arg_u32(3)};
+        err = cube_launch(g_client, g_axpy, words_count(slots[y].size), args, 3,
+                          mode);
+    }
+    if (g_kernels)
+        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
+    expect(err, CUBE_ERR_UNSUPPORTED);
+    if (!dry_depth && !mode) {
+        slot_alloc(bound[0])->failed = slot_alloc(bound[1])->failed = 1;
+        cs()->failures++;
+    }
+}
+
+/* --- a second thread ------------------------------------------------------
+ */
+
+/* What a spawned thread does, on a stream of its own naming (100 or 101:
+ * a thread's own stream would outlive it in the client): makes, fills,
+ * reads back and releases a buffer of its own, then fills or writes a
+ * buffer of the main thread through its handle. The main thread checks
+ * every answer after the join. */
+typedef struct worker {
+    cube_stream_id stream;
+    uint32_t own_size, v, len;
+    uint8_t seed;
+    int slot_op; /* 0 none, 1 fill the slot's handle, 2 write it */
+    cube_handle slot_h;
+    cube_count slot_count;
+    cube_stream_id current;
+    int dry_active;
+    cube_error *use, *create, *fill, *read, *release, *slot, *back;
+    uint8_t got[MAX_SIZE];
+} worker;
+
+static void *worker_main(void *p)
+{
+    worker *w = p;
+    w->use = cube_stream_use(g_client, w->stream);
+    w->current = cube_stream_current(g_client);
+    w->dry_active = cube_dry_run_active(g_client);
+    uint8_t bytes[MAX_SIZE];
+    for (uint32_t i = 0; i < MAX_SIZE; i++)
+        bytes[i] = (uint8_t)(w->seed ^ (i * 31u));
+    cube_handle h = {0};
+    w->create = cube_create(g_client, bytes, w->own_size, &h);
+    if (!w->create) {
+        cube_arg args[2] = {cube_arg_buffer(h), cube_arg_u32(w->v)};
+        w->fill =
+            cube_launch(g_client, g_fill, words_count(w->own_size), args, 2, 0);
+        cube_copy_desc d = cube_copy_desc_contiguous(h, w->own_size, 4);
+        void *dst[1] = {w->got};
+        uint64_t size[1] = {w->own_size};
+        w->read = cube_read(g_client, &d, dst, size, 1);
+        w->release = cube_handle_release(g_client, h);
+    }
+    if (w->slot_op == 1) {
+        cube_arg args[2] = {cube_arg_buffer(w->slot_h), cube_arg_u32(w->v)};
+        w->slot = cube_launch(g_client, g_fill, w->slot_count, args, 2, 0);
+    } else if (w->slot_op == 2) {
+        cube_copy_desc d = cube_copy_desc_contiguous(w->slot_h, w->len, 1);
+        const void *src[1] = {bytes};
+        uint64_t size[1] = {w->len};
+        w->slot = cube_write(g_client, &d, src, size, 1);
+    }
+    w->back = cube_stream_use(g_client, 0);
+    return NULL;
+}
+
+static void op_thread(reader *r)
+{
+    worker w;
+    memset(&w, 0, sizeof w);
+    w.stream = WORKER_STREAM + (rd8(r) & 1);
+    w.own_size = 4 * (1 + rd8(r) % (MAX_SIZE / 4));
+    w.v = (uint32_t)rd16(r) * 2246822519u;
+    w.seed = rd8(r);
+    int s = rd8(r) % SLOTS;
+    uint8_t how = rd8(r);
+    w.len = 1 + rd8(r);
+    if (slots[s].h.bits != 0 && how % 3 != 0) {
+        w.slot_h = slots[s].h;
+        w.slot_op = (how % 3 == 1 && slot_words(s)) ? 1 : 2;
+        w.slot_count = words_count(slots[s].size);
+    }
+    pthread_t th;
+    if (pthread_create(&th, NULL, worker_main, &w) != 0)
+        return; /* no thread to be had: nothing ran */
+    pthread_join(th, NULL);
+    /* The thread's stream and dry-run state are its own: whatever the main
+     * thread's stream captures or its scopes skip, the thread's work runs. */
+    expect(w.use, CUBE_OK);
+    if (w.current != w.stream)
+        fail_model("the thread does not work on the stream it named", NULL);
+    if (w.dry_active)
+        fail_model("the main thread's dry run covers another thread", NULL);
+    expect(w.create, CUBE_OK);
+    expect(w.fill, g_kernels ? CUBE_OK : CUBE_ERR_UNSUPPORTED);
+    if (g_kernels) {
+        expect(w.read, CUBE_OK);
+        for (uint32_t i = 0; i < w.own_size; i += 4)
+            if (get32(w.got + i) != w.v)
+                fail_model("the thread read back other words than it filled",
+                           NULL);
+    } else {
+        expect(w.read, CUBE_ERR_SEVERAL);
+    }
+    expect(w.release, CUBE_OK);
+    expect(w.back, CUBE_OK);
+    if (w.slot_op == 0)
+        return;
+    if (!slot_live(s))
+        return expect(w.slot, CUBE_ERR_NOT_FOUND);
+    model_alloc *a = slot_alloc(s);
+    if (w.slot_op == 1) {
+        if (!g_kernels) {
+            expect(w.slot, CUBE_ERR_UNSUPPORTED);
+            a->failed = 1;
+            return;
+        }
+        expect(w.slot, CUBE_OK);
+        model_rec rc = make_rec(REC_FILL, s, 0, w.v);
+        apply_fill(&rc);
+        a->failed = 0;
+        return;
+    }
+    if (w.len > slots[s].size)
+        return expect(w.slot, CUBE_ERR_INVALID_ARGUMENT);
+    expect(w.slot, CUBE_OK);
+    for (uint32_t i = 0; i < w.len; i++)
+        a->bytes[slots[s].offset + i] = (uint8_t)(w.seed ^ (i * 31u));
+    memset(a->known + slots[s].offset, 1, w.len);
+    if (slots[s].offset == 0 && w.len == a->size)
+        a->failed = 0;
+}
+
 /* --- driver -----------------------------------------------------------------
  */
 
@@ -730,6 +1620,7 @@ static int open_client(void)
     cube_properties props;
     expect(cube_client_properties(g_client, &props), CUBE_OK);
     g_kernels = (props.features & CUBE_FEATURE_KERNELS) != 0;
+    g_timing = props.timing;
     cube_kernel_desc ad = {"fz_axpy", axpy_src, {64, 1, 1}};
     cube_kernel_desc fd = {"fz_fill", fill_src, {64, 1, 1}};
     expect(cube_kernel_create(&ad, &g_axpy), CUBE_OK);
@@ -752,10 +1643,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     reader r = {data, size, 0};
     memset(slots, 0, sizeof slots);
     memset(allocs, 0, sizeof allocs);
+    memset(streams, 0, sizeof streams);
+    memset(graphs, 0, sizeof graphs);
     dry_depth = 0;
+    cur = 0;
+    last_destroyed = 0;
+    last_closed = 0;
     for (op_index = 0; op_index < MAX_OPS && r.at < r.n; op_index++) {
         uint8_t op = rd8(&r);
-        switch (op % 19) {
+        switch (op % 25) {
         case 0:
             op_name = "empty";
             op_empty(&r);
@@ -828,14 +1724,64 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             op_name = "hostile";
             op_hostile(&r);
             break;
+        case 18:
+            op_name = "strided_write";
+            op_strided(&r, 1);
+            break;
+        case 19:
+            op_name = "strided_read";
+            op_strided(&r, 0);
+            break;
+        case 20:
+            op_name = "graph";
+            op_graph(&r);
+            break;
+        case 21:
+            op_name = "profile";
+            op_profile(&r);
+            break;
+        case 22:
+            op_name = "misaligned";
+            op_misaligned(&r);
+            break;
+        case 23:
+            op_name = "thread";
+            op_thread(&r);
+            break;
         default:
             op_name = "create";
             op_create(&r);
             break;
         }
     }
-    /* Leave nothing behind for the next input. */
+    /* Leave nothing behind for the next input: no open window, capture or
+     * armed stream, no graph, no handle. */
     op_name = "teardown";
+    for (int s = 0; s < STREAMS; s++) {
+        model_stream *st = &streams[s];
+        expect(cube_stream_use(g_client, (cube_stream_id)s), CUBE_OK);
+        cur = s;
+        for (int i = 0; i < st->nwin; i++)
+            cube_profile_abandon(g_client, st->win[i].token);
+        st->nwin = 0;
+        if (st->prepared && !st->capturing) {
+            expect(cube_graph_begin(g_client), CUBE_OK);
+            st->capturing = 1;
+            st->nrec = 0;
+        }
+        if (st->capturing) {
+            cube_graph_id id = 0;
+            expect(cube_graph_end(g_client, &id), CUBE_OK);
+            expect(cube_graph_destroy(g_client, id), CUBE_OK);
+            unpin_recs(st->rec, st->nrec);
+            st->capturing = st->prepared = 0;
+        }
+    }
+    for (int g = 0; g < GRAPHS; g++) {
+        if (graphs[g].live)
+            expect(cube_graph_destroy(g_client, graphs[g].id), CUBE_OK);
+        graphs[g].live = 0;
+    }
     for (int s = 0; s < SLOTS; s++)
         slot_clear(s);
     while (dry_depth > 0) {
@@ -868,7 +1814,7 @@ static int replay_file(const char *path)
  * fixed generator, each op byte followed by its arguments. */
 static int generate(const char *dir)
 {
-    static const uint8_t hand[][24] = {
+    static const uint8_t hand[][64] = {
         {1, 0, 64, 7, 3, 0, 64, 0},                 /* create, read */
         {0, 1, 32, 2, 1, 32, 0, 1, 9, 3, 1, 32, 0}, /* empty, write, read */
         {1, 0, 64, 1, 5, 0, 2, 8, 0, 16, 0, 3, 2, 16, 0}, /* slice, read */
@@ -884,6 +1830,47 @@ static int generate(const char *dir)
         {1, 0, 8, 0, 17, 8, 0, 17, 12, 0, 17, 13, 0, 17, 14, 0},
         {1, 0, 8, 0, 17, 9, 0, 17, 10, 0, 17, 11, 0, 17, 15, 0},
         {1, 0, 8, 0, 13, 1, 12, 1, 4, 0, 8, 0, 7, 0, 13, 1, 12, 1},
+        /* a pitched 4x4 block written and read back, then read whole */
+        {1,  0, 64, 7, 18, 0, 1, 0, 1, 0, 3, 3, 1, 1,  5,
+         19, 0, 1,  0, 1,  0, 3, 3, 1, 1, 0, 3, 0, 64, 0},
+        /* two descriptors: contiguous words, overlapping halves */
+        {1, 0, 64, 7, 1, 1, 64, 2, 18, 1, 0, 0, 0, 2, 7, 2, 1, 0, 1,  5,
+         3, 9, 19, 3, 0, 0, 0,  2, 7,  2, 1, 0, 1, 5, 3, 0, 3, 1, 64, 0},
+        /* hostile descriptors: rank 0, rank 9, element size 0, wrong size */
+        {1, 0, 64, 7, 18, 0, 3, 0, 0, 0, 3,  0, 19, 0, 3, 0, 0, 0, 3,
+         1, 0, 18, 0, 3,  0, 0, 0, 3, 2, 19, 2, 3,  0, 0, 0, 3, 7, 0},
+        {1, 0, 64, 7, 18, 0, 3, 0, 2,  1, 3, 3, 3, 5, 1, 1, 1, 2, 19, 0, 3,
+         0, 2, 1,  3, 3,  3, 6, 3, 18, 0, 3, 0, 2, 1, 3, 3, 3, 9, 4,  7, 0},
+        /* capture: warm up, record axpy and fill, refused read, sync and
+         * profile, end, replay, read, replay and destroy unknown ids */
+        {1,  0, 64, 7,   1,  1,  64, 3,  20, 0,  0,  11, 0, 5, 0,
+         20, 2, 0,  9,   0,  1,  0,  3,  0,  11, 0,  9,  0, 3, 1,
+         64, 0, 12, 255, 21, 0,  0,  20, 3,  0,  20, 4,  0, 3, 1,
+         64, 0, 20, 7,   0,  20, 6,  0,  1,  20, 8,  0,  1},
+        /* lifecycle mistakes; create refused and empty allowed in a
+         * capture */
+        {20, 2, 0, 20, 3, 0, 20, 9,  0, 20, 0,  0, 20, 2, 0,  20, 2, 0,  20, 0,
+         0,  1, 0, 64, 1, 0, 1,  64, 2, 1,  64, 0, 1,  1, 20, 3,  0, 20, 5,  0},
+        /* a graph whose input fails, then is rewritten whole */
+        {1, 0, 64, 7, 1,  1, 64, 3,  20, 0, 0, 20, 2, 0,  9, 0,
+         1, 0, 3,  0, 20, 3, 0,  10, 0,  1, 0, 0,  0, 20, 4, 0,
+         3, 1, 64, 0, 11, 1, 4,  0,  20, 4, 0, 3,  1, 64, 0},
+        /* profiling: nested windows, streams, foreign, unknown, abandon */
+        {1, 0, 64, 7, 21, 0,  0, 11, 0,  1, 0,  21, 0, 0,  21,
+         2, 1, 21, 2, 0,  16, 1, 21, 0,  0, 21, 4,  0, 21, 5,
+         0, 1, 21, 6, 1,  21, 7, 0,  16, 0, 21, 2,  0},
+        /* a failure inside a window fails its result */
+        {1, 0,  64, 7, 1, 1, 64, 3,  21, 0, 0,  21, 0,
+         0, 10, 0,  1, 0, 0, 0,  21, 2,  0, 21, 3,  0},
+        /* misaligned slices: fill, axpy both ways, Skip mode, dry run */
+        {1, 0, 64, 7,  5, 0, 1, 1,  0, 16, 0, 22, 1, 0,  0, 22, 1, 0,  1, 22,
+         1, 0, 2,  22, 1, 0, 4, 15, 1, 22, 1, 0,  0, 15, 0, 3,  1, 16, 0},
+        /* a second thread: fill and write a main-thread buffer */
+        {1, 0, 64, 7, 23, 0,  16, 1, 2, 9,  0, 1, 64, 23, 1, 8, 3, 4, 5,
+         0, 2, 32, 3, 0,  64, 0,  7, 0, 23, 0, 4, 0,  0,  0, 0, 2, 1},
+        /* a second thread while the main one captures and dry-runs */
+        {1, 0, 64, 7, 20, 0, 0, 20, 2, 0,  15, 1,  23, 0, 4, 1, 1,  1, 0,
+         1, 0, 15, 0, 20, 3, 0, 3,  0, 64, 0,  20, 4,  0, 3, 0, 64, 0},
     };
     char path[4096];
     int count = 0;
@@ -911,6 +1898,31 @@ static int generate(const char *dir)
         buf[0] = 1, buf[1] = (uint8_t)i, buf[2] = 64, buf[3] = 7;
         buf[4] = 0, buf[5] = (uint8_t)(i + 1), buf[6] = 32;
         snprintf(path, sizeof path, "%s/seed-gen-%02d", dir, i);
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(buf, 1, len, f) != len || fclose(f) != 0) {
+            fprintf(stderr, "fuzz_api: cannot write %s\n", path);
+            return 1;
+        }
+        count++;
+    }
+    /* Sequences of the operations on streams, graphs, windows, strides and
+     * threads, each with random arguments. */
+    static const uint8_t ops[] = {1,  3,  5,  9,  11, 16, 18, 19, 20,
+                                  20, 20, 21, 21, 22, 23, 12, 15};
+    for (int i = 0; i < 30; i++) {
+        uint8_t buf[256];
+        size_t len = 0;
+        buf[len++] = 1, buf[len++] = 0, buf[len++] = 64, buf[len++] = 7;
+        buf[len++] = 1, buf[len++] = 1, buf[len++] = 64, buf[len++] = 9;
+        while (len + 8 <= 64 + (size_t)i * 6) {
+            state = state * 6364136223846793005u + 1442695040888963407u;
+            buf[len++] = ops[(state >> 40) % sizeof ops];
+            for (int k = 0; k < 7; k++) {
+                state = state * 6364136223846793005u + 1442695040888963407u;
+                buf[len++] = (uint8_t)(state >> 56);
+            }
+        }
+        snprintf(path, sizeof path, "%s/seed-ops-%02d", dir, i);
         FILE *f = fopen(path, "wb");
         if (!f || fwrite(buf, 1, len, f) != len || fclose(f) != 0) {
             fprintf(stderr, "fuzz_api: cannot write %s\n", path);
