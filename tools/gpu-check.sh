@@ -7,7 +7,8 @@
 # Usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]
 # DEB_DIR holds the -dev packages as .deb files (see offline-build.sh).
 # STEPS (default "tests sanitize demo bench") picks what runs after the
-# build; "build" alone only builds. CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests
+# build; "build" alone only builds; "comm" runs the communication
+# benchmarks and "asan" the fuzz corpus and conformance suite under ASan. CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests
 # whose names match it (a cmocka test filter, '*' wildcards).
 set -u
 debs=${1:?usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]}
@@ -65,6 +66,29 @@ for s in $steps; do
             --json "$results/bench_cuda.json"
         step peers 300 python3 bench/gpu/peers_torch_cupy.py \
             --json "$results/peers.json"
+        ;;
+    comm)
+        # Collectives and peer copies: cubert beside raw NCCL and the
+        # driver (one GPU: one rank), and between CPU devices.
+        step bench_comm_cuda 300 build-gpu/bench/bench_comm_cuda \
+            --json "$results/bench_comm_cuda.json"
+        step bench_comm_cpu 300 build-gpu/bench/bench_comm 64
+        ;;
+    asan)
+        # The fuzz corpus and the conformance suite on CUDA under ASan and
+        # UBSan (protect_shadow_gap=0 lets ASan share the address space
+        # with the CUDA driver).
+        cmake -S . -B build-gpu-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+            "-DCUBE_SANITIZE=address;undefined" >/dev/null &&
+            cmake --build build-gpu-asan -j "$jobs" \
+                --target fuzz_api_replay conformance \
+                >"$results/build-asan.txt" 2>&1 || status=1
+        step fuzz_replay_cuda_asan 600 env CUBERT_FUZZ_BACKEND=cuda \
+            ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 \
+            build-gpu-asan/tests/fuzz_api_replay tests/fuzz/corpus
+        step conformance_cuda_asan 600 env \
+            ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 \
+            build-gpu-asan/tests/conformance cuda
         ;;
     build) ;;
     *) echo "unknown step $s"; status=1 ;;
