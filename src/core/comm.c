@@ -61,6 +61,9 @@ typedef struct comm_group {
     uint64_t *send_seq CUBE_GUARDED_FIELD(lock); /* per (from, to) */
     uint64_t *recv_seq CUBE_GUARDED_FIELD(lock); /* per (from, to) */
     comm_call *calls CUBE_GUARDED_FIELD(lock);   /* pending */
+    /* A freed record of each size (collective, p2p), kept for the next
+     * call: a steady stream of calls allocates nothing. */
+    comm_call *spare[2] CUBE_GUARDED_FIELD(lock);
     const cube_server_vtable *vt;
 } comm_group;
 
@@ -162,16 +165,19 @@ uint32_t cube_comm_size(const cube_comm *comm)
     return comm ? comm->group->n : 0;
 }
 
-static void call_free(comm_call *k)
+/* Frees what a record holds besides itself. */
+static void call_clear(comm_call *k)
 {
     for (uint32_t i = 0; i < k->expected; i++) {
         cube_error_free(k->refused[i]);
         cube_error_free(k->failed[i]);
     }
     cube_error_free(k->verdict);
-    free(k->calls);
-    free(k->refused);
-    free(k->failed);
+}
+
+static void call_free(comm_call *k)
+{
+    call_clear(k);
     free(k);
 }
 
@@ -182,6 +188,8 @@ static void group_free(comm_group *g)
         call_free(g->calls);
         g->calls = next;
     }
+    for (int i = 0; i < 2; i++)
+        free(g->spare[i]);
     free(g->seq);
     free(g->send_seq);
     free(g->recv_seq);
@@ -369,24 +377,24 @@ static comm_call *call_find(comm_group *g, int p2p, uint32_t from, uint32_t to,
         if (k->seq == seq && k->p2p == p2p &&
             (!p2p || (k->from == from && k->to == to)))
             return k;
-    comm_call *k = calloc(1, sizeof *k);
-    if (!k)
+    uint32_t expected = p2p ? 2 : g->n;
+    /* One block: the record, then its per-call arrays. */
+    size_t size = sizeof(comm_call) + expected * (sizeof(cube_collective) +
+                                                  2 * sizeof(cube_error *));
+    comm_call *k = g->spare[p2p];
+    if (k)
+        g->spare[p2p] = NULL;
+    else if (!(k = aligned_alloc(64, (size + 63) & ~(size_t)63)))
         return NULL;
+    memset(k, 0, size);
+    k->calls = (cube_collective *)(k + 1);
+    k->refused = (cube_error **)(k->calls + expected);
+    k->failed = k->refused + expected;
     k->seq = seq;
     k->p2p = p2p;
     k->from = from;
     k->to = to;
-    k->expected = p2p ? 2 : g->n;
-    k->calls = calloc(k->expected, sizeof *k->calls);
-    k->refused = calloc(k->expected, sizeof *k->refused);
-    k->failed = calloc(k->expected, sizeof *k->failed);
-    if (!k->calls || !k->refused || !k->failed) {
-        free(k->calls);
-        free(k->refused);
-        free(k->failed);
-        free(k);
-        return NULL;
-    }
+    k->expected = expected;
     k->next = g->calls;
     g->calls = k;
     return k;
@@ -593,7 +601,11 @@ static void leave(pending *p)
         cube_cond_wait(&g->changed, &g->lock);
     if (++k->left == k->expected) {
         call_unlink(g, k);
-        call_free(k);
+        call_clear(k);
+        if (!g->spare[k->p2p])
+            g->spare[k->p2p] = k;
+        else
+            free(k);
     }
     cube_mutex_unlock(&g->lock);
 }

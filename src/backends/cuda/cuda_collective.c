@@ -4,10 +4,11 @@
  * it writes, and marked as a use of both).
  *
  * The core has matched and checked every rank's call before a part comes
- * here, so NCCL only ever sees calls that pair up. Communicators are
- * non-blocking (NCCL's `blocking = 0`): making one, and a call NCCL answers
- * "in progress", are polled against a deadline and aborted past it, so a
- * broken peer is an error, never a hang.
+ * here, so NCCL only ever sees calls that pair up: every rank of a
+ * communicator lives in this process and its calls all arrive before any
+ * is issued. A call NCCL still answers "in progress" is polled against the
+ * communicator's timeout and aborted past it, so a broken peer is an
+ * error, never a hang.
  *
  * Locks: none of its own; the core holds the calling streams.
  */
@@ -240,7 +241,11 @@ cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
     cfg.size = sizeof cfg;
     cfg.magic = NCCL_CONFIG_MAGIC;
     cfg.version = NCCL_CONFIG_VERSION_2_18;
-    cfg.blocking = 0;
+    /* Blocking: every rank is made here, in one group, and the core lets
+     * a collective reach NCCL only once every rank's call has arrived, so
+     * no call can wait on a rank that never comes; a blocking call also
+     * costs no polling. */
+    cfg.blocking = 1;
     cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare =
         NCCL_CONFIG_UNDEF_INT;
     cfg.netName = NULL;
