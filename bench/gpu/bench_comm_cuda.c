@@ -124,6 +124,7 @@ int main(int argc, char **argv)
             ok(cube_all_reduce(comm, src, dst, count, CUBE_DTYPE_F32,
                                CUBE_REDUCE_SUM),
                "all-reduce");
+        double issued_ours = now_ns();
         ok(cube_sync(a, NULL, 0), "sync");
         double t1 = now_ns();
         for (int i = 0; i < iters; i++)
@@ -131,8 +132,15 @@ int main(int argc, char **argv)
                     n->ncclAllReduce((void *)rs, (void *)rd, count, ncclFloat32,
                                      ncclSum, rc, (nccl_stream)raw),
                     "ncclAllReduce");
+        double issued_theirs = now_ns();
         CK(cuStreamSynchronize(raw));
         double t2 = now_ns();
+        /* The host's share: the time to issue the calls, before the
+         * wait. */
+        if (bytes <= 65536)
+            printf("  issue only: cubert %.2f us, NCCL %.2f us per call\n",
+                   (issued_ours - t0) / iters / 1e3,
+                   (issued_theirs - t1) / iters / 1e3);
         double ours = (t1 - t0) / iters / 1e3, theirs = (t2 - t1) / iters / 1e3;
         printf("%-10llu %12.2f %12.2f %12.1f %12.1f %8.3f\n",
                (unsigned long long)bytes, ours, theirs, bytes / ours / 1e3,

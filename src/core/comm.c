@@ -491,6 +491,13 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
     }
     int p2p = mine->kind == CUBE_COLLECTIVE_SEND ||
               mine->kind == CUBE_COLLECTIVE_RECV;
+    if (p2p && (mine->peer >= n || mine->peer == r)) {
+        /* No pair of ranks to post to, so no peer waits for it: the
+         * refusal (p->local) is this rank's alone. */
+        cube_mutex_unlock(&g->lock);
+        cube_error_free(failure);
+        return;
+    }
     uint32_t from = 0, to = 0;
     uint64_t seq;
     if (!p2p) {

@@ -1201,17 +1201,18 @@ static void replay_live(model_graph *g)
 
 /* Ends the calling stream's capture. A backend that records hardware
  * graphs refuses a capture that had to take new device memory
- * (cubert/graph.h); whether pooled memory served an allocation made in the
- * window is the pools' business, which the model does not follow, so
- * after one both answers are accepted, and a refusal ends the capture
- * without a graph. Returns 1, with *id set, when a graph was made. */
+ * (cubert/graph.h); whether pooled memory served what the window
+ * allocated (a cube_empty, a dry run's buffer backed at its first launch)
+ * is the pools' business, which the model does not follow, so both
+ * answers are accepted there, and a refusal ends the capture without a
+ * graph. Returns 1, with *id set, when a graph was made. */
 static int end_capture(model_stream *st, cube_graph_id *id)
 {
     cube_error *err = cube_graph_end(g_client, id);
     int allocated = st->allocated;
     st->allocated = 0;
-    if (g_hw_graphs && allocated &&
-        cube_error_code(err) == CUBE_ERR_GRAPH_STATE &&
+    (void)allocated; /* also a dry run's buffer backed in the window */
+    if (g_hw_graphs && cube_error_code(err) == CUBE_ERR_GRAPH_STATE &&
         strstr(cube_error_message(err), "new device memory")) {
         cube_error_free(err);
         if (*id != 0)
