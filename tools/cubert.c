@@ -21,6 +21,7 @@
 
 #include "cubert/backend/config.h"
 #include "cubert/cubert.h"
+#include "cubert_tool.h"
 
 #define EXIT_USAGE 2
 
@@ -38,6 +39,15 @@ static void usage(FILE *f)
         "                            unavailable; then every configuration\n"
         "                            key, its value and where it came from\n"
         "                            (default, environment or the file)\n"
+        "  allreduce [--backend B] [--ranks N] [--max BYTES]\n"
+        "                            all-reduce f32 sums over every device\n"
+        "                            of backend B (default: cuda when it\n"
+        "                            has a device, else cpu; N ranks, at\n"
+        "                            most the devices there are; the CPU\n"
+        "                            has $CUBERT_CPU_DEVICES), one thread\n"
+        "                            per rank, from 1 KiB to BYTES (default\n"
+        "                            64 MiB); checks each result and prints\n"
+        "                            the time, algorithm and bus bandwidth\n"
         "  demo [--device D] [--size N]\n"
         "                            run a tiled matrix product (N x N,\n"
         "                            default 256), a reduction of 1M floats\n"
@@ -259,30 +269,36 @@ static int cmd_info(int argc, char **argv)
         printf(" %s", built[i]);
     printf("\n");
 
+    /* Every device of every backend, described without opening it (an
+     * open device would say the same). */
     for (size_t i = 0; i < n; i++) {
-        printf("\n[%s]\n", list[i]);
-        cube_client *client = NULL;
-        cube_error *err = cube_client_open(list[i], NULL, &client);
+        uint32_t count = 0;
+        cube_error *err = cube_device_count(list[i], &count);
         if (err) {
             char *text = cube_error_format(err);
-            printf("  unavailable: %s\n",
+            printf("\n[%s]\n  unavailable: %s\n", list[i],
                    text ? text : cube_error_message(err));
             free(text);
             cube_error_free(err);
             continue;
         }
-        cube_properties p;
-        err = cube_client_properties(client, &p);
-        if (err) {
-            char *text = cube_error_format(err);
-            printf("  properties unavailable: %s\n",
-                   text ? text : cube_error_message(err));
-            free(text);
-            cube_error_free(err);
-        } else {
-            print_properties(&p, "  ");
+        for (uint32_t d = 0; d < count; d++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s:%u", list[i], d);
+            cube_device_info info;
+            err = cube_device_describe(name, &info);
+            printf("\n[%s]%s\n", name,
+                   count > 1 ? "" : "  (the backend's only device)");
+            if (err) {
+                char *text = cube_error_format(err);
+                printf("  unavailable: %s\n",
+                       text ? text : cube_error_message(err));
+                free(text);
+                cube_error_free(err);
+                continue;
+            }
+            print_properties(&info.properties, "  ");
         }
-        cube_client_close(client);
     }
     print_configuration();
     return 0;
@@ -1092,6 +1108,8 @@ int main(int argc, char **argv)
         return cmd_demo(argc - 2, argv + 2);
     if (!strcmp(cmd, "memory"))
         return cmd_memory(argc - 2, argv + 2);
+    if (!strcmp(cmd, "allreduce"))
+        return cubert_cmd_allreduce(argc - 2, argv + 2);
     fprintf(stderr, "cubert: unknown command '%s'\n", cmd);
     usage(stderr);
     return EXIT_USAGE;
