@@ -88,6 +88,7 @@ for s in $steps; do
             build-gpu-asan/tests/fuzz_api_replay tests/fuzz/corpus
         step conformance_cuda_asan 600 env \
             ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 \
+            LSAN_OPTIONS="suppressions=$PWD/tools/lsan-nccl.supp" \
             build-gpu-asan/tests/conformance cuda
         ;;
     build) ;;

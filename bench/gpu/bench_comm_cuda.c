@@ -136,11 +136,22 @@ int main(int argc, char **argv)
         CK(cuStreamSynchronize(raw));
         double t2 = now_ns();
         /* The host's share: the time to issue the calls, before the
-         * wait. */
-        if (bytes <= 65536)
-            printf("  issue only: cubert %.2f us, NCCL %.2f us per call\n",
+         * wait; and cubert's checks alone (a dry run checks a call and
+         * drops it before the rendezvous and NCCL). */
+        if (bytes <= 65536) {
+            ok(cube_dry_run_begin(a), "dry run");
+            double d0 = now_ns();
+            for (int i = 0; i < iters; i++)
+                ok(cube_all_reduce(comm, src, dst, count, CUBE_DTYPE_F32,
+                                   CUBE_REDUCE_SUM),
+                   "all-reduce");
+            double d1 = now_ns();
+            ok(cube_dry_run_end(a), "dry run");
+            printf("  issue only: cubert %.2f us, NCCL %.2f us per call; "
+                   "cubert's checks alone %.2f us\n",
                    (issued_ours - t0) / iters / 1e3,
-                   (issued_theirs - t1) / iters / 1e3);
+                   (issued_theirs - t1) / iters / 1e3, (d1 - d0) / iters / 1e3);
+        }
         double ours = (t1 - t0) / iters / 1e3, theirs = (t2 - t1) / iters / 1e3;
         printf("%-10llu %12.2f %12.2f %12.1f %12.1f %8.3f\n",
                (unsigned long long)bytes, ours, theirs, bytes / ours / 1e3,

@@ -104,6 +104,9 @@ typedef struct cube_comm_options {
 /* Default options (every field zero except struct_size). */
 CUBE_API cube_comm_options cube_comm_options_default(void);
 
+/* The most ranks a communicator has. */
+#define CUBE_MAX_RANKS 1024u
+
 /* Makes a communicator of `n` ranks (1..CUBE_MAX_RANKS) over `clients`
  * (rank i is clients[i]), one per client, into comms[0..n-1]. The clients
  * belong to one backend and each to a device of its own (a device cannot
@@ -114,7 +117,6 @@ CUBE_API cube_comm_options cube_comm_options_default(void);
  * collectives), CUBE_ERR_UNAVAILABLE (NCCL could not be loaded: the
  * message names what was tried), CUBE_ERR_OUT_OF_MEMORY, the device fault
  * of a client. On error comms holds no communicator. */
-#define CUBE_MAX_RANKS 1024u
 CUBE_API CUBE_MUST_USE cube_error *
 cube_comm_init_all(cube_client *const *clients, uint32_t n,
                    const cube_comm_options *options, cube_comm **comms);
@@ -134,7 +136,10 @@ CUBE_API CUBE_MUST_USE cube_error *cube_comm_abort(cube_comm *comm);
 CUBE_API uint32_t cube_comm_rank(const cube_comm *comm);
 CUBE_API uint32_t cube_comm_size(const cube_comm *comm);
 
-/* The collectives. Handles are the rank's client's. Errors (besides those
+/* dst = op over ranks of src, on every rank.
+ *
+ * This and every collective below: handles are the rank's client's. Errors
+ * (besides those
  * the introduction describes: CUBE_ERR_INVALID_ARGUMENT for a call that
  * differs from the other ranks' or a rank's refused call,
  * CUBE_ERR_SEVERAL for a failed source on some rank, CUBE_ERR_TIMEOUT,
@@ -143,36 +148,39 @@ CUBE_API uint32_t cube_comm_size(const cube_comm *comm);
  * needs — also refused on the other ranks), CUBE_ERR_NOT_FOUND (a
  * released or foreign handle), CUBE_ERR_GRAPH_STATE (the calling stream
  * is capturing a graph: collectives are not recorded in graphs),
- * CUBE_ERR_DEVICE_FAULT, and what the backend's engine answers (NCCL's
- * errors as CUBE_ERR_INTERNAL or CUBE_ERR_UNAVAILABLE, with NCCL's
- * text). Inside a dry-run scope a call is checked on its own rank and
- * dropped: every rank must then be in a dry run alike. */
-
-/* dst = op over ranks of src, on every rank. */
+ * CUBE_ERR_DEVICE_FAULT, CUBE_ERR_OUT_OF_MEMORY (the call's record, or
+ * a dry run's buffer backed at first use: CUBE_ERR_STORAGE_MAPPING_FAILED),
+ * CUBE_ERR_RESOURCE_LIMIT (more than 64 buffers that other streams share
+ * in one CUDA group), and what the backend's engine answers (NCCL's errors
+ * as CUBE_ERR_INTERNAL or CUBE_ERR_UNAVAILABLE, with NCCL's text). Inside a
+ * dry-run scope a call is checked on its own rank and dropped: every rank must
+ * then be in a dry run alike. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_all_reduce(cube_comm *comm, cube_handle src, cube_handle dst,
                 uint64_t count, cube_dtype dtype, cube_reduce_op op);
 /* dst = root's src, on every rank. src is read on the root only (other
- * ranks may pass the zero handle). */
+ * ranks may pass the zero handle). Errors: as cube_all_reduce. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_broadcast(cube_comm *comm, cube_handle src, cube_handle dst,
                uint64_t count, cube_dtype dtype, uint32_t root);
 /* root's dst = op over ranks of src. dst is written on the root only
- * (other ranks may pass the zero handle). */
+ * (other ranks may pass the zero handle). Errors: as cube_all_reduce. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_reduce(cube_comm *comm, cube_handle src, cube_handle dst, uint64_t count,
             cube_dtype dtype, cube_reduce_op op, uint32_t root);
-/* dst[i * count ..] = rank i's src[0 .. count), on every rank. */
+/* dst[i * count ..] = rank i's src[0 .. count), on every rank. Errors: as
+ * cube_all_reduce. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_all_gather(cube_comm *comm, cube_handle src, cube_handle dst,
                 uint64_t count, cube_dtype dtype);
-/* dst[0 .. count) on rank r = op over ranks of src[r * count ..]. */
+/* dst[0 .. count) on rank r = op over ranks of src[r * count ..]. Errors:
+ * as cube_all_reduce. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_reduce_scatter(cube_comm *comm, cube_handle src, cube_handle dst,
                     uint64_t count, cube_dtype dtype, cube_reduce_op op);
 /* Point to point: `peer`'s matching cube_recv gets src's first count
  * elements. The n-th send from a to b pairs with the n-th receive at b
- * from a. */
+ * from a. Errors: as cube_all_reduce. */
 CUBE_API CUBE_MUST_USE cube_error *cube_send(cube_comm *comm, cube_handle src,
                                              uint64_t count, cube_dtype dtype,
                                              uint32_t peer);
