@@ -5,7 +5,9 @@
 # thread-safety build).
 set -eu
 
-PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev $*"
+# openmpi-bin: the CPU backend's communicators between processes load
+# Open MPI at run time, and their tests run ranks with mpirun.
+PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev openmpi-bin $*"
 
 missing=""
 for p in $PACKAGES; do

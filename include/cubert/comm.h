@@ -53,6 +53,7 @@
 #ifndef CUBERT_COMM_H
 #define CUBERT_COMM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cubert/client.h"
@@ -120,6 +121,67 @@ CUBE_API cube_comm_options cube_comm_options_default(void);
 CUBE_API CUBE_MUST_USE cube_error *
 cube_comm_init_all(cube_client *const *clients, uint32_t n,
                    const cube_comm_options *options, cube_comm **comms);
+
+/* --- between processes --- */
+
+/* The size of a communicator id, and of the text cube_comm_id_format
+ * writes (with its NUL). */
+#define CUBE_COMM_ID_BYTES 144
+#define CUBE_COMM_ID_TEXT (12 + 2 * CUBE_COMM_ID_BYTES + 1)
+
+/* Names a communicator between processes: made once by one of them,
+ * handed to the others (in an environment variable or a file, as text:
+ * cube_comm_id_format), and given to cube_comm_init_rank by each. A plain
+ * value. */
+typedef struct cube_comm_id {
+    unsigned char bytes[CUBE_COMM_ID_BYTES];
+} cube_comm_id;
+
+/* A new id for a communicator of `backend`'s devices across processes:
+ * CUDA through NCCL (its unique id; NCCL is loaded), the CPU through MPI
+ * (the processes are the ranks of one MPI job, started by mpirun, and the
+ * communicator's ranks are their ranks in it). Errors:
+ * CUBE_ERR_INVALID_ARGUMENT (NULL), CUBE_ERR_NOT_FOUND (no such backend),
+ * CUBE_ERR_UNSUPPORTED (the backend has no communicators between
+ * processes), CUBE_ERR_UNAVAILABLE (NCCL could not be loaded; this build
+ * has no MPI; the message says which). */
+CUBE_API CUBE_MUST_USE cube_error *cube_comm_id_new(const char *backend,
+                                                    cube_comm_id *out);
+
+/* `id` as text ("cubert-comm:" and hexadecimal digits) into text[0, cap).
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL, cap below
+ * CUBE_COMM_ID_TEXT). */
+CUBE_API CUBE_MUST_USE cube_error *cube_comm_id_format(const cube_comm_id *id,
+                                                       char *text, size_t cap);
+
+/* The id `text` (cube_comm_id_format's, trailing blanks and newline
+ * allowed) spells. Errors: CUBE_ERR_INVALID_ARGUMENT (NULL, not such a
+ * text; *out is zeroed). */
+CUBE_API CUBE_MUST_USE cube_error *cube_comm_id_parse(const char *text,
+                                                      cube_comm_id *out);
+
+/* Makes this process's rank `rank` of the `nranks`-rank communicator `id`
+ * names, on `client`'s device; every rank calls it in its own process
+ * with the same id. Blocks until every rank joined, at most the options'
+ * timeout. Between processes the ranks' calls cannot be compared before
+ * they run: a call one rank refuses (its arguments, its buffers) or whose
+ * source carries a failure is answered on that rank as in one process,
+ * and the others learn of it — through MPI on the CPU (they answer
+ * CUBE_ERR_INVALID_ARGUMENT or CUBE_ERR_SEVERAL); on CUDA, NCCL cannot
+ * tell them, so the refusing rank aborts the communicator and the others
+ * answer CUBE_ERR_ABORTED or CUBE_ERR_TIMEOUT, never a hang. The caller
+ * frees the communicator with cube_comm_destroy.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL client, id or out, rank not
+ * below nranks, nranks out of range, an id not made by cube_comm_id_new
+ * or made for another backend, malformed options), CUBE_ERR_UNSUPPORTED
+ * (the backend has none), CUBE_ERR_UNAVAILABLE (NCCL or MPI missing, or
+ * the process is not part of an MPI job of nranks processes),
+ * CUBE_ERR_TIMEOUT (a rank did not join in time), CUBE_ERR_OUT_OF_MEMORY,
+ * CUBE_ERR_DEVICE_FAULT. */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_comm_init_rank(cube_client *client, const cube_comm_id *id,
+                    uint32_t nranks, uint32_t rank,
+                    const cube_comm_options *options, cube_comm **out);
 
 /* Frees one rank's communicator; the group's shared state goes with the
  * last. NULL is a no-op. A rank's calls queued in an open group must have

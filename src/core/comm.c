@@ -65,6 +65,10 @@ typedef struct comm_group {
      * call: a steady stream of calls allocates nothing. */
     comm_call *spare[2] CUBE_GUARDED_FIELD(lock);
     const cube_server_vtable *vt;
+    /* Made from an id for ranks in other processes: this process holds
+     * one rank, and the backend's engine meets the others
+     * (cube_comm_init_rank). */
+    int remote;
 } comm_group;
 
 struct cube_comm {
@@ -86,6 +90,10 @@ typedef struct pending {
     uint64_t dst_bytes;
     uint64_t deadline_ns;
     cube_error *result; /* the answer, once run */
+    /* A call of a communicator between processes: its arguments and its
+     * source's failure, handed to the backend with it. */
+    cube_collective mine;
+    cube_error *failure;
 } pending;
 
 static _Thread_local int group_depth;
@@ -335,13 +343,16 @@ void cube_comm_destroy(cube_comm *comm)
         g->vt->comm_destroy(comm->client->server, comm->impl);
     comm->impl = NULL;
     cube_mutex_lock(&g->lock);
-    g->gone[comm->rank] = 1;
+    if (g->gone)
+        g->gone[comm->rank] = 1;
     int last = --g->alive == 0;
     /* Peers waiting for this rank will not see it come. */
     pthread_cond_broadcast(&g->changed);
     cube_mutex_unlock(&g->lock);
     if (last) {
-        cube_comm *first = comm - comm->rank;
+        /* In one process the ranks are one array; a communicator between
+         * processes is this rank alone. */
+        cube_comm *first = g->remote ? comm : comm - comm->rank;
         group_free(g);
         free(first);
     }
@@ -357,13 +368,209 @@ cube_error *cube_comm_abort(cube_comm *comm)
     g->aborted = 1;
     pthread_cond_broadcast(&g->changed);
     cube_mutex_unlock(&g->lock);
-    if (g->vt->comm_abort) {
+    if (g->vt->comm_abort && g->remote) {
+        if (comm->impl)
+            g->vt->comm_abort(comm->client->server, comm->impl);
+    } else if (g->vt->comm_abort) {
         cube_comm *first = comm - comm->rank;
         for (uint32_t i = 0; i < g->n; i++)
             if (first[i].impl)
                 g->vt->comm_abort(first[i].client->server, first[i].impl);
     }
     return NULL;
+}
+
+/* --- communicators between processes --- */
+
+/* An id: "CBC1", the backend's name (NUL-padded), the backend's bytes. */
+#define ID_MAGIC "CBC1"
+#define ID_NAME 12
+_Static_assert(4 + ID_NAME + CUBE_COMM_ID_PAYLOAD == CUBE_COMM_ID_BYTES,
+               "an id is its header and the backend's bytes");
+
+cube_error *cube_comm_id_new(const char *backend, cube_comm_id *out)
+{
+    if (!backend || !out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_id_new: %s is NULL",
+                              backend ? "out" : "backend");
+    memset(out, 0, sizeof *out);
+    const cube_backend *b = core_backend_find(backend);
+    if (!b)
+        return cube_error_new(core_backend_left_out(backend)
+                                  ? CUBE_ERR_UNAVAILABLE
+                                  : CUBE_ERR_NOT_FOUND,
+                              "cube_comm_id_new: no backend '%s' in this "
+                              "build",
+                              backend);
+    if (strlen(b->name) >= ID_NAME || !b->comm_id_new)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "cube_comm_id_new: the %s backend has no "
+                              "communicators between processes",
+                              b->name);
+    memcpy(out->bytes, ID_MAGIC, 4);
+    memcpy(out->bytes + 4, b->name, strlen(b->name));
+    cube_error *err = b->comm_id_new(out->bytes + 4 + ID_NAME);
+    if (err) {
+        memset(out, 0, sizeof *out);
+        return cube_error_prefix(err, "cube_comm_id_new(%s)", backend);
+    }
+    return NULL;
+}
+
+cube_error *cube_comm_id_format(const cube_comm_id *id, char *text, size_t cap)
+{
+    if (!id || !text)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_id_format: %s is NULL",
+                              id ? "text" : "id");
+    if (cap < CUBE_COMM_ID_TEXT)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_id_format: cap %zu is less than "
+                              "CUBE_COMM_ID_TEXT (%d)",
+                              cap, CUBE_COMM_ID_TEXT);
+    static const char hex[] = "0123456789abcdef";
+    memcpy(text, "cubert-comm:", 12);
+    for (size_t i = 0; i < CUBE_COMM_ID_BYTES; i++) {
+        text[12 + 2 * i] = hex[id->bytes[i] >> 4];
+        text[13 + 2 * i] = hex[id->bytes[i] & 15];
+    }
+    text[12 + 2 * CUBE_COMM_ID_BYTES] = '\0';
+    return NULL;
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+cube_error *cube_comm_id_parse(const char *text, cube_comm_id *out)
+{
+    if (!text || !out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_id_parse: %s is NULL",
+                              text ? "out" : "text");
+    memset(out, 0, sizeof *out);
+    /* Trailing blanks and a newline, as a file or a shell may leave. */
+    size_t len = strlen(text);
+    while (len && (text[len - 1] == '\n' || text[len - 1] == ' ' ||
+                   text[len - 1] == '\r' || text[len - 1] == '\t'))
+        len--;
+    if (len != 12 + 2 * CUBE_COMM_ID_BYTES ||
+        strncmp(text, "cubert-comm:", 12) != 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_id_parse: not an id made by "
+                              "cube_comm_id_format (\"cubert-comm:\" and "
+                              "%d hexadecimal digits)",
+                              2 * CUBE_COMM_ID_BYTES);
+    for (size_t i = 0; i < CUBE_COMM_ID_BYTES; i++) {
+        int hi = hex_digit(text[12 + 2 * i]), lo = hex_digit(text[13 + 2 * i]);
+        if (hi < 0 || lo < 0) {
+            memset(out, 0, sizeof *out);
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  "cube_comm_id_parse: character %zu is not "
+                                  "a hexadecimal digit",
+                                  12 + 2 * i + (hi < 0 ? 0 : 1));
+        }
+        out->bytes[i] = (unsigned char)(hi << 4 | lo);
+    }
+    if (memcmp(out->bytes, ID_MAGIC, 4) != 0 ||
+        out->bytes[4 + ID_NAME - 1] != 0) {
+        memset(out, 0, sizeof *out);
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_id_parse: the digits do not hold a "
+                              "cubert communicator id");
+    }
+    return NULL;
+}
+
+static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
+                                  uint32_t nranks, uint32_t rank,
+                                  const cube_comm_options *options,
+                                  cube_comm **out)
+{
+    CORE_CHECK_CLIENT(c, "cube_comm_init_rank");
+    if (!id || !out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_rank: %s is NULL",
+                              id ? "out" : "id");
+    *out = NULL;
+    if (nranks == 0 || nranks > CUBE_MAX_RANKS || rank >= nranks)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_rank: rank %u of %u ranks is "
+                              "not in range (1..%u ranks)",
+                              rank, nranks, CUBE_MAX_RANKS);
+    if (options && (options->struct_size < sizeof(uint32_t) ||
+                    options->struct_size > sizeof(cube_comm_options)))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_rank: options->struct_size %u "
+                              "is not sizeof(cube_comm_options)",
+                              options->struct_size);
+    char name[ID_NAME];
+    memcpy(name, id->bytes + 4, ID_NAME);
+    if (memcmp(id->bytes, ID_MAGIC, 4) != 0 || name[ID_NAME - 1] != 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_rank: the id was not made by "
+                              "cube_comm_id_new");
+    if (strcmp(name, c->props.backend) != 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_rank: the id is for the %s "
+                              "backend and the client is on %s",
+                              name, c->device);
+    if (!c->vt->comm_init_rank || !c->vt->collective)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "cube_comm_init_rank: the %s backend has no "
+                              "communicators between processes",
+                              c->props.backend);
+    cube_comm_options o = cube_comm_options_default();
+    if (options)
+        memcpy(&o, options, options->struct_size);
+    uint64_t timeout_ms = o.timeout_ms ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
+    comm_group *g = calloc(1, sizeof *g);
+    cube_comm *comm = calloc(1, sizeof *comm);
+    if (!g || !comm) {
+        free(g);
+        free(comm);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_comm_init_rank");
+    }
+    void *impl = NULL;
+    cube_error *err = c->vt->comm_init_rank(c->server, id->bytes + 4 + ID_NAME,
+                                            nranks, rank, timeout_ms, &impl);
+    if (err) {
+        free(g);
+        free(comm);
+        return cube_error_prefix(err, "cube_comm_init_rank");
+    }
+    cube_mutex_init(&g->lock);
+    pthread_cond_init(&g->changed, NULL);
+    g->n = nranks;
+    g->alive = 1;
+    g->vt = c->vt;
+    g->remote = 1;
+    g->timeout_ns = timeout_ms * 1000000ull;
+    comm->group = g;
+    comm->rank = rank;
+    comm->client = c;
+    comm->impl = impl;
+    *out = comm;
+    cube_log_write(CUBE_LOG_INFO, "comm",
+                   "rank %u of %u (between processes) on %s", rank, nranks,
+                   c->device);
+    return NULL;
+}
+
+cube_error *cube_comm_init_rank(cube_client *client, const cube_comm_id *id,
+                                uint32_t nranks, uint32_t rank,
+                                const cube_comm_options *options,
+                                cube_comm **out)
+{
+    if (out)
+        *out = NULL;
+    CORE_CALL(client, "cube_comm_init_rank",
+              init_rank_call(client, id, nranks, rank, options, out));
 }
 
 /* --- the rendezvous --- */
@@ -659,6 +866,49 @@ static void settle(pending *p, const cube_error *err)
         core_resolved_drop(c, &p->src);
     cube_error_free(p->local);
     p->local = NULL;
+    cube_error_free(p->failure);
+    p->failure = NULL;
+}
+
+/* Issues a call of a communicator between processes: the backend's
+ * engine tells the other processes when this rank refused it or its
+ * source failed (or, without a way to, aborts the communicator so that
+ * they do not wait), and answers for theirs. The rank's own refusal is
+ * its answer; a failed source refuses with CUBE_ERR_SEVERAL. */
+static cube_error *issue_remote(pending *p)
+{
+    cube_client *c = p->comm->client;
+    core_stream *st = NULL;
+    cube_error *err = core_stream_get(c, &st);
+    if (err) {
+        cube_error_free(p->local);
+        p->local = err;
+    }
+    _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
+    memset(shared, 0, sizeof shared);
+    cube_collective_set set = {&p->mine, 1, 0, shared, 1, p->local, p->failure};
+    if (!st)
+        return cube_error_clone(p->local);
+    core_stream_lock(st);
+    err = c->vt->collective(c->server, &st->base, p->comm->impl, &set);
+    if (!err && !p->local && !p->failure)
+        st->launches++;
+    core_stream_note_failure(st, err);
+    core_stream_unlock(st);
+    core_fault_note(c, err);
+    if (p->local) {
+        cube_error_free(err);
+        return cube_error_clone(p->local);
+    }
+    if (p->failure) {
+        cube_error_free(err);
+        return cube_error_wrap(cube_error_clone(p->failure), CUBE_ERR_SEVERAL,
+                               "%s: the source cannot be trusted (the work "
+                               "that should have written it failed), so no "
+                               "rank runs it",
+                               kind_name(p->mine.kind));
+    }
+    return err;
 }
 
 /* Runs the pending calls a[0..n): waits for each, issues the parts that
@@ -667,10 +917,13 @@ static void settle(pending *p, const cube_error *err)
  * carries its own. */
 static cube_error *run_pending(pending *a, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        a[i].result = a[i].local  ? cube_error_clone(a[i].local)
-                      : a[i].call ? await(&a[i])
-                                  : NULL;
+    for (size_t i = 0; i < n; i++) {
+        int remote = a[i].comm->group->remote;
+        a[i].result = remote       ? NULL
+                      : a[i].local ? cube_error_clone(a[i].local)
+                      : a[i].call  ? await(&a[i])
+                                   : NULL;
+    }
     const cube_server_vtable *vt = NULL;
     size_t runnable = 0;
     for (size_t i = 0; i < n; i++)
@@ -683,7 +936,8 @@ static cube_error *run_pending(pending *a, size_t n)
         vt->group_begin();
     for (size_t i = 0; i < n; i++)
         if (!a[i].result)
-            a[i].result = issue(&a[i]);
+            a[i].result =
+                a[i].comm->group->remote ? issue_remote(&a[i]) : issue(&a[i]);
     if (grouped) {
         cube_error *e = vt->group_end();
         for (size_t i = 0; e && i < n; i++)
@@ -875,7 +1129,12 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
         }
     }
     /* This rank's own refusal is its answer; the peers learn of it. */
-    post(&p, &mine, failure);
+    if (comm->group->remote) {
+        p.mine = mine;
+        p.failure = failure;
+    } else {
+        post(&p, &mine, failure);
+    }
     cube_error *own = p.local ? cube_error_clone(p.local) : NULL;
     if (group_depth > 0) {
         if (queue_len == queue_cap) {

@@ -425,7 +425,8 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls)                 \
     X(comm_hostile_arguments_get_clear_errors_and_change_nothing)              \
     X(comm_copy_peer_between_clients_devices_and_backends)                     \
-    X(comm_kernel_on_another_stream_sees_the_reduced_buffer)
+    X(comm_kernel_on_another_stream_sees_the_reduced_buffer)                   \
+    X(comm_ids_round_trip_and_bad_ids_and_ranks_are_refused)
 
 /* clang-format on */
 

@@ -938,3 +938,103 @@ CONF_TEST_NEEDS(comm_kernel_on_another_stream_sees_the_reduced_buffer,
     }
     close_ranks(c, n);
 }
+
+/* ------------------------------------------------ ids between processes */
+
+CONF_TEST(comm_ids_round_trip_and_bad_ids_and_ranks_are_refused)
+{
+    cube_comm_id id, back;
+    cube_error *err = cube_comm_id_new(conf.backend, &id);
+    if (cube_error_code(err) == CUBE_ERR_UNSUPPORTED ||
+        cube_error_code(err) == CUBE_ERR_UNAVAILABLE) {
+        print_message("skipped: %s\n", cube_error_message(err));
+        cube_error_free(err);
+        skip();
+    }
+    CONF_OK(err);
+    char text[CUBE_COMM_ID_TEXT];
+    CONF_OK(cube_comm_id_format(&id, text, sizeof text));
+    assert_int_equal(strlen(text), CUBE_COMM_ID_TEXT - 1);
+    /* A file's trailing newline is fine. */
+    char line[CUBE_COMM_ID_TEXT + 2];
+    snprintf(line, sizeof line, "%s\n", text);
+    CONF_OK(cube_comm_id_parse(line, &back));
+    assert_memory_equal(&id, &back, sizeof id);
+    /* Two ids differ. */
+    cube_comm_id other;
+    CONF_OK(cube_comm_id_new(conf.backend, &other));
+    assert_memory_not_equal(&id, &other, sizeof id);
+
+    CONF_EXPECT(cube_comm_id_new(NULL, &id), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_comm_id_new(conf.backend, NULL),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_comm_id_new("nope", &other), CUBE_ERR_NOT_FOUND);
+    CONF_EXPECT(cube_comm_id_format(&id, text, 10), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_comm_id_format(NULL, text, sizeof text),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_comm_id_parse(NULL, &back), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_comm_id_parse("cubert-comm:00", &back),
+                CUBE_ERR_INVALID_ARGUMENT);
+    char bad[CUBE_COMM_ID_TEXT];
+    memcpy(bad, text, sizeof bad);
+    bad[20] = 'x';
+    CONF_EXPECT_MSG(cube_comm_id_parse(bad, &back), CUBE_ERR_INVALID_ARGUMENT,
+                    "hexadecimal");
+    memcpy(bad, text, sizeof bad);
+    bad[12] = bad[12] == '0' ? '1' : '0'; /* the magic */
+    CONF_EXPECT(cube_comm_id_parse(bad, &back), CUBE_ERR_INVALID_ARGUMENT);
+
+    /* Ranks, ids and options refused before anything is started. */
+    cube_comm *comm = (cube_comm *)&id;
+    CONF_EXPECT(cube_comm_init_rank(NULL, &id, 2, 0, NULL, &comm),
+                CUBE_ERR_INVALID_ARGUMENT);
+    assert_null(comm);
+    CONF_EXPECT(cube_comm_init_rank(conf.client, NULL, 2, 0, NULL, &comm),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_comm_init_rank(conf.client, &id, 2, 0, NULL, NULL),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT_MSG(cube_comm_init_rank(conf.client, &id, 2, 2, NULL, &comm),
+                    CUBE_ERR_INVALID_ARGUMENT, "rank 2 of 2");
+    CONF_EXPECT(cube_comm_init_rank(conf.client, &id, 0, 0, NULL, &comm),
+                CUBE_ERR_INVALID_ARGUMENT);
+    cube_comm_options bad_size = cube_comm_options_default();
+    bad_size.struct_size = 1;
+    CONF_EXPECT(cube_comm_init_rank(conf.client, &id, 2, 0, &bad_size, &comm),
+                CUBE_ERR_INVALID_ARGUMENT);
+    cube_comm_id forged = id;
+    forged.bytes[0] ^= 1;
+    CONF_EXPECT_MSG(
+        cube_comm_init_rank(conf.client, &forged, 2, 0, NULL, &comm),
+        CUBE_ERR_INVALID_ARGUMENT, "cube_comm_id_new");
+    /* An id of another backend. */
+    cube_comm_id cpu_id;
+    if (!conf_is_cpu() && !cube_comm_id_new("cpu", &cpu_id) &&
+        strcmp(conf.backend, "null") != 0)
+        CONF_EXPECT_MSG(
+            cube_comm_init_rank(conf.client, &cpu_id, 2, 0, NULL, &comm),
+            CUBE_ERR_INVALID_ARGUMENT, "backend");
+    assert_null(comm);
+    if (conf_is_cpu())
+        return; /* one process of an MPI job: tests/mpi/comm_mpi_ranks.c */
+
+    /* A communicator between processes of one rank, on this device: the
+     * engine's own path (NCCL's unique id on CUDA). */
+    CONF_OK(cube_comm_init_rank(conf.client, &id, 1, 0, NULL, &comm));
+    assert_non_null(comm);
+    cube_handle h = filled(conf.client, 0, 64, CUBE_DTYPE_F32, 0);
+    cube_handle d;
+    CONF_OK(cube_empty(conf.client, 64 * 4, &d));
+    CONF_OK(cube_all_reduce(comm, h, d, 64, CUBE_DTYPE_F32, CUBE_REDUCE_SUM));
+    expect_reduced(conf.client, d, 64, CUBE_DTYPE_F32, CUBE_REDUCE_SUM, 1, 0,
+                   "one rank between processes");
+    /* A refused call is this rank's answer; the engine cannot tell the
+     * other processes, so the communicator is aborted. */
+    CONF_EXPECT(cube_all_reduce(comm, h, d, 0, CUBE_DTYPE_F32, CUBE_REDUCE_SUM),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(
+        cube_all_reduce(comm, h, d, 64, CUBE_DTYPE_F32, CUBE_REDUCE_SUM),
+        CUBE_ERR_ABORTED);
+    conf_release(h);
+    conf_release(d);
+    cube_comm_destroy(comm);
+}

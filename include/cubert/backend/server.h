@@ -169,6 +169,9 @@ typedef struct cube_dispatch {
     int *ran_nothing;
 } cube_dispatch;
 
+/* The backend's part of a cube_comm_id. */
+#define CUBE_COMM_ID_PAYLOAD 128
+
 /* Collectives as the core hands them to a backend (cubert/comm.h). */
 typedef enum cube_collective_kind {
     CUBE_COLLECTIVE_ALL_REDUCE = 1,
@@ -209,6 +212,18 @@ typedef struct cube_collective_set {
     uint32_t count;
     uint32_t index;
     void *shared;
+    /* A communicator between processes (made by comm_init_rank): `calls`
+     * is this rank's call alone, which the backend's engine matches with
+     * the other processes'. `refused` (this rank refused the call: its
+     * arguments, its buffers) or `failed` (its source carries a failure)
+     * set: the backend moves no data and tells the other ranks, so that
+     * they answer an error rather than wait (an engine that cannot tell
+     * them aborts the communicator), and returns NULL (the core answers
+     * for this rank). The backend answers CUBE_ERR_INVALID_ARGUMENT or
+     * CUBE_ERR_SEVERAL for a refusal or a failure of another rank's. */
+    int remote;
+    const cube_error *refused;
+    const cube_error *failed;
 } cube_collective_set;
 
 /* A backend's read in flight; the client waits on it with read_wait. */
@@ -355,6 +370,15 @@ struct cube_server_vtable {
      * work in flight (never blocks). */
     cube_error *(*comm_init)(cube_server *const *servers, uint32_t n,
                              uint64_t timeout_ms, void **impls);
+    /* comm_init_rank: makes rank `rank` of `nranks` of a communicator
+     * between processes, named by `id` (what the backend's comm_id_new
+     * made in one of them, CUBE_COMM_ID_PAYLOAD bytes), in *impl; every
+     * rank makes its own, in its own process. Gives up after `timeout_ms`
+     * (CUBE_ERR_TIMEOUT). (optional: without it such communicators are
+     * CUBE_ERR_UNSUPPORTED) */
+    cube_error *(*comm_init_rank)(cube_server *server, const unsigned char *id,
+                                  uint32_t nranks, uint32_t rank,
+                                  uint64_t timeout_ms, void **impl);
     void (*comm_destroy)(cube_server *server, void *impl);
     void (*comm_abort)(cube_server *server, void *impl);
     /* collective: issues the calling rank's part (set->calls[set->index])
@@ -390,6 +414,10 @@ typedef struct cube_backend {
     /* Nonzero when cube_client_options.cpu_threads shapes its servers (a
      * second open asking for other threads is then refused). */
     int uses_cpu_threads;
+    /* (optional) Fills the CUBE_COMM_ID_PAYLOAD bytes that name a new
+     * communicator between processes (cube_comm_id_new). Errors:
+     * CUBE_ERR_UNAVAILABLE (the engine cannot be loaded or started). */
+    cube_error *(*comm_id_new)(unsigned char *id);
     /* The backend's configuration keys (cubert/backend/config.h), ended by
      * an entry whose name is NULL; NULL when it has none. */
     const struct cube_config_key *config_keys;

@@ -176,8 +176,8 @@ static void divide_half(uint16_t *acc, size_t n, uint32_t ranks, int bf)
     }
 }
 
-static void combine(void *acc, const void *in, size_t n, uint32_t dtype,
-                    uint32_t op)
+void host_reduce_combine(void *acc, const void *in, size_t n, uint32_t dtype,
+                         uint32_t op)
 {
     switch (dtype) {
     case CUBE_DTYPE_I8: COMBINE(int8_t, acc, in, n, op); break;
@@ -193,7 +193,7 @@ static void combine(void *acc, const void *in, size_t n, uint32_t dtype,
     }
 }
 
-static void divide(void *acc, size_t n, uint32_t dtype, uint32_t ranks)
+void host_reduce_divide(void *acc, size_t n, uint32_t dtype, uint32_t ranks)
 {
     switch (dtype) {
     case CUBE_DTYPE_I8: DIVIDE(int8_t, acc, n, ranks); break;
@@ -220,9 +220,9 @@ static void reduce_into(unsigned char *dst, const cube_collective *calls,
     size_t bytes = n * es;
     memcpy(acc, at(&calls[0].src) + src_off, bytes);
     for (uint32_t r = 1; r < ranks; r++)
-        combine(acc, at(&calls[r].src) + src_off, n, dtype, op);
+        host_reduce_combine(acc, at(&calls[r].src) + src_off, n, dtype, op);
     if (op == CUBE_REDUCE_AVG)
-        divide(acc, n, dtype, ranks);
+        host_reduce_divide(acc, n, dtype, ranks);
     memcpy(dst, acc, bytes);
 }
 

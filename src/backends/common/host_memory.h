@@ -64,4 +64,11 @@ cube_error *host_copy_to_peer(cube_server *server, cube_server_stream *stream,
                               cube_server_stream *peer_stream,
                               const cube_binding *dst);
 
+/* Element-wise reductions as the host collectives do them: acc[i] = acc[i]
+ * op in[i] over `n` elements of `dtype` (cube_dtype; halves through
+ * float), and acc[i] /= ranks (an average's last step). */
+void host_reduce_combine(void *acc, const void *in, size_t n, uint32_t dtype,
+                         uint32_t op);
+void host_reduce_divide(void *acc, size_t n, uint32_t dtype, uint32_t ranks);
+
 #endif /* CUBE_BACKENDS_COMMON_HOST_MEMORY_H */

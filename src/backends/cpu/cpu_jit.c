@@ -929,6 +929,12 @@ const cube_config_key cpu_config_keys[] = {
      .default_text = "none",
      .doc = "extra options for every CPU kernel compilation, separated by "
             "blanks"},
+    {.name = "mpi_library",
+     .type = CUBE_CONFIG_TEXT,
+     .max_len = CUBE_CONFIG_TEXT_MAX,
+     .default_text = "libmpi.so.40, else libmpi.so",
+     .doc = "the Open MPI library the CPU backend's communicators between "
+            "processes load: a path or a name the dynamic loader finds"},
     {.name = "cpu_devices",
      .type = CUBE_CONFIG_UINT,
      .min = 1,

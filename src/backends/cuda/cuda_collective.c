@@ -160,6 +160,7 @@ typedef struct cuda_rank {
     ncclComm_t comm;
     uint64_t timeout_ns;
     int aborted;
+    int remote; /* a communicator between processes (non-blocking) */
 } cuda_rank;
 
 /* Ranks whose parts this thread issues between group_begin and group_end,
@@ -303,6 +304,73 @@ cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
     return NULL;
 }
 
+cube_error *cuda_comm_id_new(unsigned char *id)
+{
+    const nccl_api *nccl = NULL;
+    cube_error *err = nccl_api_load(&nccl);
+    if (err)
+        return err;
+    ncclUniqueId uid;
+    ncclResult_t r = nccl->ncclGetUniqueId(&uid);
+    if (r != ncclSuccess)
+        return nccl_failure(nccl, r, NULL, 0, "ncclGetUniqueId");
+    _Static_assert(sizeof uid == CUBE_COMM_ID_PAYLOAD,
+                   "NCCL's unique id fills the id's payload");
+    memcpy(id, &uid, sizeof uid);
+    return NULL;
+}
+
+cube_error *cuda_comm_init_rank(cube_server *server, const unsigned char *id,
+                                uint32_t nranks, uint32_t rank,
+                                uint64_t timeout_ms, void **impl)
+{
+    cuda_server *s = (cuda_server *)server;
+    *impl = NULL;
+    const nccl_api *nccl = NULL;
+    cube_error *err = nccl_api_load(&nccl);
+    if (!err)
+        err = cuda_enter(s);
+    if (err)
+        return err;
+    cuda_rank *one = calloc(1, sizeof *one);
+    if (!one)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL communicator");
+    one->nccl = nccl;
+    one->timeout_ns = timeout_ms * 1000000ull;
+    one->remote = 1;
+    /* Non-blocking: the other ranks are in other processes, where nothing
+     * of cubert's can tell whether they come; every wait is polled
+     * against the timeout. */
+    nccl_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.size = sizeof cfg;
+    cfg.magic = NCCL_CONFIG_MAGIC;
+    cfg.version = NCCL_CONFIG_VERSION_2_18;
+    cfg.blocking = 0;
+    cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare =
+        NCCL_CONFIG_UNDEF_INT;
+    ncclUniqueId uid;
+    memcpy(&uid, id, sizeof uid);
+    ncclResult_t r = nccl->ncclCommInitRankConfig(&one->comm, (int)nranks, uid,
+                                                  (int)rank, &cfg);
+    int timed_out = 0;
+    if (r == ncclSuccess || r == ncclInProgress)
+        r = settle(nccl, one->comm, clock_ns() + one->timeout_ns, &timed_out);
+    if (r != ncclSuccess) {
+        err = nccl_failure(nccl, r, one->comm, timed_out,
+                           "joining the NCCL communicator");
+        if (!timed_out && one->comm)
+            nccl->ncclCommAbort(one->comm);
+        free(one);
+        return err;
+    }
+    *impl = one;
+    cube_log_write(CUBE_LOG_INFO, "cuda",
+                   "NCCL %d (%s): rank %u of %u between processes",
+                   nccl->version, nccl->path, rank, nranks);
+    return NULL;
+}
+
 void cuda_comm_destroy(cube_server *server, void *impl)
 {
     cuda_rank *rank = impl;
@@ -413,6 +481,13 @@ cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
     if (rank->aborted)
         return cube_error_new(CUBE_ERR_ABORTED,
                               "the NCCL communicator was aborted");
+    if (set->remote && (set->refused || set->failed)) {
+        /* NCCL cannot tell the other processes that this rank will not
+         * come: abort, so that their calls fail instead of waiting. */
+        rank->aborted = 1;
+        rank->nccl->ncclCommAbort(rank->comm);
+        return NULL;
+    }
     cuda_stream *st = NULL;
     cube_error *err = cuda_stream_begin(s, stream, &st);
     cuda_block *src = c->src.storage ? c->src.storage->cookie : NULL;

@@ -411,6 +411,12 @@ cube_error *cuda_copy_to_peer(cube_server *server, cube_server_stream *stream,
                               const cube_binding *dst);
 cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
                            uint64_t timeout_ms, void **impls);
+/* Communicators between processes: NCCL's unique id as the id's payload,
+ * and one rank joining it. */
+cube_error *cuda_comm_id_new(unsigned char *id);
+cube_error *cuda_comm_init_rank(cube_server *server, const unsigned char *id,
+                                uint32_t nranks, uint32_t rank,
+                                uint64_t timeout_ms, void **impl);
 void cuda_comm_destroy(cube_server *server, void *impl);
 void cuda_comm_abort(cube_server *server, void *impl);
 cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,

@@ -128,6 +128,7 @@ static const cube_server_vtable cuda_vtable = {
     .abandon_profile = cuda_abandon_profile,
     .copy_to_peer = cuda_copy_to_peer,
     .comm_init = cuda_comm_init,
+    .comm_init_rank = cuda_comm_init_rank,
     .comm_destroy = cuda_comm_destroy,
     .comm_abort = cuda_comm_abort,
     .collective = cuda_collective,
@@ -241,7 +242,10 @@ static cube_error *cuda_device_properties(uint32_t index,
     return err;
 }
 
-const cube_backend cube_backend_cuda = {"cuda", cuda_device_count, cuda_open,
+const cube_backend cube_backend_cuda = {"cuda",
+                                        cuda_device_count,
+                                        cuda_open,
                                         .device_properties =
                                             cuda_device_properties,
+                                        .comm_id_new = cuda_comm_id_new,
                                         .config_keys = cuda_config_keys};

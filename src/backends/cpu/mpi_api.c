@@ -1,0 +1,145 @@
+/* Loading Open MPI at run time (mpi_api.h). */
+#include "backends/cpu/mpi_api.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cubert/backend/config.h"
+#include "cubert/backend/errors.h"
+
+static mpi_api api;
+static char load_failure[1024]; /* empty: loaded */
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+
+static void note_try(const char *name, const char *why)
+{
+    size_t at = strlen(load_failure);
+    snprintf(load_failure + at, sizeof load_failure - at, "%s%s: %s",
+             at ? "; " : "", name, why ? why : "not found");
+}
+
+/* Open MPI loads its components as plugins that resolve symbols of
+ * libmpi itself: the library must be global. */
+static void *open_mpi(void)
+{
+    cube_config_value forced;
+    cube_config_lookup("mpi_library", &forced);
+    if (forced.text && *forced.text) {
+        void *h = dlopen(forced.text, RTLD_NOW | RTLD_GLOBAL);
+        if (h) {
+            snprintf(api.path, sizeof api.path, "%s", forced.text);
+            return h;
+        }
+        char where[256], why[512];
+        snprintf(why, sizeof why, "%s (set by %s)", dlerror(),
+                 cube_config_where(&forced, where, sizeof where));
+        note_try(forced.text, why);
+        return NULL;
+    }
+    static const char *const names[] = {"libmpi.so.40", "libmpi.so", NULL};
+    for (size_t i = 0; names[i]; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
+        if (h) {
+            snprintf(api.path, sizeof api.path, "%s", names[i]);
+            return h;
+        }
+        note_try(names[i], dlerror());
+    }
+    return NULL;
+}
+
+static void load(void)
+{
+    void *lib = open_mpi();
+    if (!lib)
+        return;
+    struct {
+        void **slot;
+        const char *name;
+    } syms[] = {
+#define FN(name) {(void **)&api.name, #name}
+#define GLOBAL(field, name)                                                    \
+    {                                                                          \
+        (void **)&api.field, name                                              \
+    }
+        FN(MPI_Initialized),
+        FN(MPI_Finalized),
+        FN(MPI_Init_thread),
+        FN(MPI_Query_thread),
+        FN(MPI_Finalize),
+        FN(MPI_Comm_size),
+        FN(MPI_Comm_rank),
+        FN(MPI_Comm_idup),
+        FN(MPI_Comm_free),
+        FN(MPI_Error_string),
+        FN(MPI_Test),
+        FN(MPI_Testall),
+        FN(MPI_Type_contiguous),
+        FN(MPI_Type_commit),
+        FN(MPI_Op_create),
+        FN(MPI_Iallreduce),
+        FN(MPI_Ireduce),
+        FN(MPI_Ibcast),
+        FN(MPI_Iallgather),
+        FN(MPI_Ireduce_scatter_block),
+        FN(MPI_Isend),
+        FN(MPI_Irecv),
+        GLOBAL(comm_world, "ompi_mpi_comm_world"),
+        GLOBAL(t_byte, "ompi_mpi_byte"),
+        GLOBAL(t_i8, "ompi_mpi_int8_t"),
+        GLOBAL(t_u8, "ompi_mpi_uint8_t"),
+        GLOBAL(t_i32, "ompi_mpi_int32_t"),
+        GLOBAL(t_u32, "ompi_mpi_uint32_t"),
+        GLOBAL(t_i64, "ompi_mpi_int64_t"),
+        GLOBAL(t_u64, "ompi_mpi_uint64_t"),
+        GLOBAL(t_u16, "ompi_mpi_uint16_t"),
+        GLOBAL(t_float, "ompi_mpi_float"),
+        GLOBAL(t_double, "ompi_mpi_double"),
+        GLOBAL(op_sum, "ompi_mpi_op_sum"),
+        GLOBAL(op_prod, "ompi_mpi_op_prod"),
+        GLOBAL(op_min, "ompi_mpi_op_min"),
+        GLOBAL(op_max, "ompi_mpi_op_max"),
+#undef FN
+#undef GLOBAL
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        *syms[i].slot = dlsym(lib, syms[i].name);
+        if (!*syms[i].slot) {
+            char why[256];
+            snprintf(why, sizeof why,
+                     "has no symbol %s (Open MPI 4 or later is needed)",
+                     syms[i].name);
+            note_try(api.path, why);
+            return;
+        }
+    }
+}
+
+cube_error *mpi_api_load(const mpi_api **out)
+{
+    *out = NULL;
+    pthread_once(&load_once, load);
+    if (load_failure[0])
+        return cube_error_new(CUBE_ERR_UNAVAILABLE,
+                              "Open MPI could not be loaded (tried %s); "
+                              "install it (openmpi-bin) or set "
+                              "CUBERT_MPI_LIBRARY to libmpi's path",
+                              load_failure);
+    *out = &api;
+    return NULL;
+}
+
+const char *mpi_error_text(const mpi_api *a, int code)
+{
+    static _Thread_local char text[MPI_MAX_ERROR_STRING + 32];
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    if (a && a->MPI_Error_string &&
+        a->MPI_Error_string(code, msg, &len) == MPI_SUCCESS)
+        snprintf(text, sizeof text, "%s [%d]", msg, code);
+    else
+        snprintf(text, sizeof text, "MPI error %d", code);
+    return text;
+}
