@@ -73,6 +73,9 @@ for s in $steps; do
         step bench_comm_cuda 300 build-gpu/bench/bench_comm_cuda \
             --json "$results/bench_comm_cuda.json"
         step bench_comm_cpu 300 build-gpu/bench/bench_comm 64
+        step peers_dist 300 python3 bench/gpu/peers_torch_dist.py \
+            --json "$results/peers_dist.json" \
+            --cubert-json "$results/bench_comm_cuda.json"
         ;;
     asan)
         # The fuzz corpus and the conformance suite on CUDA under ASan and

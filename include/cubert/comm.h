@@ -266,14 +266,16 @@ CUBE_API CUBE_MUST_USE cube_error *cube_group_end(void);
  * the same size. Ordered after the work that last wrote src and before
  * the work issued after it on the calling thread's stream of dst's
  * client, which readers of dst on other streams wait for as after a
- * launch. Like a launch it takes part in the failure store: a source that
+ * launch. Like a launch it takes part in the failure store (a capture's
+ * refusal comes first): a source that
  * carries a failure refuses the copy (CUBE_ERR_SEVERAL) and dst carries
  * that failure; a copy that ran clears dst's failure when dst is its whole
  * buffer. Devices of one backend copy directly (CUDA: peer to peer where
  * the hardware allows, else through the host); other pairs go through
  * host memory. Inside a dry-run scope on dst_client it is checked and
  * dropped. Errors: CUBE_ERR_INVALID_ARGUMENT (a client NULL, sizes that
- * differ), CUBE_ERR_NOT_FOUND (a handle not of its client),
+ * differ, two ranges of one buffer that overlap without being the same),
+ * CUBE_ERR_NOT_FOUND (a handle not of its client),
  * CUBE_ERR_SEVERAL, CUBE_ERR_GRAPH_STATE (a stream involved is
  * capturing), CUBE_ERR_OUT_OF_MEMORY (host staging), CUBE_ERR_DEVICE_FAULT
  * (of either client). */

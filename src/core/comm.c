@@ -18,6 +18,7 @@
  * dropped, around the backend's collective slot.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,7 @@ typedef struct pending {
     uint64_t dst_bytes;
     uint64_t deadline_ns;
     cube_error *result; /* the answer, once run */
+    int noted;          /* the stream counted the failure for its windows */
     /* A call of a communicator between processes: its arguments and its
      * source's failure, handed to the backend with it. */
     cube_collective mine;
@@ -742,6 +744,30 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
     cube_mutex_unlock(&g->lock);
 }
 
+/* The ranks of one collective usually arrive within microseconds of each
+ * other, while a sleep on the condition costs tens of them to wake from:
+ * before sleeping, a waiter yields the processor a while (about 20 µs),
+ * dropping the lock between looks. */
+#define SPIN_ROUNDS 200
+static void spin_until(comm_group *g, const int *flag) CUBE_REQUIRES(g->lock)
+{
+    for (int i = 0; i < SPIN_ROUNDS && !*flag && !g->aborted; i++) {
+        cube_mutex_unlock(&g->lock);
+        sched_yield();
+        cube_mutex_lock(&g->lock);
+    }
+}
+
+static void spin_until_count(comm_group *g, const uint32_t *count,
+                             uint32_t want) CUBE_REQUIRES(g->lock)
+{
+    for (int i = 0; i < SPIN_ROUNDS && *count < want && !g->aborted; i++) {
+        cube_mutex_unlock(&g->lock);
+        sched_yield();
+        cube_mutex_lock(&g->lock);
+    }
+}
+
 /* Whether a call of `k` that has not arrived can no longer come: its
  * rank's communicator was destroyed. */
 static int missing_gone(const comm_group *g, const comm_call *k)
@@ -762,6 +788,7 @@ static cube_error *await(pending *p)
     comm_group *g = p->comm->group;
     comm_call *k = p->call;
     cube_mutex_lock(&g->lock);
+    spin_until(g, &k->ready);
     while (!k->ready && !k->cancelled && !g->aborted) {
         if (now_ns() >= p->deadline_ns || missing_gone(g, k)) {
             /* Every rank of it answers the same from now on. */
@@ -811,6 +838,8 @@ static void leave(pending *p)
     comm_group *g = p->comm->group;
     comm_call *k = p->call;
     cube_mutex_lock(&g->lock);
+    if (k->ready && !k->verdict)
+        spin_until_count(g, &k->issued, k->expected);
     while (k->ready && !k->verdict && k->issued < k->expected && !g->aborted)
         cube_cond_wait(&g->changed, &g->lock);
     if (++k->left == k->expected) {
@@ -841,6 +870,7 @@ static cube_error *issue(pending *p)
     if (!err)
         st->launches++;
     core_stream_note_failure(st, err);
+    p->noted = err != NULL;
     core_stream_unlock(st);
     core_fault_note(c, err);
     return err;
@@ -855,10 +885,14 @@ static void settle(pending *p, const cube_error *err)
          * differ) is the request's; anything else should have written
          * the destination and did not. */
         if (err && !p->local &&
-            cube_error_code(err) != CUBE_ERR_INVALID_ARGUMENT)
+            cube_error_code(err) != CUBE_ERR_INVALID_ARGUMENT) {
             core_failure_record(c, p->dst.alloc, err);
-        else if (!err && p->dst.offset == 0 &&
-                 p->dst_bytes == p->dst.alloc->storage.size)
+            /* A failed collective counts in the stream's windows, as a
+             * failed launch does. */
+            if (!p->noted)
+                core_stream_note_failure_now(c, err);
+        } else if (!err && p->dst.offset == 0 &&
+                   p->dst_bytes == p->dst.alloc->storage.size)
             core_failure_clear(c, p->dst.alloc);
         core_resolved_drop(c, &p->dst);
     }
@@ -894,6 +928,7 @@ static cube_error *issue_remote(pending *p)
     if (!err && !p->local && !p->failure)
         st->launches++;
     core_stream_note_failure(st, err);
+    p->noted = err != NULL;
     core_stream_unlock(st);
     core_fault_note(c, err);
     if (p->local) {

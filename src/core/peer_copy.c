@@ -110,6 +110,20 @@ static cube_error *copy_direct(cube_client *dc, core_stream *ds,
     return err;
 }
 
+/* CUBE_ERR_GRAPH_STATE when either stream is capturing. */
+static cube_error *refuse_captures(core_stream *ss, core_stream *ds)
+{
+    core_stream_lock(ss);
+    cube_error *err = core_stream_refuse_in_capture(ss, "cube_copy_peer");
+    core_stream_unlock(ss);
+    if (!err && ds != ss) {
+        core_stream_lock(ds);
+        err = core_stream_refuse_in_capture(ds, "cube_copy_peer");
+        core_stream_unlock(ds);
+    }
+    return err;
+}
+
 static cube_error *copy_peer_call(cube_client *dc, cube_handle dst,
                                   cube_client *sc, cube_handle src)
 {
@@ -131,11 +145,25 @@ static cube_error *copy_peer_call(cube_client *dc, cube_handle dst,
                              "same",
                              (unsigned long long)s.size,
                              (unsigned long long)d.size);
+    else if (s.alloc == d.alloc && s.offset != d.offset &&
+             s.offset < d.offset + d.size && d.offset < s.offset + s.size)
+        /* A device copies ranges that overlap in no defined order. */
+        err = cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                             "cube_copy_peer: the source (bytes %llu..%llu) "
+                             "and the destination (bytes %llu..%llu) of one "
+                             "buffer overlap",
+                             (unsigned long long)s.offset,
+                             (unsigned long long)(s.offset + s.size),
+                             (unsigned long long)d.offset,
+                             (unsigned long long)(d.offset + d.size));
     core_stream *ss = NULL, *ds = NULL;
     if (!err)
         err = core_stream_get(sc, &ss);
     if (!err)
         err = core_stream_get(dc, &ds);
+    /* A capture refuses first, whatever the buffers hold. */
+    if (!err)
+        err = refuse_captures(ss, ds);
     if (!err && !core_dry_run_active(dc)) {
         /* A failed source refuses, and the destination carries it. */
         cube_error *f = core_failure_get(sc, s.alloc);
@@ -152,9 +180,10 @@ static cube_error *copy_peer_call(cube_client *dc, cube_handle dst,
             err = sc->vt == dc->vt && sc->vt->copy_to_peer
                       ? copy_direct(dc, ds, &d, sc, ss, &s)
                       : copy_through_host(dc, ds, &d, sc, ss, &s);
-        if (err && cube_error_code(err) != CUBE_ERR_GRAPH_STATE)
+        if (err && cube_error_code(err) != CUBE_ERR_GRAPH_STATE) {
             core_failure_record(dc, d.alloc, err);
-        else if (!err && d.offset == 0 && d.size == d.alloc->storage.size)
+            core_stream_note_failure_now(dc, err);
+        } else if (!err && d.offset == 0 && d.size == d.alloc->storage.size)
             core_failure_clear(dc, d.alloc);
     }
     core_resolved_drop(dc, &d);

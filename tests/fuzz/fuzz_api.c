@@ -64,6 +64,8 @@ static cube_client *g_client;
 static int g_kernels; /* the backend runs kernels */
 static const char *g_backend;
 static cube_kernel *g_axpy, *g_fill;
+/* A communicator of one rank over the client. */
+static cube_comm *g_comm;
 
 /* A launch a capture recorded: a replay applies it again. */
 enum { REC_FILL, REC_AXPY };
@@ -1538,6 +1540,97 @@ static void *worker_main(void *p)
     return NULL;
 }
 
+/* Whether slots x and y name overlapping, different ranges of one
+ * allocation. */
+static int slots_overlap(int x, int y)
+{
+    const model_slot *a = &slots[x], *b = &slots[y];
+    return a->alloc == b->alloc && a->offset != b->offset &&
+           a->offset < b->offset + b->size && b->offset < a->offset + a->size;
+}
+
+/* Copies `len` bytes of slot s's range onto slot d's in the model, and
+ * clears d's failure when the copy covers its whole allocation. */
+static void model_copy(int d, int s, uint32_t len)
+{
+    model_alloc *da = slot_alloc(d), *sa = slot_alloc(s);
+    memmove(da->bytes + slots[d].offset, sa->bytes + slots[s].offset, len);
+    memmove(da->known + slots[d].offset, sa->known + slots[s].offset, len);
+    if (slots[d].offset == 0 && len == da->size)
+        da->failed = 0;
+}
+
+/* An all-reduce (u8 sum) on the one-rank communicator: the identity, with
+ * every check a collective makes. */
+static void op_comm(reader *r)
+{
+    int s = rd8(r) % SLOTS, d = rd8(r) % SLOTS;
+    uint32_t count = rd16(r) % (MAX_SIZE + 8);
+    if (slots[s].h.bits == 0 || slots[d].h.bits == 0)
+        return;
+    cube_error *err = cube_all_reduce(g_comm, slots[s].h, slots[d].h, count,
+                                      CUBE_DTYPE_U8, CUBE_REDUCE_SUM);
+    if (count == 0)
+        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
+    if (!slot_live(s))
+        return expect(err, CUBE_ERR_NOT_FOUND);
+    if (count > slots[s].size)
+        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
+    if (!slot_live(d))
+        return expect(err, CUBE_ERR_NOT_FOUND);
+    if (count > slots[d].size)
+        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
+    model_alloc *sa = slot_alloc(s), *da = slot_alloc(d);
+    if (slots[s].alloc == slots[d].alloc &&
+        slots[s].offset != slots[d].offset &&
+        slots[s].offset < slots[d].offset + count &&
+        slots[d].offset < slots[s].offset + count)
+        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
+    if (dry_depth)
+        return expect(err, CUBE_OK);
+    if (capturing())
+        return expect(err, CUBE_ERR_GRAPH_STATE);
+    if (sa->failed) {
+        expect(err, CUBE_ERR_SEVERAL);
+        da->failed = 1;
+        cs()->failures++;
+        return;
+    }
+    expect(err, CUBE_OK);
+    cs()->work++;
+    cs()->launches++;
+    /* The destination's failure goes when the write covers its buffer. */
+    model_copy(d, s, count);
+}
+
+/* cube_copy_peer between two slots of the client. */
+static void op_copy_peer(reader *r)
+{
+    int s = rd8(r) % SLOTS, d = rd8(r) % SLOTS;
+    if (slots[s].h.bits == 0 || slots[d].h.bits == 0)
+        return;
+    cube_error *err =
+        cube_copy_peer(g_client, slots[d].h, g_client, slots[s].h);
+    if (!slot_live(s) || !slot_live(d))
+        return expect(err, CUBE_ERR_NOT_FOUND);
+    if (slots[s].size != slots[d].size || slots_overlap(s, d))
+        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
+    if (capturing())
+        return expect(err, CUBE_ERR_GRAPH_STATE);
+    if (dry_depth)
+        return expect(err, CUBE_OK);
+    model_alloc *sa = slot_alloc(s), *da = slot_alloc(d);
+    if (sa->failed) {
+        expect(err, CUBE_ERR_SEVERAL);
+        da->failed = 1;
+        cs()->failures++;
+        return;
+    }
+    expect(err, CUBE_OK);
+    cs()->work++;
+    model_copy(d, s, slots[s].size);
+}
+
 static void op_thread(reader *r)
 {
     worker w;
@@ -1629,6 +1722,8 @@ static void close_client(void)
 {
     cube_kernel_release(g_axpy);
     cube_kernel_release(g_fill);
+    cube_comm_destroy(g_comm);
+    g_comm = NULL;
     cube_client_close(g_client);
     g_client = NULL;
 }
@@ -1657,6 +1752,7 @@ static int open_client(void)
     cube_utilities util;
     expect(cube_client_utilities(g_client, &util), CUBE_OK);
     g_hw_graphs = !util.software_graphs;
+    expect(cube_comm_init_all(&g_client, 1, NULL, &g_comm), CUBE_OK);
     g_timing = props.timing;
     cube_kernel_desc ad = {"fz_axpy", axpy_src, {64, 1, 1}};
     cube_kernel_desc fd = {"fz_fill", fill_src, {64, 1, 1}};
@@ -1688,7 +1784,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     last_closed = 0;
     for (op_index = 0; op_index < MAX_OPS && r.at < r.n; op_index++) {
         uint8_t op = rd8(&r);
-        switch (op % 25) {
+        switch (op % 27) {
         case 0:
             op_name = "empty";
             op_empty(&r);
@@ -1784,6 +1880,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 23:
             op_name = "thread";
             op_thread(&r);
+            break;
+        case 24:
+            op_name = "all_reduce";
+            op_comm(&r);
+            break;
+        case 25:
+            op_name = "copy_peer";
+            op_copy_peer(&r);
             break;
         default:
             op_name = "create";
@@ -1909,6 +2013,20 @@ static int generate(const char *dir)
         /* a second thread while the main one captures and dry-runs */
         {1, 0, 64, 7, 20, 0, 0, 20, 2, 0,  15, 1,  23, 0, 4, 1, 1,  1, 0,
          1, 0, 15, 0, 20, 3, 0, 3,  0, 64, 0,  20, 4,  0, 3, 0, 64, 0},
+        /* all-reduce on the one-rank communicator: across buffers, in
+         * place, count 0, too long, then a failed source */
+        {1,   0, 64, 7,  1, 1, 64, 3,  24, 0,  1, 64, 0, 3, 1,  64, 0,
+         24,  0, 0,  32, 0, 3, 0,  64, 0,  24, 0, 1,  0, 0, 24, 0,  1,
+         200, 0, 10, 0,  1, 0, 0,  0,  24, 0,  1, 64, 0, 3, 1,  64, 0},
+        /* copy_peer: whole buffers, a slice onto a slice, sizes that
+         * differ, a failed source, a dry run and a capture */
+        {1,  0, 64, 7, 1,  1,  64, 3, 25, 0, 1,  3,  1,  64, 0, 5,
+         0,  2, 8,  0, 16, 0,  5,  1, 3,  0, 16, 0,  25, 2,  3, 25,
+         2,  1, 10, 0, 1,  0,  0,  0, 25, 0, 1,  15, 1,  25, 1, 0,
+         15, 0, 20, 0, 0,  20, 2,  0, 25, 1, 0,  20, 3,  0},
+        /* overlapping slices of one buffer, refused */
+        {1, 0,  64, 7,  5, 0, 1,  0, 0, 32, 0, 5, 0, 2,  16,
+         0, 32, 0,  25, 1, 2, 24, 1, 2, 16, 0, 3, 0, 64, 0},
     };
     char path[4096];
     int count = 0;
