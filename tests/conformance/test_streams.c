@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "conformance.h"
 
@@ -945,8 +946,19 @@ void conf_device_fault_scenario(void **state)
     /* ...and breaks the device when it runs: the launch reports it, or,
      * where faults arrive asynchronously, the next barrier. */
     cube_error *err = cube_launch(c, conf.k.trap, tc, &ta, 1, EXEC);
-    if (!err)
-        err = cube_sync(c, NULL, 0);
+    if (!err) {
+        /* Before any call waited on it, the fault meets an allocation that
+         * needs new device memory: that is the device fault too, never
+         * "out of memory". */
+        struct timespec pause = {0, 200 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        cube_handle big = {0};
+        err = cube_empty(c, (uint64_t)256 << 20, &big);
+        if (!err) {
+            CONF_OK(cube_handle_release(c, big));
+            err = cube_sync(c, NULL, 0);
+        }
+    }
     CONF_EXPECT(err, CUBE_ERR_DEVICE_FAULT);
 
     /* From now on every call that works on the device reports the fault,
