@@ -124,11 +124,11 @@ int cubert_cmd_allreduce(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "--backend") && i + 1 < argc) {
             backend = argv[++i];
-        } else if (!strcmp(a, "--ranks") && i + 1 < argc &&
-                   !parse_u64(argv[i + 1], &ranks_wanted)) {
-            i++;
-        } else if (!strcmp(a, "--max") && i + 1 < argc &&
-                   !parse_u64(argv[i + 1], &max) && max >= 1024) {
+        } else if (i + 1 < argc &&
+                   ((!strcmp(a, "--ranks") &&
+                     !parse_u64(argv[i + 1], &ranks_wanted)) ||
+                    (!strcmp(a, "--max") && !parse_u64(argv[i + 1], &max) &&
+                     max >= 1024))) {
             i++;
         } else {
             fprintf(stderr,

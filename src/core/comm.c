@@ -32,6 +32,8 @@
 
 /* The calls of one collective (or of one send and its receive). */
 typedef struct comm_call {
+    /* first: its alignment would pad the fields around it */
+    _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
     uint64_t seq;
     int p2p;           /* a send and its receive */
     uint32_t from, to; /* p2p: the sender and the receiver */
@@ -45,7 +47,6 @@ typedef struct comm_call {
     cube_collective *calls; /* by rank, or [send, receive] */
     cube_error **refused;   /* per call: why its rank refused it */
     cube_error **failed;    /* per call: its source's failure */
-    _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
     struct comm_call *next;
 } comm_call;
 
@@ -263,13 +264,14 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     cube_error *err = check_init(clients, n, options, comms);
     if (err)
         return err;
-    memset(comms, 0, n * sizeof *comms);
+    for (uint32_t i = 0; i < n; i++)
+        comms[i] = NULL;
     cube_comm_options o = cube_comm_options_default();
     if (options)
         memcpy(&o, options, options->struct_size);
     comm_group *g = calloc(1, sizeof *g);
     cube_comm *made = calloc(n, sizeof *made);
-    cube_server **servers = calloc(n, sizeof *servers);
+    cube_server **servers = calloc(n, sizeof(cube_server *));
     void **impls = calloc(n, sizeof *impls);
     if (g) {
         g->seq = calloc(n, sizeof *g->seq);
@@ -857,6 +859,9 @@ static void leave(pending *p)
 static cube_error *issue(pending *p)
 {
     cube_client *c = p->comm->client;
+    if (!p->call)
+        return cube_error_new(CUBE_ERR_INTERNAL,
+                              "a collective call was not posted");
     core_stream *st = NULL;
     cube_error *err = core_stream_get(c, &st);
     if (err)
@@ -873,6 +878,8 @@ static cube_error *issue(pending *p)
     p->noted = err != NULL;
     core_stream_unlock(st);
     core_fault_note(c, err);
+    /* err is a fresh error, not derived from set. */
+    // cppcheck-suppress returnDanglingLifetime
     return err;
 }
 
@@ -954,10 +961,13 @@ static cube_error *run_pending(pending *a, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         int remote = a[i].comm->group->remote;
+        /* A call that was not posted was refused (its own refusal). */
         a[i].result = remote       ? NULL
                       : a[i].local ? cube_error_clone(a[i].local)
                       : a[i].call  ? await(&a[i])
-                                   : NULL;
+                                   : cube_error_new(CUBE_ERR_INTERNAL,
+                                                    "a collective call was "
+                                                     "not posted");
     }
     const cube_server_vtable *vt = NULL;
     size_t runnable = 0;
@@ -1048,8 +1058,8 @@ static cube_error *check_overlap(const cube_collective *mine, const pending *p,
         "%s: the source (bytes %llu..%llu) and the "
         "destination (bytes %llu..%llu) of one buffer "
         "overlap other than in place",
-        fn, (unsigned long long)s, (unsigned long long)(s + src_bytes),
-        (unsigned long long)d, (unsigned long long)(d + dst_bytes));
+        fn, (unsigned long long)s, (unsigned long long)s + src_bytes,
+        (unsigned long long)d, (unsigned long long)d + dst_bytes);
 }
 
 /* Checks one rank's call and resolves its buffers into p. A refusal

@@ -189,13 +189,14 @@ cube_error *core_device_acquire(const cube_backend *backend, uint32_t index,
     if (d) {
         err = check_options(d, asked);
     } else {
+        d = NULL;
         err = device_open(backend, index, opts, &d);
         if (!err) {
             d->next = open_devices;
             open_devices = d;
         }
     }
-    if (!err) {
+    if (!err && d) {
         d->clients++;
         *out = d;
     }
@@ -259,7 +260,7 @@ cube_error *cube_device_describe(const char *device, cube_device_info *out)
     uint32_t index = 0;
     cube_error *err =
         core_device_parse(device, "cube_device_describe", &b, &index);
-    if (err)
+    if (err || !b)
         return err;
     snprintf(out->device, sizeof out->device, "%s:%u", b->name, index);
     out->index = index;

@@ -48,9 +48,10 @@ static cube_error *copy_through_host(cube_client *dc, core_stream *ds,
                               "cube_copy_peer: %zu bytes of host staging",
                               piece);
     cube_error *err = NULL;
+    cube_copy_op rop, wop; /* each piece's read and write */
     for (uint64_t at = 0; at < size && !err; at += piece) {
         uint64_t n = size - at < piece ? size - at : piece;
-        cube_copy_op rop = whole_op(s, at, n);
+        rop = whole_op(s, at, n);
         void *dst[1] = {buf};
         cube_pending *pending = NULL;
         core_stream_lock(ss);
@@ -72,7 +73,7 @@ static cube_error *copy_through_host(cube_client *dc, core_stream *ds,
         core_fault_note(sc, err);
         if (err)
             break;
-        cube_copy_op wop = whole_op(d, at, n);
+        wop = whole_op(d, at, n);
         const void *src[1] = {buf};
         core_stream_lock(ds);
         err = core_stream_refuse_in_capture(ds, "cube_copy_peer");
@@ -91,22 +92,23 @@ static cube_error *copy_direct(cube_client *dc, core_stream *ds,
                                core_stream *ss, const core_resolved *s)
 {
     core_stream *first = ss < ds ? ss : ds, *second = ss < ds ? ds : ss;
+    cube_binding sb = core_binding(s), db = core_binding(d);
     core_stream_lock(first);
     if (second != first)
         core_stream_lock(second);
     cube_error *err = core_stream_refuse_in_capture(ss, "cube_copy_peer");
     if (!err)
         err = core_stream_refuse_in_capture(ds, "cube_copy_peer");
-    if (!err) {
-        cube_binding sb = core_binding(s), db = core_binding(d);
+    if (!err)
         err = sc->vt->copy_to_peer(sc->server, &ss->base, &sb, dc->server,
                                    &ds->base, &db);
-    }
     if (second != first)
         core_stream_unlock(second);
     core_stream_unlock(first);
     core_fault_note(dc, err);
     core_fault_note(sc, err);
+    /* err is a fresh error, not derived from the bindings. */
+    // cppcheck-suppress returnDanglingLifetime
     return err;
 }
 
@@ -153,9 +155,9 @@ static cube_error *copy_peer_call(cube_client *dc, cube_handle dst,
                              "and the destination (bytes %llu..%llu) of one "
                              "buffer overlap",
                              (unsigned long long)s.offset,
-                             (unsigned long long)(s.offset + s.size),
+                             (unsigned long long)s.offset + s.size,
                              (unsigned long long)d.offset,
-                             (unsigned long long)(d.offset + d.size));
+                             (unsigned long long)d.offset + d.size);
     core_stream *ss = NULL, *ds = NULL;
     if (!err)
         err = core_stream_get(sc, &ss);

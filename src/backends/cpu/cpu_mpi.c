@@ -395,10 +395,10 @@ static cube_error *exchange(cpu_mpi_rank *r, const cube_collective_set *set,
         c->kind == CUBE_COLLECTIVE_SEND || c->kind == CUBE_COLLECTIVE_RECV;
     int self_bad = set->refused || set->failed;
     /* Heap, not stack: after a timeout MPI may still write them. */
-    int64_t *buf = calloc(4 * HEADER_WORDS, sizeof *buf);
+    int64_t *buf = calloc((size_t)4 * HEADER_WORDS, sizeof *buf);
     if (!buf)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "MPI header");
-    int64_t *mine = buf, *theirs = buf + 2 * HEADER_WORDS;
+    int64_t *mine = buf, *theirs = buf + (size_t)2 * HEADER_WORDS;
     header_of(set, mine);
     MPI_Request req[2];
     int n, rc;
@@ -473,7 +473,7 @@ static int start_data(cpu_mpi_rank *r, const cube_collective *c,
                                                                  : src,
                                 dst, count, t, op, (int)c->root, r->comm, req);
     case CUBE_COLLECTIVE_BROADCAST:
-        if (r->rank == c->root && src != dst)
+        if (r->rank == c->root && src && dst && src != dst)
             memmove(dst, src, (size_t)bytes);
         return mpi->MPI_Ibcast(dst, bytes, mpi->t_byte, (int)c->root, r->comm,
                                req);
@@ -514,12 +514,12 @@ cube_error *cpu_mpi_collective(cube_server *server, cube_server_stream *stream,
         return cube_error_new(CUBE_ERR_ABORTED,
                               "the communicator was aborted (an earlier call "
                               "timed out, or cube_comm_abort)");
-    uint32_t es = cube_dtype_size((cube_dtype)c->dtype);
-    if (c->count * es > 0x7fffffffull)
+    uint64_t bytes = c->count * cube_dtype_size((cube_dtype)c->dtype);
+    if (bytes > 0x7fffffffull)
         return cube_error_new(CUBE_ERR_UNSUPPORTED,
                               "MPI communicators move at most 2 GiB per "
                               "rank and call (%llu bytes asked)",
-                              (unsigned long long)(c->count * es));
+                              (unsigned long long)bytes);
     uint64_t t0 = host_busy_begin(stream);
     uint64_t deadline = clock_ns() + r->timeout_ns;
     int go = 0;
@@ -537,7 +537,7 @@ cube_error *cpu_mpi_collective(cube_server *server, cube_server_stream *stream,
     if (rc == -2)
         err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "reduce-scatter copy");
     else if (rc != MPI_SUCCESS)
-        err = mpi_failure(rc, "MPI");
+        err = mpi_failure(rc, "starting the call");
     else if (!wait_all(&req, n, deadline, &rc)) {
         /* Every rank agreed, so this only happens to a rank that died:
          * MPI keeps the buffers, so does the copy. */
