@@ -86,29 +86,51 @@ static cube_error *copy_through_host(cube_client *dc, core_stream *ds,
     return err;
 }
 
-/* The backend copies device to device, both streams held. */
+/* The backend copies with both streams held (refusing a capture begun on
+ * either since the check before). */
+static cube_error *copy_held(cube_client *dc, core_stream *ds,
+                             const core_resolved *d, cube_client *sc,
+                             core_stream *ss, const core_resolved *s)
+    CUBE_REQUIRES(ss->lock, ds->lock)
+{
+    cube_error *err = core_stream_refuse_in_capture(ss, "cube_copy_peer");
+    if (!err)
+        err = core_stream_refuse_in_capture(ds, "cube_copy_peer");
+    if (err)
+        return err;
+    cube_binding sb = core_binding(s), db = core_binding(d);
+    err = sc->vt->copy_to_peer(sc->server, &ss->base, &sb, dc->server,
+                               &ds->base, &db);
+    /* err is a fresh error, not derived from the bindings. */
+    // cppcheck-suppress returnDanglingLifetime
+    return err;
+}
+
+/* The backend copies device to device. Two streams are taken in address
+ * order (docs/threading.md), one when they are the same. */
 static cube_error *copy_direct(cube_client *dc, core_stream *ds,
                                const core_resolved *d, cube_client *sc,
                                core_stream *ss, const core_resolved *s)
 {
-    core_stream *first = ss < ds ? ss : ds, *second = ss < ds ? ds : ss;
-    cube_binding sb = core_binding(s), db = core_binding(d);
-    core_stream_lock(first);
-    if (second != first)
-        core_stream_lock(second);
-    cube_error *err = core_stream_refuse_in_capture(ss, "cube_copy_peer");
-    if (!err)
-        err = core_stream_refuse_in_capture(ds, "cube_copy_peer");
-    if (!err)
-        err = sc->vt->copy_to_peer(sc->server, &ss->base, &sb, dc->server,
-                                   &ds->base, &db);
-    if (second != first)
-        core_stream_unlock(second);
-    core_stream_unlock(first);
+    cube_error *err;
+    if (ss == ds) {
+        core_stream_lock(ss);
+        err = copy_held(dc, ss, d, sc, ss, s);
+        core_stream_unlock(ss);
+    } else {
+        if (ss < ds) {
+            core_stream_lock(ss);
+            core_stream_lock(ds);
+        } else {
+            core_stream_lock(ds);
+            core_stream_lock(ss);
+        }
+        err = copy_held(dc, ds, d, sc, ss, s);
+        core_stream_unlock(ds);
+        core_stream_unlock(ss);
+    }
     core_fault_note(dc, err);
     core_fault_note(sc, err);
-    /* err is a fresh error, not derived from the bindings. */
-    // cppcheck-suppress returnDanglingLifetime
     return err;
 }
 
