@@ -88,6 +88,7 @@ for s in $steps; do
                 >"$results/build-asan.txt" 2>&1 || status=1
         step fuzz_replay_cuda_asan 600 env CUBERT_FUZZ_BACKEND=cuda \
             ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 \
+            LSAN_OPTIONS="suppressions=$PWD/tools/lsan-nccl.supp" \
             build-gpu-asan/tests/fuzz_api_replay tests/fuzz/corpus
         step conformance_cuda_asan 600 env \
             ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 \

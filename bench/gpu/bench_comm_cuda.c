@@ -153,16 +153,37 @@ int main(int argc, char **argv)
                    (issued_theirs - t1) / iters / 1e3, (d1 - d0) / iters / 1e3);
         }
         double ours = (t1 - t0) / iters / 1e3, theirs = (t2 - t1) / iters / 1e3;
-        printf("%-10llu %12.2f %12.2f %12.1f %12.1f %8.3f\n",
+        /* In place (source and destination one buffer), as torch's
+         * all_reduce always is: with one rank NCCL then moves nothing. */
+        double p0 = now_ns();
+        for (int i = 0; i < iters; i++)
+            ok(cube_all_reduce(comm, dst, dst, count, CUBE_DTYPE_F32,
+                               CUBE_REDUCE_SUM),
+               "all-reduce");
+        ok(cube_sync(a, NULL, 0), "sync");
+        double p1 = now_ns();
+        for (int i = 0; i < iters; i++)
+            nccl_ok(n,
+                    n->ncclAllReduce((void *)rd, (void *)rd, count, ncclFloat32,
+                                     ncclSum, rc, (nccl_stream)raw),
+                    "ncclAllReduce");
+        CK(cuStreamSynchronize(raw));
+        double p2 = now_ns();
+        double ours_in = (p1 - p0) / iters / 1e3,
+               theirs_in = (p2 - p1) / iters / 1e3;
+        printf("%-10llu %12.2f %12.2f %12.1f %12.1f %8.3f   in place: "
+               "%.2f / %.2f us, %.3f\n",
                (unsigned long long)bytes, ours, theirs, bytes / ours / 1e3,
-               bytes / theirs / 1e3, theirs / ours);
+               bytes / theirs / 1e3, theirs / ours, ours_in, theirs_in,
+               theirs_in / ours_in);
         if (out)
             fprintf(out,
                     "%s    {\"bytes\": %llu, \"iterations\": %d, "
                     "\"cubert_us\": %.3f, \"nccl_us\": %.3f, "
-                    "\"ratio\": %.4f}",
+                    "\"ratio\": %.4f, \"cubert_in_place_us\": %.3f, "
+                    "\"nccl_in_place_us\": %.3f}",
                     first ? "" : ",\n", (unsigned long long)bytes, iters, ours,
-                    theirs, theirs / ours);
+                    theirs, theirs / ours, ours_in, theirs_in);
         first = 0;
         ok(cube_handle_release(a, src), "release");
         ok(cube_handle_release(a, dst), "release");
