@@ -246,9 +246,14 @@ typedef struct cube_memory_usage {
     uint64_t bytes_in_use;   /* bytes asked for by live allocations */
     uint64_t bytes_padding;  /* bytes lost to alignment and size classes */
     uint64_t bytes_reserved; /* bytes held from the device */
+    /* Memory other libraries own, wrapped as buffers (cube_wrap_memory),
+     * of the whole client: counted apart, never in the pools above. */
+    uint64_t foreign_buffers;
+    uint64_t foreign_bytes;
 } cube_memory_usage;
 
-/* The calling stream's usage. Errors: CUBE_ERR_INVALID_ARGUMENT. */
+/* The calling stream's usage (the foreign fields: the client's). Errors:
+ * CUBE_ERR_INVALID_ARGUMENT. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_memory_usage_get(cube_client *client, cube_memory_usage *out);
 

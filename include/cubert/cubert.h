@@ -8,6 +8,7 @@
 #include "cubert/client.h"
 #include "cubert/device.h"
 #include "cubert/comm.h"
+#include "cubert/interop.h"
 #include "cubert/buffer.h"
 #include "cubert/kernel.h"
 #include "cubert/memory.h"

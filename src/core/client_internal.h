@@ -23,6 +23,11 @@ typedef struct core_alloc {
     /* NULL when trusted. Written under failure_lock; read without it only
      * to test for NULL (the common case: no lock on the launch path). */
     _Atomic(cube_error *) failure;
+    /* Memory cubert did not allocate (cube_wrap_memory): given back to its
+     * owner through `release`, never to a pool. Set before publishing. */
+    int foreign;
+    void (*release)(void *user);
+    void *release_user;
 } core_alloc;
 
 /* A handle's slot in the table. `state` packs the generation (high 32
@@ -214,6 +219,9 @@ struct cube_client {
 
     cube_mutex defer_lock; /* backs deferred allocations, once */
 
+    /* Wrapped memory alive (cube_wrap_memory), for cube_memory_usage. */
+    atomic_uint_fast64_t foreign_buffers, foreign_bytes;
+
     /* Guards the failures of this client's allocations. */
     cube_mutex failure_lock;
 
@@ -289,6 +297,13 @@ cube_binding core_binding(const core_resolved *r);
  * the stream's manager. */
 cube_error *core_storage_alloc(cube_client *c, core_stream *st, uint64_t size,
                                cube_storage *out);
+/* Publishes foreign storage `st` (already accepted by the backend) as a
+ * new handle of `c` on stream `s`, with its owner's release. Errors:
+ * CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_RESOURCE_LIMIT (handle table full). */
+cube_error *core_publish_foreign(cube_client *c, core_stream *s,
+                                 const cube_storage *st,
+                                 void (*release)(void *), void *user,
+                                 cube_handle *out);
 /* Backs every deferred allocation among `r` (made inside a dry run) now
  * that it is used for real. A failure is CUBE_ERR_STORAGE_MAPPING_FAILED,
  * recorded on that buffer too. */

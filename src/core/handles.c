@@ -278,6 +278,18 @@ static void release_storage(cube_client *c, core_alloc *a)
         free_record(a);
         return;
     }
+    if (a->foreign) {
+        /* Its owner's: once no queued work can touch it, handed back. */
+        if (c->vt->unwrap_memory)
+            c->vt->unwrap_memory(c->server, &a->stream->base, &a->storage);
+        atomic_fetch_sub(&c->foreign_buffers, 1);
+        atomic_fetch_sub(&c->foreign_bytes, a->storage.size);
+        if (a->release)
+            a->release(a->release_user);
+        cube_error_free(a->failure);
+        free_record(a);
+        return;
+    }
     if (c->vt->release_memory)
         c->vt->release_memory(c->server, &a->stream->base, &a->storage);
     else
@@ -569,6 +581,29 @@ static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
     /* The fields above become visible with the count of one. */
     atomic_store_explicit(&s->state, (gen << 32) | 1, memory_order_release);
     *out = make_handle(c, i, (uint32_t)gen);
+    return NULL;
+}
+
+cube_error *core_publish_foreign(cube_client *c, core_stream *s,
+                                 const cube_storage *st,
+                                 void (*release)(void *), void *user,
+                                 cube_handle *out)
+{
+    core_alloc *a = alloc_record();
+    if (!a)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_wrap_memory");
+    a->stream = s;
+    a->storage = *st;
+    a->foreign = 1;
+    a->release = release;
+    a->release_user = user;
+    cube_error *err = publish(c, a, 0, st->size, out);
+    if (err) {
+        free_record(a);
+        return err;
+    }
+    atomic_fetch_add(&c->foreign_buffers, 1);
+    atomic_fetch_add(&c->foreign_bytes, st->size);
     return NULL;
 }
 

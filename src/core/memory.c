@@ -104,6 +104,8 @@ static cube_error *memory_usage_get_call(cube_client *c, cube_memory_usage *out)
     core_stream *s = core_stream_find(c->dev, cube_stream_current(c));
     if (s)
         mem_usage(s->base.memory, out);
+    out->foreign_buffers = atomic_load(&c->foreign_buffers);
+    out->foreign_bytes = atomic_load(&c->foreign_bytes);
     return NULL;
 }
 

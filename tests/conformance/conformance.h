@@ -426,7 +426,12 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(comm_hostile_arguments_get_clear_errors_and_change_nothing)              \
     X(comm_copy_peer_between_clients_devices_and_backends)                     \
     X(comm_kernel_on_another_stream_sees_the_reduced_buffer)                   \
-    X(comm_ids_round_trip_and_bad_ids_and_ranks_are_refused)
+    X(comm_ids_round_trip_and_bad_ids_and_ranks_are_refused)                   \
+    /* sharing memory and streams (test_interop.c) */                          \
+    X(interop_native_buffer_and_stream)                                        \
+    X(interop_wrapped_memory_is_shared_released_once_and_failable)             \
+    X(interop_wrap_refuses_bad_memory_and_takes_nothing)                       \
+    X(interop_native_written_orders_and_clears_failures)
 
 /* clang-format on */
 

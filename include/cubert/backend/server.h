@@ -393,6 +393,27 @@ struct cube_server_vtable {
      * issues for several ranks at once (NCCL's group calls). */
     void (*group_begin)(void);
     cube_error *(*group_end)(void);
+
+    /* (optional) Interop (cubert/interop.h). native_stream: the stream's
+     * native queue (a CUstream); NULL slot: none (work done at call time).
+     * wrap_memory: checks that [address, address + size) is memory of this
+     * device the backend can use and fills *out (its cookie the backend's;
+     * CUBE_ERR_INVALID_ARGUMENT saying why not); NULL slot: cube_wrap_memory
+     * is CUBE_ERR_UNSUPPORTED. unwrap_memory: waits until no work queued on
+     * wrapped storage can still touch it and forgets it (the core then
+     * calls the owner's release); NULL: nothing to wait for. native_written:
+     * foreign work on the stream's native queue wrote `binding`; later
+     * users on other streams must wait for it; NULL: nothing to order. */
+    cube_error *(*native_stream)(cube_server *server,
+                                 cube_server_stream *stream, void **out);
+    cube_error *(*wrap_memory)(cube_server *server, cube_server_stream *stream,
+                               uint64_t address, uint64_t size,
+                               cube_storage *out);
+    void (*unwrap_memory)(cube_server *server, cube_server_stream *stream,
+                          cube_storage *storage);
+    cube_error *(*native_written)(cube_server *server,
+                                  cube_server_stream *stream,
+                                  const cube_binding *binding);
 };
 
 /* A backend as the registry knows it. */

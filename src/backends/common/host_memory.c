@@ -142,3 +142,14 @@ cube_error *host_flush(cube_server *server, cube_server_stream *stream)
     (void)stream;
     return NULL;
 }
+
+cube_error *host_wrap_memory(cube_server *server, cube_server_stream *stream,
+                             uint64_t address, uint64_t size, cube_storage *out)
+{
+    (void)server;
+    (void)stream;
+    out->address = address;
+    out->size = size;
+    out->cookie = NULL;
+    return NULL;
+}

@@ -53,6 +53,12 @@ cube_error *host_sync(cube_server *server, cube_server_stream *stream,
                       const cube_binding *bindings, size_t n);
 cube_error *host_flush(cube_server *server, cube_server_stream *stream);
 
+/* wrap_memory for host-memory backends: any host address is theirs
+ * (nothing to check it against); the storage names it as it is. */
+cube_error *host_wrap_memory(cube_server *server, cube_server_stream *stream,
+                             uint64_t address, uint64_t size,
+                             cube_storage *out);
+
 /* ServerCommunication for host-memory backends (host_collective.c): the
  * collective slot over ranks that are threads of this process (every
  * rank's call shares out the work and returns when it is all done), and

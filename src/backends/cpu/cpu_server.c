@@ -459,6 +459,7 @@ static const cube_server_vtable cpu_vtable = {
     .comm_destroy = cpu_mpi_comm_destroy,
     .comm_abort = cpu_mpi_comm_abort,
     .collective = cpu_collective,
+    .wrap_memory = host_wrap_memory,
 };
 
 /* Virtual devices: $CUBERT_CPU_DEVICES, else one. */

@@ -57,6 +57,12 @@ enum {
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
 };
 
+/* Pointer attributes (CUpointer_attribute). */
+enum {
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+};
+
 /* Device attributes (CUdevice_attribute). */
 enum {
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
@@ -134,6 +140,10 @@ typedef struct cuda_api {
     CUDA_FN(CUresult, cuCtxSetCurrent, (CUcontext))
     CUDA_FN(CUresult, cuCtxGetCurrent, (CUcontext *))
     CUDA_FN(CUresult, cuMemGetInfo, (size_t *, size_t *))
+    /* What a pointer is (wrapping foreign memory). */
+    CUDA_FN(CUresult, cuPointerGetAttribute, (void *, int, CUdeviceptr))
+    CUDA_FN(CUresult, cuMemGetAddressRange,
+            (CUdeviceptr *, size_t *, CUdeviceptr))
     CUDA_FN(CUresult, cuMemAlloc, (CUdeviceptr *, size_t))
     CUDA_FN(CUresult, cuMemFree, (CUdeviceptr))
     CUDA_FN(CUresult, cuMemHostAlloc, (void **, size_t, unsigned))

@@ -276,6 +276,13 @@ cube_error *cuda_initialize_memory(cube_server *server,
 void cuda_release_memory(cube_server *server, cube_server_stream *stream,
                          cube_storage *storage);
 void cuda_memory_reclaim(cube_server *server, cube_server_stream *stream);
+/* Foreign device memory (cube_wrap_memory): checked to be this device's,
+ * given a block record; given back once no queued work can touch it. */
+cube_error *cuda_wrap_memory(cube_server *server, cube_server_stream *stream,
+                             uint64_t address, uint64_t size,
+                             cube_storage *out);
+void cuda_unwrap_memory(cube_server *server, cube_server_stream *stream,
+                        cube_storage *storage);
 
 /* --- cuda_copier.c --- */
 /* Starts the helper threads (fewer when threads cannot be created); NULL
@@ -358,6 +365,12 @@ cube_error *cuda_read_wait(cube_server *server, cube_pending *pending);
 cube_error *cuda_write(cube_server *server, cube_server_stream *stream,
                        const cube_copy_op *ops, size_t n,
                        const void *const *src);
+/* The interop slots: the stream's CUstream, and foreign work on it that
+ * wrote a buffer. */
+cube_error *cuda_native_stream(cube_server *server, cube_server_stream *stream,
+                               void **out);
+cube_error *cuda_native_written(cube_server *server, cube_server_stream *stream,
+                                const cube_binding *binding);
 
 /* --- cuda_kernels.c --- */
 #define CUDA_ENTRY_PARAMS (1 + 2 * CUBE_MAX_PARAMS)

@@ -389,6 +389,88 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
     cube_mutex_unlock(&owner->pending_lock);
 }
 
+cube_error *cuda_wrap_memory(cube_server *server, cube_server_stream *stream,
+                             uint64_t address, uint64_t size, cube_storage *out)
+{
+    cuda_server *s = (cuda_server *)server;
+    const cuda_api *a = s->api;
+    cube_error *err = cuda_enter(s);
+    if (err)
+        return err;
+    unsigned int type = 0;
+    CUresult r = a->cuPointerGetAttribute(
+        &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)address);
+    if (cuda_result_is_fault(r))
+        return cuda_fail(s, r, CUBE_ERR_DEVICE_FAULT, "cuPointerGetAttribute");
+    if (r != CUDA_SUCCESS)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "0x%llx is not memory CUDA knows (host memory "
+                              "from malloc or the stack?): wrap device "
+                              "memory of %s",
+                              (unsigned long long)address, s->props.name);
+    if (type != CU_MEMORYTYPE_DEVICE)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "0x%llx is host memory CUDA pinned or mapped, "
+                              "not device memory",
+                              (unsigned long long)address);
+    int ordinal = -1;
+    r = a->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                 (CUdeviceptr)address);
+    if (r == CUDA_SUCCESS && ordinal != s->ordinal)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "0x%llx is memory of CUDA device %d; this "
+                              "client is on device %d",
+                              (unsigned long long)address, ordinal, s->ordinal);
+    CUdeviceptr base = 0;
+    size_t len = 0;
+    r = a->cuMemGetAddressRange(&base, &len, (CUdeviceptr)address);
+    if (r == CUDA_SUCCESS && address + size > (uint64_t)base + len)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%llu bytes at 0x%llx run past the end of "
+                              "their allocation (%zu bytes at 0x%llx)",
+                              (unsigned long long)size,
+                              (unsigned long long)address, len,
+                              (unsigned long long)base);
+    cuda_block *blk = block_new(s);
+    if (!blk)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "buffer record");
+    blk->inner.address = address;
+    blk->inner.size = size;
+    blk->inner.cookie = NULL;
+    blk->owner = stream->impl;
+    /* Whatever wrote it before is the caller's to have ordered
+     * (cubert/interop.h). */
+    atomic_init(&blk->writer, 0);
+    for (int i = 0; i < CUDA_USE_SLOTS; i++)
+        atomic_init(&blk->uses[i], 0);
+    atomic_init(&blk->shared, 0);
+    atomic_init(&blk->many, 0);
+    out->address = address;
+    out->size = size;
+    out->cookie = blk;
+    return NULL;
+}
+
+void cuda_unwrap_memory(cube_server *server, cube_server_stream *stream,
+                        cube_storage *storage)
+{
+    (void)stream;
+    cuda_server *s = (cuda_server *)server;
+    cuda_block *blk = storage->cookie;
+    cube_error_free(cuda_enter(s));
+    /* The owner gets its memory back only when no queued work can touch
+     * it: the streams that used it are waited for here (rare: foreign
+     * memory comes and goes with a tensor, not per launch). */
+    if (!atomic_load(&blk->shared)) {
+        s->api->cuStreamSynchronize(blk->owner->cu);
+    } else {
+        uint32_t n = cuda_stream_count(s);
+        for (uint32_t i = 0; i < n; i++)
+            s->api->cuStreamSynchronize(cuda_stream_at(s, i)->cu);
+    }
+    block_recycle(s, blk);
+}
+
 void cuda_memory_reclaim(cube_server *server, cube_server_stream *stream)
 {
     cuda_server *s = (cuda_server *)server;

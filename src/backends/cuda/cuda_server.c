@@ -134,6 +134,10 @@ static const cube_server_vtable cuda_vtable = {
     .collective = cuda_collective,
     .group_begin = cuda_group_begin,
     .group_end = cuda_group_end,
+    .native_stream = cuda_native_stream,
+    .wrap_memory = cuda_wrap_memory,
+    .unwrap_memory = cuda_unwrap_memory,
+    .native_written = cuda_native_written,
 };
 
 static cube_error *cuda_device_count(uint32_t *out)

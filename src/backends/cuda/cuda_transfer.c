@@ -408,3 +408,30 @@ cube_error *cuda_read_wait(cube_server *server, cube_pending *p)
     pending_free(s, p);
     return err;
 }
+
+cube_error *cuda_native_stream(cube_server *server, cube_server_stream *stream,
+                               void **out)
+{
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_begin((cuda_server *)server, stream, &st);
+    if (!err)
+        *out = st->cu;
+    return err;
+}
+
+cube_error *cuda_native_written(cube_server *server, cube_server_stream *stream,
+                                const cube_binding *binding)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_begin(s, stream, &st);
+    if (err)
+        return err;
+    /* The foreign work is already on this stream's queue: it counts as
+     * this stream's write of the block, which other streams then wait
+     * for. */
+    uint64_t seq = cuda_stream_next(st);
+    if (cuda_block_used(st, binding->storage->cookie, seq, 1))
+        return cuda_stream_record(s, st);
+    return NULL;
+}

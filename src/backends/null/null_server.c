@@ -180,6 +180,7 @@ static const cube_server_vtable null_vtable = {
     .flush = host_flush,
     .copy_to_peer = host_copy_to_peer,
     .collective = host_collective,
+    .wrap_memory = host_wrap_memory,
 };
 
 /* One device, always there: the client refuses "null:1" and above with
