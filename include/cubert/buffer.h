@@ -80,7 +80,9 @@ typedef struct cube_copy_desc {
     cube_handle handle;
     uint32_t rank; /* 1..CUBE_MAX_RANK */
     uint64_t shape[CUBE_MAX_RANK];
-    /* Element strides per dimension; all zero means contiguous row-major. */
+    /* Element strides per dimension; all zero means contiguous row-major.
+     * A zero stride on a dimension of extent above 1 (among nonzero ones)
+     * is refused: it would name one element several times. */
     uint64_t strides[CUBE_MAX_RANK];
     uint32_t elem_size; /* bytes per element, 1..64 */
 } cube_copy_desc;
@@ -96,13 +98,15 @@ CUBE_API cube_copy_desc cube_copy_desc_contiguous(cube_handle handle,
  *
  * cube_write copies host data into buffers in stream order and returns once
  * the host memory may be reused. A failure while executing lands on the
- * written buffers (see cube_check); a successful contiguous write that
- * covers a whole buffer (offset 0, every byte) clears that buffer's
- * failure; a partial or strided write leaves it. Argument errors are returned
+ * written buffers (see cube_check); a successful write that covers a whole
+ * buffer densely (offset 0, every byte: a contiguous descriptor, or strides
+ * that are row-major and leave no gap) clears that buffer's failure; a
+ * partial write, or one with gaps, leaves it. Argument errors are returned
  * at once and nothing is written:
  * CUBE_ERR_INVALID_ARGUMENT (NULL pointers, n 0, rank 0 or over the limit,
- * a zero or overflowing extent, a descriptor that runs past its handle's
- * range, a source size that differs from the descriptor's bytes),
+ * a zero or overflowing extent, a zero stride on a dimension of extent
+ * above 1, a descriptor that runs past its handle's range, a source size
+ * that differs from the descriptor's bytes),
  * CUBE_ERR_NOT_FOUND (released or foreign handle),
  * CUBE_ERR_GRAPH_STATE (the calling stream is capturing a graph),
  * CUBE_ERR_DEVICE_FAULT. A buffer made in a dry run gets its memory at its

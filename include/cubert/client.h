@@ -129,7 +129,10 @@ typedef enum cube_timing_method {
  * - CUBE_FEATURE_GRAPHS: cube_graph_* record and replay launches. Every
  *   backend with CUBE_FEATURE_KERNELS reports it: where the device records
  *   no graphs the client records software graphs
- *   (cube_utilities.software_graphs). */
+ *   (cube_utilities.software_graphs). Without the bit (the null backend)
+ *   the graph calls still keep their lifecycle and their refusals, but a
+ *   launch in a capture fails as every launch there does, so graphs hold
+ *   nothing and a replay changes nothing. */
 enum {
     CUBE_FEATURE_ATOMIC_F32_ADD = 1u << 0,
     CUBE_FEATURE_F64 = 1u << 1,

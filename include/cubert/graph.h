@@ -19,11 +19,14 @@
  * Inside a capture window a read, a write (cube_create writes), a sync, a
  * profile or a replay on that stream is refused with CUBE_ERR_GRAPH_STATE
  * (it cannot be recorded, and running it would break the sequence); for
- * cube_read_async the refusal comes from cube_future_wait. The refusal
- * comes before any other answer about the call's buffers, graph or token:
- * a read of a buffer that carries a failure, a replay of an unknown graph,
- * the end of an unknown profiling window are all CUBE_ERR_GRAPH_STATE in
- * the window, and nothing changes state. Allocating with
+ * cube_read_async the refusal comes from cube_future_wait. Malformed
+ * arguments are answered first, as anywhere (a released or foreign handle
+ * is CUBE_ERR_NOT_FOUND, a descriptor past its range
+ * CUBE_ERR_INVALID_ARGUMENT); then the refusal comes before any answer
+ * about the state of the call's buffers, graph or token: a read of a
+ * buffer that carries a failure, a replay of an unknown graph, the end of
+ * an unknown profiling window are all CUBE_ERR_GRAPH_STATE in the window,
+ * and nothing changes state. Allocating with
  * cube_empty is allowed; the graph pins every buffer a recorded launch
  * names. Launches that fail validation inside the window are returned as
  * usual and not recorded.
