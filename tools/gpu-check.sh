@@ -77,6 +77,11 @@ for s in $steps; do
             --json "$results/peers_dist.json" \
             --cubert-json "$results/bench_comm_cuda.json"
         ;;
+    interop)
+        # PyTorch memory and cubert buffers shared with nothing copied.
+        step interop_torch 300 python3 bench/gpu/interop_torch_check.py \
+            "$PWD/build-gpu/libcubert.so"
+        ;;
     asan)
         # The fuzz corpus and the conformance suite on CUDA under ASan and
         # UBSan (protect_shadow_gap=0 lets ASan share the address space
