@@ -883,6 +883,17 @@ static cube_error *issue(pending *p)
     return err;
 }
 
+/* Drops the pins of a call that was not run (a dry run). */
+static void drop_pins(pending *p)
+{
+    cube_client *c = p->comm->client;
+    if (p->has_dst)
+        core_resolved_drop(c, &p->dst);
+    if (p->has_src)
+        core_resolved_drop(c, &p->src);
+    p->has_dst = p->has_src = 0;
+}
+
 /* Records the outcome on this rank's destination and drops the pins. */
 static void settle(pending *p, const cube_error *err)
 {
@@ -1158,9 +1169,10 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
     cube_error *failure = NULL;
     p.local = prepare(&p, &mine, src, dst, &failure);
     if (!p.local && core_dry_run_active(comm->client)) {
-        /* Checked and dropped, as a launch in a dry run. */
+        /* Checked and dropped, as a launch in a dry run: nothing ran, so
+         * nothing is recorded or cleared. */
         cube_error_free(failure);
-        settle(&p, NULL);
+        drop_pins(&p);
         return NULL;
     }
     if (!p.local) {

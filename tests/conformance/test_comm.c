@@ -544,6 +544,13 @@ CONF_TEST(comm_failed_source_refuses_on_every_rank_and_marks_destinations)
         if (r != bad)
             CONF_OK(cube_check(c[r], &src[r], 1));
     }
+    /* In a dry run the call is checked and dropped: the destinations
+     * keep their failure. */
+    CONF_OK(cube_dry_run_begin(c[0]));
+    CONF_OK(cube_all_reduce(comm[0], dst[0], dst[0], count, CUBE_DTYPE_F32,
+                            CUBE_REDUCE_SUM));
+    CONF_OK(cube_dry_run_end(c[0]));
+    CONF_EXPECT(cube_check(c[0], &dst[0], 1), CUBE_ERR_SEVERAL);
     /* A rewrite of the source, and the next all-reduce clears them. */
     CONF_OK(cube_handle_release(c[bad], src[bad]));
     src[bad] = filled(c[bad], bad, count, CUBE_DTYPE_F32, 0);

@@ -114,6 +114,9 @@ static cube_timing_method g_timing;
 static int g_hw_graphs;
 static size_t op_index;
 static const char *op_name;
+/* $CUBERT_FUZZ_TRACE set: each operation is named on stderr as it ends,
+ * to read a failing input's story. */
+static int g_trace;
 
 typedef struct reader {
     const uint8_t *p;
@@ -650,6 +653,11 @@ static void op_barrier(reader *r, int sync)
             stale = 1;
         else if (slot_alloc(s)->failed)
             failed = 1;
+        if (g_trace)
+            fprintf(stderr,
+                    "  barrier slot %d (alloc %d, live %d, failed %d)\n", s,
+                    slots[s].alloc, slot_live(s),
+                    slot_live(s) ? slot_alloc(s)->failed : -1);
     }
     if (!sync && n == 0)
         return; /* check of nothing: not specified beyond success */
@@ -1570,6 +1578,12 @@ static void op_comm(reader *r)
         return;
     cube_error *err = cube_all_reduce(g_comm, slots[s].h, slots[d].h, count,
                                       CUBE_DTYPE_U8, CUBE_REDUCE_SUM);
+    if (g_trace)
+        fprintf(stderr,
+                "  all_reduce slot %d (alloc %d, failed %d) -> slot %d "
+                "(alloc %d), %u bytes: %s\n",
+                s, slots[s].alloc, allocs[slots[s].alloc].failed, d,
+                slots[d].alloc, count, cube_code_name(cube_error_code(err)));
     if (count == 0)
         return expect(err, CUBE_ERR_INVALID_ARGUMENT);
     if (!slot_live(s))
@@ -1731,6 +1745,7 @@ static void close_client(void)
 /* Opens the client; 1 when the backend is unavailable here. */
 static int open_client(void)
 {
+    g_trace = getenv("CUBERT_FUZZ_TRACE") != NULL;
     g_backend = getenv("CUBERT_FUZZ_BACKEND");
     if (!g_backend || !*g_backend)
         g_backend = "cpu";
@@ -1783,6 +1798,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     last_destroyed = 0;
     last_closed = 0;
     for (op_index = 0; op_index < MAX_OPS && r.at < r.n; op_index++) {
+        if (g_trace && op_index)
+            fprintf(stderr, "op %zu: %s (stream %d, dry %d)\n", op_index - 1,
+                    op_name, cur, dry_depth);
         uint8_t op = rd8(&r);
         switch (op % 27) {
         case 0:
