@@ -9,6 +9,7 @@
 #include "cubert/device.h"
 #include "cubert/comm.h"
 #include "cubert/interop.h"
+#include "cubert/dlpack.h"
 #include "cubert/buffer.h"
 #include "cubert/kernel.h"
 #include "cubert/memory.h"

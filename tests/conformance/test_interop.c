@@ -225,3 +225,180 @@ CONF_TEST(interop_native_written_orders_and_clears_failures)
     CONF_EXPECT(cube_native_written(NULL, h), CUBE_ERR_INVALID_ARGUMENT);
     conf_release(h);
 }
+
+/* ----------------------------------------------------------- DLPack */
+
+static int deleted;
+
+static void count_delete(cube_dl_managed_versioned *self)
+{
+    (void)self;
+    deleted++;
+}
+
+static void count_delete_legacy(cube_dl_managed *self)
+{
+    (void)self;
+    deleted++;
+}
+
+CONF_TEST(interop_dlpack_export_and_import_round_trip)
+{
+    float in[24], out[24];
+    for (int i = 0; i < 24; i++)
+        in[i] = (float)i * 0.5f;
+    cube_handle h = conf_create(in, sizeof in);
+    int64_t shape[3] = {2, 3, 4};
+    cube_dl_dtype f32 = {CUBE_DL_FLOAT, 32, 1};
+    cube_dl_managed_versioned *t = NULL;
+    CONF_OK(cube_dlpack_export(conf.client, h, f32, 3, shape, NULL, NULL, &t));
+    assert_non_null(t);
+    assert_int_equal(t->version.major, 1);
+    assert_int_equal(t->dl_tensor.ndim, 3);
+    assert_int_equal(t->dl_tensor.shape[1], 3);
+    assert_int_equal(t->dl_tensor.strides[0], 12);
+    assert_int_equal(t->dl_tensor.strides[2], 1);
+    assert_int_equal(t->dl_tensor.dtype.bits, 32);
+    assert_int_equal(t->dl_tensor.device.device_type,
+                     host_backend() ? CUBE_DL_CPU : CUBE_DL_CUDA);
+    cube_native_buffer nb;
+    CONF_OK(cube_native_buffer_get(conf.client, h, &nb));
+    assert_int_equal((uint64_t)(uintptr_t)t->dl_tensor.data +
+                         t->dl_tensor.byte_offset,
+                     nb.address);
+    /* The tensor keeps the buffer alive after the handle goes. */
+    conf_release(h);
+    /* Taken in by another client of the device: the same bytes. */
+    cube_client *other = NULL;
+    CONF_OK(cube_client_open(conf.backend, NULL, &other));
+    cube_handle in_other;
+    CONF_OK(cube_dlpack_import(other, t, &in_other));
+    cube_copy_desc d = cube_copy_desc_contiguous(in_other, sizeof out, 4);
+    void *dst[1] = {out};
+    uint64_t size[1] = {sizeof out};
+    CONF_OK(cube_read(other, &d, dst, size, 1));
+    assert_memory_equal(in, out, sizeof in);
+    /* The last reference calls the tensor's deleter, which gives back the
+     * export's own reference (ASan's leak check is the judge). */
+    CONF_OK(cube_handle_release(other, in_other));
+    cube_client_close(other);
+
+    /* A view with strides (the transpose of a 4 x 6 matrix), exported
+     * without a wait. */
+    h = conf_create(in, sizeof in);
+    int64_t tshape[2] = {6, 4}, tstrides[2] = {1, 6};
+    CONF_OK(cube_dlpack_export(conf.client, h, f32, 2, tshape, tstrides,
+                               CUBE_DLPACK_NO_SYNC, &t));
+    assert_int_equal(t->dl_tensor.strides[1], 6);
+    t->deleter(t);
+    /* A consumer's own native stream (CUDA), or the host's wait. */
+    void *stream = NULL;
+    CONF_OK(cube_native_stream(conf.client, &stream));
+    CONF_OK(cube_dlpack_export(conf.client, h, f32, 1, (int64_t[]){24}, NULL,
+                               stream, &t));
+    t->deleter(t);
+    conf_release(h);
+}
+
+CONF_TEST(interop_dlpack_refuses_bad_tensors_and_keeps_them_the_callers)
+{
+    float in[16] = {0};
+    cube_handle h = conf_create(in, sizeof in);
+    cube_dl_dtype f32 = {CUBE_DL_FLOAT, 32, 1};
+    cube_dl_managed_versioned *t = (cube_dl_managed_versioned *)&in;
+    int64_t shape[2] = {4, 4};
+    CONF_EXPECT(cube_dlpack_export(NULL, h, f32, 2, shape, NULL, NULL, &t),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(
+        cube_dlpack_export(conf.client, h, f32, 2, shape, NULL, NULL, NULL),
+        CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT_MSG(
+        cube_dlpack_export(conf.client, h, f32, 9, shape, NULL, NULL, &t),
+        CUBE_ERR_INVALID_ARGUMENT, "ndim");
+    assert_null(t);
+    CONF_EXPECT(
+        cube_dlpack_export(conf.client, h, f32, 2, NULL, NULL, NULL, &t),
+        CUBE_ERR_INVALID_ARGUMENT);
+    cube_dl_dtype odd = {CUBE_DL_FLOAT, 24, 1}, wide = {CUBE_DL_INT, 32, 4};
+    CONF_EXPECT_MSG(
+        cube_dlpack_export(conf.client, h, odd, 2, shape, NULL, NULL, &t),
+        CUBE_ERR_INVALID_ARGUMENT, "dtype");
+    CONF_EXPECT(
+        cube_dlpack_export(conf.client, h, wide, 2, shape, NULL, NULL, &t),
+        CUBE_ERR_INVALID_ARGUMENT);
+    int64_t big[2] = {4, 5};
+    CONF_EXPECT_MSG(
+        cube_dlpack_export(conf.client, h, f32, 2, big, NULL, NULL, &t),
+        CUBE_ERR_INVALID_ARGUMENT, "span");
+    int64_t neg[2] = {4, -1};
+    CONF_EXPECT(
+        cube_dlpack_export(conf.client, h, f32, 2, shape, neg, NULL, &t),
+        CUBE_ERR_INVALID_ARGUMENT);
+    /* A failed buffer is refused, as a read would be. */
+    cube_handle f = conf_create(in, sizeof in);
+    conf_mark_failed(f);
+    CONF_EXPECT(
+        cube_dlpack_export(conf.client, f, f32, 2, shape, NULL, NULL, &t),
+        CUBE_ERR_SEVERAL);
+    assert_null(t);
+    conf_release(f);
+
+    /* Imports: refused ones stay the caller's (no deleter call). */
+    cube_native_buffer nb;
+    CONF_OK(cube_native_buffer_get(conf.client, h, &nb));
+    cube_dl_managed_versioned v;
+    memset(&v, 0, sizeof v);
+    v.version.major = 1;
+    v.deleter = count_delete;
+    v.dl_tensor.data = (void *)(uintptr_t)nb.address;
+    v.dl_tensor.device.device_type =
+        host_backend() ? CUBE_DL_CPU : CUBE_DL_CUDA;
+    v.dl_tensor.device.device_id = 0;
+    v.dl_tensor.ndim = 2;
+    v.dl_tensor.dtype = f32;
+    v.dl_tensor.shape = shape;
+    cube_handle out = {7};
+    deleted = 0;
+    CONF_EXPECT(cube_dlpack_import(NULL, &v, &out), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_dlpack_import(conf.client, NULL, &out),
+                CUBE_ERR_INVALID_ARGUMENT);
+    v.version.major = 2;
+    CONF_EXPECT_MSG(cube_dlpack_import(conf.client, &v, &out),
+                    CUBE_ERR_INVALID_ARGUMENT, "1.x");
+    v.version.major = 1;
+    v.flags = CUBE_DL_FLAG_READ_ONLY;
+    CONF_EXPECT(cube_dlpack_import(conf.client, &v, &out),
+                CUBE_ERR_UNSUPPORTED);
+    v.flags = 0;
+    v.dl_tensor.device.device_type =
+        host_backend() ? CUBE_DL_CUDA : CUBE_DL_CPU;
+    CONF_EXPECT_MSG(cube_dlpack_import(conf.client, &v, &out),
+                    CUBE_ERR_INVALID_ARGUMENT, "device type");
+    v.dl_tensor.device.device_type =
+        host_backend() ? CUBE_DL_CPU : CUBE_DL_CUDA;
+    int64_t empty[2] = {4, 0};
+    v.dl_tensor.shape = empty;
+    CONF_EXPECT_MSG(cube_dlpack_import(conf.client, &v, &out),
+                    CUBE_ERR_INVALID_ARGUMENT, "no element");
+    v.dl_tensor.shape = shape;
+    v.dl_tensor.byte_offset = 4; /* misaligned */
+    CONF_EXPECT_MSG(cube_dlpack_import(conf.client, &v, &out),
+                    CUBE_ERR_INVALID_ARGUMENT, "multiple of 16");
+    v.dl_tensor.byte_offset = 0;
+    assert_int_equal(deleted, 0);
+    assert_int_equal(out.bits, 0);
+    /* A good one, versioned and legacy: the deleter runs at the last
+     * reference, once. */
+    CONF_OK(cube_dlpack_import(conf.client, &v, &out));
+    assert_int_equal(deleted, 0);
+    conf_release(out);
+    assert_int_equal(deleted, 1);
+    cube_dl_managed legacy;
+    memset(&legacy, 0, sizeof legacy);
+    legacy.dl_tensor = v.dl_tensor;
+    legacy.deleter = count_delete_legacy;
+    CONF_OK(cube_dlpack_import_legacy(conf.client, &legacy, &out));
+    conf_release(out);
+    assert_int_equal(deleted, 2);
+    conf_release(h);
+}

@@ -414,6 +414,11 @@ struct cube_server_vtable {
     cube_error *(*native_written)(cube_server *server,
                                   cube_server_stream *stream,
                                   const cube_binding *binding);
+    /* native_ready: makes `foreign` (a native stream not the backend's)
+     * wait for the work that last wrote `binding`, on any stream; NULL:
+     * work is done at call time, nothing to wait for. */
+    cube_error *(*native_ready)(cube_server *server, cube_server_stream *stream,
+                                const cube_binding *binding, void *foreign);
 };
 
 /* A backend as the registry knows it. */

@@ -138,6 +138,7 @@ static const cube_server_vtable cuda_vtable = {
     .wrap_memory = cuda_wrap_memory,
     .unwrap_memory = cuda_unwrap_memory,
     .native_written = cuda_native_written,
+    .native_ready = cuda_native_ready,
 };
 
 static cube_error *cuda_device_count(uint32_t *out)

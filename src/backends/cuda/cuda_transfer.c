@@ -435,3 +435,27 @@ cube_error *cuda_native_written(cube_server *server, cube_server_stream *stream,
         return cuda_stream_record(s, st);
     return NULL;
 }
+
+cube_error *cuda_native_ready(cube_server *server, cube_server_stream *stream,
+                              const cube_binding *binding, void *foreign)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_begin(s, stream, &st);
+    /* This stream first waits for the buffer's last writer elsewhere;
+     * then `foreign` waits for this stream's work so far. */
+    if (!err)
+        err = cuda_block_before_use(s, st, binding->storage->cookie, 0);
+    CUevent ev = NULL;
+    if (!err)
+        err = cuda_event_get(s, &ev);
+    if (err)
+        return err;
+    CUresult r = s->api->cuEventRecord(ev, st->cu);
+    if (r == CUDA_SUCCESS)
+        r = s->api->cuStreamWaitEvent((CUstream)foreign, ev, 0);
+    cuda_event_put(s, ev);
+    return r == CUDA_SUCCESS ? NULL
+                             : cuda_fail(s, r, CUBE_ERR_INTERNAL,
+                                         "making the consumer's stream wait");
+}
