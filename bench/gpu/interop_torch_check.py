@@ -11,6 +11,9 @@
   3. torch writes a wrapped tensor on cubert's stream, cube_native_written
      says so, and a cubert read sees the bytes.
   4. The release callback runs once, when the last reference goes.
+  5. cube_dlpack_export hands a buffer to torch.from_dlpack (a versioned
+     capsule), ready on torch's current stream.
+  6. cube_dlpack_import takes a torch tensor's __dlpack__ capsule.
 
   python3 bench/gpu/interop_torch_check.py LIBCUBERT_SO
 
@@ -189,6 +192,62 @@ def main():
     print(f"torch's write on cubert's stream seen by a cubert read: "
           f"{'ok' if good else 'WRONG'} {list(out)}")
     failures += not good
+
+    # 5. DLPack out: a cubert buffer as a torch tensor (a versioned
+    # capsule), made ready on torch's current stream.
+    api = C.pythonapi
+    api.PyCapsule_New.restype = C.py_object
+    api.PyCapsule_New.argtypes = [C.c_void_p, C.c_char_p, C.c_void_p]
+    api.PyCapsule_GetPointer.restype = C.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [C.py_object, C.c_char_p]
+    api.PyCapsule_SetName.argtypes = [C.py_object, C.c_char_p]
+
+    class DType(C.Structure):
+        _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8),
+                    ("lanes", C.c_uint16)]
+
+    e = Handle()
+    ok(lib.cube_empty(client, n * 4, C.byref(e)), "empty")
+    fill(e, n, 5.0)
+    lib.cube_dlpack_export.restype = C.c_void_p
+    lib.cube_dlpack_export.argtypes = [
+        C.c_void_p, Handle, DType, C.c_int32, C.POINTER(C.c_int64),
+        C.POINTER(C.c_int64), C.c_void_p, C.POINTER(C.c_void_p)]
+    managed = C.c_void_p()
+    shape = (C.c_int64 * 1)(n)
+    consumer = torch.cuda.current_stream().cuda_stream
+    ok(lib.cube_dlpack_export(client, e, DType(2, 32, 1), 1, shape, None,
+                              C.c_void_p(consumer), C.byref(managed)),
+       "export")
+    capsule = api.PyCapsule_New(managed, b"dltensor_versioned", None)
+    x = torch.from_dlpack(capsule)
+    want = 5.0 + torch.arange(n, device="cuda", dtype=torch.float32)
+    good = torch.equal(x, want) and x.data_ptr() != 0
+    print(f"DLPack export read by torch.from_dlpack: "
+          f"{'ok' if good else 'WRONG'}")
+    failures += not good
+    del x, capsule
+    ok(lib.cube_handle_release(client, e), "release")
+
+    # 6. DLPack in: a torch tensor taken in by cubert, nothing copied.
+    y = torch.arange(64, device="cuda", dtype=torch.float32) * 2.0
+    torch.cuda.synchronize()
+    cap = y.__dlpack__(max_version=(1, 0))
+    ptr = api.PyCapsule_GetPointer(cap, b"dltensor_versioned")
+    imported = Handle()
+    lib.cube_dlpack_import.restype = C.c_void_p
+    lib.cube_dlpack_import.argtypes = [C.c_void_p, C.c_void_p,
+                                       C.POINTER(Handle)]
+    ok(lib.cube_dlpack_import(client, C.c_void_p(ptr), C.byref(imported)),
+       "import")
+    api.PyCapsule_SetName(cap, b"used_dltensor_versioned")
+    d.handle = imported
+    ok(lib.cube_read(client, C.byref(d), dst, size, 1), "read")
+    good = list(out) == [0.0, 2.0, 4.0, 6.0]
+    print(f"torch tensor taken in by cube_dlpack_import: "
+          f"{'ok' if good else 'WRONG'} {list(out)}")
+    failures += not good
+    ok(lib.cube_handle_release(client, imported), "release")
 
     # 4. the release callback, once.
     lib.cube_handle_release.argtypes = [C.c_void_p, Handle]
