@@ -90,9 +90,9 @@ typedef struct pending {
     core_resolved src, dst;
     int has_src, has_dst;
     uint64_t dst_bytes;
-    uint64_t deadline_ns;
-    cube_error *result; /* the answer, once run */
-    int noted;          /* the stream counted the failure for its windows */
+    uint64_t deadline_ns; /* set when the call first has to wait */
+    cube_error *result;   /* the answer, once run */
+    int noted;            /* the stream counted the failure for its windows */
     /* A call of a communicator between processes: its arguments and its
      * source's failure, handed to the backend with it. */
     cube_collective mine;
@@ -791,6 +791,10 @@ static cube_error *await(pending *p)
     comm_call *k = p->call;
     cube_mutex_lock(&g->lock);
     spin_until(g, &k->ready);
+    /* The timeout runs from here: a call whose peers are already there
+     * never reads the clock. */
+    if (!k->ready && !k->cancelled && !g->aborted)
+        p->deadline_ns = now_ns() + g->timeout_ns;
     while (!k->ready && !k->cancelled && !g->aborted) {
         if (now_ns() >= p->deadline_ns || missing_gone(g, k)) {
             /* Every rank of it answers the same from now on. */
@@ -1165,7 +1169,6 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
     p.comm = comm;
     mine.rank = comm->rank;
     mine.nranks = comm->group->n;
-    p.deadline_ns = now_ns() + comm->group->timeout_ns;
     cube_error *failure = NULL;
     p.local = prepare(&p, &mine, src, dst, &failure);
     if (!p.local && core_dry_run_active(comm->client)) {
