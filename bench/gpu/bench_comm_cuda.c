@@ -80,13 +80,7 @@ int main(int argc, char **argv)
     nccl_ok(n, n->ncclGetUniqueId(&id), "ncclGetUniqueId");
     ncclComm_t rc;
     nccl_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.size = sizeof cfg;
-    cfg.magic = NCCL_CONFIG_MAGIC;
-    cfg.version = NCCL_CONFIG_VERSION_2_18;
-    cfg.blocking = 1;
-    cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare =
-        NCCL_CONFIG_UNDEF_INT;
+    nccl_config_init(&cfg, 1);
     nccl_ok(n, n->ncclCommInitRankConfig(&rc, 1, id, 0, &cfg),
             "ncclCommInitRankConfig");
 

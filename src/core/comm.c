@@ -257,6 +257,21 @@ static cube_error *check_init(cube_client *const *clients, uint32_t n,
     return NULL;
 }
 
+/* Frees what cube_comm_init_all allocated before its group was made
+ * (any of it may be NULL). */
+static void init_undo(comm_group *g, cube_comm *made, void **impls)
+{
+    if (g) {
+        free(g->seq);
+        free(g->send_seq);
+        free(g->recv_seq);
+        free(g->gone);
+    }
+    free(g);
+    free(made);
+    free(impls);
+}
+
 cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
                                const cube_comm_options *options,
                                cube_comm **comms)
@@ -281,16 +296,8 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     }
     if (!g || !made || !servers || !impls || !g->seq || !g->send_seq ||
         !g->recv_seq || !g->gone) {
-        if (g) {
-            free(g->seq);
-            free(g->send_seq);
-            free(g->recv_seq);
-            free(g->gone);
-        }
-        free(g);
-        free(made);
         free(servers);
-        free(impls);
+        init_undo(g, made, impls);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_comm_init_all");
     }
     for (uint32_t i = 0; i < n; i++)
@@ -300,13 +307,7 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     err = vt->comm_init ? vt->comm_init(servers, n, timeout_ms, impls) : NULL;
     free(servers);
     if (err) {
-        free(g->seq);
-        free(g->send_seq);
-        free(g->recv_seq);
-        free(g->gone);
-        free(g);
-        free(made);
-        free(impls);
+        init_undo(g, made, impls);
         return cube_error_prefix(err, "cube_comm_init_all");
     }
     cube_mutex_init(&g->lock);

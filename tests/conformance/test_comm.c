@@ -199,6 +199,20 @@ static cube_handle slice_of(cube_client *c, cube_handle h, uint64_t offset,
     return s;
 }
 
+/* One thread drives every rank's all-reduce, in one group. */
+static cube_error *group_all_reduce(cube_comm **comm, const cube_handle *src,
+                                    const cube_handle *dst, uint32_t n,
+                                    uint64_t count, cube_dtype t,
+                                    cube_reduce_op op)
+{
+    cube_error *err = cube_group_begin();
+    if (err)
+        return err;
+    for (uint32_t r = 0; r < n; r++)
+        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, t, op));
+    return cube_group_end();
+}
+
 static void mark_failed(cube_client *c, cube_handle h)
 {
     cube_arg a = cube_arg_buffer(h);
@@ -231,7 +245,8 @@ CONF_TEST(comm_all_reduce_every_dtype_and_op_matches_the_host)
         for (cube_reduce_op op = CUBE_REDUCE_SUM; op <= CUBE_REDUCE_AVG; op++) {
             if (op == CUBE_REDUCE_AVG && is_float(t) && n == 3)
                 continue; /* x/3 is not exact in every float type */
-            cube_handle src[MAX_TEST_RANKS], dst[MAX_TEST_RANKS];
+            cube_handle src[MAX_TEST_RANKS] = {{0}},
+                        dst[MAX_TEST_RANKS] = {{0}};
             for (uint32_t r = 0; r < n; r++) {
                 src[r] = filled(c[r], r, count, t, 0);
                 CONF_OK(cube_empty(c[r], count * cube_dtype_size(t), &dst[r]));
@@ -518,7 +533,7 @@ CONF_TEST(comm_failed_source_refuses_on_every_rank_and_marks_destinations)
     cube_comm *comm[MAX_TEST_RANKS];
     CONF_OK(cube_comm_init_all(c, n, NULL, comm));
     const uint64_t count = 64;
-    cube_handle src[MAX_TEST_RANKS], dst[MAX_TEST_RANKS];
+    cube_handle src[MAX_TEST_RANKS] = {{0}}, dst[MAX_TEST_RANKS] = {{0}};
     for (uint32_t r = 0; r < n; r++) {
         src[r] = filled(c[r], r, count, CUBE_DTYPE_F32, 0);
         dst[r] = filled(c[r], r, count, CUBE_DTYPE_F32, 0);
@@ -554,11 +569,8 @@ CONF_TEST(comm_failed_source_refuses_on_every_rank_and_marks_destinations)
     /* A rewrite of the source, and the next all-reduce clears them. */
     CONF_OK(cube_handle_release(c[bad], src[bad]));
     src[bad] = filled(c[bad], bad, count, CUBE_DTYPE_F32, 0);
-    CONF_OK(cube_group_begin());
-    for (uint32_t r = 0; r < n; r++)
-        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, CUBE_DTYPE_F32,
-                                CUBE_REDUCE_SUM));
-    CONF_OK(cube_group_end());
+    CONF_OK(group_all_reduce(comm, src, dst, n, count, CUBE_DTYPE_F32,
+                             CUBE_REDUCE_SUM));
     for (uint32_t r = 0; r < n; r++) {
         expect_reduced(c[r], dst[r], count, CUBE_DTYPE_F32, CUBE_REDUCE_SUM, n,
                        0, "after the failure");
@@ -581,7 +593,7 @@ CONF_TEST(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)
     cube_comm *comm[MAX_TEST_RANKS];
     CONF_OK(cube_comm_init_all(c, n, NULL, comm));
     const uint64_t count = 32;
-    cube_handle src[MAX_TEST_RANKS], dst[MAX_TEST_RANKS];
+    cube_handle src[MAX_TEST_RANKS] = {{0}}, dst[MAX_TEST_RANKS] = {{0}};
     for (uint32_t r = 0; r < n; r++) {
         src[r] = filled(c[r], r, count, CUBE_DTYPE_U32, 0);
         dst[r] = filled(c[r], 9, count, CUBE_DTYPE_U32, 0);
@@ -625,11 +637,8 @@ CONF_TEST(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)
                        9, "untouched");
     }
     /* The communicator goes on. */
-    CONF_OK(cube_group_begin());
-    for (uint32_t r = 0; r < n; r++)
-        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, CUBE_DTYPE_U32,
-                                CUBE_REDUCE_SUM));
-    CONF_OK(cube_group_end());
+    CONF_OK(group_all_reduce(comm, src, dst, n, count, CUBE_DTYPE_U32,
+                             CUBE_REDUCE_SUM));
     for (uint32_t r = 0; r < n; r++) {
         expect_reduced(c[r], dst[r], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM, n,
                        0, "after the refusals");
@@ -914,16 +923,13 @@ CONF_TEST_NEEDS(comm_kernel_on_another_stream_sees_the_reduced_buffer,
     cube_comm *comm[MAX_TEST_RANKS];
     CONF_OK(cube_comm_init_all(c, n, NULL, comm));
     const uint32_t count = 1 << 20;
-    cube_handle src[MAX_TEST_RANKS], dst[MAX_TEST_RANKS];
+    cube_handle src[MAX_TEST_RANKS] = {{0}}, dst[MAX_TEST_RANKS] = {{0}};
     for (uint32_t r = 0; r < n; r++) {
         src[r] = filled(c[r], r, count, CUBE_DTYPE_F32, 0);
         CONF_OK(cube_empty(c[r], count * 4, &dst[r]));
     }
-    CONF_OK(cube_group_begin());
-    for (uint32_t r = 0; r < n; r++)
-        CONF_OK(cube_all_reduce(comm[r], src[r], dst[r], count, CUBE_DTYPE_F32,
-                                CUBE_REDUCE_SUM));
-    CONF_OK(cube_group_end());
+    CONF_OK(group_all_reduce(comm, src, dst, n, count, CUBE_DTYPE_F32,
+                             CUBE_REDUCE_SUM));
     /* Another thread (its own stream) reads rank 0's result at once. */
     reader_job j = {c[0], dst[0], {0}, count, NULL};
     CONF_OK(cube_empty(c[0], count * 4, &j.y));

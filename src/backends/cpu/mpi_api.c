@@ -7,47 +7,20 @@
 #include <string.h>
 
 #include "cubert/backend/config.h"
+#include "backends/common/library.h"
 #include "cubert/backend/errors.h"
 
 static mpi_api api;
 static char load_failure[1024]; /* empty: loaded */
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
-static void note_try(const char *name, const char *why)
-{
-    size_t at = strlen(load_failure);
-    snprintf(load_failure + at, sizeof load_failure - at, "%s%s: %s",
-             at ? "; " : "", name, why ? why : "not found");
-}
-
 /* Open MPI loads its components as plugins that resolve symbols of
  * libmpi itself: the library must be global. */
 static void *open_mpi(void)
 {
-    cube_config_value forced;
-    cube_config_lookup("mpi_library", &forced);
-    if (forced.text && *forced.text) {
-        void *h = dlopen(forced.text, RTLD_NOW | RTLD_GLOBAL);
-        if (h) {
-            snprintf(api.path, sizeof api.path, "%s", forced.text);
-            return h;
-        }
-        char where[256], why[512];
-        snprintf(why, sizeof why, "%s (set by %s)", dlerror(),
-                 cube_config_where(&forced, where, sizeof where));
-        note_try(forced.text, why);
-        return NULL;
-    }
     static const char *const names[] = {"libmpi.so.40", "libmpi.so", NULL};
-    for (size_t i = 0; names[i]; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
-        if (h) {
-            snprintf(api.path, sizeof api.path, "%s", names[i]);
-            return h;
-        }
-        note_try(names[i], dlerror());
-    }
-    return NULL;
+    return library_open("mpi_library", names, RTLD_NOW | RTLD_GLOBAL, api.path,
+                        sizeof api.path, load_failure, sizeof load_failure);
 }
 
 static void load(void)
@@ -111,7 +84,8 @@ static void load(void)
             snprintf(why, sizeof why,
                      "has no symbol %s (Open MPI 4 or later is needed)",
                      syms[i].name);
-            note_try(api.path, why);
+            snprintf(load_failure, sizeof load_failure, "%s: %s", api.path,
+                     why);
             return;
         }
     }

@@ -237,19 +237,12 @@ cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
     if (!ranks)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL communicator");
     uint64_t deadline = clock_ns() + timeout_ms * 1000000ull;
-    nccl_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.size = sizeof cfg;
-    cfg.magic = NCCL_CONFIG_MAGIC;
-    cfg.version = NCCL_CONFIG_VERSION_2_18;
     /* Blocking: every rank is made here, in one group, and the core lets
      * a collective reach NCCL only once every rank's call has arrived, so
      * no call can wait on a rank that never comes; a blocking call also
      * costs no polling. */
-    cfg.blocking = 1;
-    cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare =
-        NCCL_CONFIG_UNDEF_INT;
-    cfg.netName = NULL;
+    nccl_config cfg;
+    nccl_config_init(&cfg, 1);
     /* Every rank of this process, from this thread: inside one group, as
      * NCCL requires when one thread makes several ranks. */
     r = nccl->ncclGroupStart();
@@ -342,13 +335,7 @@ cube_error *cuda_comm_init_rank(cube_server *server, const unsigned char *id,
      * of cubert's can tell whether they come; every wait is polled
      * against the timeout. */
     nccl_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.size = sizeof cfg;
-    cfg.magic = NCCL_CONFIG_MAGIC;
-    cfg.version = NCCL_CONFIG_VERSION_2_18;
-    cfg.blocking = 0;
-    cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare =
-        NCCL_CONFIG_UNDEF_INT;
+    nccl_config_init(&cfg, 0);
     ncclUniqueId uid;
     memcpy(&uid, id, sizeof uid);
     ncclResult_t r = nccl->ncclCommInitRankConfig(&one->comm, (int)nranks, uid,

@@ -6,47 +6,18 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backends/common/library.h"
 #include "cubert/backend/errors.h"
 
 static nccl_api api;
 static char load_failure[1024]; /* empty: loaded */
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
-/* Appends "name: why" to the failure text. */
-static void note_try(const char *name, const char *why)
-{
-    size_t at = strlen(load_failure);
-    snprintf(load_failure + at, sizeof load_failure - at, "%s%s: %s",
-             at ? "; " : "", name, why ? why : "not found");
-}
-
 static void *open_nccl(void)
 {
-    cube_config_value forced;
-    cube_config_lookup("nccl_library", &forced);
-    if (forced.text && *forced.text) {
-        void *h = dlopen(forced.text, RTLD_NOW | RTLD_LOCAL);
-        if (h) {
-            snprintf(api.path, sizeof api.path, "%s", forced.text);
-            return h;
-        }
-        char where[256];
-        char why[512];
-        snprintf(why, sizeof why, "%s (set by %s)", dlerror(),
-                 cube_config_where(&forced, where, sizeof where));
-        note_try(forced.text, why);
-        return NULL;
-    }
     static const char *const names[] = {"libnccl.so.2", "libnccl.so", NULL};
-    for (size_t i = 0; names[i]; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (h) {
-            snprintf(api.path, sizeof api.path, "%s", names[i]);
-            return h;
-        }
-        note_try(names[i], dlerror());
-    }
-    return NULL;
+    return library_open("nccl_library", names, RTLD_NOW | RTLD_LOCAL, api.path,
+                        sizeof api.path, load_failure, sizeof load_failure);
 }
 
 static void load(void)
@@ -86,7 +57,8 @@ static void load(void)
             snprintf(why, sizeof why,
                      "has no entry point %s (NCCL 2.18 or later is needed)",
                      fns[i].name);
-            note_try(api.path, why);
+            snprintf(load_failure, sizeof load_failure, "%s: %s", api.path,
+                     why);
             return;
         }
     }
@@ -116,4 +88,16 @@ const char *nccl_result_text(const nccl_api *a, ncclResult_t r, ncclComm_t comm)
     snprintf(text, sizeof text, "%s [%d]%s%s", name ? name : "NCCL error", r,
              last && *last ? ": " : "", last && *last ? last : "");
     return text;
+}
+
+void nccl_config_init(nccl_config *cfg, int blocking)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->size = sizeof *cfg;
+    cfg->magic = NCCL_CONFIG_MAGIC;
+    cfg->version = NCCL_CONFIG_VERSION_2_18;
+    cfg->blocking = blocking;
+    cfg->cgaClusterSize = cfg->minCTAs = cfg->maxCTAs = cfg->splitShare =
+        NCCL_CONFIG_UNDEF_INT;
+    cfg->netName = NULL;
 }

@@ -116,6 +116,10 @@ typedef struct nccl_api {
  * library tried and why each failed. */
 cube_error *nccl_api_load(const nccl_api **out);
 
+/* A configuration NCCL 2.18 and later read: `blocking` or not, every
+ * other field left to NCCL. */
+void nccl_config_init(nccl_config *cfg, int blocking);
+
 /* "ncclInvalidUsage (message)" for messages; thread-local storage. */
 const char *nccl_result_text(const nccl_api *a, ncclResult_t r,
                              ncclComm_t comm);
