@@ -213,6 +213,21 @@ static cube_error *group_all_reduce(cube_comm **comm, const cube_handle *src,
     return cube_group_end();
 }
 
+/* Checks every rank's destination holds the sum over the ranks, then
+ * gives everything back. */
+static void finish_summed(cube_client **c, cube_comm **comm, cube_handle *src,
+                          cube_handle *dst, uint32_t n, uint64_t count,
+                          cube_dtype t, const char *what)
+{
+    for (uint32_t r = 0; r < n; r++) {
+        expect_reduced(c[r], dst[r], count, t, CUBE_REDUCE_SUM, n, 0, what);
+        CONF_OK(cube_handle_release(c[r], src[r]));
+        CONF_OK(cube_handle_release(c[r], dst[r]));
+        cube_comm_destroy(comm[r]);
+    }
+    close_ranks(c, n);
+}
+
 static void mark_failed(cube_client *c, cube_handle h)
 {
     cube_arg a = cube_arg_buffer(h);
@@ -571,14 +586,8 @@ CONF_TEST(comm_failed_source_refuses_on_every_rank_and_marks_destinations)
     src[bad] = filled(c[bad], bad, count, CUBE_DTYPE_F32, 0);
     CONF_OK(group_all_reduce(comm, src, dst, n, count, CUBE_DTYPE_F32,
                              CUBE_REDUCE_SUM));
-    for (uint32_t r = 0; r < n; r++) {
-        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_F32, CUBE_REDUCE_SUM, n,
-                       0, "after the failure");
-        CONF_OK(cube_handle_release(c[r], src[r]));
-        CONF_OK(cube_handle_release(c[r], dst[r]));
-        cube_comm_destroy(comm[r]);
-    }
-    close_ranks(c, n);
+    finish_summed(c, comm, src, dst, n, count, CUBE_DTYPE_F32,
+                  "after the failure");
 }
 
 CONF_TEST(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)
@@ -639,14 +648,8 @@ CONF_TEST(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)
     /* The communicator goes on. */
     CONF_OK(group_all_reduce(comm, src, dst, n, count, CUBE_DTYPE_U32,
                              CUBE_REDUCE_SUM));
-    for (uint32_t r = 0; r < n; r++) {
-        expect_reduced(c[r], dst[r], count, CUBE_DTYPE_U32, CUBE_REDUCE_SUM, n,
-                       0, "after the refusals");
-        CONF_OK(cube_handle_release(c[r], src[r]));
-        CONF_OK(cube_handle_release(c[r], dst[r]));
-        cube_comm_destroy(comm[r]);
-    }
-    close_ranks(c, n);
+    finish_summed(c, comm, src, dst, n, count, CUBE_DTYPE_U32,
+                  "after the refusals");
 }
 
 CONF_TEST(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on)
