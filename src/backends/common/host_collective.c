@@ -17,6 +17,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "backends/common/host_memory.h"
 #include "cubert/comm.h"
@@ -209,21 +212,37 @@ void host_reduce_divide(void *acc, size_t n, uint32_t dtype, uint32_t ranks)
     }
 }
 
-/* dst = op over the `ranks` sources at byte offset src_off, `n` elements
- * (at most a chunk). Combined in a buffer of its own, so dst may be one of
- * the sources. */
-static void reduce_into(unsigned char *dst, const cube_collective *calls,
-                        uint32_t ranks, uint64_t src_off, size_t n, uint32_t es,
-                        uint32_t dtype, uint32_t op)
+/* Copies a chunk that no one reads soon. Large collectives write far more
+ * than the caches hold: streaming stores skip reading each destination
+ * line into the cache first (what memcpy does at these sizes too), which
+ * saves a third of the memory traffic. */
+static void store_chunk(unsigned char *dst, const unsigned char *src,
+                        size_t bytes)
 {
-    _Alignas(64) unsigned char acc[CHUNK_BYTES];
-    size_t bytes = n * es;
-    memcpy(acc, at(&calls[0].src) + src_off, bytes);
+#if defined(__SSE2__)
+    if (((uintptr_t)dst | (uintptr_t)src | bytes) % 16 == 0) {
+        for (size_t i = 0; i < bytes; i += 16)
+            _mm_stream_si128(
+                (__m128i *)(void *)(dst + i),
+                _mm_load_si128((const __m128i *)(const void *)(src + i)));
+        return;
+    }
+#endif
+    memcpy(dst, src, bytes);
+}
+
+/* acc = op over the `ranks` sources at byte offset src_off, `n` elements
+ * (at most a chunk): a buffer of its own, so a destination written from
+ * it may be one of the sources. */
+static void reduce_chunk(unsigned char *acc, const cube_collective *calls,
+                         uint32_t ranks, uint64_t src_off, size_t n,
+                         uint32_t es, uint32_t dtype, uint32_t op)
+{
+    memcpy(acc, at(&calls[0].src) + src_off, n * es);
     for (uint32_t r = 1; r < ranks; r++)
         host_reduce_combine(acc, at(&calls[r].src) + src_off, n, dtype, op);
     if (op == CUBE_REDUCE_AVG)
         host_reduce_divide(acc, n, dtype, ranks);
-    memcpy(dst, acc, bytes);
 }
 
 /* Runs chunk `c` of the set's collective. `per` is the chunks of one
@@ -240,21 +259,20 @@ static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
                                                             : elems_per_chunk);
     uint64_t off = e0 * es;
     size_t bytes = n * es;
+    _Alignas(64) unsigned char acc[CHUNK_BYTES];
     switch (first->kind) {
-    case CUBE_COLLECTIVE_ALL_REDUCE: {
-        /* Reduced once into rank 0's destination, copied to the others. */
-        unsigned char *d0 = at(&set->calls[0].dst) + off;
-        reduce_into(d0, set->calls, ranks, off, n, es, first->dtype, first->op);
-        for (uint32_t r = 1; r < ranks; r++)
-            memcpy(at(&set->calls[r].dst) + off, d0, bytes);
+    case CUBE_COLLECTIVE_ALL_REDUCE:
+        /* Reduced once, written to every rank's destination. */
+        reduce_chunk(acc, set->calls, ranks, off, n, es, first->dtype,
+                     first->op);
+        for (uint32_t r = 0; r < ranks; r++)
+            store_chunk(at(&set->calls[r].dst) + off, acc, bytes);
         break;
-    }
-    case CUBE_COLLECTIVE_REDUCE: {
-        const cube_collective *root = &set->calls[first->root];
-        reduce_into(at(&root->dst) + off, set->calls, ranks, off, n, es,
-                    first->dtype, first->op);
+    case CUBE_COLLECTIVE_REDUCE:
+        reduce_chunk(acc, set->calls, ranks, off, n, es, first->dtype,
+                     first->op);
+        store_chunk(at(&set->calls[first->root].dst) + off, acc, bytes);
         break;
-    }
     case CUBE_COLLECTIVE_BROADCAST: {
         const unsigned char *s = at(&set->calls[first->root].src) + off;
         for (uint32_t r = 0; r < ranks; r++) {
@@ -279,8 +297,9 @@ static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
         /* Part `part` is rank part's result, from part * count of every
          * source. */
         uint64_t soff = part * first->count * es + off;
-        reduce_into(at(&set->calls[part].dst) + off, set->calls, ranks, soff, n,
-                    es, first->dtype, first->op);
+        reduce_chunk(acc, set->calls, ranks, soff, n, es, first->dtype,
+                     first->op);
+        store_chunk(at(&set->calls[part].dst) + off, acc, bytes);
         break;
     }
     case CUBE_COLLECTIVE_SEND:
@@ -318,6 +337,10 @@ cube_error *host_collective(cube_server *server, cube_server_stream *stream,
     while ((c = atomic_fetch_add_explicit(&cc->next, 1, memory_order_relaxed)) <
            total) {
         run_chunk(set, c, per, elems);
+#if defined(__SSE2__)
+        /* Streaming stores are not ordered by the release below. */
+        _mm_sfence();
+#endif
         atomic_fetch_add_explicit(&cc->done, 1, memory_order_release);
     }
     /* The last chunks may be another rank's, still running: this rank's
