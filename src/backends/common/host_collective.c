@@ -212,21 +212,27 @@ void host_reduce_divide(void *acc, size_t n, uint32_t dtype, uint32_t ranks)
     }
 }
 
-/* Copies a chunk that no one reads soon. Large collectives write far more
- * than the caches hold: streaming stores skip reading each destination
- * line into the cache first (what memcpy does at these sizes too), which
- * saves a third of the memory traffic. */
+/* Writes at or above which a collective's destinations are written with
+ * streaming stores: what no cache holds anyway, as memcpy does at such
+ * sizes. Below it, normal stores leave the result in the cache. */
+#define STREAM_BYTES ((uint64_t)96 << 20)
+
+/* Copies a chunk of a destination. With `stream`, streaming stores skip
+ * reading each destination line into the cache first, a third of the
+ * memory traffic of a large collective. */
 static void store_chunk(unsigned char *dst, const unsigned char *src,
-                        size_t bytes)
+                        size_t bytes, int stream)
 {
 #if defined(__SSE2__)
-    if (((uintptr_t)dst | (uintptr_t)src | bytes) % 16 == 0) {
+    if (stream && ((uintptr_t)dst | (uintptr_t)src | bytes) % 16 == 0) {
         for (size_t i = 0; i < bytes; i += 16)
             _mm_stream_si128(
                 (__m128i *)(void *)(dst + i),
                 _mm_load_si128((const __m128i *)(const void *)(src + i)));
         return;
     }
+#else
+    (void)stream;
 #endif
     memcpy(dst, src, bytes);
 }
@@ -248,7 +254,7 @@ static void reduce_chunk(unsigned char *acc, const cube_collective *calls,
 /* Runs chunk `c` of the set's collective. `per` is the chunks of one
  * destination range of `count` elements. */
 static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
-                      uint64_t elems_per_chunk)
+                      uint64_t elems_per_chunk, int stream)
 {
     const cube_collective *first = &set->calls[0];
     uint32_t es = cube_dtype_size((cube_dtype)first->dtype);
@@ -266,12 +272,12 @@ static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
         reduce_chunk(acc, set->calls, ranks, off, n, es, first->dtype,
                      first->op);
         for (uint32_t r = 0; r < ranks; r++)
-            store_chunk(at(&set->calls[r].dst) + off, acc, bytes);
+            store_chunk(at(&set->calls[r].dst) + off, acc, bytes, stream);
         break;
     case CUBE_COLLECTIVE_REDUCE:
         reduce_chunk(acc, set->calls, ranks, off, n, es, first->dtype,
                      first->op);
-        store_chunk(at(&set->calls[first->root].dst) + off, acc, bytes);
+        store_chunk(at(&set->calls[first->root].dst) + off, acc, bytes, stream);
         break;
     case CUBE_COLLECTIVE_BROADCAST: {
         const unsigned char *s = at(&set->calls[first->root].src) + off;
@@ -299,7 +305,7 @@ static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
         uint64_t soff = part * first->count * es + off;
         reduce_chunk(acc, set->calls, ranks, soff, n, es, first->dtype,
                      first->op);
-        store_chunk(at(&set->calls[part].dst) + off, acc, bytes);
+        store_chunk(at(&set->calls[part].dst) + off, acc, bytes, stream);
         break;
     }
     case CUBE_COLLECTIVE_SEND:
@@ -333,10 +339,16 @@ cube_error *host_collective(cube_server *server, cube_server_stream *stream,
     uint64_t t0 = host_busy_begin(stream);
     chunk_counter *cc = set->shared;
     uint64_t per, elems, total = chunk_plan(set, &per, &elems);
+    const cube_collective *first = &set->calls[0];
+    uint64_t written =
+        first->count * cube_dtype_size((cube_dtype)first->dtype) *
+        first->nranks *
+        (first->kind == CUBE_COLLECTIVE_ALL_GATHER ? first->nranks : 1);
+    int streaming = written >= STREAM_BYTES;
     uint64_t c;
     while ((c = atomic_fetch_add_explicit(&cc->next, 1, memory_order_relaxed)) <
            total) {
-        run_chunk(set, c, per, elems);
+        run_chunk(set, c, per, elems, streaming);
 #if defined(__SSE2__)
         /* Streaming stores are not ordered by the release below. */
         _mm_sfence();
