@@ -1,0 +1,550 @@
+/* cubert.Client: one cube_client, its barriers, memory statistics and
+ * streams. Buffers, launches, graphs and DLPack live in their own files. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pycubert.h"
+
+cube_client *pyc_client_get(pyc_client *self)
+{
+    if (!self->c) {
+        pyc_raise_invalid("the client is closed");
+        return NULL;
+    }
+    return self->c;
+}
+
+void pyc_client_pin(pyc_client *self)
+{
+    self->pins++;
+}
+
+/* Closes the C client for real: no pin is left. */
+static void really_close(pyc_client *self)
+{
+    cube_client *c = self->c_open;
+    self->c_open = NULL;
+    self->c = NULL;
+    if (!c)
+        return;
+    /* Close waits for the device and may call release callbacks, which
+     * take the GIL: let them. */
+    PyThreadState *ts = PyEval_SaveThread();
+    cube_client_close(c);
+    PyEval_RestoreThread(ts);
+}
+
+void pyc_client_unpin(pyc_client *self)
+{
+    if (--self->pins == 0 && !self->c && self->c_open)
+        really_close(self);
+}
+
+static int client_init(pyc_client *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"device", "cpu_threads", "cache_dir", NULL};
+    const char *device = NULL, *cache_dir = NULL;
+    unsigned int cpu_threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|z$Iz", names, &device,
+                                     &cpu_threads, &cache_dir))
+        return -1;
+    if (self->c_open) {
+        pyc_raise_invalid("the client is open already");
+        return -1;
+    }
+    cube_client_options o = cube_client_options_default();
+    o.cpu_threads = cpu_threads;
+    o.cache_dir = cache_dir;
+    cube_client *c = NULL;
+    cube_error *err;
+    PyThreadState *ts = PyEval_SaveThread();
+    err = cube_client_open(device, &o, &c);
+    PyEval_RestoreThread(ts);
+    if (err) {
+        pyc_raise(err);
+        return -1;
+    }
+    cube_device_info info;
+    if ((err = cube_client_device(c, &info))) {
+        cube_client_close(c);
+        pyc_raise(err);
+        return -1;
+    }
+    self->c = self->c_open = c;
+    memcpy(self->device, info.device, sizeof self->device);
+    memcpy(self->backend, info.properties.backend, sizeof self->backend);
+    self->device[sizeof self->device - 1] = 0;
+    self->backend[sizeof self->backend - 1] = 0;
+    self->dl_device_type =
+        strcmp(self->backend, "cuda") == 0 ? CUBE_DL_CUDA : CUBE_DL_CPU;
+    self->dl_device_id = (int)info.index;
+    return 0;
+}
+
+static void client_dealloc(pyc_client *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    /* No pin can be left: pins hold references. */
+    self->c = NULL;
+    really_close(self);
+    freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    f(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *client_close(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    self->c = NULL;
+    if (self->pins == 0)
+        really_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *client_enter(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    if (!pyc_client_get(self))
+        return NULL;
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *client_exit(pyc_client *self, PyObject *args)
+{
+    (void)args;
+    return client_close(self, NULL);
+}
+
+/* Handles of the Buffer objects in `args` (a tuple), into a new array. */
+static cube_handle *handles_of(PyObject *args, Py_ssize_t *n)
+{
+    *n = PyTuple_Size(args);
+    cube_handle *h = PyMem_Calloc((size_t)(*n ? *n : 1), sizeof *h);
+    if (!h) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if (!pyc_buffer_get(PyTuple_GetItem(args, i), &h[i])) {
+            PyMem_Free(h);
+            return NULL;
+        }
+    return h;
+}
+
+typedef cube_error *(*barrier_fn)(cube_client *, const cube_handle *, size_t);
+
+static PyObject *barrier(pyc_client *self, PyObject *args, barrier_fn fn)
+{
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    Py_ssize_t n;
+    cube_handle *h = handles_of(args, &n);
+    if (!h)
+        return NULL;
+    cube_error *err;
+    PYC_NOGIL(self, err = fn(c, n ? h : NULL, (size_t)n));
+    PyMem_Free(h);
+    if (err)
+        return pyc_raise(err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *client_sync(pyc_client *self, PyObject *args)
+{
+    return barrier(self, args, cube_sync);
+}
+
+static PyObject *client_check(pyc_client *self, PyObject *args)
+{
+    return barrier(self, args, cube_check);
+}
+
+static PyObject *client_flush(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    cube_error *err;
+    PYC_NOGIL(self, err = cube_flush(c));
+    if (err)
+        return pyc_raise(err);
+    Py_RETURN_NONE;
+}
+
+/* Sets d[key] = value (stolen); -1 on failure. */
+static int put(PyObject *d, const char *key, PyObject *value)
+{
+    if (!value)
+        return -1;
+    int rc = PyDict_SetItemString(d, key, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+static PyObject *triple(const uint32_t v[3])
+{
+    return Py_BuildValue("(III)", v[0], v[1], v[2]);
+}
+
+static PyObject *feature_set(uint32_t features)
+{
+    static const struct {
+        uint32_t bit;
+        const char *name;
+    } names[] = {
+        {CUBE_FEATURE_ATOMIC_F32_ADD, "atomic_f32_add"},
+        {CUBE_FEATURE_F64, "f64"},
+        {CUBE_FEATURE_SHARED_MEMORY, "shared_memory"},
+        {CUBE_FEATURE_CUBE_SYNC, "cube_sync"},
+        {CUBE_FEATURE_BOUNDS_CHECK, "bounds_check"},
+        {CUBE_FEATURE_DYNAMIC_COUNT, "dynamic_count"},
+        {CUBE_FEATURE_GRAPHS, "graphs"},
+        {CUBE_FEATURE_PINNED_STAGING, "pinned_staging"},
+        {CUBE_FEATURE_KERNELS, "kernels"},
+    };
+    PyObject *s = PySet_New(NULL);
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++) {
+        if (!(features & names[i].bit))
+            continue;
+        PyObject *v = PyUnicode_FromString(names[i].name);
+        if (!v || PySet_Add(s, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(s);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return s;
+}
+
+static PyObject *client_properties(pyc_client *self, void *closure)
+{
+    (void)closure;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    cube_utilities u;
+    cube_error *err = cube_client_utilities(c, &u);
+    if (err)
+        return pyc_raise(err);
+    const cube_properties *p = &u.properties;
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    if (put(d, "backend", PyUnicode_FromString(p->backend)) < 0 ||
+        put(d, "name", PyUnicode_FromString(p->name)) < 0 ||
+        put(d, "architecture", PyUnicode_FromString(p->architecture)) < 0 ||
+        put(d, "max_cube_dim", triple(p->max_cube_dim)) < 0 ||
+        put(d, "max_units_per_cube",
+            PyLong_FromUnsignedLong(p->max_units_per_cube)) < 0 ||
+        put(d, "max_cube_count", triple(p->max_cube_count)) < 0 ||
+        put(d, "max_shared_memory",
+            PyLong_FromUnsignedLongLong(p->max_shared_memory)) < 0 ||
+        put(d, "memory_total", PyLong_FromUnsignedLongLong(p->memory_total)) <
+            0 ||
+        put(d, "memory_alignment",
+            PyLong_FromUnsignedLongLong(p->memory_alignment)) < 0 ||
+        put(d, "max_buffer_size",
+            PyLong_FromUnsignedLongLong(p->max_buffer_size)) < 0 ||
+        put(d, "compute_units", PyLong_FromUnsignedLong(p->compute_units)) <
+            0 ||
+        put(d, "features", feature_set(p->features)) < 0 ||
+        put(d, "timing",
+            PyUnicode_FromString(
+                p->timing == CUBE_TIMING_DEVICE ? "device" : "host_clock")) <
+            0 ||
+        put(d, "software_graphs", PyBool_FromLong(u.software_graphs)) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *client_device(pyc_client *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(self->device);
+}
+
+static PyObject *client_backend(pyc_client *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(self->backend);
+}
+
+static PyObject *client_closed(pyc_client *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->c == NULL);
+}
+
+static PyObject *client_memory_usage(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    cube_memory_usage u;
+    cube_error *err = cube_memory_usage_get(c, &u);
+    if (err)
+        return pyc_raise(err);
+    return Py_BuildValue(
+        "{sKsKsKsKsKsK}", "buffers", (unsigned long long)u.buffers,
+        "bytes_in_use", (unsigned long long)u.bytes_in_use, "bytes_padding",
+        (unsigned long long)u.bytes_padding, "bytes_reserved",
+        (unsigned long long)u.bytes_reserved, "foreign_buffers",
+        (unsigned long long)u.foreign_buffers, "foreign_bytes",
+        (unsigned long long)u.foreign_bytes);
+}
+
+static PyObject *client_memory_report(pyc_client *self, PyObject *args,
+                                      PyObject *kw)
+{
+    static char *names[] = {"format", NULL};
+    const char *format = "table";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s", names, &format))
+        return NULL;
+    cube_report_format f;
+    if (strcmp(format, "table") == 0)
+        f = CUBE_REPORT_TABLE;
+    else if (strcmp(format, "json") == 0)
+        f = CUBE_REPORT_JSON;
+    else
+        return PyErr_Format(PyExc_ValueError,
+                            "cubert: report format is 'table' or 'json', "
+                            "not '%s'",
+                            format);
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    cube_memory_report *r = PyMem_Malloc(sizeof *r);
+    if (!r)
+        return PyErr_NoMemory();
+    cube_error *err = cube_memory_report_get(c, r);
+    if (err) {
+        PyMem_Free(r);
+        return pyc_raise(err);
+    }
+    char *text = cube_memory_report_format(r, f);
+    PyMem_Free(r);
+    if (!text)
+        return PyErr_NoMemory();
+    PyObject *s = PyUnicode_FromString(text);
+    free(text);
+    return s;
+}
+
+typedef cube_error *(*client_fn)(cube_client *);
+
+static PyObject *call_client(pyc_client *self, client_fn fn)
+{
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    cube_error *err;
+    PYC_NOGIL(self, err = fn(c));
+    if (err)
+        return pyc_raise(err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *client_memory_cleanup(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    return call_client(self, cube_memory_cleanup);
+}
+
+static PyObject *client_reset_peaks(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    return call_client(self, cube_memory_reset_peaks);
+}
+
+static PyObject *client_graph_prepare(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    return call_client(self, cube_graph_prepare);
+}
+
+static PyObject *client_dry_run_begin(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    return call_client(self, cube_dry_run_begin);
+}
+
+static PyObject *client_dry_run_end(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    return call_client(self, cube_dry_run_end);
+}
+
+static PyObject *client_stream_get(pyc_client *self, void *closure)
+{
+    (void)closure;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(cube_stream_current(c));
+}
+
+static int client_stream_set(pyc_client *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    if (!value) {
+        PyErr_SetString(PyExc_AttributeError, "cubert: stream cannot be "
+                                              "deleted");
+        return -1;
+    }
+    unsigned long long id = PyLong_AsUnsignedLongLong(value);
+    if (id == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return -1;
+    cube_error *err;
+    PYC_NOGIL(self, err = cube_stream_use(c, id));
+    if (err) {
+        pyc_raise(err);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *client_stream_ids(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    size_t count = 0;
+    cube_error *err = cube_stream_ids(c, NULL, 0, &count);
+    if (err)
+        return pyc_raise(err);
+    /* Streams may appear between the two calls: ask for room to spare. */
+    size_t cap = count + 16;
+    cube_stream_id *ids = PyMem_Calloc(cap, sizeof *ids);
+    if (!ids)
+        return PyErr_NoMemory();
+    if ((err = cube_stream_ids(c, ids, cap, &count))) {
+        PyMem_Free(ids);
+        return pyc_raise(err);
+    }
+    if (count > cap)
+        count = cap;
+    PyObject *list = PyList_New((Py_ssize_t)count);
+    for (size_t i = 0; list && i < count; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(ids[i]);
+        if (!v) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SetItem(list, (Py_ssize_t)i, v);
+    }
+    PyMem_Free(ids);
+    return list;
+}
+
+static PyObject *client_native_stream(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    void *s = NULL;
+    cube_error *err;
+    PYC_NOGIL(self, err = cube_native_stream(c, &s));
+    if (err)
+        return pyc_raise(err);
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)s);
+}
+
+static PyObject *client_repr(pyc_client *self)
+{
+    return PyUnicode_FromFormat("<cubert.Client %s%s>", self->device,
+                                self->c ? "" : " (closed)");
+}
+
+static PyMethodDef client_methods[] = {
+    {"close", (PyCFunction)client_close, METH_NOARGS,
+     "Closes the client (a second close does nothing)."},
+    {"__enter__", (PyCFunction)client_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)client_exit, METH_VARARGS, NULL},
+    {"empty", (PyCFunction)(void (*)(void))pyc_client_empty,
+     METH_VARARGS | METH_KEYWORDS,
+     "empty(shape, dtype='uint8') -> Buffer, contents undefined."},
+    {"asarray", (PyCFunction)(void (*)(void))pyc_client_asarray,
+     METH_VARARGS | METH_KEYWORDS,
+     "asarray(obj, dtype=None) -> Buffer holding a copy of obj."},
+    {"wrap", (PyCFunction)pyc_client_wrap, METH_O,
+     "wrap(obj) -> Buffer over obj's memory, nothing copied."},
+    {"from_dlpack", (PyCFunction)pyc_client_from_dlpack, METH_O,
+     "from_dlpack(obj) -> Buffer over a DLPack producer's tensor."},
+    {"launch", (PyCFunction)(void (*)(void))pyc_client_launch,
+     METH_FASTCALL | METH_KEYWORDS,
+     "launch(kernel, count, *args, checked=False, skip=False)"},
+    {"sync", (PyCFunction)client_sync, METH_VARARGS,
+     "sync(*buffers): waits for their work (all of the stream's: none)."},
+    {"check", (PyCFunction)client_check, METH_VARARGS,
+     "check(*buffers): raises what their work failed with."},
+    {"flush", (PyCFunction)client_flush, METH_NOARGS,
+     "Submits queued work without waiting."},
+    {"capture", (PyCFunction)pyc_client_capture, METH_NOARGS,
+     "capture() -> Graph, a context manager recording launches."},
+    {"graph_prepare", (PyCFunction)client_graph_prepare, METH_NOARGS, NULL},
+    {"profile", (PyCFunction)pyc_client_profile, METH_NOARGS,
+     "profile() -> Profile, a context manager timing its block's work."},
+    {"_dry_run_begin", (PyCFunction)client_dry_run_begin, METH_NOARGS, NULL},
+    {"_dry_run_end", (PyCFunction)client_dry_run_end, METH_NOARGS, NULL},
+    {"memory_usage", (PyCFunction)client_memory_usage, METH_NOARGS, NULL},
+    {"memory_report", (PyCFunction)(void (*)(void))client_memory_report,
+     METH_VARARGS | METH_KEYWORDS, "memory_report(format='table') -> str"},
+    {"memory_cleanup", (PyCFunction)client_memory_cleanup, METH_NOARGS, NULL},
+    {"reset_peaks", (PyCFunction)client_reset_peaks, METH_NOARGS, NULL},
+    {"stream_ids", (PyCFunction)client_stream_ids, METH_NOARGS, NULL},
+    {"native_stream", (PyCFunction)client_native_stream, METH_NOARGS,
+     "The calling thread's native stream (a CUstream on CUDA, else 0)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef client_getset[] = {
+    {"properties", (getter)client_properties, NULL, NULL, NULL},
+    {"device", (getter)client_device, NULL, NULL, NULL},
+    {"backend", (getter)client_backend, NULL, NULL, NULL},
+    {"closed", (getter)client_closed, NULL, NULL, NULL},
+    {"stream", (getter)client_stream_get, (setter)client_stream_set, NULL,
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef client_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(pyc_client, weakrefs), READONLY,
+     NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot client_slots[] = {
+    {Py_tp_doc, (void *)"Client(device=None, *, cpu_threads=0, "
+                        "cache_dir=None): a client of one device."},
+    {Py_tp_new, (void *)PyType_GenericNew},
+    {Py_tp_init, (void *)client_init},
+    {Py_tp_dealloc, (void *)client_dealloc},
+    {Py_tp_repr, (void *)client_repr},
+    {Py_tp_methods, client_methods},
+    {Py_tp_getset, client_getset},
+    {Py_tp_members, client_members},
+    {0, NULL},
+};
+
+PyType_Spec pyc_client_spec = {
+    "cubert._cubert.Client",
+    sizeof(pyc_client),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    client_slots,
+};
