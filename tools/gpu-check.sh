@@ -8,8 +8,11 @@
 # DEB_DIR holds the -dev packages as .deb files (see offline-build.sh).
 # STEPS (default "tests sanitize demo bench") picks what runs after the
 # build; "build" alone only builds; "comm" runs the communication
-# benchmarks and "asan" the fuzz corpus and conformance suite under ASan. CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests
-# whose names match it (a cmocka test filter, '*' wildcards).
+# benchmarks, "asan" the fuzz corpus and conformance suite under ASan,
+# "python" the Python package's tests and benchmarks (WHEEL_DIR: a folder
+# with a cubert wheel to test instead of this build's extension).
+# CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests whose
+# names match it (a cmocka test filter, '*' wildcards).
 set -u
 debs=${1:?usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]}
 results=${2:?usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]}
@@ -19,7 +22,10 @@ mkdir -p "$results"
 jobs=$(nproc 2>/dev/null || echo 2)
 export CUBERT_CACHE_DIR="$PWD/build-gpu/test-cache"
 
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+# The interpreter on PATH (the one with PyTorch and CuPy) builds and
+# tests the Python package.
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null &&
     cmake --build build-gpu -j "$jobs" >"$results/build.txt" 2>&1
 rc=$?
 tail -n 5 "$results/build.txt"
@@ -81,6 +87,28 @@ for s in $steps; do
         # PyTorch memory and cubert buffers shared with nothing copied.
         step interop_torch 300 python3 bench/gpu/interop_torch_check.py \
             "$PWD/build-gpu/libcubert.so"
+        ;;
+    python)
+        # The Python package from a wheel built elsewhere (WHEEL_DIR, by
+        # `pip wheel . -w DIR` on any Linux machine: one stable-ABI wheel
+        # for every CPython from 3.10), else from this build: its tests
+        # (PyTorch and CuPy interop on the GPU included) and the Python
+        # benchmarks beside CuPy, PyTorch and NumPy.
+        pypath="$PWD/build-gpu/python"
+        if ls "${WHEEL_DIR:-/nonexistent}"/cubert-*.whl >/dev/null 2>&1; then
+            python3 -m pip install -q --no-index --no-deps --no-compile \
+                --target "$PWD/build-gpu/wheel-site" \
+                "$WHEEL_DIR"/cubert-*.whl || status=1
+            pypath="$PWD/build-gpu/wheel-site"
+        fi
+        step pytest 600 env PYTHONPATH="$pypath" python3 -m pytest -q \
+            -p no:cacheprovider python/tests
+        step bench_python_cuda 300 env PYTHONPATH="$pypath" python3 \
+            bench/python/bench_python.py --device cuda \
+            --json "$results/bench_python_cuda.json"
+        step bench_python_cpu 300 env PYTHONPATH="$pypath" python3 \
+            bench/python/bench_python.py --device cpu \
+            --json "$results/bench_python_cpu.json"
         ;;
     asan)
         # The fuzz corpus and the conformance suite on CUDA under ASan and
