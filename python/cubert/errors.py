@@ -6,6 +6,7 @@ C error held: the numeric code, its name, the message, the compiler's log
 """
 
 import builtins
+import re
 
 __all__ = [
     "Error", "InvalidArgumentError", "NotFoundError", "OutOfMemoryError",
@@ -72,12 +73,19 @@ TimeoutError = _define("TimeoutError", 19, builtins.TimeoutError)
 AbortedError = _define("AbortedError", 20)
 
 _BY_CODE = {cls.code: cls for cls in Error.__subclasses__()}
-_NAMES = {}
+# The C enumerator's name of each code: InvalidArgumentError ->
+# CUBE_ERR_INVALID_ARGUMENT.
+_NAMES = {
+    code: "CUBE_ERR_" + re.sub(r"(?<!^)(?=[A-Z])", "_",
+                               cls.__name__[:-len("Error")]).upper()
+    for code, cls in _BY_CODE.items()
+}
 
 
-def _from_c(code, code_name, message, log, causes):
-    """Called by the extension: the exception object for one C error."""
-    _NAMES.setdefault(code, code_name)
+def _from_c(code, description, message, log, causes):
+    """Called by the extension: the exception object for one C error
+    (`description` is cube_code_name's short text, used for codes newer
+    than this module)."""
     cls = _BY_CODE.get(code, Error)
-    return cls(message, code=code, code_name=code_name, log=log,
-               causes=causes)
+    name = _NAMES.get(code, "CUBE_ERR_" + description.upper().replace(" ", "_"))
+    return cls(message, code=code, code_name=name, log=log, causes=causes)

@@ -202,8 +202,25 @@ static PyObject *buffer_write(pyc_buffer *self, PyObject *obj)
     cube_client *c = pyc_buffer_get((PyObject *)self, &h);
     if (!c)
         return NULL;
+    /* Arrays and bytes are copied as they are (their bytes must fill the
+     * buffer); other sequences are converted to the buffer's dtype. A
+     * bare number is refused: it would fill one element at most. */
+    if (obj == Py_None || PyLong_Check(obj) || PyFloat_Check(obj) ||
+        PyComplex_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cubert: write takes an array, bytes or a sequence, "
+                        "not a number");
+        return NULL;
+    }
+    PyObject *convert = NULL;
+    if (!PyBytes_Check(obj) && !PyByteArray_Check(obj) &&
+        !PyObject_HasAttrString(obj, "__array_interface__") &&
+        !(convert = PyUnicode_FromString(self->dtype->name)))
+        return NULL;
     pyc_host_view v;
-    if (host_view_any(obj, NULL, &v) < 0)
+    int rc = host_view_any(obj, convert, &v);
+    Py_XDECREF(convert);
+    if (rc < 0)
         return NULL;
     uint32_t es = copy_elem_size(self);
     cube_copy_desc d = cube_copy_desc_contiguous(h, self->nbytes, es);
@@ -256,27 +273,32 @@ PyObject *pyc_client_asarray(pyc_client *self, PyObject *args, PyObject *kw)
     cube_client *c = pyc_client_get(self);
     if (!c)
         return NULL;
-    pyc_host_view v;
-    /* bytes with a dtype are reinterpreted, not converted. */
+    const pyc_dtype *want = NULL;
+    if (dtype_obj && dtype_obj != Py_None &&
+        !(want = pyc_dtype_from(dtype_obj)))
+        return NULL;
+    /* bytes with a dtype are reinterpreted; other objects are converted
+     * by NumPy to the dtype's element type, whose bytes the buffer then
+     * carries (bfloat16: the 16-bit words). */
     int raw = (PyBytes_Check(obj) || PyByteArray_Check(obj));
+    pyc_host_view v;
     if (host_view_any(obj, raw ? NULL : dtype_obj, &v) < 0)
         return NULL;
     const pyc_dtype *dt = v.dtype ? v.dtype : pyc_dtype_bytes();
     int64_t shape[CUBE_MAX_RANK];
     int ndim = v.ndim;
     memcpy(shape, v.shape, sizeof shape);
-    if (raw && dtype_obj && dtype_obj != Py_None) {
-        dt = pyc_dtype_from(dtype_obj);
-        if (!dt || v.nbytes % dt->size != 0) {
+    if (want && raw) {
+        if (v.nbytes % want->size != 0) {
             Py_DECREF(v.owner);
-            if (dt)
-                PyErr_SetString(PyExc_ValueError,
-                                "cubert: the bytes are not a whole number "
-                                "of elements");
+            pyc_raise_invalid("the bytes are not a whole number of "
+                              "elements");
             return NULL;
         }
-        shape[0] = (int64_t)(v.nbytes / dt->size);
+        shape[0] = (int64_t)(v.nbytes / want->size);
     }
+    if (want)
+        dt = want;
     cube_handle h;
     cube_error *err;
     PYC_NOGIL(self, err = cube_create(c, v.data, v.nbytes, &h));
@@ -306,10 +328,10 @@ static PyObject *buffer_view(pyc_buffer *self, PyObject *args, PyObject *kw)
     if (bytes < 0)
         return NULL;
     if ((uint64_t)bytes != self->nbytes)
-        return PyErr_Format(PyExc_ValueError,
-                            "cubert: a view of %lld bytes over a buffer of "
-                            "%llu",
-                            (long long)bytes, (unsigned long long)self->nbytes);
+        return pyc_raise_invalidf("a view of %lld bytes over a buffer of "
+                                  "%llu",
+                                  (long long)bytes,
+                                  (unsigned long long)self->nbytes);
     cube_handle h;
     cube_client *c = pyc_buffer_get((PyObject *)self, &h);
     if (!c)

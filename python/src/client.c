@@ -316,10 +316,9 @@ static PyObject *client_memory_report(pyc_client *self, PyObject *args,
     else if (strcmp(format, "json") == 0)
         f = CUBE_REPORT_JSON;
     else
-        return PyErr_Format(PyExc_ValueError,
-                            "cubert: report format is 'table' or 'json', "
-                            "not '%s'",
-                            format);
+        return pyc_raise_invalidf("report format is 'table' or 'json', "
+                                  "not '%s'",
+                                  format);
     cube_client *c = pyc_client_get(self);
     if (!c)
         return NULL;

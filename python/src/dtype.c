@@ -109,7 +109,7 @@ int pyc_shape_from(PyObject *obj, int64_t *shape, int *ndim)
         if (v == -1 && PyErr_Occurred())
             return -1;
         if (v < 0) {
-            PyErr_SetString(PyExc_ValueError, "cubert: negative extent");
+            pyc_raise_invalid("negative extent");
             return -1;
         }
         shape[0] = v;
@@ -124,8 +124,7 @@ int pyc_shape_from(PyObject *obj, int64_t *shape, int *ndim)
         return -1;
     }
     if (n > CUBE_MAX_RANK) {
-        PyErr_Format(PyExc_ValueError, "cubert: at most %d dimensions",
-                     CUBE_MAX_RANK);
+        pyc_raise_invalidf("at most %d dimensions", CUBE_MAX_RANK);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -137,7 +136,7 @@ int pyc_shape_from(PyObject *obj, int64_t *shape, int *ndim)
         if (v == -1 && PyErr_Occurred())
             return -1;
         if (v < 0) {
-            PyErr_SetString(PyExc_ValueError, "cubert: negative extent");
+            pyc_raise_invalid("negative extent");
             return -1;
         }
         shape[i] = v;

@@ -1,5 +1,7 @@
 /* cube_error values raised as Python exceptions: one class per code
  * (cubert/errors.py), carrying the code, message, compiler log and causes. */
+#include <stdarg.h>
+
 #include "pycubert.h"
 
 /* cubert.errors._from_c, imported on the first error: the package imports
@@ -73,5 +75,20 @@ PyObject *pyc_raise_invalid(const char *message)
         PyErr_SetObject((PyObject *)Py_TYPE(obj), obj);
         Py_DECREF(obj);
     }
+    return NULL;
+}
+
+PyObject *pyc_raise_invalidf(const char *format, ...)
+{
+    va_list ap;
+    va_start(ap, format);
+    PyObject *text = PyUnicode_FromFormatV(format, ap);
+    va_end(ap);
+    if (!text)
+        return NULL;
+    const char *s = PyUnicode_AsUTF8AndSize(text, NULL);
+    if (s)
+        pyc_raise_invalid(s);
+    Py_DECREF(text);
     return NULL;
 }

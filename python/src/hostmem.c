@@ -56,11 +56,11 @@ static int parse_interface(PyObject *iface, const char *what,
         int64_t expect = out->dtype->size;
         for (int i = out->ndim - 1; i >= 0; i--) {
             if (i >= n || (out->shape[i] > 1 && st[i] != expect)) {
-                PyErr_Format(PyExc_ValueError,
-                             "cubert: the %s describes memory that is not "
-                             "C-contiguous (numpy.ascontiguousarray makes "
-                             "such a copy)",
-                             what);
+                pyc_raise_invalidf(
+                    "the %s describes memory that is not "
+                    "C-contiguous (numpy.ascontiguousarray makes "
+                    "such a copy)",
+                    what);
                 return -1;
             }
             expect *= out->shape[i];
@@ -110,7 +110,7 @@ int pyc_host_view_get(PyObject *obj, int want_writable, pyc_host_view *out)
     if (rc < 0)
         return -1;
     if (want_writable && out->readonly) {
-        PyErr_SetString(PyExc_ValueError, "cubert: the array is read-only");
+        pyc_raise_invalid("the array is read-only");
         return -1;
     }
     Py_INCREF(obj);

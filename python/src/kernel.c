@@ -19,8 +19,7 @@ static int kernel_init(pyc_kernel *self, PyObject *args, PyObject *kw)
         if (pyc_shape_from(dim_obj, dim, &n) < 0)
             return -1;
         if (n < 1 || n > 3) {
-            PyErr_SetString(PyExc_ValueError,
-                            "cubert: cube_dim is an int or 1 to 3 ints");
+            pyc_raise_invalid("cube_dim is an int or 1 to 3 ints");
             return -1;
         }
         for (int i = 0; i < n; i++) {
@@ -191,8 +190,7 @@ static int count_from(PyObject *obj, cube_client *c, cube_count *out)
     if (pyc_shape_from(obj, v, &n) < 0)
         return -1;
     if (n < 1 || n > 3) {
-        PyErr_SetString(PyExc_ValueError,
-                        "cubert: a count is an int, 1 to 3 ints or a Buffer");
+        pyc_raise_invalid("a count is an int, 1 to 3 ints or a Buffer");
         return -1;
     }
     for (int i = 0; i < 3; i++) {

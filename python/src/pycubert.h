@@ -76,8 +76,12 @@ extern pyc_state pyc_g;
 /* Raises `err` as the cubert.Error subclass of its code, frees it and
  * returns NULL. */
 PyObject *pyc_raise(cube_error *err);
-/* Raises cubert.InvalidArgumentError with `message`; returns NULL. */
+/* Raises cubert.InvalidArgumentError (also a ValueError) with `message`;
+ * returns NULL. Every wrong value given from Python raises it, as the C
+ * API's CUBE_ERR_INVALID_ARGUMENT would; a wrong type is a TypeError. */
 PyObject *pyc_raise_invalid(const char *message);
+/* The same with a PyUnicode_FromFormat format. */
+PyObject *pyc_raise_invalidf(const char *format, ...);
 
 /* --- clients (client.c) --- */
 
