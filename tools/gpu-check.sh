@@ -10,7 +10,8 @@
 # build; "build" alone only builds; "comm" runs the communication
 # benchmarks, "asan" the fuzz corpus and conformance suite under ASan,
 # "python" the Python package's tests and benchmarks (WHEEL_DIR: a folder
-# with a cubert wheel to test instead of this build's extension).
+# with a cubert wheel to test instead of this build's extension), "multi"
+# the tests and benchmarks that need two GPUs or more.
 # CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests whose
 # names match it (a cmocka test filter, '*' wildcards).
 set -u
@@ -87,6 +88,24 @@ for s in $steps; do
         # PyTorch memory and cubert buffers shared with nothing copied.
         step interop_torch 300 python3 bench/gpu/interop_torch_check.py \
             "$PWD/build-gpu/libcubert.so"
+        ;;
+    multi)
+        # Two GPUs or more: the communication tests with a rank per GPU,
+        # copies between GPUs with peer access on and forced off, two
+        # processes with one GPU each, and the benchmarks across GPUs
+        # beside raw NCCL, cuMemcpyPeerAsync and torch.distributed.
+        step conformance_comm_gpus 600 env CONF_FILTER="comm_*" \
+            build-gpu/tests/conformance cuda
+        step conformance_copy_no_peer_access 300 env \
+            CONF_FILTER="comm_copy_peer*" CUBERT_CUDA_PEER_ACCESS=0 \
+            build-gpu/tests/conformance cuda
+        step comm_two_processes 300 sh -c \
+            "cd build-gpu && ctest --output-on-failure -R comm.cuda.2proc"
+        step bench_comm_multi 400 build-gpu/bench/bench_comm_multi \
+            --json "$results/bench_comm_multi.json"
+        step peers_dist_gpus 300 python3 bench/gpu/peers_torch_dist.py \
+            --json "$results/peers_dist_gpus.json" \
+            --cubert-json "$results/bench_comm_multi.json"
         ;;
     python)
         # The Python package from a wheel built elsewhere (WHEEL_DIR, by

@@ -1,11 +1,16 @@
-/* One rank of a communicator between processes on the CPU backend, run as
- * every process of an MPI job (`mpirun -n N comm_mpi_ranks DIR`): rank 0
- * makes the id and writes it to DIR/id (as a launcher would hand it over),
- * the others read it; then every collective is checked against a host
- * reference, and so are the failure paths MPI lets the ranks tell each
- * other about: a call one rank refuses, calls that differ, a source that
- * carries a failure. Exit 0 when every check passed on this rank, 77 when
- * the backend cannot make such communicators here (no MPI). */
+/* One rank of a communicator between processes, run as every process of
+ * a job: `mpirun -n N comm_mpi_ranks DIR` on the CPU backend, or
+ * `CUBERT_TEST_RANK=r CUBERT_TEST_RANKS=N comm_mpi_ranks DIR cuda` once per
+ * rank (rank r on GPU r modulo the GPUs there are). Rank 0 makes the id
+ * and writes it to DIR/id (as a launcher would hand it over), the others
+ * read it; then every collective is checked against a host reference.
+ * Then the failure paths: on the CPU those MPI lets the ranks tell each
+ * other about (a call one rank refuses, calls that differ, a source that
+ * carries a failure: every rank's error); on CUDA, where NCCL cannot tell
+ * the peers, a receive no rank sends to times out with an error, the
+ * communicator is aborted, and the client goes on working. Exit 0 when
+ * every check passed on this rank, 77 when the backend cannot make such
+ * communicators here (no MPI, no NCCL, no GPU). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +21,7 @@
 #include "cubert/cubert.h"
 
 static int rank_, size_;
+static const char *backend_ = "cpu";
 static int failures;
 
 #define CHECK(cond, ...)                                                       \
@@ -63,7 +69,7 @@ static int share_id(const char *dir, cube_comm_id *id)
     char path[1024], tmp[1100], text[CUBE_COMM_ID_TEXT];
     snprintf(path, sizeof path, "%s/id", dir);
     if (rank_ == 0) {
-        cube_error *err = cube_comm_id_new("cpu", id);
+        cube_error *err = cube_comm_id_new(backend_, id);
         if (err) {
             fprintf(stderr, "rank 0: %s\n", cube_error_message(err));
             cube_error_free(err);
@@ -97,16 +103,37 @@ int main(int argc, char **argv)
 {
     const char *r = getenv("OMPI_COMM_WORLD_RANK");
     const char *s = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!r || !s) {
+        r = getenv("CUBERT_TEST_RANK");
+        s = getenv("CUBERT_TEST_RANKS");
+    }
     if (argc < 2 || !r || !s) {
-        fprintf(stderr, "usage: mpirun -n N comm_mpi_ranks DIR\n");
+        fprintf(stderr, "usage: mpirun -n N comm_mpi_ranks DIR, or "
+                        "CUBERT_TEST_RANK=r CUBERT_TEST_RANKS=N "
+                        "comm_mpi_ranks DIR cuda\n");
         return 2;
     }
+    if (argc > 2)
+        backend_ = argv[2];
     rank_ = atoi(r);
     size_ = atoi(s);
+    int cpu = strcmp(backend_, "cpu") == 0;
+    uint32_t devices = 0;
+    cube_error *cerr = cube_device_count(backend_, &devices);
+    /* NCCL puts one rank on a GPU: CUDA needs as many as there are ranks. */
+    if (cerr || devices == 0 || (!cpu && devices < (uint32_t)size_)) {
+        fprintf(stderr, "rank %d: skipped: %u %s devices for %d ranks\n",
+                rank_, devices, backend_, size_);
+        cube_error_free(cerr);
+        return 77;
+    }
+    char device[64];
+    snprintf(device, sizeof device, "%s:%u", backend_,
+             cpu ? 0u : (uint32_t)rank_ % devices);
     cube_client *c = NULL;
     cube_client_options o = cube_client_options_default();
     o.cpu_threads = 1;
-    ok(cube_client_open("cpu", &o, &c), "open");
+    ok(cube_client_open(device, &o, &c), "open");
     cube_comm_id id;
     if (!c || share_id(argv[1], &id) != 0) {
         fprintf(stderr, "rank %d: no id\n", rank_);
@@ -114,7 +141,9 @@ int main(int argc, char **argv)
     }
     cube_comm *comm = NULL;
     cube_comm_options co = cube_comm_options_default();
-    co.timeout_ms = 60000;
+    /* Long enough for the slowest rank to arrive; on CUDA also how long
+     * the unmatched receive below waits. */
+    co.timeout_ms = cpu ? 60000 : 15000;
     cube_error *err = cube_comm_init_rank(c, &id, (uint32_t)size_,
                                           (uint32_t)rank_, &co, &comm);
     if (err && cube_error_code(err) == CUBE_ERR_UNAVAILABLE) {
@@ -217,7 +246,32 @@ int main(int argc, char **argv)
         read_back(c, dst, got, N);
         for (int i = 0; i < N; i++)
             CHECK(got[i] == (float)(prev * 1000 + i % 997), "recv[%d]", i);
-
+    }
+    if (size_ > 1 && !cpu) {
+        /* A receive on the last rank that no rank sends to: an error
+         * within the communicator's timeout, never a hang; the
+         * communicator is aborted (NCCL cannot recover it) and the client
+         * works on. */
+        if (rank_ == size_ - 1) {
+            cube_error *rerr = cube_recv(comm, dst, N, CUBE_DTYPE_F32, 0);
+            if (!rerr)
+                rerr = cube_sync(c, &dst, 1);
+            CHECK(cube_error_code(rerr) == CUBE_ERR_TIMEOUT ||
+                      cube_error_code(rerr) == CUBE_ERR_ABORTED,
+                  "unmatched receive: expected a timeout, got %d (%s)",
+                  (int)cube_error_code(rerr),
+                  rerr ? cube_error_message(rerr) : "success");
+            cube_error_free(rerr);
+            expect(cube_all_reduce(comm, src, dst, N, CUBE_DTYPE_F32,
+                                   CUBE_REDUCE_SUM),
+                   CUBE_ERR_ABORTED, "a call after the timeout");
+        }
+        cube_handle again = make(c, mine, N);
+        read_back(c, again, got, N);
+        CHECK(got[5] == mine[5], "the client after the timeout");
+        ok(cube_handle_release(c, again), "release");
+    }
+    if (size_ > 1 && cpu) {
         /* calls that differ: every rank refuses, nothing recorded */
         expect(cube_all_reduce(comm, src, dst, rank_ == 1 ? N / 2 : N,
                                CUBE_DTYPE_F32, CUBE_REDUCE_SUM),

@@ -34,6 +34,13 @@ const cube_config_key cuda_config_keys[] = {
      .default_text = "libnccl.so.2, else libnccl.so",
      .doc = "the NCCL library CUDA collectives load: a path or a name the "
             "dynamic loader finds"},
+    {.name = "cuda_peer_access",
+     .type = CUBE_CONFIG_UINT,
+     .min = 0,
+     .max = 1,
+     .default_text = "1",
+     .doc = "0 leaves peer access between GPUs off: copies between them "
+            "are staged by the driver (for tests and comparisons)"},
     {.name = NULL}};
 
 /* Opens the library configuration key `key` names, else the first of

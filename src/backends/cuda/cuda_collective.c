@@ -19,6 +19,7 @@
 
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/nccl_api.h"
+#include "cubert/backend/config.h"
 #include "cubert/comm.h"
 #include "cubert/log.h"
 
@@ -33,6 +34,15 @@ static void enable_peer_access(cuda_server *dst, cuda_server *src)
         return;
     if (atomic_exchange(&dst->peer_tried[ordinal], 1))
         return;
+    cube_config_value off;
+    if (cube_config_lookup("cuda_peer_access", &off) == 0 &&
+        off.origin != CUBE_CONFIG_UNSET && off.number == 0) {
+        cube_log_write(CUBE_LOG_INFO, "cuda",
+                       "peer access from device %d to %d left off "
+                       "(CUBERT_CUDA_PEER_ACCESS=0)",
+                       dst->ordinal, src->ordinal);
+        return;
+    }
     int can = 0;
     const cuda_api *a = dst->api;
     if (a->cuDeviceCanAccessPeer(&can, dst->device, src->device) !=
