@@ -38,9 +38,15 @@ def default_client(device=None):
 
 def from_dlpack(obj, client=None):
     """A Buffer over the memory of a DLPack producer (anything with
-    __dlpack__, or a DLPack capsule), nothing copied. Without `client`, a
-    client of the producer's device (default_client)."""
+    __dlpack__; a bare DLPack capsule with `client` given), nothing
+    copied. Without `client`, a client of the producer's device
+    (default_client). A tensor that is not dense and row-major, or whose
+    element type cubert has no dtype for, is refused (BufferError)."""
     if client is None:
+        if not hasattr(obj, "__dlpack_device__"):
+            raise TypeError("cubert: from_dlpack of an object without "
+                            "__dlpack_device__ (a bare capsule) needs a "
+                            "client")
         kind, index = obj.__dlpack_device__()
         name = _DL_NAMES.get(int(kind))
         if name is None:

@@ -252,6 +252,29 @@ static PyObject *capsule_of(pyc_client *self, PyObject *obj)
     return cap;
 }
 
+/* Why a tensor cannot be a Buffer, or NULL when it can: an element type
+ * cubert has no name for, more dimensions than a buffer has, or strides
+ * that are not the dense row-major ones. */
+static const char *tensor_refusal(const cube_dl_tensor *t)
+{
+    if (!pyc_dtype_from_dl(t->dtype))
+        return "the tensor's element type has no cubert dtype";
+    if (t->ndim < 0 || t->ndim > CUBE_MAX_RANK)
+        return "the tensor has more dimensions than a buffer";
+    if (t->ndim > 0 && !t->shape)
+        return "the tensor has no shape";
+    if (!t->strides)
+        return NULL;
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] > 1 && t->strides[i] != expect)
+            return "the tensor is not dense and row-major (pass a contiguous "
+                   "copy: .contiguous(), numpy.ascontiguousarray)";
+        expect *= t->shape[i];
+    }
+    return NULL;
+}
+
 PyObject *pyc_client_from_dlpack(pyc_client *self, PyObject *obj)
 {
     cube_client *c = pyc_client_get(self);
@@ -265,19 +288,31 @@ PyObject *pyc_client_from_dlpack(pyc_client *self, PyObject *obj)
         Py_DECREF(cap);
         return buffer_error("not an unconsumed DLPack capsule");
     }
-    const cube_dl_tensor *t;
+    cube_dl_managed_versioned *mv = NULL;
+    cube_dl_managed *ml = NULL;
+    if (versioned)
+        mv = PyCapsule_GetPointer(cap, "dltensor_versioned");
+    else
+        ml = PyCapsule_GetPointer(cap, "dltensor");
+    if (!mv && !ml) {
+        Py_DECREF(cap);
+        return NULL;
+    }
+    const cube_dl_tensor *t = mv ? &mv->dl_tensor : &ml->dl_tensor;
+    /* A Buffer is dense, with one element type: a tensor that is not is
+     * refused here rather than taken as the bytes it spans (the C API
+     * takes those; from C, the caller knows the layout). */
+    const char *why = tensor_refusal(t);
+    if (why) {
+        Py_DECREF(cap);
+        return buffer_error(why);
+    }
     cube_handle h;
     cube_error *err;
-    if (versioned) {
-        cube_dl_managed_versioned *m =
-            PyCapsule_GetPointer(cap, "dltensor_versioned");
-        t = &m->dl_tensor;
-        PYC_NOGIL(self, err = cube_dlpack_import(c, m, &h));
-    } else {
-        cube_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
-        t = &m->dl_tensor;
-        PYC_NOGIL(self, err = cube_dlpack_import_legacy(c, m, &h));
-    }
+    if (mv)
+        PYC_NOGIL(self, err = cube_dlpack_import(c, mv, &h));
+    else
+        PYC_NOGIL(self, err = cube_dlpack_import_legacy(c, ml, &h));
     if (err) {
         /* Refused: the tensor is still the capsule's to delete. */
         Py_DECREF(cap);
@@ -286,18 +321,8 @@ PyObject *pyc_client_from_dlpack(pyc_client *self, PyObject *obj)
     /* cubert owns the tensor now and deletes it only when the handle's
      * last reference goes: its fields stay readable here. */
     const pyc_dtype *dt = pyc_dtype_from_dl(t->dtype);
-    int compact = t->strides == NULL;
-    if (!compact) {
-        int64_t expect = 1;
-        compact = 1;
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            if (t->shape[i] > 1 && t->strides[i] != expect)
-                compact = 0;
-            expect *= t->shape[i];
-        }
-    }
     int64_t shape[CUBE_MAX_RANK];
-    int ndim = t->ndim <= CUBE_MAX_RANK ? t->ndim : 0;
+    int ndim = t->ndim;
     for (int i = 0; i < ndim; i++)
         shape[i] = t->shape[i];
     PyCapsule_SetName(cap,
@@ -307,13 +332,6 @@ PyObject *pyc_client_from_dlpack(pyc_client *self, PyObject *obj)
     if ((err = cube_handle_size(c, h, &nbytes))) {
         cube_error_free(cube_handle_release(c, h));
         return pyc_raise(err);
-    }
-    if (!dt || !compact || t->ndim > CUBE_MAX_RANK) {
-        /* An element type or layout cubert's buffers do not describe:
-         * the bytes the tensor spans. */
-        dt = pyc_dtype_bytes();
-        ndim = 1;
-        shape[0] = (int64_t)nbytes;
     }
     return pyc_buffer_new(self, h, nbytes, ndim, shape, dt);
 }
