@@ -435,6 +435,11 @@ cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
 {
     cuda_server *s = (cuda_server *)server;
     memset(out, 0, sizeof *out);
+    if (cube_kernel_format_of(kernel) != CUBE_KERNEL_CUBE_C)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "kernel '%s': the CUDA backend does not run raw "
+                              "kernels yet",
+                              cube_kernel_name(kernel));
     cube_error *err = cuda_enter(s);
     if (err)
         return err;
