@@ -265,6 +265,9 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(raw_untrusted_input_fails_the_launch_and_its_outputs)                   \
     X(raw_kernel_in_a_graph_replays_with_rewritten_input)                     \
     X(raw_kernel_in_a_profile_window_and_skip_mode)                           \
+    X(raw_cuda_source_saxpy_and_compile_error)                                \
+    X(raw_cuda_declared_parameters_must_match_the_entry)                      \
+    X(raw_cuda_ptx_binary_runs_and_bad_binary_is_compile_error)               \
     /* launch failures and the failure store (test_failures.c) */             \
     X(launch_compile_error_returns_compile_with_compiler_log)                  \
     X(launch_compile_error_is_recorded_on_bound_buffers)                       \

@@ -28,6 +28,14 @@ static void require_cpu(void)
     }
 }
 
+static void require_cuda(void)
+{
+    if (!is_cuda()) {
+        print_message("skipped: raw CUDA kernels run on the CUDA backend\n");
+        skip();
+    }
+}
+
 static cube_raw_param rp(cube_raw_param_kind kind, uint32_t size)
 {
     cube_raw_param p = {kind, size};
@@ -844,4 +852,176 @@ CONF_TEST_NEEDS(raw_kernel_in_a_profile_window_and_skip_mode,
     free(x0);
     free(got);
     cube_kernel_release(k);
+}
+
+/* --- raw CUDA --- */
+
+/* y = a * x + y + b over n elements (IN f32, INOUT f32, f32, f64, u64). */
+static const char CUDA_SAXPY_N[] =
+    "extern \"C\" __global__ void raw_saxpy_n(const float *x, float *y,\n"
+    "                                         float a, double b,\n"
+    "                                         unsigned long long n)\n"
+    "{\n"
+    "    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x\n"
+    "                           + threadIdx.x;\n"
+    "    if (i < n)\n"
+    "        y[i] = a * x[i] + y[i] + (float)b;\n"
+    "}\n";
+
+static const cube_raw_param CUDA_SAXPY_PARAMS[5] = {{CUBE_RAW_BUFFER_IN, 4},
+                                                    {CUBE_RAW_BUFFER_INOUT, 4},
+                                                    {CUBE_RAW_SCALAR, 4},
+                                                    {CUBE_RAW_SCALAR, 8},
+                                                    {CUBE_RAW_SCALAR, 8}};
+
+CONF_TEST_NEEDS(raw_cuda_source_saxpy_and_compile_error, CUBE_FEATURE_KERNELS)
+{
+    require_cuda();
+    cube_raw_kernel_desc d =
+        raw_desc("raw_saxpy_n", CUBE_KERNEL_CUDA_SOURCE, CUDA_SAXPY_N, NULL, 0,
+                 CUDA_SAXPY_PARAMS, 5, 128);
+    d.options = "-DUNUSED_BY_THE_KERNEL=1";
+    cube_kernel *k = raw_make(&d);
+    enum { N = 100003 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    float *got = malloc(N * sizeof *got);
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_non_null(got);
+    for (uint32_t i = 0; i < N; i++) {
+        x[i] = (float)(i % 1000);
+        y[i] = (float)(i % 7) - 3.0f;
+    }
+    cube_handle hx = conf_create(x, N * 4ull), hy = conf_create(y, N * 4ull);
+    cube_arg args[5] = {cube_arg_buffer(hx), cube_arg_buffer(hy),
+                        cube_arg_f32(3.0f), cube_arg_f64(0.5), cube_arg_u64(N)};
+    CONF_OK(conf_launch(k, cube_count_static(conf_div_up(N, 128), 1, 1), args,
+                        5, EXEC));
+    CONF_READ_OK(hy, got, N * 4ull);
+    for (uint32_t i = 0; i < N; i++)
+        if (got[i] != 3.0f * x[i] + y[i] + 0.5f)
+            fail_msg("y[%u] = %g, expected %g", i, (double)got[i],
+                     (double)(3.0f * x[i] + y[i] + 0.5f));
+    cube_kernel_release(k);
+
+    /* A compile error: NVRTC's log, recorded on the declared outputs. */
+    d.name = "raw_broken";
+    d.source = "extern \"C\" __global__ void raw_broken(const float *x, "
+               "float *y, float a, double b, unsigned long long n)\n"
+               "{ this is not CUDA; }\n";
+    d.options = NULL;
+    k = raw_make(&d);
+    cube_error *err = conf_launch(
+        k, cube_count_static(conf_div_up(N, 128), 1, 1), args, 5, EXEC);
+    CONF_CODE(err, CUBE_ERR_COMPILE);
+    assert_non_null(cube_error_log(err));
+    cube_error_free(err);
+    CONF_EXPECT_REFUSED(hy, N * 4ull, CUBE_ERR_COMPILE);
+    CONF_READ_OK(hx, got, N * 4ull);
+    cube_kernel_release(k);
+    conf_release(hx);
+    conf_release(hy);
+    free(x);
+    free(y);
+    free(got);
+}
+
+/* The driver knows the entry's parameters: a declaration that differs
+ * (count, a size) is refused naming the parameter, on the outputs. */
+CONF_TEST_NEEDS(raw_cuda_declared_parameters_must_match_the_entry,
+                CUBE_FEATURE_KERNELS)
+{
+    require_cuda();
+    cube_raw_param params[5];
+    struct {
+        uint32_t nparams;
+        int change; /* which parameter gets size 4 (-1: none) */
+        const char *needle;
+    } cases[3] = {
+        {4, -1, "5 parameters"}, {5, 3, "params[3]"}, {5, 4, "params[4]"}};
+    for (int c = 0; c < 3; c++) {
+        memcpy(params, CUDA_SAXPY_PARAMS, sizeof params);
+        if (cases[c].change >= 0)
+            params[cases[c].change].size = 4;
+        cube_raw_kernel_desc d =
+            raw_desc("raw_saxpy_n", CUBE_KERNEL_CUDA_SOURCE, CUDA_SAXPY_N, NULL,
+                     0, params, cases[c].nparams, 128);
+        cube_kernel *k = raw_make(&d);
+        float host[128] = {0};
+        cube_handle hx = conf_create(host, sizeof host),
+                    hy = conf_create(host, sizeof host);
+        cube_arg args[5] = {cube_arg_buffer(hx), cube_arg_buffer(hy),
+                            cube_arg_f32(1), cube_arg_f64(1), cube_arg_u64(1)};
+        for (uint32_t p = 0; p < cases[c].nparams; p++)
+            if (params[p].kind == CUBE_RAW_SCALAR && params[p].size == 4)
+                args[p] = cube_arg_u32(1);
+        CONF_EXPECT_MSG(conf_launch(k, cube_count_static(1, 1, 1), args,
+                                    cases[c].nparams, EXEC),
+                        CUBE_ERR_INVALID_ARGUMENT, cases[c].needle);
+        CONF_EXPECT_REFUSED(hy, sizeof host, CUBE_ERR_INVALID_ARGUMENT);
+        CONF_READ_OK(hx, host, sizeof host);
+        conf_release(hx);
+        conf_release(hy);
+        cube_kernel_release(k);
+    }
+}
+
+/* y[i] = i + v for every thread (OUT u32, u32 scalar), hand-written PTX
+ * for sm_90. */
+static const char PTX_FILL[] = ".version 7.8\n"
+                               ".target sm_90\n"
+                               ".address_size 64\n"
+                               "\n"
+                               ".visible .entry raw_fill(\n"
+                               "    .param .u64 raw_fill_param_0,\n"
+                               "    .param .u32 raw_fill_param_1\n"
+                               ")\n"
+                               "{\n"
+                               "    .reg .b32 %r<6>;\n"
+                               "    .reg .b64 %rd<5>;\n"
+                               "    ld.param.u64 %rd1, [raw_fill_param_0];\n"
+                               "    ld.param.u32 %r1, [raw_fill_param_1];\n"
+                               "    cvta.to.global.u64 %rd2, %rd1;\n"
+                               "    mov.u32 %r2, %ctaid.x;\n"
+                               "    mov.u32 %r3, %ntid.x;\n"
+                               "    mov.u32 %r4, %tid.x;\n"
+                               "    mad.lo.s32 %r5, %r2, %r3, %r4;\n"
+                               "    mul.wide.u32 %rd3, %r5, 4;\n"
+                               "    add.s64 %rd4, %rd2, %rd3;\n"
+                               "    add.s32 %r5, %r5, %r1;\n"
+                               "    st.global.u32 [%rd4], %r5;\n"
+                               "    ret;\n"
+                               "}\n";
+
+CONF_TEST_NEEDS(raw_cuda_ptx_binary_runs_and_bad_binary_is_compile_error,
+                CUBE_FEATURE_KERNELS)
+{
+    require_cuda();
+    cube_raw_param params[2] = {rp(CUBE_RAW_BUFFER_OUT, 4),
+                                rp(CUBE_RAW_SCALAR, 4)};
+    /* Without its NUL: the kernel keeps one after its copy. */
+    cube_raw_kernel_desc d =
+        raw_desc("raw_fill", CUBE_KERNEL_CUDA_BINARY, NULL, PTX_FILL,
+                 strlen(PTX_FILL), params, 2, 64);
+    cube_kernel *k = raw_make(&d);
+    enum { N = 4 * 64 };
+    cube_handle y = conf_empty(N * 4);
+    cube_arg args[2] = {cube_arg_buffer(y), cube_arg_u32(1000)};
+    CONF_OK(conf_launch(k, cube_count_static(4, 1, 1), args, 2, EXEC));
+    uint32_t got[N];
+    CONF_READ_OK(y, got, sizeof got);
+    for (uint32_t i = 0; i < N; i++)
+        assert_int_equal(got[i], i + 1000);
+    cube_kernel_release(k);
+
+    /* Bytes the driver cannot load: a compile error, on the outputs. */
+    static const char junk[] = "not a module";
+    d = raw_desc("raw_fill", CUBE_KERNEL_CUDA_BINARY, NULL, junk, sizeof junk,
+                 params, 2, 64);
+    k = raw_make(&d);
+    CONF_EXPECT(conf_launch(k, cube_count_static(4, 1, 1), args, 2, EXEC),
+                CUBE_ERR_COMPILE);
+    CONF_EXPECT_REFUSED(y, sizeof got, CUBE_ERR_COMPILE);
+    cube_kernel_release(k);
+    conf_release(y);
 }
