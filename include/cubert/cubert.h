@@ -12,6 +12,7 @@
 #include "cubert/dlpack.h"
 #include "cubert/buffer.h"
 #include "cubert/kernel.h"
+#include "cubert/cpu_kernel.h"
 #include "cubert/memory.h"
 #include "cubert/profile.h"
 #include "cubert/graph.h"

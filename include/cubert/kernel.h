@@ -24,6 +24,10 @@ extern "C" {
 
 typedef struct cube_kernel cube_kernel;
 
+/* The most parameters a kernel may have (and arguments a launch may
+ * give). */
+#define CUBE_MAX_PARAMS 24
+
 typedef struct cube_kernel_desc {
     /* The entry's name: the first argument of its CUBE_KERNEL(...). */
     const char *name;
@@ -43,8 +47,110 @@ CUBE_API void cube_kernel_retain(cube_kernel *kernel);
 /* Drops a reference; the last frees the kernel. NULL is a no-op. */
 CUBE_API void cube_kernel_release(cube_kernel *kernel);
 
+/* --- kernels users already have: backend source and binaries ---
+ *
+ * A raw kernel is code in the backend's own language (CUDA C for NVRTC, C
+ * for the CPU backend's compiler) or already compiled (CUBIN or PTX, an
+ * ELF shared object), with its parameters declared by the caller since
+ * nothing in the code tells cubert what it reads and writes. It is
+ * launched by cube_launch like a cube C kernel, with everything a launch
+ * does: stream order, the failure store (driven by the declared kinds),
+ * graphs, profiling, the per-device compiled-kernel cache and, for source,
+ * the backend's disk cache. docs/kernels.md ("Raw kernels") gives both
+ * ABIs; cubert/cpu_kernel.h defines the CPU one. */
+
+/* What a kernel's code is. */
+typedef enum cube_kernel_format {
+    /* cube C, from cube_kernel_create (never valid in a raw desc). */
+    CUBE_KERNEL_CUBE_C = 0,
+    /* CUDA C++ source for NVRTC (CUDA backend). */
+    CUBE_KERNEL_CUDA_SOURCE = 1,
+    /* A CUBIN, or PTX text, for the driver's module loader (CUDA backend),
+     * which tells them apart. */
+    CUBE_KERNEL_CUDA_BINARY = 2,
+    /* C11 source for the CPU backend's compiler (CPU backend). */
+    CUBE_KERNEL_C_SOURCE = 3,
+    /* The bytes of an ELF shared object built for this machine (CPU
+     * backend). */
+    CUBE_KERNEL_SHARED_OBJECT = 4
+} cube_kernel_format;
+
+/* A declared parameter's kind. The buffer kinds decide, as CUBE_IN,
+ * CUBE_OUT and CUBE_INOUT do in cube C, which buffers a launch orders
+ * after which, and which carry its failure (CUBE_OUT and CUBE_INOUT). */
+typedef enum cube_raw_param_kind {
+    CUBE_RAW_BUFFER_IN = 1,
+    CUBE_RAW_BUFFER_OUT = 2,
+    CUBE_RAW_BUFFER_INOUT = 3,
+    CUBE_RAW_SCALAR = 4
+} cube_raw_param_kind;
+
+typedef struct cube_raw_param {
+    cube_raw_param_kind kind;
+    /* A buffer: its element's size in bytes (1 or more; it sets the
+     * alignment a slice must have, as cube_launch says). A scalar: its
+     * size, 1, 2, 4 or 8. */
+    uint32_t size;
+} cube_raw_param;
+
+typedef struct cube_raw_kernel_desc {
+    /* The entry's name, a C identifier of at most 200 characters: the
+     * extern "C" __global__ function (CUDA), the exported function (CPU). */
+    const char *name;
+    cube_kernel_format format;
+    /* CUBE_KERNEL_CUDA_SOURCE, CUBE_KERNEL_C_SOURCE: NUL-terminated, not
+     * empty; copied. NULL for the binary formats. */
+    const char *source;
+    /* CUBE_KERNEL_CUDA_BINARY, CUBE_KERNEL_SHARED_OBJECT: binary_size
+     * bytes (at least one), copied; a NUL is kept after the copy, so PTX
+     * need not end in one. NULL and 0 for the source formats. */
+    const void *binary;
+    size_t binary_size;
+    /* The entry's parameters in order: at most CUBE_MAX_PARAMS;
+     * params may be NULL when nparams is 0. Copied. */
+    const cube_raw_param *params;
+    uint32_t nparams;
+    /* Units per cube along x, y, z; 0 counts as 1. CUDA: the block. CPU:
+     * passed to the kernel, which loops over its units itself. */
+    uint32_t cube_dim[3];
+    /* Extra compiler options separated by blanks (NVRTC's, or the C
+     * compiler's, placed after cubert's own), for the source formats;
+     * NULL or "" for none. Must be NULL or "" for the binary formats. */
+    const char *options;
+} cube_raw_kernel_desc;
+
+/* Makes a raw kernel (nothing is compiled or loaded yet). The caller owns
+ * one reference; the kernel is like any other (retain, release, id, name,
+ * thread safety). It runs on one backend only: the CUDA formats on CUDA,
+ * the C and shared-object formats on the CPU backend. Launched on a client
+ * of another backend it fails like a kernel that does not compile there:
+ * cube_launch returns CUBE_ERR_UNSUPPORTED, recorded on the buffers given
+ * for the declared CUBE_RAW_BUFFER_OUT and CUBE_RAW_BUFFER_INOUT
+ * parameters. A compile error (CUBE_ERR_COMPILE, with the compiler's
+ * log), a binary the driver or the dynamic loader refuses, an entry the
+ * code does not define (CUBE_ERR_COMPILE naming it) and, on CUDA, an
+ * entry whose parameters do not match the declared ones
+ * (CUBE_ERR_INVALID_ARGUMENT naming the first that differs) are recorded
+ * the same way: a raw kernel's parameters are known before it compiles.
+ * Launch arguments are checked against the declared list (count, buffer
+ * or scalar, scalar size) as cube_launch says; CUBE_LAUNCH_CHECKED has no
+ * effect on raw code. Errors: CUBE_ERR_INVALID_ARGUMENT (NULL desc or out,
+ * a name that is not a C identifier, a format that is not one of the four
+ * raw ones, a missing or empty source or binary, or the field of the
+ * other kind set, options given with a binary, nparams over
+ * CUBE_MAX_PARAMS, params NULL with nparams > 0, an unknown parameter
+ * kind, a buffer element size of 0, a scalar size other than 1, 2, 4 or
+ * 8, a cube dimension whose product overflows 32 bits),
+ * CUBE_ERR_OUT_OF_MEMORY. On error *out is NULL and nothing is kept. */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_kernel_create_raw(const cube_raw_kernel_desc *desc, cube_kernel **out);
+
+/* The kernel's format (CUBE_KERNEL_CUBE_C for cube C and for NULL). */
+CUBE_API cube_kernel_format cube_kernel_format_of(const cube_kernel *kernel);
+
 /* A stable 64-bit id over name, source and cube dimension (the cache key's
- * kernel part). 0 for NULL. */
+ * kernel part); for a raw kernel over its format, name, code, declared
+ * parameters, cube dimension and options. 0 for NULL. */
 CUBE_API uint64_t cube_kernel_id(const cube_kernel *kernel);
 /* Borrowed; "" for NULL. */
 CUBE_API const char *cube_kernel_name(const cube_kernel *kernel);
@@ -179,9 +285,13 @@ enum {
  * buffers the launch would have written, so reads of them fail: the
  * buffers given for its CUBE_OUT and CUBE_INOUT parameters (arguments are
  * matched to parameters by position, also when they do not fit them), or
- * every bound buffer when the kernel did not compile (its parameters are
- * unknown). A buffer given only where the kernel reads or takes a scalar
- * never carries the launch's failure.
+ * every bound buffer when a cube C kernel did not compile (its parameters
+ * are unknown). A raw kernel's parameters are declared
+ * (cube_kernel_create_raw): whether or not it compiled, its failures land
+ * on the buffers given for its declared CUBE_RAW_BUFFER_OUT and
+ * CUBE_RAW_BUFFER_INOUT parameters, by position. A buffer given only
+ * where the kernel reads or takes a scalar never carries the launch's
+ * failure.
  * A compile that fails for want of the machine's resources rather than
  * through the kernel — CUBE_ERR_OUT_OF_MEMORY (host or device memory, the
  * compiler's included) or CUBE_ERR_IO (the compiler's private directory,
@@ -205,7 +315,8 @@ enum {
  * misaligned buffer argument),
  * CUBE_ERR_NOT_FOUND (released or foreign handle), CUBE_ERR_COMPILE,
  * CUBE_ERR_RESOURCE_LIMIT, CUBE_ERR_SEVERAL, CUBE_ERR_UNSUPPORTED (a
- * backend without CUBE_FEATURE_KERNELS), CUBE_ERR_OUT_OF_MEMORY and
+ * backend without CUBE_FEATURE_KERNELS, a raw kernel of another backend;
+ * recorded like a compile error), CUBE_ERR_OUT_OF_MEMORY and
  * CUBE_ERR_IO (at compile, recorded nowhere),
  * CUBE_ERR_STORAGE_MAPPING_FAILED, CUBE_ERR_DEVICE_FAULT. Caller frees the
  * error. */

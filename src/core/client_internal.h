@@ -378,6 +378,13 @@ cube_error *core_graph_record(cube_client *c, core_stream *s,
 void core_graph_abort(cube_client *c, core_graph *g);
 void core_graphs_destroy(cube_client *c);
 
+/* --- kernel.c --- */
+/* Whether two kernel objects are the same kernel: format, name, code,
+ * cube dimension and, for raw kernels, options and declared parameters
+ * (the cache compares in full, so a hash collision never runs the wrong
+ * kernel). */
+int core_kernel_same(const cube_kernel *a, const cube_kernel *b);
+
 /* --- launch.c --- */
 void core_cache_destroy(core_device *d);
 /* How many entries the compiled-kernel cache holds, failed ones included

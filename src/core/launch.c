@@ -14,16 +14,19 @@
 
 #define LAUNCH_FLAGS (CUBE_LAUNCH_SKIP | CUBE_LAUNCH_CHECKED)
 
-/* Options that change the compiled code are part of the key. */
-static uint32_t compile_mode(uint32_t mode)
+/* Options that change the compiled code are part of the key. Raw code
+ * is compiled one way only: bounds checking is cube C's. */
+static uint32_t compile_mode(const cube_kernel *k, uint32_t mode)
 {
+    if (cube_kernel_format_of(k) != CUBE_KERNEL_CUBE_C)
+        return 0;
     return mode & CUBE_LAUNCH_CHECKED;
 }
 
 static uint64_t cache_key(const cube_kernel *k, uint32_t mode)
 {
     return cube_kernel_id(k) ^
-           ((uint64_t)compile_mode(mode) * 0x9E3779B97F4A7C15ull);
+           ((uint64_t)compile_mode(k, mode) * 0x9E3779B97F4A7C15ull);
 }
 
 /* The entry for (k, mode) in its bucket whose state is at least
@@ -42,11 +45,7 @@ static core_cache_entry *find_entry(core_device *c, const cube_kernel *k,
         if (e->key == key && e->mode == cmode &&
             atomic_load_explicit(&e->state, memory_order_acquire) >=
                 min_state &&
-            (e->kernel == k ||
-             (cube_kernel_id(e->kernel) == cube_kernel_id(k) &&
-              strcmp(cube_kernel_name(e->kernel), cube_kernel_name(k)) == 0 &&
-              strcmp(cube_kernel_source(e->kernel), cube_kernel_source(k)) ==
-                  0)))
+            core_kernel_same(e->kernel, k))
             return e;
     }
     return NULL;
@@ -87,7 +86,7 @@ static cube_error *get_compiled(cube_client *client, cube_kernel *k,
 {
     core_device *c = client->dev;
     uint64_t key = cache_key(k, mode);
-    uint32_t cmode = compile_mode(mode);
+    uint32_t cmode = compile_mode(k, mode);
     core_cache_entry *hit = find_entry(c, k, key, cmode, 0);
     if (hit && atomic_load_explicit(&hit->state, memory_order_acquire) == 1) {
         *out = &hit->compiled;
@@ -522,6 +521,10 @@ static cube_error *prepare(cube_client *c, launch_job *job)
     cube_error *err = get_compiled(c, job->k, job->mode, &cc);
     if (err) {
         job->transient = compile_failure_is_transient(err);
+        /* A raw kernel's parameters are declared: its failure goes to the
+         * buffers given for its outputs, as when arguments do not fit
+         * (record_failure). */
+        job->sig = cube_kernel_declared(job->k);
         return err;
     }
     if (!cc)

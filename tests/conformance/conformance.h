@@ -252,6 +252,22 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(kernel_create_rejects_bad_descriptors)                                   \
     X(kernel_id_is_stable_and_distinguishes_kernels)                           \
     X(kernel_retain_release_keeps_kernel_alive)                                \
+    /* raw kernels: backend source and binaries (test_raw_kernels.c) */       \
+    X(raw_create_rejects_hostile_descriptors_and_keeps_nothing)               \
+    X(raw_id_covers_format_code_params_cube_dim_and_options)                  \
+    X(raw_kernel_of_another_backend_fails_on_its_declared_outputs)            \
+    X(raw_c_source_saxpy_over_many_cubes_with_4_and_8_byte_scalars)           \
+    X(raw_c_source_2d_cube_count_reaches_every_cube_with_its_abi)             \
+    X(raw_shared_object_built_by_cc_runs_like_the_source)                     \
+    X(raw_shared_object_refused_or_missing_entry_is_compile_error)            \
+    X(raw_c_source_compile_error_has_the_log_and_fails_declared_outputs)      \
+    X(raw_launch_arguments_are_checked_against_the_declaration)               \
+    X(raw_untrusted_input_fails_the_launch_and_its_outputs)                   \
+    X(raw_kernel_in_a_graph_replays_with_rewritten_input)                     \
+    X(raw_kernel_in_a_profile_window_and_skip_mode)                           \
+    X(raw_cuda_source_saxpy_and_compile_error)                                \
+    X(raw_cuda_declared_parameters_must_match_the_entry)                      \
+    X(raw_cuda_ptx_binary_runs_and_bad_binary_is_compile_error)               \
     /* launch failures and the failure store (test_failures.c) */             \
     X(launch_compile_error_returns_compile_with_compiler_log)                  \
     X(launch_compile_error_is_recorded_on_bound_buffers)                       \

@@ -563,6 +563,31 @@ CONF_TEST(api_null_pointers_are_invalid_argument_naming_the_argument)
     kd.source = NULL;
     CONF_EXPECT_NAMED(cube_kernel_create(&kd, &k), CUBE_ERR_INVALID_ARGUMENT,
                       "source", &misses);
+    cube_raw_param rparam = {CUBE_RAW_BUFFER_OUT, 4};
+    cube_raw_kernel_desc rd;
+    memset(&rd, 0, sizeof rd);
+    rd.name = "ok_name";
+    rd.format = CUBE_KERNEL_C_SOURCE;
+    rd.source = "int x;";
+    rd.params = &rparam;
+    rd.nparams = 1;
+    k = (cube_kernel *)buf;
+    CONF_EXPECT_NAMED(cube_kernel_create_raw(NULL, &k),
+                      CUBE_ERR_INVALID_ARGUMENT, "desc", &misses);
+    assert_null(k);
+    CONF_EXPECT_NAMED(cube_kernel_create_raw(&rd, NULL),
+                      CUBE_ERR_INVALID_ARGUMENT, "out", &misses);
+    rd.name = NULL;
+    CONF_EXPECT_NAMED(cube_kernel_create_raw(&rd, &k),
+                      CUBE_ERR_INVALID_ARGUMENT, "name", &misses);
+    rd.name = "ok_name";
+    rd.source = NULL;
+    CONF_EXPECT_NAMED(cube_kernel_create_raw(&rd, &k),
+                      CUBE_ERR_INVALID_ARGUMENT, "source", &misses);
+    rd.source = "int x;";
+    rd.params = NULL;
+    CONF_EXPECT_NAMED(cube_kernel_create_raw(&rd, &k),
+                      CUBE_ERR_INVALID_ARGUMENT, "params", &misses);
     cube_arg a = cube_arg_buffer(h);
     CONF_EXPECT_NAMED(cube_launch(NULL, conf.k.count_probe,
                                   cube_count_static(1, 1, 1), &a, 1, 0),

@@ -314,12 +314,71 @@ static void unknown_graph_is_documented(void **state)
     cube_client_close(c);
 }
 
+/* cube_kernel_create_raw refuses bad descriptors with
+ * CUBE_ERR_INVALID_ARGUMENT and lists running out of memory; a raw
+ * kernel's launch answers CUBE_ERR_UNSUPPORTED on another backend,
+ * CUBE_ERR_COMPILE for code that does not build and
+ * CUBE_ERR_INVALID_ARGUMENT for arguments that do not fit the declared
+ * parameters, each of which cube_launch's comment names. */
+static void raw_kernel_errors_are_documented(void **state)
+{
+    (void)state;
+    cube_raw_param params[2] = {{CUBE_RAW_BUFFER_OUT, 4}, {CUBE_RAW_SCALAR, 4}};
+    cube_raw_kernel_desc d;
+    memset(&d, 0, sizeof d);
+    d.name = "raw_doc";
+    d.format = CUBE_KERNEL_C_SOURCE;
+    d.source = "void raw_doc(const cube_cpu_cube *c) { (void)c; }\n";
+    d.params = params;
+    d.nparams = 2;
+    cube_kernel *k = NULL;
+    EXPECT_RETURNED(cube_kernel_create_raw(NULL, &k), CUBE_ERR_INVALID_ARGUMENT,
+                    "kernel.h", "cube_kernel_create_raw");
+    params[1].size = 3;
+    EXPECT_RETURNED(cube_kernel_create_raw(&d, &k), CUBE_ERR_INVALID_ARGUMENT,
+                    "kernel.h", "cube_kernel_create_raw");
+    params[1].size = 4;
+    EXPECT_DOCUMENTED("kernel.h", "cube_kernel_create_raw",
+                      CUBE_ERR_OUT_OF_MEMORY);
+    EXPECT_DOCUMENTED("kernel.h", "cube_kernel_create_raw",
+                      CUBE_ERR_UNSUPPORTED);
+    EXPECT_DOCUMENTED("kernel.h", "cube_kernel_create_raw", CUBE_ERR_COMPILE);
+
+    cube_client *c = open_client("cpu");
+    assert_non_null(c);
+    cube_handle y = {0};
+    assert_null(cube_empty(c, 64, &y));
+    cube_arg args[2] = {cube_arg_buffer(y), cube_arg_u32(1)};
+    assert_null(cube_kernel_create_raw(&d, &k));
+    EXPECT_RETURNED(cube_launch(c, k, cube_count_static(1, 1, 1), args, 1,
+                                CUBE_LAUNCH_EXECUTE),
+                    CUBE_ERR_INVALID_ARGUMENT, "kernel.h", "cube_launch");
+    assert_null(cube_launch(c, k, cube_count_static(1, 1, 1), args, 2,
+                            CUBE_LAUNCH_EXECUTE));
+    cube_kernel_release(k);
+    d.source = "void raw_doc(const cube_cpu_cube *c) { not C }\n";
+    assert_null(cube_kernel_create_raw(&d, &k));
+    EXPECT_RETURNED(cube_launch(c, k, cube_count_static(1, 1, 1), args, 2,
+                                CUBE_LAUNCH_EXECUTE),
+                    CUBE_ERR_COMPILE, "kernel.h", "cube_launch");
+    cube_kernel_release(k);
+    d.format = CUBE_KERNEL_CUDA_SOURCE;
+    assert_null(cube_kernel_create_raw(&d, &k));
+    EXPECT_RETURNED(cube_launch(c, k, cube_count_static(1, 1, 1), args, 2,
+                                CUBE_LAUNCH_EXECUTE),
+                    CUBE_ERR_UNSUPPORTED, "kernel.h", "cube_launch");
+    cube_kernel_release(k);
+    assert_null(cube_handle_release(c, y));
+    cube_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(staging_errors_are_documented),
         cmocka_unit_test(first_use_mapping_failure_is_documented),
         cmocka_unit_test(unknown_graph_is_documented),
+        cmocka_unit_test(raw_kernel_errors_are_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

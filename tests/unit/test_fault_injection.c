@@ -2,8 +2,9 @@
  * open and dlopen the library makes in one scenario is failed once, in
  * turn, and nothing crashes, leaks or is lost.
  *
- * The scenario opens a CPU client, compiles and launches two kernels (one
- * of them runs its units as fibers, meeting at cube_sync()), writes
+ * The scenario opens a CPU client, compiles and launches two cube C
+ * kernels (one of them runs its units as fibers, meeting at cube_sync())
+ * and a raw C kernel (cube_kernel_create_raw), writes
  * (once from a staging buffer) and reads buffers, makes one in a
  * persistent window, captures and replays a graph, profiles a window,
  * reads and formats the memory report, traces all of it to a file and
@@ -198,6 +199,7 @@ typedef enum fi_api {
     API_TRACE_START,
     API_OPEN,
     API_KERNEL_CREATE,
+    API_KERNEL_CREATE_RAW,
     API_CREATE,
     API_EMPTY,
     API_LAUNCH,
@@ -238,6 +240,7 @@ static const struct {
     [API_TRACE_START] = {"cube_trace_start", "profile.h", NULL},
     [API_OPEN] = {"cube_client_open", "client.h", NULL},
     [API_KERNEL_CREATE] = {"cube_kernel_create", "kernel.h", NULL},
+    [API_KERNEL_CREATE_RAW] = {"cube_kernel_create_raw", "kernel.h", NULL},
     [API_CREATE] = {"cube_create", "buffer.h", "cube_empty"},
     [API_EMPTY] = {"cube_empty", "buffer.h", NULL},
     [API_LAUNCH] = {"cube_launch", "kernel.h", NULL},
@@ -665,6 +668,27 @@ static const char FI_SRC_REVERSE[] =
     "        y[i] = t[63 - u];\n"
     "}\n";
 
+/* A raw C kernel (cubert/cpu_kernel.h): y = a * x + b, one element per
+ * unit, compiled and cached like cube C. */
+static const char FI_SRC_RAW[] =
+    "void fi_raw(const cube_cpu_cube *c)\n"
+    "{\n"
+    "    const float *x = c->params[0].data;\n"
+    "    float *y = c->params[1].data;\n"
+    "    float a = *(const float *)c->params[2].data;\n"
+    "    float b = *(const float *)c->params[3].data;\n"
+    "    for (uint32_t u = 0; u < c->dim[0]; u++) {\n"
+    "        uint64_t i = (uint64_t)c->index * c->dim[0] + u;\n"
+    "        if (i * sizeof(float) < c->params[1].bytes)\n"
+    "            y[i] = a * x[i] + b;\n"
+    "    }\n"
+    "}\n";
+
+static const cube_raw_param FI_RAW_PARAMS[4] = {{CUBE_RAW_BUFFER_IN, 4},
+                                                {CUBE_RAW_BUFFER_OUT, 4},
+                                                {CUBE_RAW_SCALAR, 4},
+                                                {CUBE_RAW_SCALAR, 4}};
+
 /* Where a child works: its own directory, temporary directory, cache and
  * configuration file. */
 typedef struct fi_paths {
@@ -679,7 +703,7 @@ typedef struct fi_scene {
     const fi_paths *paths;
     int attempt;
     cube_client *c;
-    cube_kernel *affine, *reverse;
+    cube_kernel *affine, *reverse, *raw;
     cube_handle x, y, z;
     cube_graph_id graph;
     int capturing;
@@ -874,6 +898,7 @@ static void fi_release_all(fi_scene *sc)
     }
     cube_kernel_release(sc->affine);
     cube_kernel_release(sc->reverse);
+    cube_kernel_release(sc->raw);
     cube_client_close(sc->c);
     sc->c = NULL;
     cube_error_free(cube_trace_stop());
@@ -904,6 +929,17 @@ static void fi_steps(fi_scene *sc)
     if (!FI_CALL(API_KERNEL_CREATE, cube_kernel_create(&da, &sc->affine)) ||
         !FI_CALL(API_KERNEL_CREATE, cube_kernel_create(&dr, &sc->reverse)))
         return;
+    cube_raw_kernel_desc draw;
+    memset(&draw, 0, sizeof draw);
+    draw.name = "fi_raw";
+    draw.format = CUBE_KERNEL_C_SOURCE;
+    draw.source = FI_SRC_RAW;
+    draw.params = FI_RAW_PARAMS;
+    draw.nparams = 4;
+    draw.cube_dim[0] = 64;
+    if (!FI_CALL(API_KERNEL_CREATE_RAW,
+                 cube_kernel_create_raw(&draw, &sc->raw)))
+        return;
 
     /* A buffer made from host data, two empty ones, a launch and a read. */
     fi_fill(sc->hx, 1.0f, 1.0f);
@@ -928,6 +964,16 @@ static void fi_steps(fi_scene *sc)
         return;
     fi_affine_host(sc->hx, sc->hy, 2.0f, 1.0f);
     fi_compare(sc, "y after the first launch", got, sc->hy);
+    sc->known_y = 1;
+    /* The raw kernel computes the same function. */
+    sc->known_y = 0;
+    if (!FI_CALL(API_LAUNCH,
+                 fi_launch(sc, sc->raw, sc->x, sc->y, 1, -1.0f, 4.0f)))
+        return;
+    if (!FI_CALL(API_READ, fi_read1(sc->c, sc->y, got)))
+        return;
+    fi_affine_host(sc->hx, sc->hy, -1.0f, 4.0f);
+    fi_compare(sc, "y after the raw kernel's launch", got, sc->hy);
     sc->known_y = 1;
 
     /* New input, then a graph: prepare, warm up, capture two launches. */
@@ -1071,7 +1117,8 @@ static void fi_steps(fi_scene *sc)
     fi_enter(API_KERNEL_RELEASE);
     cube_kernel_release(sc->affine);
     cube_kernel_release(sc->reverse);
-    sc->affine = sc->reverse = NULL;
+    cube_kernel_release(sc->raw);
+    sc->affine = sc->reverse = sc->raw = NULL;
     fi_enter(API_CLOSE);
     cube_client_close(sc->c);
     sc->c = NULL;

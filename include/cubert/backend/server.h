@@ -136,7 +136,7 @@ typedef struct cube_param {
     uint64_t extent;    /* elements, for shared arrays */
 } cube_param;
 
-#define CUBE_MAX_PARAMS 24
+/* CUBE_MAX_PARAMS (cubert/kernel.h) bounds every signature. */
 
 /* What a backend's compile produces. The client reads the public fields to
  * validate launches; `impl` belongs to the backend. */
@@ -457,9 +457,23 @@ CUBE_API cube_server_stream *cube_server_stream_at(const cube_server *server,
  * are valid. Lock-free; any thread. */
 CUBE_API uint32_t cube_server_stream_count(const cube_server *server);
 
-/* Accessors of a kernel object for backends (borrowed strings). */
+/* Accessors of a kernel object for backends (borrowed strings).
+ * cube_kernel_source: a cube C kernel's source, a raw kernel's source
+ * (its format is CUBE_KERNEL_CUDA_SOURCE or CUBE_KERNEL_C_SOURCE), else
+ * "". */
 CUBE_API const char *cube_kernel_source(const cube_kernel *kernel);
 CUBE_API void cube_kernel_cube_dim(const cube_kernel *kernel, uint32_t out[3]);
+/* A raw kernel's code as given: its source, or its binary's bytes (a NUL
+ * follows them, not counted in *size). NULL with *size 0 for a cube C
+ * kernel. `size` may be NULL. */
+CUBE_API const void *cube_kernel_code(const cube_kernel *kernel, size_t *size);
+/* A raw kernel's extra compiler options ("" for none, and for cube C). */
+CUBE_API const char *cube_kernel_options(const cube_kernel *kernel);
+/* A raw kernel's declared parameters, as a signature (param_count and
+ * params set, the rest zero; a backend copies them into its compiled
+ * kernel). NULL for a cube C kernel, whose signature only its compile
+ * knows. */
+CUBE_API const cube_compiled *cube_kernel_declared(const cube_kernel *kernel);
 
 #ifdef __cplusplus
 }

@@ -567,7 +567,11 @@ static char *cpu_jit_stamped_source(const char *source,
 
 /* -------------------------------------------------------------- modules */
 
-static cube_error *cpu_jit_dlopen(const char *path, cpu_module **out)
+/* `refused` is the code of the dynamic loader's refusal: CUBE_ERR_IO for
+ * an object the compiler just built (the machine's failure), or
+ * CUBE_ERR_COMPILE for bytes a caller gave (theirs). */
+static cube_error *cpu_jit_dlopen(const char *path, cube_code refused,
+                                  cpu_module **out)
 {
     cpu_module *m = malloc(sizeof *m);
     if (!m)
@@ -577,7 +581,7 @@ static cube_error *cpu_jit_dlopen(const char *path, cpu_module **out)
     if (!m->handle) {
         const char *why = dlerror();
         free(m);
-        return cube_error_new(CUBE_ERR_IO, "cpu_jit_load: cannot load '%s': %s",
+        return cube_error_new(refused, "cpu_jit_load: cannot load '%s': %s",
                               path, why ? why : "unknown dlopen error");
     }
     *out = m;
@@ -594,7 +598,7 @@ static cube_error *cpu_jit_dlopen(const char *path, cpu_module **out)
  *  - it needs no /proc. The copy of an object is cheap next to dlopen. */
 static cube_error *cpu_jit_open_bytes(const cpu_jit *jit,
                                       const unsigned char *bytes, size_t len,
-                                      cpu_module **out)
+                                      cube_code refused, cpu_module **out)
 {
     char *dir = NULL;
     cube_error *err = cpu_jit_make_tmpdir(jit, "so", &dir);
@@ -619,7 +623,7 @@ static cube_error *cpu_jit_open_bytes(const cpu_jit *jit,
                              path, file_strerror(errno, eb, sizeof eb));
     }
     if (!err)
-        err = cpu_jit_dlopen(path, out);
+        err = cpu_jit_dlopen(path, refused, out);
     /* The mapping outlives the name. The file goes by its name first, so
      * the directory goes too when it cannot be listed (no descriptor
      * left). */
@@ -699,7 +703,7 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
         goto done;
     /* The freshly written file is a new inode in a private directory, so it
      * can be loaded directly. */
-    err = cpu_jit_dlopen(so_path, out);
+    err = cpu_jit_dlopen(so_path, CUBE_ERR_IO, out);
     if (err)
         goto done;
 
@@ -763,7 +767,7 @@ static bool cpu_jit_load_cached(const cpu_jit *jit, const disk_cache_key *key,
     cube_error *err = NULL;
     if (!memmem(bytes, len, stamp, strlen(stamp))) {
         wrong = "its object does not carry the entry's stamp";
-    } else if (!(err = cpu_jit_open_bytes(jit, bytes, len, out)) &&
+    } else if (!(err = cpu_jit_open_bytes(jit, bytes, len, CUBE_ERR_IO, out)) &&
                !cpu_jit_module_is(*out, key)) {
         wrong =
             "the loaded module's " CPU_JIT_STAMP_SYMBOL " names another entry";
@@ -816,6 +820,21 @@ cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
     if (!err && origin)
         *origin = CPU_JIT_COMPILED;
     return err;
+}
+
+cube_error *cpu_jit_load_object(cpu_jit *jit, const void *bytes, size_t len,
+                                cpu_module **out)
+{
+    if (out)
+        *out = NULL;
+    if (!jit || !bytes || !len || !out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cpu_jit_load_object: %s",
+                              !jit     ? "jit is NULL"
+                              : !bytes ? "bytes is NULL"
+                              : !len   ? "len is 0"
+                                       : "out is NULL");
+    return cpu_jit_open_bytes(jit, bytes, len, CUBE_ERR_COMPILE, out);
 }
 
 /* ------------------------------------------------------------- creation */

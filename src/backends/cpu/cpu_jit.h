@@ -74,6 +74,16 @@ void cpu_jit_destroy(cpu_jit *jit);
 cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
                          cpu_module **out, cpu_jit_origin *origin);
 
+/* Loads a shared object given as `len` bytes (a raw kernel's): they are
+ * written to a fresh file in a private temporary directory, loaded from
+ * there with dlopen (its constructors run) and the file removed; nothing
+ * is cached on disk. Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_IO (the
+ * directory or file cannot be made or written), CUBE_ERR_COMPILE (the
+ * dynamic loader refuses the object: the message is its own),
+ * CUBE_ERR_OUT_OF_MEMORY. */
+cube_error *cpu_jit_load_object(cpu_jit *jit, const void *bytes, size_t len,
+                                cpu_module **out);
+
 /* The address of the exported symbol `name`, or NULL. */
 void *cpu_module_symbol(const cpu_module *module, const char *name);
 

@@ -18,10 +18,13 @@
 #include "cubert/backend/errors.h"
 #include "cubert/backend/config.h"
 #include "cubert/backend/server.h"
+#include "cubert/cpu_kernel.h"
 #include "cubert/log.h"
 
 extern const char cube_prelude_common[];
 extern const char cube_prelude_cpu[];
+/* cubert/cpu_kernel.h, put in front of raw C source. */
+extern const char cube_prelude_cpu_raw[];
 
 #define CPU_ABI 1
 #define CPU_ALIGNMENT 64
@@ -44,6 +47,9 @@ typedef struct cpu_kernel_impl {
     cpu_module *module;
     cpu_run_fn run;
     cpu_unit_fn unit;
+    /* A raw kernel's entry (cubert/cpu_kernel.h), called once per cube;
+     * run and unit are then NULL. */
+    cube_cpu_kernel_fn raw;
 } cpu_kernel_impl;
 
 typedef struct cpu_server {
@@ -184,11 +190,73 @@ static void *symbol(cpu_module *m, const char *prefix, const char *name)
     return cpu_module_symbol(m, buf);
 }
 
+/* A raw kernel: C source through the JIT (after the ABI header, with the
+ * kernel's options as the last flags, cached on disk like cube C), or a
+ * shared object loaded from its bytes; then its entry by name. Its
+ * signature is the declared one. */
+static cube_error *cpu_compile_raw(cpu_server *s, const cube_kernel *kernel,
+                                   cube_compiled *out)
+{
+    const char *name = cube_kernel_name(kernel);
+    size_t size = 0;
+    const void *code = cube_kernel_code(kernel, &size);
+    int is_source = cube_kernel_format_of(kernel) == CUBE_KERNEL_C_SOURCE;
+    double t0 = now_ms();
+    cpu_module *m = NULL;
+    cpu_jit_origin origin = CPU_JIT_COMPILED;
+    cube_error *err = NULL;
+    if (is_source) {
+        size_t cap = strlen(cube_prelude_cpu_raw) + size + strlen(name) + 64;
+        char *source = malloc(cap);
+        if (!source)
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
+        snprintf(source, cap, "%s\n#line 1 \"%s.c\"\n%s\n",
+                 cube_prelude_cpu_raw, name, (const char *)code);
+        err = cpu_jit_load(s->jit, source, cube_kernel_options(kernel), &m,
+                           &origin);
+        free(source);
+    } else {
+        err = cpu_jit_load_object(s->jit, code, size, &m);
+    }
+    if (err)
+        return cube_error_prefix(err, "%s kernel '%s'",
+                                 is_source ? "compiling" : "loading", name);
+    cube_cpu_kernel_fn fn = (cube_cpu_kernel_fn)cpu_module_symbol(m, name);
+    if (!fn) {
+        cpu_module_close(m);
+        return cube_error_new(
+            CUBE_ERR_COMPILE, "kernel '%s': the %s exports no symbol '%s'",
+            name, is_source ? "compiled source" : "shared object", name);
+    }
+    cpu_kernel_impl *impl = calloc(1, sizeof *impl);
+    if (!impl) {
+        cpu_module_close(m);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel");
+    }
+    impl->module = m;
+    impl->raw = fn;
+    *out = *cube_kernel_declared(kernel);
+    out->compile_ms = now_ms() - t0;
+    out->from_disk_cache = origin == CPU_JIT_DISK;
+    out->impl = impl;
+    return NULL;
+}
+
 static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
                                uint32_t mode, cube_compiled *out)
 {
     cpu_server *s = (cpu_server *)server;
     const char *name = cube_kernel_name(kernel);
+    switch (cube_kernel_format_of(kernel)) {
+    case CUBE_KERNEL_CUBE_C: break;
+    case CUBE_KERNEL_C_SOURCE:
+    case CUBE_KERNEL_SHARED_OBJECT: return cpu_compile_raw(s, kernel, out);
+    default:
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "kernel '%s' is CUDA code: the CPU backend runs "
+                              "cube C, C source and shared objects",
+                              name);
+    }
     const char *user = cube_kernel_source(kernel);
     size_t cap = strlen(cube_prelude_cpu) + strlen(cube_prelude_common) +
                  strlen(user) + strlen(name) + 64;
@@ -278,6 +346,8 @@ static void cpu_compiled_release(cube_server *server, cube_compiled *compiled)
 typedef struct cpu_launch_ctx {
     const cpu_kernel_impl *impl;
     cpu_launch_abi abi;
+    const cube_cpu_param *raw_params; /* a raw kernel's, by position */
+    uint32_t nparams;
     uint64_t shared_bytes;
     uint32_t units;
     int fibers;
@@ -321,10 +391,35 @@ static cube_error *trap_check(void)
                           "broken, reopen the client");
 }
 
+/* Cubes [begin, end) of a raw kernel: one call each (cubert/cpu_kernel.h). */
+static void run_raw(const cpu_launch_ctx *ctx, uint32_t begin, uint32_t end)
+{
+    cube_cpu_cube cube;
+    cube.abi = CUBE_CPU_KERNEL_ABI;
+    for (int i = 0; i < 3; i++) {
+        cube.count[i] = ctx->abi.count[i];
+        cube.dim[i] = ctx->abi.dim[i];
+    }
+    cube.nparams = ctx->nparams;
+    cube.params = ctx->raw_params;
+    uint32_t plane = cube.count[0] * cube.count[1];
+    for (uint32_t c = begin; c < end; c++) {
+        cube.index = c;
+        cube.id[0] = c % cube.count[0];
+        cube.id[1] = (c / cube.count[0]) % cube.count[1];
+        cube.id[2] = c / plane;
+        ctx->impl->raw(&cube);
+    }
+}
+
 static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
                              cpu_thread_local *local)
 {
     const cpu_launch_ctx *ctx = arg;
+    if (ctx->impl->raw) {
+        run_raw(ctx, begin, end);
+        return NULL;
+    }
     cube_error *err = ensure_shared(local, ctx->shared_bytes);
     if (err)
         return err;
@@ -398,6 +493,15 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
     }
     ctx.abi.ptr = ptr;
     ctx.abi.len = len;
+    cube_cpu_param raw_params[CUBE_MAX_PARAMS];
+    if (ctx.impl->raw) {
+        for (uint32_t p = 0; p < cc->param_count; p++) {
+            raw_params[p].data = ptr[p];
+            raw_params[p].bytes = len[p];
+        }
+        ctx.raw_params = raw_params;
+        ctx.nparams = cc->param_count;
+    }
     ctx.shared_bytes = cc->shared_bytes;
     ctx.units = d->cube_dim[0] * d->cube_dim[1] * d->cube_dim[2];
     ctx.fibers = cc->uses_cube_sync && ctx.units > 1;

@@ -388,6 +388,10 @@ typedef struct cuda_kernel {
      * a pointer per parameter. packed_bytes 0: not available. */
     uint32_t packed_bytes;
     uint16_t offset[CUDA_ENTRY_PARAMS];
+    /* A raw kernel (cube_kernel_create_raw): its entry takes the declared
+     * parameters as they are, a device pointer per buffer and a scalar by
+     * value, with no ABI tag and no lengths. */
+    int raw;
 } cuda_kernel;
 
 /* The stamp: a device global every module carries, naming the disk cache

@@ -94,8 +94,9 @@ static void pick_target(const cuda_server *s, char *arch, size_t cap,
     snprintf(arch, cap, "-arch=%s_%d", *cubin ? "sm" : "compute", best);
 }
 
-/* Runs NVRTC; *bytes is the CUBIN or the NUL-terminated PTX. */
-static cube_error *nvrtc_build(cuda_server *s, const char *name,
+/* Runs NVRTC; *bytes is the CUBIN or the NUL-terminated PTX. The
+ * program's file is <name>.cube.cu, or <name>.cu for raw CUDA source. */
+static cube_error *nvrtc_build(cuda_server *s, const char *name, int raw,
                                const char *source, const char *const *opts,
                                int nopts, int cubin, unsigned char **bytes,
                                size_t *len)
@@ -103,7 +104,7 @@ static cube_error *nvrtc_build(cuda_server *s, const char *name,
     const cuda_api *a = s->api;
     nvrtcProgram prog = NULL;
     char file[160];
-    snprintf(file, sizeof file, "%s.cube.cu", name);
+    snprintf(file, sizeof file, raw ? "%s.cu" : "%s.cube.cu", name);
     nvrtcResult r = a->nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL);
     if (r != 0)
         return cube_error_new(r == NVRTC_OUT_OF_MEMORY ? CUBE_ERR_OUT_OF_MEMORY
@@ -320,38 +321,149 @@ static cube_error *load_module(cuda_server *s, const char *name,
     return NULL;
 }
 
+/* A raw kernel's module (from NVRTC or the caller's CUBIN or PTX): its
+ * entry by name, checked against the declared parameters where the driver
+ * tells them (cuFuncGetParamInfo), whose offsets also give the packed
+ * layout. The signature is the declared one. */
+static cube_error *load_raw_module(cuda_server *s, const cube_kernel *kernel,
+                                   const unsigned char *bytes, cuda_kernel *k,
+                                   cube_compiled *out)
+{
+    const cuda_api *a = s->api;
+    const char *name = cube_kernel_name(kernel);
+    CUresult r = a->cuModuleLoadData(&k->module, bytes);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_COMPILE,
+                         "kernel '%s': the driver cannot load the module",
+                         name);
+    r = a->cuModuleGetFunction(&k->function, k->module, name);
+    if (r != CUDA_SUCCESS)
+        return cube_error_new(CUBE_ERR_COMPILE,
+                              "kernel '%s': the module has no entry '%s' (an "
+                              "extern \"C\" __global__ function)",
+                              name, name);
+    const cube_compiled *declared = cube_kernel_declared(kernel);
+    *out = *declared;
+    k->raw = 1;
+    k->shared_bytes = 0;
+    k->packed_bytes = 0;
+    if (!a->cuFuncGetParamInfo)
+        return NULL; /* an older driver: the declaration is trusted */
+    uint32_t n = declared->param_count;
+    size_t end = 0;
+    for (uint32_t i = 0; i <= n && i < CUDA_ENTRY_PARAMS; i++) {
+        size_t off = 0, size = 0;
+        r = a->cuFuncGetParamInfo(k->function, i, &off, &size);
+        if (i == n && r != CUDA_SUCCESS)
+            break; /* the entry ends where the declaration does */
+        if (r != CUDA_SUCCESS || i == n) {
+            /* Count the entry's parameters for the message. */
+            uint32_t has = i;
+            while (i == n && has < CUDA_ENTRY_PARAMS &&
+                   a->cuFuncGetParamInfo(k->function, has, &off, &size) ==
+                       CUDA_SUCCESS)
+                has++;
+            return cube_error_new(
+                CUBE_ERR_INVALID_ARGUMENT,
+                "kernel '%s': the entry takes %s%u "
+                "parameters, %u are declared",
+                name, i == n && has == CUDA_ENTRY_PARAMS ? "at least " : "",
+                has, n);
+        }
+        const cube_param *p = &declared->params[i];
+        int scalar = p->kind == CUBE_PARAM_SCALAR;
+        size_t want = scalar ? p->elem_size : sizeof(CUdeviceptr);
+        if (size != want)
+            return cube_error_new(
+                CUBE_ERR_INVALID_ARGUMENT,
+                "kernel '%s': params[%u] is declared as %s (%zu bytes), but "
+                "the entry's parameter %u has %zu bytes",
+                name, i, scalar ? "a scalar" : "a buffer (a device pointer)",
+                want, i, size);
+        if (off + size <= CUDA_PARAM_BUFFER) {
+            k->offset[i] = (uint16_t)off;
+            if (off + size > end)
+                end = off + size;
+        } else {
+            end = (size_t)-1;
+        }
+    }
+    if (end <= CUDA_PARAM_BUFFER)
+        k->packed_bytes = (uint32_t)end;
+    return NULL;
+}
+
+/* At most this many words of a raw kernel's options. */
+#define CUDA_MAX_USER_OPTIONS 64
+
 static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
                                   uint32_t mode, cube_compiled *out,
                                   cuda_kernel *k)
 {
     const char *name = cube_kernel_name(kernel);
     const char *user = cube_kernel_source(kernel);
+    int raw = cube_kernel_format_of(kernel) == CUBE_KERNEL_CUDA_SOURCE;
     size_t cap = strlen(cube_prelude_cuda) + strlen(cube_prelude_common) +
                  strlen(user) + strlen(name) + 64;
     char *source = malloc(cap);
-    if (!source)
+    /* A raw kernel's options, split into words (cube C has none). */
+    char *user_opts = strdup(cube_kernel_options(kernel));
+    if (!source || !user_opts) {
+        free(source);
+        free(user_opts);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
-    snprintf(source, cap, "%s\n%s\n#line 1 \"%s.cube.c\"\n%s\n",
-             cube_prelude_cuda, cube_prelude_common, name, user);
+    }
+    if (raw)
+        snprintf(source, cap, "%s", user);
+    else
+        snprintf(source, cap, "%s\n%s\n#line 1 \"%s.cube.c\"\n%s\n",
+                 cube_prelude_cuda, cube_prelude_common, name, user);
     char arch[32];
     int cubin = 0;
     pick_target(s, arch, sizeof arch, &cubin);
-    const char *opts[] = {arch, "-std=c++17",
-                          (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
-                                                       : "-DCUBE_CHECKED=0"};
-    int nopts = (int)(sizeof opts / sizeof opts[0]);
+    const char *opts[3 + CUDA_MAX_USER_OPTIONS];
+    int nopts = 0;
+    opts[nopts++] = arch;
+    opts[nopts++] = "-std=c++17";
+    if (!raw)
+        opts[nopts++] = (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
+                                                     : "-DCUBE_CHECKED=0";
+    char *save = NULL;
+    for (char *w = strtok_r(user_opts, " \t\n\r\v\f", &save); w;
+         w = strtok_r(NULL, " \t\n\r\v\f", &save)) {
+        if (nopts == (int)(sizeof opts / sizeof opts[0])) {
+            free(source);
+            free(user_opts);
+            return cube_error_new(CUBE_ERR_COMPILE,
+                                  "kernel '%s': more than %d options", name,
+                                  CUDA_MAX_USER_OPTIONS);
+        }
+        opts[nopts++] = w;
+    }
     char version[64];
-    snprintf(version, sizeof version, "nvrtc %d.%d %s", s->api->nvrtc_major,
-             s->api->nvrtc_minor, cubin ? "cubin" : "ptx");
-    const void *parts[] = {source, opts[0], opts[1], opts[2], version};
-    size_t lens[] = {strlen(source), strlen(opts[0]), strlen(opts[1]),
-                     strlen(opts[2]), strlen(version)};
+    snprintf(version, sizeof version, "nvrtc %d.%d %s%s", s->api->nvrtc_major,
+             s->api->nvrtc_minor, cubin ? "cubin" : "ptx", raw ? " raw" : "");
+    /* The key: the source, each option (with its length) and the
+     * compiler's version and output kind. */
+    const void *parts[2 + (sizeof opts / sizeof opts[0])];
+    size_t lens[2 + (sizeof opts / sizeof opts[0])];
+    size_t nparts = 0;
+    parts[nparts] = source;
+    lens[nparts++] = strlen(source);
+    for (int i = 0; i < nopts; i++) {
+        parts[nparts] = opts[i];
+        lens[nparts++] = strlen(opts[i]);
+    }
+    parts[nparts] = version;
+    lens[nparts++] = strlen(version);
     disk_cache_key key;
-    disk_cache_key_make(parts, lens, 5, &key);
+    disk_cache_key_make(parts, lens, nparts, &key);
     char *stamped = cuda_stamped_source(source, &key);
     free(source);
-    if (!stamped)
+    if (!stamped) {
+        free(user_opts);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
+    }
     source = stamped;
 
     double t0 = now_ms();
@@ -365,7 +477,8 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
          * and be the module's global once loaded. */
         const char *wrong = cuda_artifact_wrong(bytes, len, cubin, &key);
         if (!wrong) {
-            err = load_module(s, name, bytes, k, out);
+            err = raw ? load_raw_module(s, kernel, bytes, k, out)
+                      : load_module(s, name, bytes, k, out);
             if (!err)
                 wrong = module_wrong(s, k->module, &key, &err);
         }
@@ -401,9 +514,11 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
         }
     }
     if (!from_disk) {
-        err = nvrtc_build(s, name, source, opts, nopts, cubin, &bytes, &len);
+        err =
+            nvrtc_build(s, name, raw, source, opts, nopts, cubin, &bytes, &len);
         if (!err)
-            err = load_module(s, name, bytes, k, out);
+            err = raw ? load_raw_module(s, kernel, bytes, k, out)
+                      : load_module(s, name, bytes, k, out);
         const char *wrong = NULL;
         if (!err)
             wrong = cuda_artifact_wrong(bytes, len, cubin, &key);
@@ -420,6 +535,7 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
     }
     free(bytes);
     free(source);
+    free(user_opts);
     out->compile_ms = now_ms() - t0;
     out->from_disk_cache = from_disk;
     if (!err)
@@ -435,6 +551,14 @@ cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
 {
     cuda_server *s = (cuda_server *)server;
     memset(out, 0, sizeof *out);
+    cube_kernel_format format = cube_kernel_format_of(kernel);
+    if (format != CUBE_KERNEL_CUBE_C && format != CUBE_KERNEL_CUDA_SOURCE &&
+        format != CUBE_KERNEL_CUDA_BINARY)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "kernel '%s' is C code for the CPU backend: the "
+                              "CUDA backend runs cube C, CUDA source, CUBIN "
+                              "and PTX",
+                              cube_kernel_name(kernel));
     cube_error *err = cuda_enter(s);
     if (err)
         return err;
@@ -445,7 +569,16 @@ cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
      * reading its globals must not break the capture. */
     int capture_mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     s->api->cuThreadExchangeStreamCaptureMode(&capture_mode);
-    err = compile_locked(s, kernel, mode, out, k);
+    if (format == CUBE_KERNEL_CUDA_BINARY) {
+        /* The caller's CUBIN or PTX (a NUL follows the bytes): loaded as
+         * it is, nothing to compile or cache. */
+        double t0 = now_ms();
+        err =
+            load_raw_module(s, kernel, cube_kernel_code(kernel, NULL), k, out);
+        out->compile_ms = now_ms() - t0;
+    } else {
+        err = compile_locked(s, kernel, mode, out, k);
+    }
     s->api->cuThreadExchangeStreamCaptureMode(&capture_mode);
     if (err) {
         if (k->module)
@@ -457,6 +590,7 @@ cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
         return err;
     }
     out->uses_cube_sync =
+        format == CUBE_KERNEL_CUBE_C &&
         strstr(cube_kernel_source(kernel), "cube_sync") != NULL;
     out->impl = k;
     return NULL;

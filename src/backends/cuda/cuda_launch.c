@@ -85,8 +85,11 @@ cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,
     uint32_t sizes[CUDA_ENTRY_PARAMS];
     uint64_t addrs[CUBE_MAX_PARAMS], lens[CUBE_MAX_PARAMS];
     size_t nargs = 0;
-    args[nargs] = &abi;
-    sizes[nargs++] = sizeof abi;
+    /* A raw kernel's entry takes the declared parameters alone. */
+    if (!k->raw) {
+        args[nargs] = &abi;
+        sizes[nargs++] = sizeof abi;
+    }
     for (uint32_t p = 0; p < cc->param_count; p++) {
         const cube_param *pp = &cc->params[p];
         if (pp->kind == CUBE_PARAM_SHARED)
@@ -105,6 +108,8 @@ cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,
         lens[p] = b->size / pp->elem_size;
         args[nargs] = &addrs[p];
         sizes[nargs++] = sizeof addrs[p];
+        if (k->raw)
+            continue;
         args[nargs] = &lens[p];
         sizes[nargs++] = sizeof lens[p];
     }

@@ -120,8 +120,9 @@ static cube_error *null_stream_open(cube_server *server,
 /* --- kernels --- */
 
 /* compile: the null backend runs no kernels, and says so. The client
- * records this error on every buffer the launch binds, as for any compile
- * error, so the failure store behaves as on a backend with kernels. */
+ * records this error on every buffer the launch binds (a raw kernel's:
+ * on the buffers of its declared outputs), as for any compile error, so
+ * the failure store behaves as on a backend with kernels. */
 static cube_error *null_compile(cube_server *server, const cube_kernel *kernel,
                                 uint32_t mode, cube_compiled *out)
 {
