@@ -8,11 +8,13 @@ import contextlib as _contextlib
 import threading as _threading
 
 from . import errors
-from ._cubert import Buffer, Client, Graph, Kernel, Profile, backends, devices
+from ._cubert import (Buffer, Client, Graph, Kernel, Profile, RawKernel,
+                      backends, devices)
 from .errors import *  # noqa: F401,F403 - the exception classes
 
 __all__ = [
-    "Buffer", "Client", "Graph", "Kernel", "Profile", "backends", "devices",
+    "Buffer", "Client", "Graph", "Kernel", "Profile", "RawKernel", "backends",
+    "devices",
     "dry_run", "from_dlpack", "default_client",
 ] + errors.__all__
 

@@ -225,6 +225,19 @@ class Client:
 
 # --- module functions ------------------------------------------------------------
 
+def RawKernel(
+    code: str | bytes,
+    name: str,
+    params: Sequence[tuple[Literal["in", "out", "inout", "scalar"],
+                           _DTypeLike | int]],
+    *,
+    format: Literal["cuda", "cubin", "ptx", "c", "shared_object"],
+    cube_dim: _Shape = (1, 1, 1),
+    options: str | None = None,
+) -> Kernel:
+    """A kernel over backend source (CUDA C, C) or a binary (CUBIN, PTX, a
+    shared object) with its parameters declared (docs/kernels.md)."""
+    ...
 def from_dlpack(obj: _DLPackProducer, client: Client | None = None) -> Buffer: ...
 def default_client(device: str | None = None) -> Client: ...
 def dry_run(client: Client) -> AbstractContextManager[Client]: ...

@@ -4,6 +4,28 @@
 
 #include "pycubert.h"
 
+/* cube_dim: an int or 1 to 3 ints, into dim[3] (left at 1 past them). */
+static int cube_dim_from(PyObject *obj, uint32_t dim[3])
+{
+    int64_t v[CUBE_MAX_RANK];
+    int n;
+    if (pyc_shape_from(obj, v, &n) < 0)
+        return -1;
+    if (n < 1 || n > 3) {
+        pyc_raise_invalid("cube_dim is an int or 1 to 3 ints");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (v[i] > UINT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError,
+                            "cubert: cube_dim above 2**32 - 1");
+            return -1;
+        }
+        dim[i] = (uint32_t)v[i];
+    }
+    return 0;
+}
+
 static int kernel_init(pyc_kernel *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"source", "name", "cube_dim", NULL};
@@ -13,24 +35,8 @@ static int kernel_init(pyc_kernel *self, PyObject *args, PyObject *kw)
                                      &dim_obj))
         return -1;
     cube_kernel_desc d = {name, source, {1, 1, 1}};
-    if (dim_obj) {
-        int64_t dim[CUBE_MAX_RANK];
-        int n;
-        if (pyc_shape_from(dim_obj, dim, &n) < 0)
-            return -1;
-        if (n < 1 || n > 3) {
-            pyc_raise_invalid("cube_dim is an int or 1 to 3 ints");
-            return -1;
-        }
-        for (int i = 0; i < n; i++) {
-            if (dim[i] > UINT32_MAX) {
-                PyErr_SetString(PyExc_OverflowError,
-                                "cubert: cube_dim above 2**32 - 1");
-                return -1;
-            }
-            d.cube_dim[i] = (uint32_t)dim[i];
-        }
-    }
+    if (dim_obj && cube_dim_from(dim_obj, d.cube_dim) < 0)
+        return -1;
     cube_kernel *k;
     cube_error *err = cube_kernel_create(&d, &k);
     if (err) {
@@ -103,6 +109,168 @@ PyType_Spec pyc_kernel_spec = {
     "cubert._cubert.Kernel", sizeof(pyc_kernel), 0,
     Py_TPFLAGS_DEFAULT,      kernel_slots,
 };
+
+/* --- raw kernels --- */
+
+/* A declared parameter from (kind, dtype or size). */
+static int raw_param_from(PyObject *item, cube_raw_param *out)
+{
+    PyObject *kind_obj, *type_obj;
+    if (!PyTuple_Check(item) || PyTuple_Size(item) != 2) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cubert: a parameter is a (kind, dtype) pair: kind "
+                        "'in', 'out', 'inout' or 'scalar'");
+        return -1;
+    }
+    kind_obj = PyTuple_GetItem(item, 0);
+    type_obj = PyTuple_GetItem(item, 1);
+    const char *kind = PyUnicode_Check(kind_obj)
+                           ? PyUnicode_AsUTF8AndSize(kind_obj, NULL)
+                           : NULL;
+    if (!kind) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError,
+                            "cubert: a parameter's kind is a str");
+        return -1;
+    }
+    static const struct {
+        const char *name;
+        cube_raw_param_kind kind;
+    } kinds[] = {{"in", CUBE_RAW_BUFFER_IN},
+                 {"out", CUBE_RAW_BUFFER_OUT},
+                 {"inout", CUBE_RAW_BUFFER_INOUT},
+                 {"scalar", CUBE_RAW_SCALAR}};
+    size_t i = 0;
+    while (i < 4 && strcmp(kind, kinds[i].name) != 0)
+        i++;
+    if (i == 4) {
+        pyc_raise_invalidf("parameter kind '%s' is not 'in', 'out', "
+                           "'inout' or 'scalar'",
+                           kind);
+        return -1;
+    }
+    out->kind = kinds[i].kind;
+    if (PyLong_Check(type_obj)) {
+        long size = PyLong_AsLong(type_obj);
+        if (size == -1 && PyErr_Occurred())
+            return -1;
+        if (size < 0 || size > UINT32_MAX) {
+            pyc_raise_invalid("a parameter's size is out of range");
+            return -1;
+        }
+        out->size = (uint32_t)size;
+        return 0;
+    }
+    const pyc_dtype *d = pyc_dtype_from(type_obj);
+    if (!d)
+        return -1;
+    out->size = d->size;
+    return 0;
+}
+
+static const struct {
+    const char *name;
+    cube_kernel_format format;
+} raw_formats[] = {
+    {"cuda", CUBE_KERNEL_CUDA_SOURCE},
+    {"cubin", CUBE_KERNEL_CUDA_BINARY},
+    {"ptx", CUBE_KERNEL_CUDA_BINARY},
+    {"c", CUBE_KERNEL_C_SOURCE},
+    {"shared_object", CUBE_KERNEL_SHARED_OBJECT},
+};
+
+/* RawKernel(code, name, params, *, format, cube_dim=(1, 1, 1),
+ * options=None): a Kernel over backend source or a binary. */
+PyObject *pyc_raw_kernel(PyObject *module, PyObject *args, PyObject *kw)
+{
+    (void)module;
+    static char *names[] = {"code",     "name",    "params", "format",
+                            "cube_dim", "options", NULL};
+    PyObject *code, *params, *dim_obj = NULL;
+    const char *name, *format = NULL, *options = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsO|$sOz", names, &code, &name,
+                                     &params, &format, &dim_obj, &options))
+        return NULL;
+    if (!format) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cubert: RawKernel needs format= ('cuda', 'cubin', "
+                        "'ptx', 'c' or 'shared_object')");
+        return NULL;
+    }
+    cube_raw_kernel_desc d;
+    memset(&d, 0, sizeof d);
+    d.name = name;
+    d.options = options;
+    size_t f = 0, nf = sizeof raw_formats / sizeof raw_formats[0];
+    while (f < nf && strcmp(format, raw_formats[f].name) != 0)
+        f++;
+    if (f == nf)
+        return pyc_raise_invalidf("format '%s' is not 'cuda', 'cubin', "
+                                  "'ptx', 'c' or 'shared_object'",
+                                  format);
+    d.format = raw_formats[f].format;
+    int binary = d.format == CUBE_KERNEL_CUDA_BINARY ||
+                 d.format == CUBE_KERNEL_SHARED_OBJECT;
+    if (PyUnicode_Check(code) && !binary) {
+        d.source = PyUnicode_AsUTF8AndSize(code, NULL);
+        if (!d.source)
+            return NULL;
+    } else if (PyBytes_Check(code) && binary) {
+        char *p;
+        Py_ssize_t n;
+        if (PyBytes_AsStringAndSize(code, &p, &n) < 0)
+            return NULL;
+        d.binary = p;
+        d.binary_size = (size_t)n;
+    } else if (PyUnicode_Check(code) && binary) {
+        /* PTX is text: take it as such. */
+        Py_ssize_t n;
+        const char *p = PyUnicode_AsUTF8AndSize(code, &n);
+        if (!p)
+            return NULL;
+        d.binary = p;
+        d.binary_size = (size_t)n;
+    } else {
+        PyErr_SetString(PyExc_TypeError,
+                        "cubert: source is a str, a binary is bytes");
+        return NULL;
+    }
+    Py_ssize_t np = PySequence_Check(params) ? PySequence_Size(params) : -1;
+    if (np < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError,
+                        "cubert: params is a sequence of (kind, dtype)");
+        return NULL;
+    }
+    if (np > CUBE_MAX_PARAMS)
+        return pyc_raise_invalidf("at most %d parameters", CUBE_MAX_PARAMS);
+    cube_raw_param p[CUBE_MAX_PARAMS];
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *item = PySequence_GetItem(params, i);
+        if (!item)
+            return NULL;
+        int rc = raw_param_from(item, &p[i]);
+        Py_DECREF(item);
+        if (rc < 0)
+            return NULL;
+    }
+    d.params = np ? p : NULL;
+    d.nparams = (uint32_t)np;
+    d.cube_dim[0] = d.cube_dim[1] = d.cube_dim[2] = 1;
+    if (dim_obj && cube_dim_from(dim_obj, d.cube_dim) < 0)
+        return NULL;
+    cube_kernel *k;
+    cube_error *err = cube_kernel_create_raw(&d, &k);
+    if (err)
+        return pyc_raise(err);
+    pyc_kernel *obj = PyObject_New(pyc_kernel, pyc_g.kernel_type);
+    if (!obj) {
+        cube_kernel_release(k);
+        return NULL;
+    }
+    obj->k = k;
+    return (PyObject *)obj;
+}
 
 /* --- launch --- */
 

@@ -80,6 +80,10 @@ static PyMethodDef module_methods[] = {
      "devices(backend=None) -> list of dicts describing each device."},
     {"backends", mod_backends, METH_NOARGS,
      "Names of the backends in this build."},
+    {"RawKernel", (PyCFunction)(void (*)(void))pyc_raw_kernel,
+     METH_VARARGS | METH_KEYWORDS,
+     "RawKernel(code, name, params, *, format, cube_dim=(1, 1, 1), "
+     "options=None) -> Kernel over backend source or a binary."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -146,6 +146,8 @@ int pyc_cuda_view_get(PyObject *obj, pyc_host_view *out);
 extern PyType_Spec pyc_kernel_spec;
 PyObject *pyc_client_launch(pyc_client *self, PyObject *const *args,
                             Py_ssize_t nargs, PyObject *kwnames);
+/* cubert.RawKernel(code, name, params, *, format, cube_dim, options). */
+PyObject *pyc_raw_kernel(PyObject *module, PyObject *args, PyObject *kw);
 
 /* --- DLPack and foreign memory (dlpack.c) --- */
 
