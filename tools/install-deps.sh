@@ -11,6 +11,25 @@ set -eu
 # its tests run there with pytest and NumPy.
 PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev openmpi-bin python3-dev python3-numpy python3-pytest $*"
 
+# Without Debian's package tools, check what the build itself needs and
+# name what is missing (package names differ between systems).
+if ! command -v dpkg-query >/dev/null 2>&1; then
+    need=""
+    for tool in cc cmake pkg-config; do
+        command -v "$tool" >/dev/null 2>&1 || need="$need $tool"
+    done
+    if command -v pkg-config >/dev/null 2>&1; then
+        for mod in libxxhash cmocka jansson; do
+            pkg-config --exists "$mod" || need="$need $mod(pkg-config)"
+        done
+    fi
+    if [ -n "$need" ]; then
+        echo "cubert: missing:$need (install them with your package manager)" >&2
+        exit 1
+    fi
+    exit 0
+fi
+
 missing=""
 for p in $PACKAGES; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -3,6 +3,7 @@
 #define CUBERT_CUBERT_H
 
 #include "cubert/export.h"
+#include "cubert/version.h"
 #include "cubert/error.h"
 #include "cubert/log.h"
 #include "cubert/client.h"
