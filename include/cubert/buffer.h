@@ -133,6 +133,23 @@ CUBE_API CUBE_MUST_USE cube_error *cube_read(cube_client *client,
                                              const uint64_t *destination_sizes,
                                              size_t n);
 
+/* The whole of `handle`'s range from or to one host pointer: the
+ * descriptor forms above with a contiguous descriptor of the handle's
+ * size. `size` must be that size exactly. Same semantics as cube_write
+ * (a whole-buffer write clears the buffer's failure) and cube_read
+ * (refused with CUBE_ERR_SEVERAL, nothing copied, when the buffer carries
+ * a failure; blocks). Errors: CUBE_ERR_INVALID_ARGUMENT (client or
+ * pointer NULL, a size other than the handle's: the message gives both),
+ * CUBE_ERR_NOT_FOUND (released or foreign handle), and every error of
+ * cube_write or cube_read. */
+CUBE_API CUBE_MUST_USE cube_error *cube_write_all(cube_client *client,
+                                                  cube_handle handle,
+                                                  const void *src,
+                                                  uint64_t size);
+CUBE_API CUBE_MUST_USE cube_error *cube_read_all(cube_client *client,
+                                                 cube_handle handle, void *dst,
+                                                 uint64_t size);
+
 /* An outstanding asynchronous read. */
 typedef struct cube_future cube_future;
 

@@ -631,3 +631,56 @@ void core_staging_destroy(cube_client *c)
     c->staging = NULL;
     c->staging_count = 0;
 }
+
+/* --- whole-buffer reads and writes ---------------------------------------- */
+
+/* The descriptor of all of `h` once `size` and `p` are checked against
+ * it. */
+static cube_error *whole_buffer(const char *fn, const char *what,
+                                cube_client *c, cube_handle h, const void *p,
+                                uint64_t size, cube_copy_desc *out)
+{
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: client is NULL",
+                              fn);
+    if (!p)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                              what);
+    uint64_t have = 0;
+    cube_error *err = cube_handle_size(c, h, &have);
+    if (err)
+        return err;
+    if (size != have)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: size is %llu bytes but the buffer holds "
+                              "%llu",
+                              fn, (unsigned long long)size,
+                              (unsigned long long)have);
+    *out = cube_copy_desc_contiguous(h, have, 1);
+    return NULL;
+}
+
+cube_error *cube_write_all(cube_client *c, cube_handle h, const void *src,
+                           uint64_t size)
+{
+    cube_copy_desc d;
+    cube_error *err =
+        whole_buffer("cube_write_all", "src", c, h, src, size, &d);
+    if (err)
+        return err;
+    const void *srcs[1] = {src};
+    uint64_t sizes[1] = {size};
+    return cube_write(c, &d, srcs, sizes, 1);
+}
+
+cube_error *cube_read_all(cube_client *c, cube_handle h, void *dst,
+                          uint64_t size)
+{
+    cube_copy_desc d;
+    cube_error *err = whole_buffer("cube_read_all", "dst", c, h, dst, size, &d);
+    if (err)
+        return err;
+    void *dsts[1] = {dst};
+    uint64_t sizes[1] = {size};
+    return cube_read(c, &d, dsts, sizes, 1);
+}

@@ -202,6 +202,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(buffer_zero_handle_is_not_found)                                         \
     X(buffer_size_zero_is_invalid_argument)                                    \
     X(buffer_size_near_uint64_max_is_buffer_too_big)                           \
+    X(buffer_whole_read_and_write_check_their_arguments)                       \
     X(api_null_pointers_are_invalid_argument_naming_the_argument)              \
     /* copy descriptors, async reads, staging (test_copy.c) */                 \
     X(copy_rank2_column_read_matches_reference)                                \

@@ -605,3 +605,41 @@ CONF_TEST(api_null_pointers_are_invalid_argument_naming_the_argument)
         fail_msg("%d INVALID_ARGUMENT messages do not name their argument",
                  misses);
 }
+
+CONF_TEST(buffer_whole_read_and_write_check_their_arguments)
+{
+    unsigned char in[300], out[300];
+    conf_pattern(in, sizeof in, 77);
+    cube_handle h = conf_empty(sizeof in);
+    CONF_OK(cube_write_all(conf.client, h, in, sizeof in));
+    memset(out, 0, sizeof out);
+    CONF_OK(cube_read_all(conf.client, h, out, sizeof out));
+    assert_memory_equal(in, out, sizeof in);
+    /* A slice is its range. */
+    cube_handle s;
+    CONF_OK(cube_handle_slice(conf.client, h, 100, 50, &s));
+    CONF_OK(cube_read_all(conf.client, s, out, 50));
+    assert_memory_equal(in + 100, out, 50);
+    /* Sizes other than the range's, NULLs, released handles: refused,
+     * nothing written. */
+    CONF_EXPECT_MSG(cube_write_all(conf.client, h, in, 299),
+                    CUBE_ERR_INVALID_ARGUMENT, "holds 300");
+    CONF_EXPECT_MSG(cube_read_all(conf.client, h, out, 301),
+                    CUBE_ERR_INVALID_ARGUMENT, "holds 300");
+    CONF_EXPECT(cube_write_all(NULL, h, in, sizeof in),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_read_all(conf.client, h, NULL, sizeof out),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_write_all(conf.client, h, NULL, sizeof in),
+                CUBE_ERR_INVALID_ARGUMENT);
+    cube_handle gone = conf_empty(16);
+    conf_release(gone);
+    CONF_EXPECT(cube_read_all(conf.client, gone, out, 16), CUBE_ERR_NOT_FOUND);
+    cube_handle zero = {0};
+    CONF_EXPECT(cube_write_all(conf.client, zero, in, 16), CUBE_ERR_NOT_FOUND);
+    memset(out, 0, sizeof out);
+    CONF_OK(cube_read_all(conf.client, h, out, sizeof out));
+    assert_memory_equal(in, out, sizeof in);
+    conf_release(s);
+    conf_release(h);
+}
