@@ -69,8 +69,11 @@ static void usage(FILE *f)
         "                            buffers of varied sizes, prints the\n"
         "                            report, releases them, resets the\n"
         "                            high-water marks and prints it again\n"
-        "  help, --help, -h          this text\n"
-        "  --version                 the library version\n");
+        "  help, --help, -h          this text (also COMMAND --help)\n"
+        "  --version                 the library version\n"
+        "\n"
+        "exit status: 0 success; 1 a failure (an error, a failed check);\n"
+        "2 a usage error (unknown command or argument, no command)\n");
 }
 
 static double now_ms(void)
@@ -243,8 +246,18 @@ static void print_configuration(void)
     }
 }
 
+/* Whether the arguments ask for help (the first is --help or -h). */
+static int wants_help(int argc, char **argv)
+{
+    return argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"));
+}
+
 static int cmd_info(int argc, char **argv)
 {
+    if (wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
     if (argc > 0) {
         fprintf(stderr, "cubert info: unexpected argument '%s'\n", argv[0]);
         usage(stderr);
@@ -1089,8 +1102,9 @@ static int cmd_memory(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        usage(stdout);
-        return 0;
+        fprintf(stderr, "cubert: no command\n");
+        usage(stderr);
+        return EXIT_USAGE;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
@@ -1100,6 +1114,10 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("cubert %d.%d.%d\n", CUBE_VERSION_MAJOR, CUBE_VERSION_MINOR,
                CUBE_VERSION_PATCH);
+        return 0;
+    }
+    if (!strcmp(cmd, "allreduce") && wants_help(argc - 2, argv + 2)) {
+        usage(stdout);
         return 0;
     }
     if (!strcmp(cmd, "info"))
