@@ -302,6 +302,30 @@ static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
     }
 }
 
+/* `bytes` for people: the largest binary unit it reaches, exact where it
+ * is a whole number of that unit ("2 MiB"), a whole number plus a few
+ * bytes (64 at most) as such ("128 KiB+1B", a pool's first size), else with two
+ * decimals ("112.46 KiB"); below 1 KiB in bytes ("0 B"). The JSON form
+ * keeps exact integers. */
+static const char *human_bytes(uint64_t bytes, char out[24])
+{
+    static const char *const units[] = {"B",   "KiB", "MiB", "GiB",
+                                        "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (u < 6 && bytes >> (10 * (u + 1)))
+        u++;
+    uint64_t whole = bytes >> (10 * u), rest = bytes & ((1ull << (10 * u)) - 1);
+    if (u == 0 || rest == 0)
+        snprintf(out, 24, "%llu %s", (unsigned long long)whole, units[u]);
+    else if (rest <= 64) /* a range's first byte: 128 KiB + 1 B */
+        snprintf(out, 24, "%llu %s+%lluB", (unsigned long long)whole, units[u],
+                 (unsigned long long)rest);
+    else
+        snprintf(out, 24, "%.2f %s", (double)bytes / (double)(1ull << (10 * u)),
+                 units[u]);
+    return out;
+}
+
 /* The large tail is the entry after the layout's pools, before the
  * persistent pool. */
 static int is_large(const cube_memory_report *r, uint32_t i)
@@ -358,34 +382,36 @@ char *cube_memory_report_format(const cube_memory_report *r,
         bad |= append(&buf, &len, &cap, "]}\n");
     } else {
         bad |= append(&buf, &len, &cap,
-                      "%-10s %12s %12s %12s %8s %8s %9s %14s %14s %14s "
-                      "%14s\n",
+                      "%-10s %11s %11s %11s %8s %8s %9s %11s %11s %11s "
+                      "%11s\n",
                       "pool", "page", "min", "max", "pages", "peak", "buffers",
-                      "in use", "in use peak", "reserved", "reserved peak");
+                      "in use", "in use peak", "reserved", "reserv. peak");
         for (uint32_t i = 0; i < r->count && !bad; i++) {
             const cube_pool_report *p = &r->pools[i];
+            char b[7][24];
             bad |= append(&buf, &len, &cap,
-                          "%-10s %12llu %12llu %12llu %8llu %8llu %9llu "
-                          "%14llu %14llu %14llu %14llu\n",
+                          "%-10s %11s %11s %11s %8llu %8llu %9llu %11s %11s "
+                          "%11s %11s\n",
                           kind_name(p, is_large(r, i)),
-                          (unsigned long long)p->config.page_size,
-                          (unsigned long long)p->config.min_size,
-                          (unsigned long long)p->config.max_size,
+                          human_bytes(p->config.page_size, b[0]),
+                          human_bytes(p->config.min_size, b[1]),
+                          human_bytes(p->config.max_size, b[2]),
                           (unsigned long long)p->pages,
                           (unsigned long long)p->pages_peak,
                           (unsigned long long)p->buffers,
-                          (unsigned long long)p->bytes_in_use,
-                          (unsigned long long)p->bytes_in_use_peak,
-                          (unsigned long long)p->bytes_reserved,
-                          (unsigned long long)p->bytes_reserved_peak);
+                          human_bytes(p->bytes_in_use, b[3]),
+                          human_bytes(p->bytes_in_use_peak, b[4]),
+                          human_bytes(p->bytes_reserved, b[5]),
+                          human_bytes(p->bytes_reserved_peak, b[6]));
         }
+        char t[3][24];
         bad |= append(&buf, &len, &cap,
-                      "total: %llu buffers, %llu bytes in use, %llu "
-                      "padding, %llu reserved\n",
+                      "total: %llu buffers, %s in use, %s padding, %s "
+                      "reserved\n",
                       (unsigned long long)u->buffers,
-                      (unsigned long long)u->bytes_in_use,
-                      (unsigned long long)u->bytes_padding,
-                      (unsigned long long)u->bytes_reserved);
+                      human_bytes(u->bytes_in_use, t[0]),
+                      human_bytes(u->bytes_padding, t[1]),
+                      human_bytes(u->bytes_reserved, t[2]));
     }
     if (bad) {
         free(buf);
