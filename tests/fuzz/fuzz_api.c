@@ -294,26 +294,37 @@ static void op_create(reader *r)
 
 /* Writes the first `len` bytes of slot s's range (elements of 1 or 4
  * bytes). */
-static void op_write(reader *r)
+/* Writes the first `len` bytes of slot s's range; `whole`: through
+ * cube_write_all, which takes exactly the range's size (`len` is then the
+ * range's size when `exact`, else what the input says). */
+static void op_write(reader *r, int whole)
 {
     int s = rd8(r) % SLOTS;
     uint32_t len = rd16(r) % (MAX_SIZE + 8);
-    uint32_t elem = (rd8(r) & 1) ? 4 : 1;
+    uint8_t mode = rd8(r);
+    uint32_t elem = (mode & 1) ? 4 : 1;
     uint8_t seed = rd8(r);
     if (slots[s].h.bits == 0)
         return;
-    if (elem == 4)
+    if (whole && (mode & 2))
+        len = (uint32_t)slots[s].size;
+    if (elem == 4 && !whole)
         len &= ~3u;
     uint8_t src[MAX_SIZE + 8];
     for (uint32_t i = 0; i < len; i++)
         src[i] = (uint8_t)(seed ^ (i * 13u));
-    cube_copy_desc d = cube_copy_desc_contiguous(slots[s].h, len, elem);
-    const void *srcs[1] = {src};
-    uint64_t sizes[1] = {len};
-    cube_error *err = cube_write(g_client, &d, srcs, sizes, 1);
+    cube_error *err;
+    if (whole) {
+        err = cube_write_all(g_client, slots[s].h, src, len);
+    } else {
+        cube_copy_desc d = cube_copy_desc_contiguous(slots[s].h, len, elem);
+        const void *srcs[1] = {src};
+        uint64_t sizes[1] = {len};
+        err = cube_write(g_client, &d, srcs, sizes, 1);
+    }
     if (!slot_live(s))
         return expect(err, CUBE_ERR_NOT_FOUND);
-    if (len == 0 || len > slots[s].size)
+    if (len == 0 || len > slots[s].size || (whole && len != slots[s].size))
         return expect(err, CUBE_ERR_INVALID_ARGUMENT);
     if (capturing())
         return expect(err, CUBE_ERR_GRAPH_STATE);
@@ -327,20 +338,26 @@ static void op_write(reader *r)
 }
 
 /* Reads the first `len` bytes of slot s's range, blocking or through a
- * future. */
+ * future; `whole` (async 2): through cube_read_all, with the range's size
+ * or the input's. */
 static void op_read(reader *r, int async)
 {
     int s = rd8(r) % SLOTS;
     uint32_t len = rd16(r) % (MAX_SIZE + 8);
+    int whole = async == 2;
     if (slots[s].h.bits == 0)
         return;
+    if (whole && (len & 1))
+        len = (uint32_t)slots[s].size;
     uint8_t dst[MAX_SIZE + 8];
     memset(dst, 0xA5, sizeof dst);
     cube_copy_desc d = cube_copy_desc_contiguous(slots[s].h, len, 1);
     void *dsts[1] = {dst};
     uint64_t sizes[1] = {len};
     cube_error *err;
-    if (async) {
+    if (whole) {
+        err = cube_read_all(g_client, slots[s].h, dst, len);
+    } else if (async) {
         cube_future *f = NULL;
         err = cube_read_async(g_client, &d, dsts, sizes, 1, &f);
         if (!err) {
@@ -352,7 +369,7 @@ static void op_read(reader *r, int async)
     }
     if (!slot_live(s))
         return expect(err, CUBE_ERR_NOT_FOUND);
-    if (len == 0 || len > slots[s].size)
+    if (len == 0 || len > slots[s].size || (whole && len != slots[s].size))
         return expect(err, CUBE_ERR_INVALID_ARGUMENT);
     model_alloc *a = slot_alloc(s);
     if (capturing() || a->failed) {
@@ -1813,7 +1830,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case 2:
             op_name = "write";
-            op_write(&r);
+            op_write(&r, 0);
             break;
         case 3:
             op_name = "read";
@@ -1907,9 +1924,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             op_name = "copy_peer";
             op_copy_peer(&r);
             break;
-        default:
-            op_name = "create";
-            op_create(&r);
+        default: /* 26: the whole-buffer forms, by the next byte */
+            if (rd8(&r) & 1) {
+                op_name = "write_all";
+                op_write(&r, 1);
+            } else {
+                op_name = "read_all";
+                op_read(&r, 2);
+            }
             break;
         }
     }
@@ -2045,6 +2067,11 @@ static int generate(const char *dir)
         /* overlapping slices of one buffer, refused */
         {1, 0,  64, 7,  5, 0, 1,  0, 0, 32, 0, 5, 0, 2,  16,
          0, 32, 0,  25, 1, 2, 24, 1, 2, 16, 0, 3, 0, 64, 0},
+        /* whole-buffer writes and reads: the range's size, a size that
+         * differs, a slice, after a failure */
+        {1,  0, 64, 7, 26, 1,  0,  0, 0, 2, 9, 26, 0, 0, 1, 0,  26,
+         1,  0, 5,  0, 0,  9,  26, 0, 0, 6, 0, 5,  0, 1, 0, 16, 0,
+         26, 0, 1,  1, 0,  10, 0,  1, 0, 0, 0, 26, 0, 0, 1, 0},
     };
     char path[4096];
     int count = 0;
