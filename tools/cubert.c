@@ -34,11 +34,12 @@ static void usage(FILE *f)
         "usage: cubert <command> [options]\n"
         "\n"
         "commands:\n"
-        "  info                      list the backends and, for each, its\n"
+        "  info [--json]             list the backends and, for each, its\n"
         "                            device properties or why it is\n"
         "                            unavailable; then every configuration\n"
         "                            key, its value and where it came from\n"
-        "                            (default, environment or the file)\n"
+        "                            (default, environment or the file);\n"
+        "                            --json prints it as one JSON object\n"
         "  allreduce [--backend B] [--ranks N] [--max BYTES]\n"
         "                            all-reduce f32 sums over every device\n"
         "                            of backend B (default: cuda when it\n"
@@ -258,6 +259,8 @@ static int cmd_info(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (argc == 1 && !strcmp(argv[0], "--json"))
+        return cubert_info_json();
     if (argc > 0) {
         fprintf(stderr, "cubert info: unexpected argument '%s'\n", argv[0]);
         usage(stderr);
