@@ -260,6 +260,16 @@ typedef struct cube_memory_usage {
 CUBE_API CUBE_MUST_USE cube_error *
 cube_memory_usage_get(cube_client *client, cube_memory_usage *out);
 
+/* The totals of every stream of the client's device: the memory of all
+ * the threads (and of every client of the device, which share its
+ * streams), where cube_memory_usage_get counts the calling thread's stream
+ * only. Each stream's part is read under that stream's lock, so the sum is
+ * exact when nothing allocates meanwhile. The foreign fields: the
+ * client's, as cube_memory_usage_get. Errors: CUBE_ERR_INVALID_ARGUMENT
+ * (client or out NULL, the client is closing). */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_memory_usage_device(cube_client *client, cube_memory_usage *out);
+
 /* Releases memory the calling stream holds but no buffer uses. Never frees
  * a live buffer. Errors: CUBE_ERR_INVALID_ARGUMENT. */
 CUBE_API CUBE_MUST_USE cube_error *cube_memory_cleanup(cube_client *client);

@@ -284,14 +284,19 @@ static PyObject *client_closed(pyc_client *self, void *closure)
     return PyBool_FromLong(self->c == NULL);
 }
 
-static PyObject *client_memory_usage(pyc_client *self, PyObject *unused)
+static PyObject *client_memory_usage(pyc_client *self, PyObject *args,
+                                     PyObject *kw)
 {
-    (void)unused;
+    static char *names[] = {"device", NULL};
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p", names, &device))
+        return NULL;
     cube_client *c = pyc_client_get(self);
     if (!c)
         return NULL;
     cube_memory_usage u;
-    cube_error *err = cube_memory_usage_get(c, &u);
+    cube_error *err =
+        device ? cube_memory_usage_device(c, &u) : cube_memory_usage_get(c, &u);
     if (err)
         return pyc_raise(err);
     return Py_BuildValue(
@@ -500,7 +505,10 @@ static PyMethodDef client_methods[] = {
      "profile() -> Profile, a context manager timing its block's work."},
     {"_dry_run_begin", (PyCFunction)client_dry_run_begin, METH_NOARGS, NULL},
     {"_dry_run_end", (PyCFunction)client_dry_run_end, METH_NOARGS, NULL},
-    {"memory_usage", (PyCFunction)client_memory_usage, METH_NOARGS, NULL},
+    {"memory_usage", (PyCFunction)(void (*)(void))client_memory_usage,
+     METH_VARARGS | METH_KEYWORDS,
+     "memory_usage(*, device=False) -> dict: the calling thread's stream, "
+     "or with device=True every stream of the device."},
     {"memory_report", (PyCFunction)(void (*)(void))client_memory_report,
      METH_VARARGS | METH_KEYWORDS, "memory_report(format='table') -> str"},
     {"memory_cleanup", (PyCFunction)client_memory_cleanup, METH_NOARGS, NULL},

@@ -604,3 +604,27 @@ def test_launch_releases_the_gil(client):
     if elapsed < 0.02:
         pytest.skip(f"the spin took only {elapsed:.3f} s here")
     assert during > 1000, (during, elapsed)
+
+
+def test_memory_usage_of_the_device_counts_other_threads(client):
+    import threading
+    made = threading.Event()
+    done = threading.Event()
+    held = []
+
+    def worker():
+        held.append(client.empty(1 << 16, "uint8"))
+        made.set()
+        done.wait(30)
+        held.clear()   # released on the worker's own stream
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert made.wait(30)
+    mine = client.memory_usage()
+    everything = client.memory_usage(device=True)
+    assert everything["bytes_in_use"] >= mine["bytes_in_use"] + (1 << 16)
+    done.set()
+    t.join()
+    with pytest.raises(TypeError):
+        client.memory_usage(True)   # keyword only

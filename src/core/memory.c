@@ -114,6 +114,40 @@ cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
     CORE_CALL(c, "cube_memory_usage_get", memory_usage_get_call(c, out));
 }
 
+static cube_error *memory_usage_device_call(cube_client *c,
+                                            cube_memory_usage *out)
+{
+    CORE_CHECK_CLIENT(c, "cube_memory_usage_device");
+    if (!out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_usage_device: out is NULL");
+    memset(out, 0, sizeof *out);
+    /* Streams are only ever added while the device is open, and each
+     * manager takes its own lock: the sum is of consistent parts, each
+     * as it was when it was read. */
+    uint32_t n =
+        atomic_load_explicit(&c->dev->stream_count, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++) {
+        core_stream *s = core_stream_at(c->dev, i);
+        cube_memory_usage one;
+        memset(&one, 0, sizeof one);
+        if (s)
+            mem_usage(s->base.memory, &one);
+        out->buffers += one.buffers;
+        out->bytes_in_use += one.bytes_in_use;
+        out->bytes_padding += one.bytes_padding;
+        out->bytes_reserved += one.bytes_reserved;
+    }
+    out->foreign_buffers = atomic_load(&c->foreign_buffers);
+    out->foreign_bytes = atomic_load(&c->foreign_bytes);
+    return NULL;
+}
+
+cube_error *cube_memory_usage_device(cube_client *c, cube_memory_usage *out)
+{
+    CORE_CALL(c, "cube_memory_usage_device", memory_usage_device_call(c, out));
+}
+
 static cube_error *memory_cleanup_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_cleanup");

@@ -31,6 +31,7 @@
  * stream of its own (m_enter), and leaves it empty with the default layout
  * installed again, for itself and for streams created later (m_leave).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1888,4 +1889,74 @@ CONF_TEST_NEEDS(
     m_release(b);
     free(src);
     m_leave();
+}
+
+/* --- totals over every stream --- */
+
+typedef struct {
+    cube_handle h[3];
+    int go_on;
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+} usage_worker;
+
+/* Allocates three buffers on its own stream, then waits to be told to
+ * release them (on that same stream). */
+static void *usage_worker_main(void *arg)
+{
+    usage_worker *w = arg;
+    for (int i = 0; i < 3; i++)
+        if (cube_empty(conf.client, 4096u << i, &w->h[i]))
+            return NULL;
+    pthread_mutex_lock(&w->m);
+    w->go_on = 1;
+    pthread_cond_broadcast(&w->cv);
+    while (w->go_on != 2)
+        pthread_cond_wait(&w->cv, &w->m);
+    pthread_mutex_unlock(&w->m);
+    for (int i = 0; i < 3; i++)
+        cube_error_free(cube_handle_release(conf.client, w->h[i]));
+    return NULL;
+}
+
+CONF_TEST(memory_usage_device_counts_every_thread_s_stream)
+{
+    cube_memory_usage before, mine, all;
+    CONF_OK(cube_memory_usage_device(conf.client, &before));
+    usage_worker w;
+    memset(&w, 0, sizeof w);
+    pthread_mutex_init(&w.m, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, usage_worker_main, &w), 0);
+    pthread_mutex_lock(&w.m);
+    while (w.go_on != 1)
+        pthread_cond_wait(&w.cv, &w.m);
+    pthread_mutex_unlock(&w.m);
+
+    /* The worker's buffers are on its stream: this thread's usage does
+     * not see them, the device's totals do. */
+    CONF_OK(cube_memory_usage_get(conf.client, &mine));
+    CONF_OK(cube_memory_usage_device(conf.client, &all));
+    assert_true(all.buffers >= before.buffers + 3);
+    assert_true(all.bytes_in_use >=
+                before.bytes_in_use + 4096u + 8192u + 16384u);
+    assert_true(all.buffers >= mine.buffers + 3);
+    assert_true(all.bytes_reserved >= all.bytes_in_use);
+
+    pthread_mutex_lock(&w.m);
+    w.go_on = 2;
+    pthread_cond_broadcast(&w.cv);
+    pthread_mutex_unlock(&w.m);
+    pthread_join(t, NULL);
+    CONF_OK(cube_memory_usage_device(conf.client, &all));
+    assert_int_equal(all.buffers, before.buffers);
+    assert_int_equal(all.bytes_in_use, before.bytes_in_use);
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.m);
+
+    CONF_EXPECT(cube_memory_usage_device(NULL, &all),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_memory_usage_device(conf.client, NULL),
+                CUBE_ERR_INVALID_ARGUMENT);
 }
