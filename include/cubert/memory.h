@@ -44,7 +44,8 @@ extern "C" {
 typedef enum cube_pool_kind {
     CUBE_POOL_SLICED = 0,
     CUBE_POOL_EXCLUSIVE = 1,
-    CUBE_POOL_PERSISTENT = 2 /* reports only: not part of a layout */
+    CUBE_POOL_PERSISTENT = 2, /* reports only: not part of a layout */
+    CUBE_POOL_EXPANDABLE = 3  /* needs a storage with virtual memory */
 } cube_pool_kind;
 
 typedef struct cube_pool_config {
@@ -71,7 +72,11 @@ typedef enum cube_layout_preset {
      * exclusive pages above: the default. */
     CUBE_PRESET_SUBSLICES = 0,
     /* Exclusive pages only: one buffer per page. */
-    CUBE_PRESET_EXCLUSIVE = 1
+    CUBE_PRESET_EXCLUSIVE = 1,
+    /* The subslices preset's sliced pools up to 1 MiB, then one
+     * expandable pool for every larger size (a device whose storage has
+     * no virtual memory refuses it at install: CUBE_ERR_UNSUPPORTED). */
+    CUBE_PRESET_EXPANDABLE = 2
 } cube_layout_preset;
 
 /* The preset layout for this client's device (derived from its memory
