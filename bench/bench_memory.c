@@ -13,7 +13,12 @@
  *       - public API: cube_empty + cube_handle_release on a "cpu" client;
  *      each against malloc + free of the same size. Nanoseconds per pair:
  *      the median over rounds of PAIR_BATCH pairs; the sides take turns
- *      round by round and the order alternates.
+ *      round by round and the order alternates. Then the same manager pair
+ *      with the expandable preset, over the host storage's virtual memory
+ *      (backends/common/host_memory.c, as the CPU backend's), beside the
+ *      default preset's pair of the same size: 256 B .. 1 MiB go to the
+ *      sliced pools both presets share, 4 MiB and 64 MiB to the expandable
+ *      pool (the default's request-sized sliced pool).
  *  (b) scaling: the manager-level pair of (a) with 10, 1,000 and 100,000
  *      other buffers live in the same manager. They are allocated first,
  *      with mixed sizes (log-uniform over 64 B .. 64 KiB, one in a hundred
@@ -38,7 +43,10 @@
  *      reserved throughout, as in a training loop whose steps come faster
  *      than that. The exclusive preset's figure is printed beside the
  *      default's, as is each replay's time per operation (for malloc, with
- *      the mallinfo2 calls outside the timed part). The manager's
+ *      the mallinfo2 calls outside the timed part). The expandable preset
+ *      replays over the same counting storage with virtual memory of
+ *      2 MiB pages (the granularity of an H200): a reservation takes
+ *      addresses only, and what it counts is the bytes mapped. The manager's
  *      per-pool report (mem_report, printed with cube_memory_report_format)
  *      is taken at the moment reserved bytes peak. The replay checks, every
  *      CHECK_EVERY operations, that live blocks are aligned and disjoint
@@ -56,6 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/common/host_memory.h"
 #include "bench_util.h"
 #include "cubert/backend/errors.h"
 #include "cubert/cubert.h"
@@ -178,13 +187,16 @@ static void host_free(void *self, uint64_t address, uint64_t size)
     free((void *)(uintptr_t)address);
 }
 
-/* Fake memory: addresses from a bump counter, bytes counted. */
+/* Fake memory: addresses from a bump counter, bytes counted (allocated
+ * and mapped; address space reserved is not memory). */
 typedef struct count_storage {
     uint64_t next;  /* the next free address */
     uint64_t limit; /* the device's size */
     uint64_t reserved, reserved_peak;
-    uint64_t allocs, frees;
+    uint64_t allocs, frees; /* allocs count maps too, frees unmaps */
 } count_storage;
+
+#define REPLAY_GRANULARITY (2ull << 20)
 
 static cube_error *count_alloc(void *self, uint64_t size, uint64_t align,
                                uint64_t *address)
@@ -212,6 +224,40 @@ static void count_free(void *self, uint64_t address, uint64_t size)
     (void)address;
     s->reserved -= size;
     s->frees++;
+}
+
+static cube_error *count_reserve(void *self, uint64_t size, uint64_t align,
+                                 uint64_t *base)
+{
+    count_storage *s = self;
+    uint64_t a = (s->next + align - 1) & ~(align - 1);
+    *base = a;
+    s->next = a + size;
+    return NULL;
+}
+
+static cube_error *count_map(void *self, uint64_t address, uint64_t size)
+{
+    count_storage *s = self;
+    (void)address;
+    if (size > s->limit || s->reserved > s->limit - size)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "the counted device refused to map %llu bytes "
+                              "(%llu mapped)",
+                              (unsigned long long)size,
+                              (unsigned long long)s->reserved);
+    s->reserved += size;
+    if (s->reserved > s->reserved_peak)
+        s->reserved_peak = s->reserved;
+    s->allocs++;
+    return NULL;
+}
+
+static void count_release(void *self, uint64_t base, uint64_t size)
+{
+    (void)self;
+    (void)base;
+    (void)size;
 }
 
 /* --- (a) allocation hot path --- */
@@ -292,6 +338,88 @@ static int pair_medians(mem_manager *m, cube_client *c, uint64_t size,
 }
 
 static const uint64_t pair_sizes[3] = {256, 64 << 10, 1 << 20};
+
+/* Manager pairs of the expandable preset beside the default's. */
+#define VM_PAIR_SIZES 5
+static const uint64_t vm_pair_sizes[VM_PAIR_SIZES] = {256, 64 << 10, 1 << 20,
+                                                      4 << 20, 64 << 20};
+
+/* The host storage with virtual memory, as the CPU backend's. */
+static void host_vm_ops(mem_storage_ops *ops)
+{
+    memset(ops, 0, sizeof *ops);
+    ops->alloc = host_alloc;
+    ops->free = host_free;
+    ops->granularity = HOST_VM_GRANULARITY;
+    ops->reserve = host_storage_reserve;
+    ops->map = host_storage_map;
+    ops->unmap = host_storage_unmap;
+    ops->release = host_storage_release;
+}
+
+/* Medians of the manager pair on two managers, alternating round by
+ * round. */
+static int pair_medians_two(mem_manager *a, mem_manager *b, uint64_t size,
+                            double *ta_out, double *tb_out)
+{
+    static double ta[PAIR_ROUNDS], tb[PAIR_ROUNDS];
+    for (int r = -PAIR_WARMUP; r < PAIR_ROUNDS; r++) {
+        double d[2];
+        for (int turn = 0; turn < 2; turn++) {
+            int who = (turn + r + PAIR_WARMUP) % 2;
+            if (manager_pairs(who ? b : a, size, PAIR_BATCH, &d[who]))
+                return 1;
+        }
+        if (r >= 0) {
+            ta[r] = d[0];
+            tb[r] = d[1];
+        }
+    }
+    *ta_out = median(ta, PAIR_ROUNDS);
+    *tb_out = median(tb, PAIR_ROUNDS);
+    return 0;
+}
+
+static int bench_hot_path_expandable(const mem_device *dev)
+{
+    mem_storage_ops ops;
+    host_vm_ops(&ops);
+    mem_manager *def = NULL, *exp = NULL;
+    cube_memory_layout ld, le;
+    int rc = 1;
+    if (failed(mem_layout_preset(CUBE_PRESET_SUBSLICES, dev, &ld),
+               "mem_layout_preset") ||
+        failed(mem_layout_preset(CUBE_PRESET_EXPANDABLE, dev, &le),
+               "mem_layout_preset") ||
+        failed(mem_manager_create(&ops, dev, &ld, &def),
+               "mem_manager_create") ||
+        failed(mem_manager_create(&ops, dev, &le, &exp), "mem_manager_create"))
+        goto done;
+    double te[VM_PAIR_SIZES], td[VM_PAIR_SIZES];
+    for (int i = 0; i < VM_PAIR_SIZES; i++)
+        if (pair_medians_two(exp, def, vm_pair_sizes[i], &te[i], &td[i]))
+            goto done;
+    printf("Expandable preset (host storage with virtual memory, 2 MiB "
+           "pages), same pair beside the default preset's:\n\n");
+    table_header("cubert ÷ peer");
+    char what[128], ours[64], peer[96], theirs[64], sz[32];
+    for (int i = 0; i < VM_PAIR_SIZES; i++) {
+        size_name(vm_pair_sizes[i], sz, sizeof sz);
+        snprintf(what, sizeof what,
+                 "mem_alloc + mem_free, %s, expandable preset (%s pool)", sz,
+                 vm_pair_sizes[i] > (1u << 20) ? "expandable" : "sliced");
+        snprintf(ours, sizeof ours, "%.1f ns", te[i]);
+        snprintf(peer, sizeof peer, "same pair, subslices preset (default)");
+        snprintf(theirs, sizeof theirs, "%.1f ns", td[i]);
+        row(what, ours, peer, theirs, te[i] / td[i], NULL);
+    }
+    printf("\n");
+    rc = 0;
+done:
+    mem_manager_destroy(def);
+    mem_manager_destroy(exp);
+    return rc;
+}
 
 static int bench_hot_path(cube_client *c, const mem_device *dev)
 {
@@ -631,7 +759,9 @@ static int replay_manager(const trace *t, cube_layout_preset preset,
     memset(res, 0, sizeof *res);
     mem_device dev = {REPLAY_ALIGNMENT, REPLAY_MEMORY};
     count_storage cs = {1ull << 40, REPLAY_MEMORY, 0, 0, 0, 0};
-    mem_storage_ops ops = {&cs, count_alloc, count_free};
+    mem_storage_ops ops = {
+        &cs,           count_alloc, count_free, REPLAY_GRANULARITY,
+        count_reserve, count_map,   count_free, count_release};
     cube_memory_layout layout;
     mem_manager *m = NULL;
     cube_storage *st = calloc((size_t)t->max_id + 1, sizeof *st);
@@ -826,14 +956,16 @@ static int bench_fragmentation(const char *path)
         return 1;
     replay_result *sub = calloc(1, sizeof *sub);
     replay_result *exc = calloc(1, sizeof *exc);
+    replay_result *exp = calloc(1, sizeof *exp);
     malloc_result mal;
     int rc = 1;
-    if (!sub || !exc) {
+    if (!sub || !exc || !exp) {
         fprintf(stderr, "bench_memory: out of host memory\n");
         goto done;
     }
     if (replay_manager(&t, CUBE_PRESET_SUBSLICES, sub) ||
         replay_manager(&t, CUBE_PRESET_EXCLUSIVE, exc) ||
+        replay_manager(&t, CUBE_PRESET_EXPANDABLE, exp) ||
         replay_malloc(&t, &mal))
         goto done;
 
@@ -880,12 +1012,33 @@ static int bench_fragmentation(const char *path)
     snprintf(theirs, sizeof theirs, "%.3f", ours);
     row("mem_alloc/mem_free, exclusive preset", o, peer, theirs, ex / ours,
         NULL);
+    double vm = (double)exp->peak_reserved / (double)exp->peak_live;
+    snprintf(o, sizeof o, "%.3f (%.3f GiB mapped)", vm,
+             gib(exp->peak_reserved));
+    row("mem_alloc/mem_free, expandable preset", o, peer, theirs, vm / ours,
+        NULL);
+    if (mal.peak_held) {
+        snprintf(peer, sizeof peer,
+                 "glibc malloc: peak heap + mmapped bytes held ÷ peak live");
+        snprintf(theirs, sizeof theirs, "%.3f", held);
+        row("mem_alloc/mem_free, expandable preset", o, peer, theirs, vm / held,
+            NULL);
+    }
     snprintf(o, sizeof o, "%.0f ns", sub->ns_per_op);
     snprintf(theirs, sizeof theirs, "%.0f ns", mal.ns_per_op);
     snprintf(note, sizeof note, " (%llu storage allocations)",
              (unsigned long long)sub->storage_allocs);
     row("replay time per op, subslices preset", o, "glibc malloc/free, per op",
         theirs, sub->ns_per_op / mal.ns_per_op, note);
+    snprintf(o, sizeof o, "%.0f ns", exp->ns_per_op);
+    snprintf(note, sizeof note, " (%llu storage allocations and maps)",
+             (unsigned long long)exp->storage_allocs);
+    row("replay time per op, expandable preset", o, "glibc malloc/free, per op",
+        theirs, exp->ns_per_op / mal.ns_per_op, note);
+    snprintf(theirs, sizeof theirs, "%.0f ns", sub->ns_per_op);
+    row("replay time per op, expandable preset", o,
+        "subslices preset (default), per op", theirs,
+        exp->ns_per_op / sub->ns_per_op, NULL);
     printf("\n");
 
     char *text = cube_memory_report_format(&sub->at_peak, CUBE_REPORT_TABLE);
@@ -897,10 +1050,20 @@ static int bench_fragmentation(const char *path)
            "preset):\n\n```\n%s```\n\n",
            text);
     free(text);
+    text = cube_memory_report_format(&exp->at_peak, CUBE_REPORT_TABLE);
+    if (!text) {
+        fprintf(stderr, "bench_memory: cube_memory_report_format failed\n");
+        goto done;
+    }
+    printf("Per-pool report when mapped bytes peaked (expandable "
+           "preset):\n\n```\n%s```\n\n",
+           text);
+    free(text);
     rc = 0;
 done:
     free(sub);
     free(exc);
+    free(exp);
     free(t.ops);
     return rc;
 }
@@ -926,6 +1089,8 @@ int main(int argc, char **argv)
 
     int rc = bench_hot_path(c, &dev);
     cube_client_close(c);
+    if (!rc)
+        rc = bench_hot_path_expandable(&dev);
     if (!rc)
         rc = bench_scaling(&dev);
     if (!rc)

@@ -270,8 +270,9 @@ cube_memory_usage_get(cube_client *client, cube_memory_usage *out);
 CUBE_API CUBE_MUST_USE cube_error *
 cube_memory_usage_device(cube_client *client, cube_memory_usage *out);
 
-/* Releases memory the calling stream holds but no buffer uses. Never frees
- * a live buffer. Errors: CUBE_ERR_INVALID_ARGUMENT. */
+/* Releases memory the calling stream holds but no buffer uses (an
+ * expandable pool's mapped pages that no live buffer touches among it).
+ * Never frees a live buffer. Errors: CUBE_ERR_INVALID_ARGUMENT. */
 CUBE_API CUBE_MUST_USE cube_error *cube_memory_cleanup(cube_client *client);
 
 #ifdef __cplusplus

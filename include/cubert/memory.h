@@ -15,6 +15,24 @@
  *    split it;
  *  - exclusive: one buffer per page; pages unused for `release_after_ms`
  *    are given back;
+ *  - expandable: one range of address space, reserved at the pool's first
+ *    buffer (its cap, or the device's memory when it has none), carved
+ *    into aligned blocks like one sliced page that grows in place: free
+ *    blocks are found by size class and merge with free neighbours, and
+ *    the range's pages (2 MiB on the host) are mapped when a block first
+ *    covers them. A release never unmaps: pages stay mapped, counted as
+ *    reserved, until cube_memory_cleanup or an out-of-memory retry unmaps
+ *    every page no live buffer touches; so a request served from pages
+ *    already mapped makes no call to the device, and what the pool
+ *    reserves is what its buffers cover, rounded out to whole pages, plus
+ *    the free pages it keeps mapped. It needs a device whose storage has
+ *    virtual memory (the CPU and null backends' host memory);
+ *    cube_install_memory_pools refuses it elsewhere. A capped expandable
+ *    pool whose range has no free run for a request spills it over like a
+ *    sliced pool at its cap; an uncapped one answers
+ *    CUBE_ERR_OUT_OF_MEMORY. Its memory is the calling stream's, like
+ *    every pool's: the range goes back when the stream's pools are
+ *    rebuilt or the device closes, and the same thread-safety rules apply;
  *  - persistent: exact-size reuse for long-lived buffers and graphs, used
  *    while the stream's allocation mode is persistent.
  *
@@ -44,21 +62,26 @@ extern "C" {
 typedef enum cube_pool_kind {
     CUBE_POOL_SLICED = 0,
     CUBE_POOL_EXCLUSIVE = 1,
-    CUBE_POOL_PERSISTENT = 2 /* reports only: not part of a layout */
+    CUBE_POOL_PERSISTENT = 2, /* reports only: not part of a layout */
+    CUBE_POOL_EXPANDABLE = 3  /* needs a storage with virtual memory */
 } cube_pool_kind;
 
 typedef struct cube_pool_config {
     cube_pool_kind kind;
     /* Sliced: bytes per page, or the largest page when above the device's
      * page limit (see above). Exclusive: the largest page (each page is its
-     * request rounded to the alignment). A multiple of the alignment. */
+     * request rounded to the alignment). Expandable: the largest block
+     * (the range is the cap, or the device's memory). A multiple of the
+     * alignment. */
     uint64_t page_size;
     uint64_t min_size;         /* smallest request routed here (inclusive) */
     uint64_t max_size;         /* largest request routed here (inclusive);
                                   <= page_size */
-    uint64_t cap;              /* most bytes the pool may reserve; 0: no cap */
+    uint64_t cap;              /* most bytes the pool may reserve; 0: no cap.
+                                  Expandable: the size of its range */
     uint32_t release_after_ms; /* exclusive pages unused this long go
-                                  back; 0: only at cleanup */
+                                  back; 0: only at cleanup (sliced and
+                                  expandable pools: ignored) */
 } cube_pool_config;
 
 typedef struct cube_memory_layout {
@@ -71,7 +94,11 @@ typedef enum cube_layout_preset {
      * exclusive pages above: the default. */
     CUBE_PRESET_SUBSLICES = 0,
     /* Exclusive pages only: one buffer per page. */
-    CUBE_PRESET_EXCLUSIVE = 1
+    CUBE_PRESET_EXCLUSIVE = 1,
+    /* The subslices preset's sliced pools up to 1 MiB, then one
+     * expandable pool for every larger size (a device whose storage has
+     * no virtual memory refuses it at install: CUBE_ERR_UNSUPPORTED). */
+    CUBE_PRESET_EXPANDABLE = 2
 } cube_layout_preset;
 
 /* The preset layout for this client's device (derived from its memory
@@ -97,9 +124,12 @@ cube_memory_layout_validate(cube_client *client,
  * Errors: CUBE_ERR_INVALID_ARGUMENT (a bad layout; nothing changes),
  * CUBE_ERR_POOLS_IN_USE (the calling stream kept its old layout because
  * buffers are live in it; the layout still applies to streams created
- * later — retry after releasing them), CUBE_ERR_OUT_OF_MEMORY (the
- * calling stream could not be created). Every backend has configurable
- * pools: the client owns each stream's memory manager. */
+ * later — retry after releasing them), CUBE_ERR_UNSUPPORTED (the layout
+ * has an expandable pool and the device's storage has no virtual memory;
+ * nothing changes, for the calling stream or later ones),
+ * CUBE_ERR_OUT_OF_MEMORY (the calling stream could not be created).
+ * Every backend has configurable pools: the client owns each stream's
+ * memory manager. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_install_memory_pools(cube_client *client,
                           const cube_memory_layout *layout);

@@ -29,7 +29,8 @@ static cube_error *memory_layout_preset_call(cube_client *c,
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_memory_layout_preset: %s is NULL",
                               c ? "out" : "client");
-    if (preset != CUBE_PRESET_SUBSLICES && preset != CUBE_PRESET_EXCLUSIVE)
+    if (preset != CUBE_PRESET_SUBSLICES && preset != CUBE_PRESET_EXCLUSIVE &&
+        preset != CUBE_PRESET_EXPANDABLE)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_memory_layout_preset: preset %d is not "
                               "a cube_layout_preset",
@@ -70,16 +71,22 @@ static cube_error *install_memory_pools_call(cube_client *c,
     cube_error *err = cube_memory_layout_validate(c, layout);
     if (err)
         return cube_error_prefix(err, "cube_install_memory_pools");
+    core_stream *s = NULL;
+    err = core_stream_get(c, &s);
+    if (err)
+        return err;
+    /* A layout the device's storage cannot hold (an expandable pool without
+     * virtual memory) changes nothing. Every stream of a device has the
+     * same kind of storage, so the calling stream's answers for all. */
+    err = mem_layout_supported(mem_storage_of(s->base.memory), layout);
+    if (err)
+        return cube_error_prefix(err, "cube_install_memory_pools");
     /* Streams created from now on get the layout, whatever happens to the
      * calling stream's pools. */
     cube_mutex_lock(&c->dev->streams_lock);
     c->dev->layout = *layout;
     c->dev->has_layout = 1;
     cube_mutex_unlock(&c->dev->streams_lock);
-    core_stream *s = NULL;
-    err = core_stream_get(c, &s);
-    if (err)
-        return err;
     core_stream_lock(s);
     err = mem_install(s->base.memory, layout);
     core_stream_unlock(s);
@@ -302,6 +309,7 @@ static const char *kind_name(const cube_pool_report *p, int large)
     case CUBE_POOL_SLICED: return "sliced";
     case CUBE_POOL_EXCLUSIVE: return "exclusive";
     case CUBE_POOL_PERSISTENT: return "persistent";
+    case CUBE_POOL_EXPANDABLE: return "expandable";
     }
     return "?";
 }

@@ -27,6 +27,14 @@
  *  - anything larger goes to the large tail, an exact-size block.
  * CUBE_PRESET_EXCLUSIVE: one exclusive pool for sizes up to M / 4, the
  * rest in the large tail.
+ * CUBE_PRESET_EXPANDABLE: the subslices preset's sliced pools of fixed
+ * pages up to the step of 16 MiB pages (buffers up to 1 MiB on large
+ * devices; the step that reaches L, if that comes first), then one
+ * expandable pool for every larger size up to M (rounded down to A), with
+ * no cap: its range is the device's memory, mapped page by page as
+ * buffers need it (pool_expandable.c). Small buffers stay out of it: a
+ * long-lived small buffer in the range would keep a whole mapped page
+ * apart from the large runs around it.
  */
 #include <stdarg.h>
 #include <string.h>
@@ -117,7 +125,8 @@ cube_error *mem_layout_preset(cube_layout_preset preset, const mem_device *dev,
     cube_error *err = mem_device_check(dev);
     if (err)
         return err;
-    if (preset != CUBE_PRESET_SUBSLICES && preset != CUBE_PRESET_EXCLUSIVE)
+    if (preset != CUBE_PRESET_SUBSLICES && preset != CUBE_PRESET_EXCLUSIVE &&
+        preset != CUBE_PRESET_EXPANDABLE)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "memory layout preset %d is unknown",
                               (int)preset);
@@ -126,6 +135,23 @@ cube_error *mem_layout_preset(cube_layout_preset preset, const mem_device *dev,
     memset(out, 0, sizeof *out);
 
     uint64_t covered = 0; /* the largest size the pools so far take */
+    if (preset == CUBE_PRESET_EXPANDABLE) {
+        uint64_t limit = mem_page_limit(dev);
+        for (uint64_t want = PRESET_FIRST_PAGE;; want *= PRESET_PAGE_GROWTH) {
+            uint64_t page = round_up(want < limit ? want : limit, a);
+            uint64_t max = round_up(page / PRESET_SLICES_PER_PAGE, a);
+            if (max > covered) {
+                add_pool(out, CUBE_POOL_SLICED, page, covered + 1, max, 0);
+                covered = max;
+            }
+            if (page >= limit || want >= PRESET_LAST_PAGE)
+                break;
+        }
+        uint64_t top = round_down(mem, a);
+        if (top > covered)
+            add_pool(out, CUBE_POOL_EXPANDABLE, top, covered + 1, top, 0);
+        return NULL;
+    }
     if (preset == CUBE_PRESET_SUBSLICES) {
         uint64_t limit = mem_page_limit(dev);
         uint64_t large = round_down(mem / 8u, a); /* X */
@@ -196,10 +222,11 @@ static cube_error *pool_check(const cube_memory_layout *layout, uint32_t i,
     if (c->kind == CUBE_POOL_PERSISTENT)
         return bad(i, "kind is CUBE_POOL_PERSISTENT, but the persistent "
                       "pool is not part of a layout");
-    if (c->kind != CUBE_POOL_SLICED && c->kind != CUBE_POOL_EXCLUSIVE)
+    if (c->kind != CUBE_POOL_SLICED && c->kind != CUBE_POOL_EXCLUSIVE &&
+        c->kind != CUBE_POOL_EXPANDABLE)
         return bad(i,
-                   "kind %d is neither CUBE_POOL_SLICED nor "
-                   "CUBE_POOL_EXCLUSIVE",
+                   "kind %d is not CUBE_POOL_SLICED, CUBE_POOL_EXCLUSIVE or "
+                   "CUBE_POOL_EXPANDABLE",
                    (int)c->kind);
     if (c->page_size == 0)
         return bad(i, "page_size is 0");

@@ -15,7 +15,8 @@
  *                   size rounded up to the alignment, or for a reused
  *                   exclusive page the whole page;
  *  - bytes_reserved every byte held from the storage (pages of sliced and
- *                   exclusive pools, persistent and large-tail blocks),
+ *                   exclusive pools, persistent and large-tail blocks,
+ *                   the mapped pages of an expandable pool's range),
  *                   live or cached;
  * so bytes_reserved = bytes_in_use + bytes_padding + bytes cached free,
  * and bytes_reserved always equals what the storage has handed out and not
@@ -43,7 +44,8 @@ struct mem_block {
     uint64_t freed_ms;  /* exclusive: when it was last freed */
     mem_pool *pool;
     mem_page *page; /* sliced: the page holding the slice */
-    /* Sliced: the neighbours in address order within the page. Other
+    /* Sliced: the neighbours in address order within the page.
+     * Expandable: the neighbours in address order within the range. Other
      * pools: the pool's list of all its blocks. */
     mem_block *prev, *next;
     /* Free structures: a size-class bin, or a persistent size's list. */
@@ -120,6 +122,13 @@ struct mem_pool {
      * second free puts it back in the bins first. */
     mem_block *hot;
     mem_block *blocks; /* exclusive, tail, persistent: all blocks */
+    /* Expandable (pool_expandable.c): the reserved range (vm_size 0 until
+     * the first request), its page (the storage's granularity, at least
+     * the alignment), the block at its start (never merged away), and a
+     * bitmap of its mapped pages. */
+    uint64_t vm_base, vm_size, vm_page;
+    mem_block *vm_first;
+    uint64_t *vm_mapped;
     mem_block *lru_first, *lru_last; /* exclusive: free pages */
     mem_size_table sizes;            /* persistent */
     /* Sliced: the smallest new page and the granule new pages are rounded
@@ -195,6 +204,13 @@ static inline uint64_t mem_round(const mem_manager *m, uint64_t size)
 mem_block *mem_record_take(mem_manager *m) CUBE_REQUIRES(m->lock);
 void mem_record_give(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
 
+/* Maps [address, address + size) of an expandable pool's range, with the
+ * out-of-memory handling of mem_storage_get (which may unmap free pages
+ * of any expandable pool, never one a live block touches). Errors: as
+ * mem_storage_get. */
+cube_error *mem_storage_map(mem_manager *m, uint64_t address, uint64_t size)
+    CUBE_REQUIRES(m->lock);
+
 /* Storage with out-of-memory handling: on a refusal, releases everything
  * unused and retries once. Errors: CUBE_ERR_OUT_OF_MEMORY,
  * CUBE_ERR_DEVICE_FAULT (the storage's own, passed on without a retry: a
@@ -236,6 +252,13 @@ void mem_pool_drop_all(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
  * UINT64_MAX, gives back only pages unused for its release_after_ms (none
  * when that is 0). fini: gives back every page, live or not. */
 cube_error *mem_sliced_init(mem_manager *m, mem_pool *p);
+/* Sliced and expandable pools, whose blocks tile a range in address order
+ * (prev/next): merges a free block with its free neighbours and files the
+ * result in the bins (the hot block, not in the bins, is left alone);
+ * puts the hot block, if any, where a free would have. */
+void mem_merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
+    CUBE_REQUIRES(m->lock);
+void mem_hot_file(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
 cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
                              mem_block **out) CUBE_REQUIRES(m->lock);
 void mem_sliced_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
@@ -255,6 +278,22 @@ cube_error *mem_persistent_alloc(mem_manager *m, mem_pool *p, uint64_t size,
 void mem_persistent_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
 uint64_t mem_persistent_release(mem_manager *m, mem_pool *p)
     CUBE_REQUIRES(m->lock);
+/* Expandable pools (pool_expandable.c). init: the bins, for a range of
+ * the pool's reservation size (nothing is reserved yet). alloc: as the
+ * others; *out NULL when a capped pool's range has no free run that fits.
+ * release: unmaps every mapped page no live block touches. fini: unmaps
+ * what is mapped and gives the range back. */
+cube_error *mem_expandable_init(mem_manager *m, mem_pool *p);
+cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
+                                 mem_block **out) CUBE_REQUIRES(m->lock);
+void mem_expandable_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
+uint64_t mem_expandable_release(mem_manager *m, mem_pool *p)
+    CUBE_REQUIRES(m->lock);
+void mem_expandable_fini(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
+/* The size of an expandable pool's range: its cap, or the device's memory
+ * when it has none, rounded up to the storage's granularity. */
+uint64_t mem_expandable_range(const mem_manager *m, const mem_pool *p);
+
 /* Forgets sizes no block has any more (after a release). */
 void mem_persistent_prune(mem_pool *p);
 void mem_persistent_fini(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);

@@ -184,6 +184,8 @@ static uint64_t release_unused(mem_manager *m)
         mem_pool *p = &m->pools[i];
         if (p->config.kind == CUBE_POOL_SLICED)
             released += mem_sliced_release(m, p);
+        else if (p->config.kind == CUBE_POOL_EXPANDABLE)
+            released += mem_expandable_release(m, p);
         else
             released += mem_exclusive_release(m, p, UINT64_MAX);
     }
@@ -201,38 +203,64 @@ static void puts_flush_locked(mem_manager *m)
     m->put_count = 0;
 }
 
-cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
+/* One storage call: an alloc of `size` bytes into *address, or (map) a
+ * map of [address, address + size). */
+static cube_error *storage_call(mem_manager *m, int map, uint64_t size,
+                                uint64_t *address)
 {
-    cube_error *err =
-        m->ops.alloc(m->ops.self, size, m->dev.alignment, address);
+    if (map)
+        return m->ops.map(m->ops.self, *address, size);
+    return m->ops.alloc(m->ops.self, size, m->dev.alignment, address);
+}
+
+/* A storage call with the out-of-memory handling of mem_storage_get. */
+static cube_error *storage_call_retry(mem_manager *m, int map, uint64_t size,
+                                      uint64_t *address) CUBE_REQUIRES(m->lock);
+
+static cube_error *storage_call_retry(mem_manager *m, int map, uint64_t size,
+                                      uint64_t *address)
+{
+    const char *what = map ? "mapping" : "reserving";
+    cube_error *err = storage_call(m, map, size, address);
     if (!err)
         return NULL;
     /* A broken device: nothing released could help, and the caller must
      * see the fault, not a shortage. */
     if (cube_error_code(err) == CUBE_ERR_DEVICE_FAULT)
-        return cube_error_prefix(err, "reserving %llu bytes of storage",
+        return cube_error_prefix(err, "%s %llu bytes of storage", what,
                                  (ull)size);
     uint64_t released = release_unused(m);
     puts_flush_locked(m);
     if (released > 0) {
         cube_log_write(CUBE_LOG_INFO, "memory",
-                       "the storage refused %llu bytes (%s); released %llu "
-                       "unused bytes and retrying once",
-                       (ull)size, cube_error_message(err), (ull)released);
+                       "the storage refused %s %llu bytes (%s); released "
+                       "%llu unused bytes and retrying once",
+                       map ? "to map" : "to reserve", (ull)size,
+                       cube_error_message(err), (ull)released);
         cube_error_free(err);
-        err = m->ops.alloc(m->ops.self, size, m->dev.alignment, address);
+        err = storage_call(m, map, size, address);
         if (!err)
             return NULL;
     }
     if (cube_error_code(err) == CUBE_ERR_DEVICE_FAULT)
-        return cube_error_prefix(err, "reserving %llu bytes of storage",
+        return cube_error_prefix(err, "%s %llu bytes of storage", what,
                                  (ull)size);
     if (cube_error_code(err) != CUBE_ERR_OUT_OF_MEMORY)
         return cube_error_wrap(err, CUBE_ERR_OUT_OF_MEMORY,
-                               "reserving %llu bytes of storage", (ull)size);
-    return cube_error_prefix(
-        err, "reserving %llu bytes of storage%s", (ull)size,
-        released ? " (after releasing unused memory)" : "");
+                               "%s %llu bytes of storage", what, (ull)size);
+    return cube_error_prefix(err, "%s %llu bytes of storage%s", what, (ull)size,
+                             released ? " (after releasing unused memory)"
+                                      : "");
+}
+
+cube_error *mem_storage_get(mem_manager *m, uint64_t size, uint64_t *address)
+{
+    return storage_call_retry(m, 0, size, address);
+}
+
+cube_error *mem_storage_map(mem_manager *m, uint64_t address, uint64_t size)
+{
+    return storage_call_retry(m, 1, size, &address);
 }
 
 void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size)
@@ -328,8 +356,29 @@ static void pool_fini(mem_manager *m, mem_pool *p)
 {
     if (p->config.kind == CUBE_POOL_SLICED)
         mem_sliced_fini(m, p);
+    else if (p->config.kind == CUBE_POOL_EXPANDABLE)
+        mem_expandable_fini(m, p);
     else
         mem_exclusive_fini(m, p);
+}
+
+cube_error *mem_layout_supported(const mem_storage_ops *ops,
+                                 const cube_memory_layout *layout)
+{
+    if (!ops || !layout)
+        return NULL;
+    int vm = ops->granularity != 0 &&
+             (ops->granularity & (ops->granularity - 1)) == 0 && ops->reserve &&
+             ops->map && ops->unmap && ops->release;
+    for (uint32_t i = 0; i < layout->count && i < CUBE_MAX_POOLS; i++)
+        if (layout->pools[i].kind == CUBE_POOL_EXPANDABLE && !vm)
+            return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                                  "memory layout: pool %u is "
+                                  "CUBE_POOL_EXPANDABLE, but this device's "
+                                  "storage has no virtual memory (reserve, "
+                                  "map, unmap, release)",
+                                  (unsigned)i);
+    return NULL;
 }
 
 /* Builds the layout's pools into `pools` (nothing else changes). */
@@ -341,9 +390,13 @@ static cube_error *pools_build(mem_manager *m, const cube_memory_layout *layout,
         memset(p, 0, sizeof *p);
         p->config = layout->pools[i];
         p->index = i;
-        cube_error *err = p->config.kind == CUBE_POOL_SLICED
-                              ? mem_sliced_init(m, p)
-                              : mem_exclusive_init(m, p);
+        cube_error *err;
+        if (p->config.kind == CUBE_POOL_SLICED)
+            err = mem_sliced_init(m, p);
+        else if (p->config.kind == CUBE_POOL_EXPANDABLE)
+            err = mem_expandable_init(m, p);
+        else
+            err = mem_exclusive_init(m, p);
         if (err) {
             for (uint32_t j = 0; j < i; j++)
                 mem_bins_fini(&pools[j].bins);
@@ -400,6 +453,8 @@ cube_error *mem_manager_create(const mem_storage_ops *ops,
         layout = &preset;
     }
     err = mem_layout_validate(layout, dev);
+    if (!err)
+        err = mem_layout_supported(ops, layout);
     if (err)
         return err;
 
@@ -483,9 +538,13 @@ static cube_error *route(mem_manager *m, uint64_t size, mem_block **out)
         mem_pool *p = &m->pools[i];
         if (size < p->config.min_size || size > p->config.max_size)
             continue;
-        cube_error *err = p->config.kind == CUBE_POOL_SLICED
-                              ? mem_sliced_alloc(m, p, size, out)
-                              : mem_exclusive_alloc(m, p, size, out);
+        cube_error *err;
+        if (p->config.kind == CUBE_POOL_SLICED)
+            err = mem_sliced_alloc(m, p, size, out);
+        else if (p->config.kind == CUBE_POOL_EXPANDABLE)
+            err = mem_expandable_alloc(m, p, size, out);
+        else
+            err = mem_exclusive_alloc(m, p, size, out);
         if (err || *out)
             return err;
         if (!p->cap_warned) {
@@ -568,6 +627,8 @@ void mem_free(mem_manager *m, cube_storage *storage)
         mem_persistent_free(m, b);
     else if (p->config.kind == CUBE_POOL_SLICED)
         mem_sliced_free(m, b);
+    else if (p->config.kind == CUBE_POOL_EXPANDABLE)
+        mem_expandable_free(m, b);
     else
         mem_exclusive_free(m, b);
     mem_unlock(m);
@@ -652,6 +713,8 @@ cube_error *mem_install(mem_manager *m, const cube_memory_layout *layout)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "mem_install: the manager is NULL");
     cube_error *err = mem_layout_validate(layout, &m->dev);
+    if (!err)
+        err = mem_layout_supported(&m->ops, layout);
     if (err)
         return err;
     cube_mutex_lock(&m->lock);
@@ -688,4 +751,9 @@ void mem_set_persistent(mem_manager *m, int persistent)
     cube_mutex_lock(&m->lock);
     m->persistent = persistent != 0;
     mem_unlock(m);
+}
+
+const mem_storage_ops *mem_storage_of(const mem_manager *m)
+{
+    return &m->ops;
 }

@@ -41,15 +41,23 @@ cube_error *mem_layout_preset(cube_layout_preset preset, const mem_device *dev,
 cube_error *mem_layout_validate(const cube_memory_layout *layout,
                                 const mem_device *dev);
 
+/* Whether a storage can hold a (validated) layout's pools: an expandable
+ * pool needs its virtual memory (server.h). Errors: CUBE_ERR_UNSUPPORTED,
+ * naming the pool. */
+cube_error *mem_layout_supported(const mem_storage_ops *ops,
+                                 const cube_memory_layout *layout);
+
 /* A manager over `ops` with `layout` (NULL: the subslices preset; the
  * layout is validated and copied). Errors: CUBE_ERR_INVALID_ARGUMENT,
- * CUBE_ERR_OUT_OF_MEMORY. */
+ * CUBE_ERR_UNSUPPORTED (mem_layout_supported), CUBE_ERR_OUT_OF_MEMORY. */
 cube_error *mem_manager_create(const mem_storage_ops *ops,
                                const mem_device *dev,
                                const cube_memory_layout *layout,
                                mem_manager **out);
 /* Returns every block to the storage, live or not. */
 void mem_manager_destroy(mem_manager *m);
+/* The storage the manager was built over (set at creation: no lock). */
+const mem_storage_ops *mem_storage_of(const mem_manager *m);
 
 /* A block of at least `size` bytes, aligned. storage->size is `size`;
  * storage->cookie is the manager's record, needed by mem_free.
@@ -65,12 +73,14 @@ void mem_report(mem_manager *m, cube_memory_report *out);
 void mem_reset_peaks(mem_manager *m);
 
 /* Releases what can be released: empty pages of sliced pools, unused
- * exclusive pages, unused persistent buffers. Never a live block. */
+ * exclusive pages, mapped pages of expandable pools that no live block
+ * touches, unused persistent buffers. Never a live block. */
 void mem_cleanup(mem_manager *m);
 
 /* Rebuilds the pools with `layout` (validated first) when no block is
- * live. Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_POOLS_IN_USE (the old
- * layout stays), CUBE_ERR_OUT_OF_MEMORY. */
+ * live. Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_UNSUPPORTED
+ * (mem_layout_supported; checked before the live blocks),
+ * CUBE_ERR_POOLS_IN_USE (the old layout stays), CUBE_ERR_OUT_OF_MEMORY. */
 cube_error *mem_install(mem_manager *m, const cube_memory_layout *layout);
 
 /* Routes requests to the persistent pool while `persistent` is nonzero. */

@@ -138,10 +138,6 @@ static void page_drop(mem_manager *m, mem_pool *p, mem_page *page)
     free(page);
 }
 
-static void merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
-    CUBE_REQUIRES(m->lock);
-static void hot_file(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
-
 cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
                              mem_block **out)
 {
@@ -155,7 +151,7 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         *out = b;
         return NULL;
     }
-    hot_file(m, p);
+    mem_hot_file(m, p);
     b = mem_bins_find(&p->bins, extent, UINT64_MAX, 1);
     if (b) {
         mem_bins_remove(&p->bins, b);
@@ -200,9 +196,7 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
     return NULL;
 }
 
-/* Merges a free slice with its free neighbours and files the result in
- * the bins (the hot slice, not in the bins, is left alone). */
-static void merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
+void mem_merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
 {
     mem_block *prev = b->prev;
     mem_block *next = b->next;
@@ -226,14 +220,13 @@ static void merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
     mem_bins_insert(&p->bins, b);
 }
 
-/* Puts the hot slice, if any, where a free would have. */
-static void hot_file(mem_manager *m, mem_pool *p)
+void mem_hot_file(mem_manager *m, mem_pool *p)
 {
     mem_block *b = p->hot;
     if (!b)
         return;
     p->hot = NULL;
-    merge_and_file(m, p, b);
+    mem_merge_and_file(m, p, b);
 }
 
 void mem_sliced_free(mem_manager *m, mem_block *b)
@@ -241,7 +234,7 @@ void mem_sliced_free(mem_manager *m, mem_block *b)
     mem_pool *p = b->pool;
     /* The previous hot slice first, while `b` still counts as live: it
      * must not merge with a slice that is in no bin. */
-    hot_file(m, p);
+    mem_hot_file(m, p);
     mem_stats_live_remove(&p->st, b->requested, b->size);
     b->requested = 0;
     p->hot = b;
@@ -249,7 +242,7 @@ void mem_sliced_free(mem_manager *m, mem_block *b)
 
 uint64_t mem_sliced_release(mem_manager *m, mem_pool *p)
 {
-    hot_file(m, p);
+    mem_hot_file(m, p);
     uint64_t released = 0;
     mem_page *page = p->pages;
     while (page) {

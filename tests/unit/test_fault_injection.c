@@ -7,12 +7,15 @@
  * and a raw C kernel (cube_kernel_create_raw), writes
  * (once from a staging buffer) and reads buffers, makes one in a
  * persistent window, captures and replays a graph, profiles a window,
- * reads and formats the memory report, traces all of it to a file and
- * closes. A clean run counts the calls it makes; a call is named by its
- * kind, its site (the return address in the library, with the two above
- * it, so that a helper called from two places counts as two sites) and
- * its occurrence there. Then, for each call, a fresh child process (fork)
- * runs the scenario failing only that call, and checks that:
+ * reads and formats the memory report, installs the expandable preset
+ * and writes, reads and releases a buffer in its expandable pool (a range
+ * of address space reserved with mmap, pages mapped with mprotect), cleans
+ * up, traces all of it to a file and closes. A clean run counts the calls it
+ * makes; a call is named by its kind, its site (the return address in the
+ * library, with the two above it, so that a helper called from two places
+ * counts as two sites) and its occurrence there. Then, for each call, a fresh
+ * child process (fork) runs the scenario failing only that call, and checks
+ * that:
  *  - the API call that met the failure, or a later one it surfaced in,
  *    answers a code its header comment names and that fits what failed
  *    (fi_group_codes); nothing else is ever an answer, and a failure the
@@ -132,6 +135,7 @@ typedef enum fi_kind {
     FI_STRDUP,
     FI_ALIGNED_ALLOC,
     FI_MMAP,
+    FI_MPROTECT,
     FI_GETLINE,
     FI_XXH_STATE,
     FI_SPAWN_ACTIONS,
@@ -158,6 +162,7 @@ static const struct {
     [FI_STRDUP] = {"strdup", FI_ALLOC},
     [FI_ALIGNED_ALLOC] = {"aligned_alloc", FI_ALLOC},
     [FI_MMAP] = {"mmap", FI_ALLOC},
+    [FI_MPROTECT] = {"mprotect", FI_ALLOC},
     [FI_GETLINE] = {"getline", FI_ALLOC},
     [FI_XXH_STATE] = {"XXH3_createState", FI_ALLOC},
     [FI_SPAWN_ACTIONS] = {"posix_spawn_file_actions_*", FI_SPAWN},
@@ -224,6 +229,9 @@ typedef enum fi_api {
     API_ALL_REDUCE,
     API_COPY_PEER,
     API_COMM_DESTROY,
+    API_LAYOUT_PRESET,
+    API_INSTALL_POOLS,
+    API_CLEANUP,
     API_RELEASE,
     API_KERNEL_RELEASE,
     API_CLOSE,
@@ -268,6 +276,9 @@ static const struct {
     [API_ALL_REDUCE] = {"cube_all_reduce", "comm.h", NULL},
     [API_COPY_PEER] = {"cube_copy_peer", "comm.h", NULL},
     [API_COMM_DESTROY] = {"cube_comm_destroy", NULL, NULL},
+    [API_LAYOUT_PRESET] = {"cube_memory_layout_preset", "memory.h", NULL},
+    [API_INSTALL_POOLS] = {"cube_install_memory_pools", "memory.h", NULL},
+    [API_CLEANUP] = {"cube_memory_cleanup", "client.h", NULL},
     [API_RELEASE] = {"cube_handle_release", "buffer.h", NULL},
     [API_KERNEL_RELEASE] = {"cube_kernel_release", NULL, NULL},
     [API_CLOSE] = {"cube_client_close", NULL, NULL},
@@ -389,6 +400,7 @@ char *__real_strdup(const char *s);
 void *__real_aligned_alloc(size_t align, size_t n);
 void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd,
                   off_t off);
+int __real_mprotect(void *addr, size_t len, int prot);
 ssize_t __real_getline(char **line, size_t *cap, FILE *f);
 ssize_t __real___getdelim(char **line, size_t *cap, int delim, FILE *f);
 XXH3_state_t *__real_XXH3_createState(void);
@@ -419,6 +431,7 @@ char *__wrap_strdup(const char *s);
 void *__wrap_aligned_alloc(size_t align, size_t n);
 void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd,
                   off_t off);
+int __wrap_mprotect(void *addr, size_t len, int prot);
 ssize_t __wrap_getline(char **line, size_t *cap, FILE *f);
 ssize_t __wrap___getdelim(char **line, size_t *cap, int delim, FILE *f);
 XXH3_state_t *__wrap_XXH3_createState(void);
@@ -495,6 +508,15 @@ void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd,
         return MAP_FAILED;
     }
     return __real_mmap(addr, len, prot, flags, fd, off);
+}
+
+int __wrap_mprotect(void *addr, size_t len, int prot)
+{
+    if (fi_fail(FI_MPROTECT, FI_RA)) {
+        errno = ENOMEM;
+        return -1;
+    }
+    return __real_mprotect(addr, len, prot);
 }
 
 ssize_t __wrap_getline(char **line, size_t *cap, FILE *f)
@@ -645,6 +667,7 @@ void *__wrap_dlopen(const char *path, int flags)
 
 #define FI_N 256u /* elements: four cubes of 64 */
 #define FI_BYTES ((uint64_t)FI_N * sizeof(float))
+#define FI_WIDE (4u << 20) /* room for a buffer in the expandable pool */
 
 static const char FI_SRC_AFFINE[] =
     "CUBE_KERNEL(fi_affine, CUBE_IN(float, x), CUBE_OUT(float, y),\n"
@@ -705,6 +728,7 @@ typedef struct fi_scene {
     cube_client *c;
     cube_kernel *affine, *reverse, *raw;
     cube_handle x, y, z;
+    cube_handle w; /* in the expandable pool */
     cube_graph_id graph;
     int capturing;
     cube_profile_token token;
@@ -884,8 +908,8 @@ static void fi_release_all(fi_scene *sc)
                 cube_error_free(err);
             }
         }
-        cube_handle *hs[3] = {&sc->x, &sc->y, &sc->z};
-        for (int i = 0; i < 3; i++) {
+        cube_handle *hs[4] = {&sc->x, &sc->y, &sc->z, &sc->w};
+        for (int i = 0; i < 4; i++) {
             if (!hs[i]->bits)
                 continue;
             cube_error *err = cube_handle_release(sc->c, *hs[i]);
@@ -1114,6 +1138,51 @@ static void fi_steps(fi_scene *sc)
         if (!FI_CALL(API_RELEASE, cube_handle_release(sc->c, h)))
             return;
     }
+    /* The expandable preset: the pool's range is reserved at the first
+     * buffer it holds, its pages mapped for it, and unmapped by the
+     * cleanup after the release. */
+    cube_memory_layout vl;
+    if (!FI_CALL(API_LAYOUT_PRESET, cube_memory_layout_preset(
+                                        sc->c, CUBE_PRESET_EXPANDABLE, &vl)) ||
+        !FI_CALL(API_INSTALL_POOLS, cube_install_memory_pools(sc->c, &vl)))
+        return;
+    static unsigned char wide[FI_WIDE], wide_back[FI_WIDE];
+    uint64_t wsize = vl.pools[vl.count - 1].min_size + 3000u;
+    if (wsize < (2u << 20) + 3000u)
+        wsize = (2u << 20) + 3000u; /* two pages of 2 MiB */
+    if (wsize > FI_WIDE)
+        fi_wrong(sc, "the expandable pool starts at %" PRIu64 " bytes",
+                 vl.pools[vl.count - 1].min_size);
+    if (wsize > FI_WIDE)
+        return;
+    for (uint64_t i = 0; i < wsize; i++)
+        wide[i] = (unsigned char)(i * 7u + 3u);
+    if (!FI_CALL(API_CREATE, cube_create(sc->c, wide, wsize, &sc->w)))
+        return;
+    cube_copy_desc dw = cube_copy_desc_contiguous(sc->w, wsize, 1);
+    void *dst_w[1] = {wide_back};
+    uint64_t wsizes[1] = {wsize};
+    memset(wide_back, 0, sizeof wide_back);
+    if (!FI_CALL(API_READ, cube_read(sc->c, &dw, dst_w, wsizes, 1)))
+        return;
+    if (memcmp(wide, wide_back, (size_t)wsize) != 0)
+        fi_wrong(sc, "the buffer in the expandable pool reads back wrong");
+    cube_memory_report wrep;
+    if (!FI_CALL(API_MEMORY_REPORT, cube_memory_report_get(sc->c, &wrep)))
+        return;
+    if (wrep.pools[vl.count - 1].config.kind != CUBE_POOL_EXPANDABLE ||
+        wrep.pools[vl.count - 1].buffers != 1)
+        fi_wrong(sc, "the expandable pool does not hold the buffer");
+    cube_handle w = sc->w;
+    sc->w.bits = 0;
+    if (!FI_CALL(API_RELEASE, cube_handle_release(sc->c, w)) ||
+        !FI_CALL(API_CLEANUP, cube_memory_cleanup(sc->c)) ||
+        !FI_CALL(API_MEMORY_REPORT, cube_memory_report_get(sc->c, &wrep)))
+        return;
+    if (wrep.pools[vl.count - 1].bytes_reserved != 0)
+        fi_wrong(sc, "cleanup left %" PRIu64 " bytes mapped",
+                 wrep.pools[vl.count - 1].bytes_reserved);
+
     fi_enter(API_KERNEL_RELEASE);
     cube_kernel_release(sc->affine);
     cube_kernel_release(sc->reverse);

@@ -81,12 +81,48 @@ typedef struct cube_server_stream {
 
 /* What a stream's memory manager allocates from: `alloc` reserves `size`
  * bytes aligned to `align` (CUBE_ERR_OUT_OF_MEMORY when it cannot), `free`
- * gives them back. Both may be called from any thread. */
+ * gives them back. Both may be called from any thread.
+ *
+ * Virtual memory (optional; what expandable pools, CUBE_POOL_EXPANDABLE,
+ * are built on). A storage that has it sets `granularity` and all four
+ * functions; one that leaves `granularity` 0 or any of them NULL has none,
+ * and cube_install_memory_pools refuses a layout with an expandable pool
+ * (CUBE_ERR_UNSUPPORTED). A storage that does not know these fields
+ * leaves them zero (designated or positional initializers of the first
+ * three fields do).
+ *  - granularity: the page size of mappings, a power of two (2 MiB on the
+ *    host storage and on GPUs with virtual memory management). Every
+ *    range below starts and ends on a multiple of it.
+ *  - reserve: `size` bytes of address space aligned to `align` (a power
+ *    of two, at least the granularity), backed by nothing: touching it
+ *    faults. CUBE_ERR_OUT_OF_MEMORY when no address space is left.
+ *  - map: backs [address, address + size), inside a reservation and not
+ *    mapped now, with memory readable and writable by the device (and by
+ *    the host for host memory). CUBE_ERR_OUT_OF_MEMORY when the memory
+ *    cannot be had (the range is then left unmapped, whole);
+ *    CUBE_ERR_DEVICE_FAULT for a broken device.
+ *  - unmap: gives the memory behind [address, address + size), mapped now,
+ *    back; the range is address space only again. A range may cover pages
+ *    mapped by several map calls, or part of what one call mapped: a
+ *    storage keeps its memory per page of `granularity` bytes. Never
+ *    fails (memory that cannot be given back is the storage's to log).
+ *  - release: gives a reservation back, whole (the base and size reserve
+ *    returned), once nothing in it is mapped.
+ * The manager calls map and unmap under its lock, never on the path of a
+ * request its pools serve from memory already mapped; release when a pool
+ * is rebuilt or destroyed. */
 typedef struct cube_storage_ops {
     void *self;
     cube_error *(*alloc)(void *self, uint64_t size, uint64_t align,
                          uint64_t *address);
     void (*free)(void *self, uint64_t address, uint64_t size);
+    /* virtual memory (optional, see above) */
+    uint64_t granularity;
+    cube_error *(*reserve)(void *self, uint64_t size, uint64_t align,
+                           uint64_t *base);
+    cube_error *(*map)(void *self, uint64_t address, uint64_t size);
+    void (*unmap)(void *self, uint64_t address, uint64_t size);
+    void (*release)(void *self, uint64_t base, uint64_t size);
 } cube_storage_ops;
 
 /* Memory handed out by a backend: `address` is what kernels and copies use

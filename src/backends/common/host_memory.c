@@ -1,6 +1,8 @@
 /* Host memory for host-memory backends (host_memory.h). */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "backends/common/host_memory.h"
@@ -32,11 +34,93 @@ void host_storage_free(void *self, uint64_t address, uint64_t size)
     free((void *)(uintptr_t)address);
 }
 
+/* --- virtual memory ---
+ *
+ * A reservation is an anonymous private mapping with no access and no
+ * swap reservation (MAP_NORESERVE), trimmed to its alignment. Mapping a
+ * range makes it readable and writable; the kernel backs each page at its
+ * first touch, so what a mapped range costs is what was written to it.
+ * Unmapping drops the pages (MADV_DONTNEED: the next touch would read
+ * zeros) and takes the access away again, so a stray use faults. */
+
+static cube_error *host_vm_errno(int e, const char *what, uint64_t size)
+{
+    return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                          "host memory: %s %llu bytes failed: %s", what,
+                          (unsigned long long)size, strerror(e));
+}
+
+cube_error *host_storage_reserve(void *self, uint64_t size, uint64_t align,
+                                 uint64_t *base)
+{
+    (void)self;
+    if (align < HOST_VM_GRANULARITY)
+        align = HOST_VM_GRANULARITY;
+    if (size == 0 || size > SIZE_MAX - align ||
+        (size & (HOST_VM_GRANULARITY - 1)) != 0)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "host memory: cannot reserve %llu bytes of "
+                              "address space aligned to %llu",
+                              (unsigned long long)size,
+                              (unsigned long long)align);
+    size_t len = (size_t)size + (size_t)align;
+    void *p = mmap(NULL, len, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return host_vm_errno(errno, "reserving address space of", size);
+    uintptr_t start = (uintptr_t)p;
+    uintptr_t aligned =
+        (start + (uintptr_t)align - 1) & ~((uintptr_t)align - 1);
+    /* The slack before and after the aligned range goes back. */
+    if (aligned > start)
+        munmap(p, aligned - start);
+    size_t after = (size_t)(start + len - (aligned + (size_t)size));
+    if (after)
+        munmap((void *)(aligned + (size_t)size), after);
+    *base = (uint64_t)aligned;
+    return NULL;
+}
+
+cube_error *host_storage_map(void *self, uint64_t address, uint64_t size)
+{
+    (void)self;
+    if (mprotect((void *)(uintptr_t)address, (size_t)size,
+                 PROT_READ | PROT_WRITE) != 0) {
+        int e = errno;
+        /* A failed mprotect may have changed part of the range. */
+        mprotect((void *)(uintptr_t)address, (size_t)size, PROT_NONE);
+        return host_vm_errno(e, "mapping", size);
+    }
+    return NULL;
+}
+
+void host_storage_unmap(void *self, uint64_t address, uint64_t size)
+{
+    (void)self;
+    void *p = (void *)(uintptr_t)address;
+    /* The pages go back even when the protection cannot change (a split
+     * mapping past vm.max_map_count): the range then stays accessible but
+     * holds no memory. */
+    madvise(p, (size_t)size, MADV_DONTNEED);
+    mprotect(p, (size_t)size, PROT_NONE);
+}
+
+void host_storage_release(void *self, uint64_t base, uint64_t size)
+{
+    (void)self;
+    munmap((void *)(uintptr_t)base, (size_t)size);
+}
+
 void host_storage_ops(cube_server *server, cube_storage_ops *ops)
 {
     ops->self = server;
     ops->alloc = host_storage_alloc;
     ops->free = host_storage_free;
+    ops->granularity = HOST_VM_GRANULARITY;
+    ops->reserve = host_storage_reserve;
+    ops->map = host_storage_map;
+    ops->unmap = host_storage_unmap;
+    ops->release = host_storage_release;
 }
 
 void host_copy_op(const cube_copy_op *op, unsigned char *host, int to_host)

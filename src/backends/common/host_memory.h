@@ -25,7 +25,25 @@ cube_error *host_storage_alloc(void *self, uint64_t size, uint64_t align,
 /* cube_storage_ops.free: gives back what host_storage_alloc gave. */
 void host_storage_free(void *self, uint64_t address, uint64_t size);
 
-/* Fills `ops` with the two functions above. */
+/* Virtual memory over the host's (cube_storage_ops, server.h), for
+ * expandable pools: reserve is an mmap of PROT_NONE, MAP_NORESERVE
+ * address space aligned to at least HOST_VM_GRANULARITY; map is an
+ * mprotect to read and write (the kernel backs each page at its first
+ * touch); unmap is madvise(MADV_DONTNEED), which gives the pages back at
+ * once, then an mprotect back to PROT_NONE; release is munmap. Errors
+ * (reserve, map): CUBE_ERR_OUT_OF_MEMORY with the system's reason (ENOMEM
+ * when the address space or, under strict overcommit, the commit limit
+ * runs out); a failed map leaves its range inaccessible. `self` is
+ * unused. */
+#define HOST_VM_GRANULARITY (2ull << 20)
+cube_error *host_storage_reserve(void *self, uint64_t size, uint64_t align,
+                                 uint64_t *base);
+cube_error *host_storage_map(void *self, uint64_t address, uint64_t size);
+void host_storage_unmap(void *self, uint64_t address, uint64_t size);
+void host_storage_release(void *self, uint64_t base, uint64_t size);
+
+/* Fills `ops` with the functions above: aligned_alloc and free, and the
+ * host's virtual memory with a granularity of HOST_VM_GRANULARITY. */
 void host_storage_ops(cube_server *server, cube_storage_ops *ops);
 
 /* Copies one op's elements between its binding and packed host bytes:

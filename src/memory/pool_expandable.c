@@ -1,0 +1,334 @@
+/* Expandable pools: one reserved range of address space per pool, whose
+ * pages are mapped when a block first covers them.
+ *
+ * The range. At the pool's first request the storage reserves its range
+ * (mem_expandable_range: the cap, or the device's memory when there is
+ * none, rounded up to the storage's granularity); nothing is mapped then.
+ * The range is given back when the pool is rebuilt or destroyed.
+ *
+ * Blocks tile the range in address order (prev/next), each a multiple of
+ * the alignment long, as the slices of one sliced page do: a request takes
+ * the front of a fitting free block found in the size-class bins (the rest
+ * stays free), and a freed block merges at once with free neighbours.
+ * Blocks never move, so the range grows in place: a request larger than
+ * every free block takes the free run at the end of what was used, and a
+ * run freed by large buffers serves any mix of smaller ones later. The
+ * block freed last waits unmerged (the hot block), as in a sliced pool.
+ *
+ * Pages. A page is the storage's granularity (2 MiB on the host and on
+ * GPUs), or the alignment when that is larger. A bitmap says which pages
+ * are mapped. A request maps the pages of its block that are not mapped
+ * yet; the pages of a freed block stay mapped (cached: counted in
+ * bytes_reserved) until a cleanup or an out-of-memory retry unmaps every
+ * mapped page that no live block touches. Since free neighbours merge,
+ * such a page lies inside one free block, so the release walks the free
+ * blocks only. So:
+ *  - a request served from pages already mapped (a pool hit, including
+ *    every request a training loop repeats once its first step has run)
+ *    makes no call to the storage: a bin lookup, a split and a scan of
+ *    the block's bits in the bitmap, or for the hot block none of these;
+ *  - a free never calls the storage: unmapping at each free would make
+ *    the next request of that memory map it again (a system call and
+ *    page faults on the host; driver calls on a GPU);
+ *  - bytes_reserved is the mapped pages: the live blocks, what they share
+ *    of their first and last pages, and the cached pages of free blocks.
+ *
+ * Out of memory: a map the storage refuses releases what every pool holds
+ * unused and retries once (mem_storage_map); if that fails too the block
+ * goes back, the pages this request mapped are unmapped and the request is
+ * CUBE_ERR_OUT_OF_MEMORY, the pool as it was before it. A range that cannot
+ * be reserved is CUBE_ERR_OUT_OF_MEMORY too, and the next request tries
+ * again. An uncapped pool whose range has no free run for a request (live
+ * blocks and the gaps between them fill the device) answers
+ * CUBE_ERR_OUT_OF_MEMORY; a capped one spills the request over to the
+ * next pool, as a sliced pool at its cap does. release_after_ms does not
+ * apply to expandable pools.
+ */
+#include <stdlib.h>
+
+#include "cubert/backend/errors.h"
+#include "cubert/log.h"
+#include "memory/mem_internal.h"
+
+typedef unsigned long long ull;
+
+static uint64_t vm_page_of(const mem_manager *m)
+{
+    uint64_t g = m->ops.granularity;
+    return g > m->dev.alignment ? g : m->dev.alignment;
+}
+
+uint64_t mem_expandable_range(const mem_manager *m, const mem_pool *p)
+{
+    uint64_t g = vm_page_of(m);
+    uint64_t want = p->config.cap ? p->config.cap : m->dev.memory_size;
+    if (want > UINT64_MAX - (g - 1))
+        return want & ~(g - 1);
+    return (want + g - 1) & ~(g - 1);
+}
+
+cube_error *mem_expandable_init(mem_manager *m, mem_pool *p)
+{
+    const mem_storage_ops *o = &m->ops;
+    if (!o->granularity || (o->granularity & (o->granularity - 1)) != 0 ||
+        !o->reserve || !o->map || !o->unmap || !o->release)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "pool %u is expandable, but this device's "
+                              "storage has no virtual memory",
+                              (unsigned)p->index);
+    p->vm_page = vm_page_of(m);
+    p->vm_base = p->vm_size = 0;
+    p->vm_first = NULL;
+    p->vm_mapped = NULL;
+    p->hot = NULL;
+    return mem_bins_init(&p->bins, mem_expandable_range(m, p), m->shift);
+}
+
+/* --- the bitmap of mapped pages --- */
+
+/* The first page in [i, end) whose bit is `want`, or end. */
+static uint64_t find_page(const uint64_t *bits, uint64_t i, uint64_t end,
+                          int want)
+{
+    while (i < end) {
+        uint64_t w = want ? bits[i / 64u] : ~bits[i / 64u];
+        w &= ~0ull << (i % 64u);
+        uint64_t word = i & ~63ull;
+        if (w) {
+            uint64_t k = word + (uint64_t)__builtin_ctzll(w);
+            return k < end ? k : end;
+        }
+        i = word + 64u;
+    }
+    return end;
+}
+
+static void pages_mark(uint64_t *bits, uint64_t i, uint64_t end, int on)
+{
+    for (; i < end; i++) {
+        if (on)
+            bits[i / 64u] |= 1ull << (i % 64u);
+        else
+            bits[i / 64u] &= ~(1ull << (i % 64u));
+    }
+}
+
+static void stats_pages_add(mem_stats *st, uint64_t n, uint64_t bytes)
+{
+    st->pages += n;
+    st->reserved += bytes;
+    if (st->pages > st->pages_peak)
+        st->pages_peak = st->pages;
+    if (st->reserved > st->reserved_peak)
+        st->reserved_peak = st->reserved;
+}
+
+/* Unmaps the mapped pages among [lo, hi); returns the bytes unmapped. */
+static uint64_t unmap_pages(mem_manager *m, mem_pool *p, uint64_t lo,
+                            uint64_t hi) CUBE_REQUIRES(m->lock);
+
+static uint64_t unmap_pages(mem_manager *m, mem_pool *p, uint64_t lo,
+                            uint64_t hi)
+{
+    uint64_t g = p->vm_page, bytes = 0;
+    uint64_t i = find_page(p->vm_mapped, lo, hi, 1);
+    while (i < hi) {
+        uint64_t j = find_page(p->vm_mapped, i, hi, 0);
+        m->ops.unmap(m->ops.self, p->vm_base + i * g, (j - i) * g);
+        pages_mark(p->vm_mapped, i, j, 0);
+        p->st.pages -= j - i;
+        p->st.reserved -= (j - i) * g;
+        bytes += (j - i) * g;
+        i = find_page(p->vm_mapped, j, hi, 1);
+    }
+    return bytes;
+}
+
+/* Maps the pages `b` covers that are not mapped yet. On an error, what
+ * this call mapped stays mapped (the caller frees the block and releases
+ * the pool). */
+static cube_error *map_block(mem_manager *m, mem_pool *p, const mem_block *b)
+    CUBE_REQUIRES(m->lock);
+
+static cube_error *map_block(mem_manager *m, mem_pool *p, const mem_block *b)
+{
+    uint64_t g = p->vm_page;
+    uint64_t end = (b->address + b->size - p->vm_base + g - 1) / g;
+    uint64_t i = find_page(p->vm_mapped, (b->address - p->vm_base) / g, end, 0);
+    while (i < end) {
+        uint64_t j = find_page(p->vm_mapped, i, end, 1);
+        cube_error *err = mem_storage_map(m, p->vm_base + i * g, (j - i) * g);
+        if (err)
+            return err;
+        pages_mark(p->vm_mapped, i, j, 1);
+        stats_pages_add(&p->st, j - i, (j - i) * g);
+        i = find_page(p->vm_mapped, j, end, 0);
+    }
+    return NULL;
+}
+
+/* --- requests --- */
+
+/* Reserves the pool's range: one free block covering it. */
+static cube_error *range_reserve(mem_manager *m, mem_pool *p)
+    CUBE_REQUIRES(m->lock);
+
+static cube_error *range_reserve(mem_manager *m, mem_pool *p)
+{
+    uint64_t size = mem_expandable_range(m, p);
+    uint64_t pages = size / p->vm_page;
+    uint64_t *bits = calloc((size_t)((pages + 63u) / 64u), sizeof *bits);
+    if (!bits)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "pool %u: no host memory for the map of "
+                              "%llu pages",
+                              (unsigned)p->index, (ull)pages);
+    uint64_t base = 0;
+    cube_error *err = m->ops.reserve(m->ops.self, size, p->vm_page, &base);
+    if (err) {
+        free(bits);
+        if (cube_error_code(err) != CUBE_ERR_OUT_OF_MEMORY &&
+            cube_error_code(err) != CUBE_ERR_DEVICE_FAULT)
+            return cube_error_wrap(err, CUBE_ERR_OUT_OF_MEMORY,
+                                   "pool %u: reserving %llu bytes of address "
+                                   "space",
+                                   (unsigned)p->index, (ull)size);
+        return cube_error_prefix(err,
+                                 "pool %u: reserving %llu bytes of address "
+                                 "space",
+                                 (unsigned)p->index, (ull)size);
+    }
+    mem_block *b = mem_record_take(m);
+    b->address = base;
+    b->size = size;
+    b->pool = p;
+    p->vm_base = base;
+    p->vm_size = size;
+    p->vm_first = b;
+    p->vm_mapped = bits;
+    mem_bins_insert(&p->bins, b);
+    cube_log_write(CUBE_LOG_DEBUG, "memory",
+                   "pool %u: reserved %llu bytes of address space at 0x%llx "
+                   "(pages of %llu bytes)",
+                   (unsigned)p->index, (ull)size, (ull)base, (ull)p->vm_page);
+    return NULL;
+}
+
+/* Cuts the free block `b` (out of the bins) to `extent` bytes; the rest
+ * stays free, right after it. */
+static void split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
+    CUBE_REQUIRES(m->lock);
+
+static void split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
+{
+    if (b->size == extent)
+        return;
+    mem_block *rest = mem_record_take(m);
+    rest->address = b->address + extent;
+    rest->size = b->size - extent;
+    rest->pool = p;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next)
+        b->next->prev = rest;
+    b->next = rest;
+    b->size = extent;
+    mem_bins_insert(&p->bins, rest);
+}
+
+cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
+                                 mem_block **out)
+{
+    uint64_t extent = mem_round(m, size);
+    mem_block *b = p->hot;
+    *out = NULL;
+    if (b && b->size == extent) {
+        /* The block freed last, of this very extent, pages still mapped. */
+        p->hot = NULL;
+        b->requested = size;
+        mem_stats_live_add(&p->st, size, extent);
+        *out = b;
+        return NULL;
+    }
+    mem_hot_file(m, p);
+    cube_error *err = NULL;
+    if (!p->vm_size && (err = range_reserve(m, p)) != NULL)
+        return err;
+    b = mem_bins_find(&p->bins, extent, UINT64_MAX, 1);
+    if (!b) {
+        if (p->config.cap)
+            return NULL; /* spills over */
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "pool %u: no free run of %llu bytes in its "
+                              "range of %llu bytes (%llu bytes in use, %llu "
+                              "mapped)",
+                              (unsigned)p->index, (ull)extent, (ull)p->vm_size,
+                              (ull)p->st.in_use, (ull)p->st.reserved);
+    }
+    mem_bins_remove(&p->bins, b);
+    split(m, p, b, extent);
+    /* Live while its pages are mapped: an out-of-memory release in
+     * between must leave them alone. */
+    b->requested = size;
+    err = map_block(m, p, b);
+    if (err) {
+        b->requested = 0;
+        mem_merge_and_file(m, p, b);
+        mem_expandable_release(m, p);
+        return cube_error_prefix(err, "pool %u: a block of %llu bytes",
+                                 (unsigned)p->index, (ull)extent);
+    }
+    mem_stats_live_add(&p->st, size, extent);
+    *out = b;
+    return NULL;
+}
+
+void mem_expandable_free(mem_manager *m, mem_block *b)
+{
+    mem_pool *p = b->pool;
+    /* The previous hot block first, while `b` still counts as live. */
+    mem_hot_file(m, p);
+    mem_stats_live_remove(&p->st, b->requested, b->size);
+    b->requested = 0;
+    p->hot = b;
+}
+
+uint64_t mem_expandable_release(mem_manager *m, mem_pool *p)
+{
+    if (!p->vm_size)
+        return 0;
+    mem_hot_file(m, p);
+    uint64_t g = p->vm_page, released = 0;
+    for (mem_block *b = p->vm_first; b && p->st.pages; b = b->next) {
+        if (b->requested)
+            continue;
+        /* The pages wholly inside the free block. */
+        uint64_t lo = (b->address - p->vm_base + g - 1) / g;
+        uint64_t hi = (b->address + b->size - p->vm_base) / g;
+        if (lo < hi)
+            released += unmap_pages(m, p, lo, hi);
+    }
+    return released;
+}
+
+void mem_expandable_fini(mem_manager *m, mem_pool *p)
+{
+    p->hot = NULL; /* every block goes, filed or not */
+    if (p->vm_size) {
+        mem_block *b = p->vm_first;
+        while (b) {
+            mem_block *next = b->next;
+            if (b->requested)
+                mem_stats_live_remove(&p->st, b->requested, b->size);
+            mem_record_give(m, b);
+            b = next;
+        }
+        unmap_pages(m, p, 0, p->vm_size / p->vm_page);
+        m->ops.release(m->ops.self, p->vm_base, p->vm_size);
+        free(p->vm_mapped);
+        p->vm_mapped = NULL;
+        p->vm_first = NULL;
+        p->vm_base = p->vm_size = 0;
+    }
+    mem_bins_fini(&p->bins);
+}
