@@ -619,8 +619,15 @@ static int ul_uniform(const ul *u, int i, int pos)
         case R_PARAM_SCALAR:
         case R_PARAM_LEN:
         case R_ENUM: return 1;
-        case R_LOCAL:
-            return u->v[n->var].uniform || (pos && u->v[n->var].pospure);
+        case R_LOCAL: {
+            const ul_var *v = &u->v[n->var];
+            /* A value recomputed later must not read a uniform variable
+             * that statements change meanwhile (a loop's counter does not
+             * change within the body that declares the value). */
+            if (pos && v->uniform && v->modified && v->for_stmt < 0)
+                return 0;
+            return v->uniform || (pos && v->pospure);
+        }
         default: return 0;
         }
     case CXCursor_MemberRefExpr: {
