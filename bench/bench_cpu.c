@@ -28,6 +28,16 @@
  *      against cube_profile_start + launch + cube_profile_end (which waits
  *      for the launch, as the sync does); and the same around 100 launches.
  *      Medians; the two sides alternate iteration by iteration.
+ *  (f) barrier kernels (cube_sync()), the two of docs/kernels.md: the tiled
+ *      SGEMM at 512^3 (cube dim 16x16, GFLOP/s counting 2n^3) and the
+ *      shared-memory sum of 16 Mi floats (cube dim 256, 128 cubes, GB/s
+ *      counting 4 bytes read per element), each with its units as loops
+ *      between barriers (cpu_barriers auto, the barrier pass) and as
+ *      fibers (cpu_barriers fibers), on clients of their own. Peers, built
+ *      with the JIT's flags (bench_cpu_peers.c): the plain C i-k-j loop and
+ *      an OpenMP `parallel for simd` reduction. Medians of 7 rounds that
+ *      alternate the three contenders with 50 ms pauses, after one warm-up
+ *      round.
  *
  * Times use clock_gettime(CLOCK_MONOTONIC). The whole run takes well under
  * a minute.
@@ -61,6 +71,7 @@ static int omp_get_num_threads(void)
 }
 #endif
 
+#include "bench_cpu_peers.h"
 #include "bench_util.h"
 #include "cubert/cubert.h"
 
@@ -807,6 +818,278 @@ done:
 
 /* --- main --- */
 
+/* --- (f) barrier kernels --- */
+
+static const char sgemm_src[] =
+    "#define TILE 16\n"
+    "CUBE_KERNEL(matmul_tiled, CUBE_IN(float, a), CUBE_IN(float, b),\n"
+    "            CUBE_OUT(float, c), CUBE_SCALAR(uint32_t, n),\n"
+    "            CUBE_SHARED(float, ta, TILE * TILE),\n"
+    "            CUBE_SHARED(float, tb, TILE * TILE))\n"
+    "{\n"
+    "    uint32_t tx = UNIT_POS_X, ty = UNIT_POS_Y;\n"
+    "    uint64_t row = ABSOLUTE_POS_Y, col = ABSOLUTE_POS_X;\n"
+    "    float acc = 0.0f;\n"
+    "    for (uint32_t t = 0; t < (n + TILE - 1) / TILE; t++) {\n"
+    "        uint64_t ak = (uint64_t)t * TILE + tx;\n"
+    "        uint64_t bk = (uint64_t)t * TILE + ty;\n"
+    "        ta[ty * TILE + tx] = (row < n && ak < n) ? CUBE_AT(a, row * n + "
+    "ak) : 0.0f;\n"
+    "        tb[ty * TILE + tx] = (bk < n && col < n) ? CUBE_AT(b, bk * n + "
+    "col) : 0.0f;\n"
+    "        cube_sync();\n"
+    "        for (uint32_t k = 0; k < TILE; k++)\n"
+    "            acc += ta[ty * TILE + k] * tb[k * TILE + tx];\n"
+    "        cube_sync();\n"
+    "    }\n"
+    "    if (row < n && col < n)\n"
+    "        CUBE_AT(c, row * n + col) = acc;\n"
+    "}\n";
+
+static const char sum_src[] =
+    "#define SUM_UNITS 256\n"
+    "CUBE_KERNEL(sum_all, CUBE_IN(float, x), CUBE_INOUT(float, total),\n"
+    "            CUBE_SHARED(float, partial, SUM_UNITS))\n"
+    "{\n"
+    "    uint32_t u = UNIT_POS_X;\n"
+    "    uint64_t stride = (uint64_t)CUBE_COUNT_X * CUBE_DIM_X;\n"
+    "    float acc = 0.0f;\n"
+    "    for (uint64_t i = ABSOLUTE_POS_X; i < CUBE_LEN(x); i += stride)\n"
+    "        acc += CUBE_AT(x, i);\n"
+    "    partial[u] = acc;\n"
+    "    cube_sync();\n"
+    "    for (uint32_t half = SUM_UNITS / 2; half > 0; half /= 2) {\n"
+    "        if (u < half)\n"
+    "            partial[u] += partial[u + half];\n"
+    "        cube_sync();\n"
+    "    }\n"
+    "    if (u == 0)\n"
+    "        cube_atomic_add_f32(&CUBE_AT(total, 0), partial[0]);\n"
+    "}\n";
+
+#define BAR_N 512u
+#define BAR_SUM_N ((size_t)16 << 20)
+#define BAR_SUM_CUBES 128u
+#define BAR_ROUNDS 7
+
+/* One side of (f): a client with cpu_barriers `mode`, its kernels and
+ * buffers. */
+typedef struct bar_side {
+    cube_client *c;
+    cube_kernel *mm, *sum;
+    cube_handle a, b, cm, x, total;
+    char mm_src[sizeof sgemm_src + 32], sum_src[sizeof sum_src + 32];
+} bar_side;
+
+static cube_error *bar_open(bar_side *s, const char *mode, const float *a,
+                            const float *b, const float *x)
+{
+    memset(s, 0, sizeof *s);
+    /* A compiled kernel is shared by the clients of a device: the sources
+     * differ by a comment, so that each side compiles its own. */
+    snprintf(s->mm_src, sizeof s->mm_src, "%s/* %s */\n", sgemm_src, mode);
+    snprintf(s->sum_src, sizeof s->sum_src, "%s/* %s */\n", sum_src, mode);
+    setenv("CUBERT_CPU_BARRIERS", mode, 1);
+    cube_error *err = cube_client_open("cpu", NULL, &s->c);
+    cube_kernel_desc dm = {"matmul_tiled", s->mm_src, {16, 16, 1}};
+    cube_kernel_desc ds = {"sum_all", s->sum_src, {256, 1, 1}};
+    const uint64_t mat = (uint64_t)BAR_N * BAR_N * sizeof(float);
+    float zero = 0.0f;
+    if (!err)
+        err = cube_kernel_create(&dm, &s->mm);
+    if (!err)
+        err = cube_kernel_create(&ds, &s->sum);
+    if (!err)
+        err = cube_create(s->c, a, mat, &s->a);
+    if (!err)
+        err = cube_create(s->c, b, mat, &s->b);
+    if (!err)
+        err = cube_empty(s->c, mat, &s->cm);
+    if (!err)
+        err = cube_create(s->c, x, BAR_SUM_N * sizeof(float), &s->x);
+    if (!err)
+        err = cube_create(s->c, &zero, sizeof zero, &s->total);
+    /* The first launches compile (cpu_barriers is read then). */
+    cube_arg ma[] = {cube_arg_buffer(s->a), cube_arg_buffer(s->b),
+                     cube_arg_buffer(s->cm), cube_arg_u32(BAR_N)};
+    cube_arg sa[] = {cube_arg_buffer(s->x), cube_arg_buffer(s->total)};
+    if (!err)
+        err = cube_launch(s->c, s->mm,
+                          cube_count_static(BAR_N / 16, BAR_N / 16, 1), ma, 4,
+                          CUBE_LAUNCH_EXECUTE);
+    if (!err)
+        err = cube_launch(s->c, s->sum, cube_count_static(BAR_SUM_CUBES, 1, 1),
+                          sa, 2, CUBE_LAUNCH_EXECUTE);
+    if (!err)
+        err = cube_sync(s->c, NULL, 0);
+    unsetenv("CUBERT_CPU_BARRIERS");
+    return err;
+}
+
+static void bar_close(bar_side *s)
+{
+    if (s->c) {
+        cube_handle hs[] = {s->a, s->b, s->cm, s->x, s->total};
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+            if (hs[i].bits)
+                cube_error_free(cube_handle_release(s->c, hs[i]));
+    }
+    cube_kernel_release(s->mm);
+    cube_kernel_release(s->sum);
+    cube_client_close(s->c);
+}
+
+/* Seconds for one SGEMM (mm) or one sum, launched and synced. */
+static cube_error *bar_time(bar_side *s, int mm, double *sec)
+{
+    cube_arg ma[] = {cube_arg_buffer(s->a), cube_arg_buffer(s->b),
+                     cube_arg_buffer(s->cm), cube_arg_u32(BAR_N)};
+    cube_arg sa[] = {cube_arg_buffer(s->x), cube_arg_buffer(s->total)};
+    double t0 = now_us();
+    cube_error *err =
+        mm ? cube_launch(s->c, s->mm,
+                         cube_count_static(BAR_N / 16, BAR_N / 16, 1), ma, 4,
+                         CUBE_LAUNCH_EXECUTE)
+           : cube_launch(s->c, s->sum, cube_count_static(BAR_SUM_CUBES, 1, 1),
+                         sa, 2, CUBE_LAUNCH_EXECUTE);
+    if (!err)
+        err = cube_sync(s->c, NULL, 0);
+    *sec = (now_us() - t0) * 1e-6;
+    return err;
+}
+
+/* The largest difference between the SGEMM result and a double-precision
+ * reference, on every 17th row. */
+static double bar_sgemm_error(bar_side *s, const float *a, const float *b,
+                              float *c)
+{
+    const uint64_t mat = (uint64_t)BAR_N * BAR_N * sizeof(float);
+    cube_copy_desc d = cube_copy_desc_contiguous(s->cm, mat, sizeof(float));
+    void *dst[] = {c};
+    uint64_t size[] = {mat};
+    cube_error *err = cube_read(s->c, &d, dst, size, 1);
+    if (err) {
+        cube_error_free(err);
+        return INFINITY;
+    }
+    double worst = 0.0;
+    for (uint32_t i = 0; i < BAR_N; i += 17)
+        for (uint32_t j = 0; j < BAR_N; j++) {
+            double ref = 0.0;
+            for (uint32_t k = 0; k < BAR_N; k++)
+                ref += (double)a[(size_t)i * BAR_N + k] *
+                       (double)b[(size_t)k * BAR_N + j];
+            double e = fabs(ref - (double)c[(size_t)i * BAR_N + j]);
+            if (e > worst)
+                worst = e;
+        }
+    return worst;
+}
+
+static int bench_barriers(int threads)
+{
+    const size_t mat = (size_t)BAR_N * BAR_N;
+    float *a = malloc(mat * sizeof(float)), *b = malloc(mat * sizeof(float));
+    float *c = malloc(mat * sizeof(float));
+    float *x = malloc(BAR_SUM_N * sizeof(float));
+    if (!a || !b || !c || !x) {
+        free(a);
+        free(b);
+        free(c);
+        free(x);
+        fprintf(stderr, "bench_cpu: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < mat; i++) {
+        a[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
+        b[i] = (float)((i * 5) % 11) / 11.0f - 0.5f;
+    }
+    for (size_t i = 0; i < BAR_SUM_N; i++)
+        x[i] = (float)(i % 3);
+    bar_side loops, fibers;
+    int rc = failed(bar_open(&loops, "auto", a, b, x), "barrier kernels "
+                                                       "(auto)") ||
+             failed(bar_open(&fibers, "fibers", a, b, x),
+                    "barrier kernels (fibers)");
+    double mm_l[BAR_ROUNDS], mm_f[BAR_ROUNDS], mm_p[BAR_ROUNDS];
+    double su_l[BAR_ROUNDS], su_f[BAR_ROUNDS], su_p[BAR_ROUNDS];
+    volatile float sink = 0.0f;
+    for (int r = -1; !rc && r < BAR_ROUNDS; r++) {
+        /* Pauses between contenders: idle threads of one side (OpenMP's
+         * spin, the pool's) must not compete with the next. */
+        double t;
+        int k = r < 0 ? 0 : r;
+        rc = failed(bar_time(&loops, 1, &t), "SGEMM (loops)");
+        mm_l[k] = t;
+        pause_ms(50);
+        rc = rc || failed(bar_time(&fibers, 1, &t), "SGEMM (fibers)");
+        mm_f[k] = t;
+        pause_ms(50);
+        double t0 = now_us();
+        bench_peer_sgemm_ikj(a, b, c, BAR_N);
+        mm_p[k] = (now_us() - t0) * 1e-6;
+        pause_ms(50);
+        rc = rc || failed(bar_time(&loops, 0, &t), "sum (loops)");
+        su_l[k] = t;
+        pause_ms(50);
+        rc = rc || failed(bar_time(&fibers, 0, &t), "sum (fibers)");
+        su_f[k] = t;
+        pause_ms(50);
+        t0 = now_us();
+        sink += bench_peer_sum(x, BAR_SUM_N);
+        su_p[k] = (now_us() - t0) * 1e-6;
+        pause_ms(50);
+    }
+    (void)sink;
+    if (!rc) {
+        double el = bar_sgemm_error(&loops, a, b, c);
+        double ef = bar_sgemm_error(&fibers, a, b, c);
+        double flop = 2.0 * BAR_N * BAR_N * BAR_N;
+        double gl = flop / median(mm_l, BAR_ROUNDS) * 1e-9;
+        double gf = flop / median(mm_f, BAR_ROUNDS) * 1e-9;
+        double gp = flop / median(mm_p, BAR_ROUNDS) * 1e-9;
+        double bytes = (double)BAR_SUM_N * sizeof(float);
+        double bl = bytes / median(su_l, BAR_ROUNDS) * 1e-9;
+        double bf = bytes / median(su_f, BAR_ROUNDS) * 1e-9;
+        double bp = bytes / median(su_p, BAR_ROUNDS) * 1e-9;
+        printf("\n### (f) Barrier kernels: units as loops (barrier pass) "
+               "and as fibers\n\n");
+        printf("SGEMM max abs error against double precision: loops %.2g, "
+               "fibers %.2g\n\n",
+               el, ef);
+        table_header("cubert ÷ peer");
+        char ours[64], peer[96], theirs[64];
+        snprintf(peer, sizeof peer,
+                 "C i-k-j loop, OpenMP, %d threads, JIT flags", threads);
+        snprintf(theirs, sizeof theirs, "%.1f GFLOP/s", gp);
+        snprintf(ours, sizeof ours, "%.1f GFLOP/s", gl);
+        row("tiled SGEMM 512³, units as loops", ours, peer, theirs, gl / gp,
+            NULL);
+        snprintf(ours, sizeof ours, "%.2f GFLOP/s", gf);
+        row("tiled SGEMM 512³, units as fibers", ours, peer, theirs, gf / gp,
+            NULL);
+        snprintf(peer, sizeof peer,
+                 "OpenMP parallel for simd reduction, %d threads, JIT flags",
+                 threads);
+        snprintf(theirs, sizeof theirs, "%.1f GB/s", bp);
+        snprintf(ours, sizeof ours, "%.1f GB/s", bl);
+        row("sum of 16 Mi floats (128 cubes of 256), units as loops", ours,
+            peer, theirs, bl / bp, NULL);
+        snprintf(ours, sizeof ours, "%.2f GB/s", bf);
+        row("sum of 16 Mi floats (128 cubes of 256), units as fibers", ours,
+            peer, theirs, bf / bp, NULL);
+        printf("\nUnits as loops ÷ as fibers: SGEMM %.1fx, sum %.1fx\n\n",
+               gl / gf, bl / bf);
+    }
+    bar_close(&loops);
+    bar_close(&fibers);
+    free(a);
+    free(b);
+    free(c);
+    free(x);
+    return rc;
+}
+
 int main(void)
 {
     double start = now_us();
@@ -843,6 +1126,8 @@ int main(void)
                              0);
     if (!rc)
         rc = bench_latency(c, axpy, threads);
+    if (!rc)
+        rc = bench_barriers(threads);
     cube_kernel_release(axpy);
     cube_kernel_release(axpy_u);
     cube_client_close(c);

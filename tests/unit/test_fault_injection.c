@@ -2,8 +2,10 @@
  * open and dlopen the library makes in one scenario is failed once, in
  * turn, and nothing crashes, leaks or is lost.
  *
- * The scenario opens a CPU client, compiles and launches two cube C
- * kernels (one of them runs its units as fibers, meeting at cube_sync())
+ * The scenario opens a CPU client, compiles and launches three cube C
+ * kernels (two meet at cube_sync(): one the barrier pass rewrites into
+ * loops over its units, with libclang loaded at run time, and one it
+ * refuses, whose units run as fibers)
  * and a raw C kernel (cube_kernel_create_raw), writes
  * (once from a staging buffer) and reads buffers, makes one in a
  * persistent window, captures and replays a graph, profiles a window,
@@ -679,7 +681,7 @@ static const char FI_SRC_AFFINE[] =
     "}\n";
 
 /* Each cube reverses its 64 elements through shared memory: the units
- * run as fibers (their stacks are mapped) and meet at cube_sync(). */
+ * meet at cube_sync(), and run as loops between it (the barrier pass). */
 static const char FI_SRC_REVERSE[] =
     "CUBE_KERNEL(fi_reverse, CUBE_IN(float, x), CUBE_OUT(float, y),\n"
     "            CUBE_SHARED(float, t, 64))\n"
@@ -687,6 +689,20 @@ static const char FI_SRC_REVERSE[] =
     "    uint32_t u = UNIT_POS_X, i = ABSOLUTE_POS_X;\n"
     "    t[u] = i < CUBE_LEN(x) ? x[i] : 0.0f;\n"
     "    cube_sync();\n"
+    "    if (i < CUBE_LEN(y))\n"
+    "        y[i] = t[63 - u];\n"
+    "}\n";
+
+/* The same, with the barrier under a condition the barrier pass cannot
+ * prove uniform: the units run as fibers (their stacks are mapped). */
+static const char FI_SRC_REVERSE_FIBERS[] =
+    "CUBE_KERNEL(fi_reverse_fibers, CUBE_IN(float, x), CUBE_OUT(float, y),\n"
+    "            CUBE_SHARED(float, t, 64))\n"
+    "{\n"
+    "    uint32_t u = UNIT_POS_X, i = ABSOLUTE_POS_X;\n"
+    "    t[u] = i < CUBE_LEN(x) ? x[i] : 0.0f;\n"
+    "    if (u < 64)\n"
+    "        cube_sync();\n"
     "    if (i < CUBE_LEN(y))\n"
     "        y[i] = t[63 - u];\n"
     "}\n";
@@ -726,7 +742,7 @@ typedef struct fi_scene {
     const fi_paths *paths;
     int attempt;
     cube_client *c;
-    cube_kernel *affine, *reverse, *raw;
+    cube_kernel *affine, *reverse, *reverse_fibers, *raw;
     cube_handle x, y, z;
     cube_handle w; /* in the expandable pool */
     cube_graph_id graph;
@@ -922,6 +938,7 @@ static void fi_release_all(fi_scene *sc)
     }
     cube_kernel_release(sc->affine);
     cube_kernel_release(sc->reverse);
+    cube_kernel_release(sc->reverse_fibers);
     cube_kernel_release(sc->raw);
     cube_client_close(sc->c);
     sc->c = NULL;
@@ -950,8 +967,12 @@ static void fi_steps(fi_scene *sc)
 
     cube_kernel_desc da = {"fi_affine", FI_SRC_AFFINE, {64, 1, 1}};
     cube_kernel_desc dr = {"fi_reverse", FI_SRC_REVERSE, {64, 1, 1}};
+    cube_kernel_desc drf = {
+        "fi_reverse_fibers", FI_SRC_REVERSE_FIBERS, {64, 1, 1}};
     if (!FI_CALL(API_KERNEL_CREATE, cube_kernel_create(&da, &sc->affine)) ||
-        !FI_CALL(API_KERNEL_CREATE, cube_kernel_create(&dr, &sc->reverse)))
+        !FI_CALL(API_KERNEL_CREATE, cube_kernel_create(&dr, &sc->reverse)) ||
+        !FI_CALL(API_KERNEL_CREATE,
+                 cube_kernel_create(&drf, &sc->reverse_fibers)))
         return;
     cube_raw_kernel_desc draw;
     memset(&draw, 0, sizeof draw);
@@ -1016,6 +1037,8 @@ static void fi_steps(fi_scene *sc)
     sc->known_y = sc->known_z = 0;
     if (!FI_CALL(API_LAUNCH,
                  fi_launch(sc, sc->affine, sc->x, sc->y, 1, 3.0f, -2.0f)) ||
+        !FI_CALL(API_LAUNCH, fi_launch(sc, sc->reverse_fibers, sc->y, sc->z, 0,
+                                       0.0f, 0.0f)) ||
         !FI_CALL(API_LAUNCH,
                  fi_launch(sc, sc->reverse, sc->y, sc->z, 0, 0.0f, 0.0f)))
         return;
@@ -1186,8 +1209,9 @@ static void fi_steps(fi_scene *sc)
     fi_enter(API_KERNEL_RELEASE);
     cube_kernel_release(sc->affine);
     cube_kernel_release(sc->reverse);
+    cube_kernel_release(sc->reverse_fibers);
     cube_kernel_release(sc->raw);
-    sc->affine = sc->reverse = sc->raw = NULL;
+    sc->affine = sc->reverse = sc->reverse_fibers = sc->raw = NULL;
     fi_enter(API_CLOSE);
     cube_client_close(sc->c);
     sc->c = NULL;

@@ -936,6 +936,11 @@ static const char *cpu_jit_env(const char *name)
     return v && *v ? v : NULL;
 }
 
+static const cube_config_word cpu_barriers_words[] = {
+    {"auto", CPU_BARRIERS_AUTO, 0},
+    {"fibers", CPU_BARRIERS_FIBERS, 0},
+    {NULL, 0, 0}};
+
 const cube_config_key cpu_config_keys[] = {
     {.name = "cpu_cc",
      .type = CUBE_CONFIG_TEXT,
@@ -948,6 +953,18 @@ const cube_config_key cpu_config_keys[] = {
      .default_text = "none",
      .doc = "extra options for every CPU kernel compilation, separated by "
             "blanks"},
+    {.name = "cpu_libclang",
+     .type = CUBE_CONFIG_TEXT,
+     .max_len = CUBE_CONFIG_TEXT_MAX,
+     .default_text = "libclang.so.1, else libclang-<N>.so.1 (N 19 to 11)",
+     .doc = "the libclang library the CPU backend's barrier pass loads: a "
+            "path or a name the dynamic loader finds"},
+    {.name = "cpu_barriers",
+     .type = CUBE_CONFIG_WORD,
+     .words = cpu_barriers_words,
+     .default_text = "auto",
+     .doc = "auto: kernels with cube_sync() run their units as loops where "
+            "the barrier pass can; fibers: always as fibers"},
     {.name = "mpi_library",
      .type = CUBE_CONFIG_TEXT,
      .max_len = CUBE_CONFIG_TEXT_MAX,

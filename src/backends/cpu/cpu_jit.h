@@ -22,9 +22,12 @@
 #include "cubert/backend/config.h"
 #include "cubert/error.h"
 
-/* The CPU backend's configuration keys (cpu_cc, cpu_cflags), for its
- * cube_backend: the compiler is what reads them. */
+/* The CPU backend's configuration keys (cpu_cc, cpu_cflags, ...), for its
+ * cube_backend: the compiler is what reads most of them. */
 extern const cube_config_key cpu_config_keys[];
+
+/* The values of the key cpu_barriers. */
+enum { CPU_BARRIERS_AUTO = 0, CPU_BARRIERS_FIBERS = 1 };
 
 typedef struct cpu_jit cpu_jit;
 typedef struct cpu_module cpu_module;

@@ -14,6 +14,7 @@
 #include "backends/common/host_memory.h"
 #include "backends/cpu/cpu_jit.h"
 #include "backends/cpu/cpu_mpi.h"
+#include "backends/cpu/cpu_unitloop.h"
 #include "backends/cpu/cpu_workers.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/config.h"
@@ -42,11 +43,17 @@ typedef struct cpu_launch_abi {
 
 typedef void (*cpu_run_fn)(const cpu_launch_abi *, unsigned, unsigned, void *);
 typedef void (*cpu_unit_fn)(const cpu_launch_abi *, unsigned, unsigned, void *);
+typedef void (*cpu_cubes_fn)(const cpu_launch_abi *, unsigned, unsigned,
+                             void *);
 
 typedef struct cpu_kernel_impl {
     cpu_module *module;
     cpu_run_fn run;
     cpu_unit_fn unit;
+    /* A kernel with cube_sync() the barrier pass rewrote: runs whole cubes
+     * of dimension cubes_dim with the units as loops; else NULL (fibers). */
+    cpu_cubes_fn cubes;
+    uint32_t cubes_dim[3];
     /* A raw kernel's entry (cubert/cpu_kernel.h), called once per cube;
      * run and unit are then NULL. */
     cube_cpu_kernel_fn raw;
@@ -242,6 +249,83 @@ static cube_error *cpu_compile_raw(cpu_server *s, const cube_kernel *kernel,
     return NULL;
 }
 
+/* A kernel that calls cube_sync(): its body rewritten by the barrier pass
+ * (cpu_unitloop.c) and compiled with the cube entry added, or nothing
+ * (*out NULL) when the pass refuses it, is switched off, or its output
+ * does not compile; the caller then compiles `source` as it is and the
+ * units run as fibers. The reason is logged, once per compile. Errors:
+ * those of cpu_jit_load other than CUBE_ERR_COMPILE. */
+static cube_error *cpu_compile_unit_loops(cpu_server *s, const char *name,
+                                          const char *source, const char *flags,
+                                          const uint32_t dim[3],
+                                          cpu_module **out,
+                                          cpu_jit_origin *origin)
+{
+    *out = NULL;
+    cube_config_value v;
+    if (cube_config_lookup("cpu_barriers", &v) == 0 &&
+        v.origin != CUBE_CONFIG_UNSET && v.number == CPU_BARRIERS_FIBERS) {
+        cube_log_write(CUBE_LOG_INFO, "compile",
+                       "kernel '%s' runs its units as fibers: cpu_barriers "
+                       "is fibers",
+                       name);
+        return NULL;
+    }
+    char why[256];
+    char *extra = NULL;
+    const unsigned d[3] = {dim[0], dim[1], dim[2]};
+    double t0 = now_ms();
+    cpu_unitloop_status st =
+        cpu_unitloop_transform(source, name, d, &extra, why, sizeof why);
+    double t1 = now_ms();
+    char *full = NULL;
+    if (st == CPU_UNITLOOP_DONE) {
+        size_t n = strlen(source) + strlen(extra) + 2;
+        full = malloc(n);
+        if (full)
+            snprintf(full, n, "%s\n%s", source, extra);
+        else
+            snprintf(why, sizeof why, "out of memory");
+        free(extra);
+    }
+    if (!full) {
+        cube_log_write(CUBE_LOG_INFO, "compile",
+                       "kernel '%s' runs its units as fibers: %s", name, why);
+        return NULL;
+    }
+    cpu_module *m = NULL;
+    cube_error *err = cpu_jit_load(s->jit, full, flags, &m, origin);
+    free(full);
+    if (err && cube_error_code(err) == CUBE_ERR_COMPILE) {
+        cube_log_write(CUBE_LOG_INFO, "compile",
+                       "kernel '%s' runs its units as fibers: its rewritten "
+                       "source does not compile",
+                       name);
+        cube_log_write(CUBE_LOG_DEBUG, "compile", "%s",
+                       cube_error_log(err) ? cube_error_log(err) : "");
+        cube_error_free(err);
+        return NULL;
+    }
+    if (err)
+        return err;
+    const unsigned *cdim = symbol(m, "cube__cubes_dim_", name);
+    if (!symbol(m, "cube__cubes_", name) || !cdim || cdim[0] != dim[0] ||
+        cdim[1] != dim[1] || cdim[2] != dim[2]) {
+        cube_log_write(CUBE_LOG_INFO, "compile",
+                       "kernel '%s' runs its units as fibers: its rewritten "
+                       "source lacks the cube entry",
+                       name);
+        cpu_module_close(m);
+        return NULL;
+    }
+    cube_log_write(CUBE_LOG_INFO, "compile",
+                   "kernel '%s' runs its units as loops between barriers "
+                   "(cube dimension %ux%ux%u, pass %.1f ms)",
+                   name, dim[0], dim[1], dim[2], t1 - t0);
+    *out = m;
+    return NULL;
+}
+
 static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
                                uint32_t mode, cube_compiled *out)
 {
@@ -271,7 +355,14 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     double t0 = now_ms();
     cpu_module *m = NULL;
     cpu_jit_origin origin = CPU_JIT_COMPILED;
-    cube_error *err = cpu_jit_load(s->jit, source, flags, &m, &origin);
+    uint32_t dim[3];
+    cube_kernel_cube_dim(kernel, dim);
+    uint64_t units = (uint64_t)dim[0] * dim[1] * dim[2];
+    cube_error *err = NULL;
+    if (mentions_cube_sync(user) && units > 1 && units <= CPU_MAX_UNITS)
+        err = cpu_compile_unit_loops(s, name, source, flags, dim, &m, &origin);
+    if (!err && !m)
+        err = cpu_jit_load(s->jit, source, flags, &m, &origin);
     free(source);
     if (err)
         return cube_error_prefix(err, "compiling kernel '%s'", name);
@@ -309,6 +400,8 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     impl->module = m;
     impl->run = run;
     impl->unit = unit;
+    impl->cubes = (cpu_cubes_fn)symbol(m, "cube__cubes_", name);
+    memcpy(impl->cubes_dim, dim, sizeof dim);
     /* The signature table: {kind, elem_size, extent} per parameter. */
     typedef struct {
         unsigned int kind, elem_size;
@@ -351,6 +444,7 @@ typedef struct cpu_launch_ctx {
     uint64_t shared_bytes;
     uint32_t units;
     int fibers;
+    int cubes; /* with fibers: the units as loops instead (impl->cubes) */
 } cpu_launch_ctx;
 
 static cube_error *ensure_shared(cpu_thread_local *local, uint64_t bytes)
@@ -425,6 +519,10 @@ static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
         return err;
     if (!ctx->fibers) {
         ctx->impl->run(&ctx->abi, begin, end, local->shared);
+        return trap_check();
+    }
+    if (ctx->cubes) {
+        ctx->impl->cubes(&ctx->abi, begin, end, local->shared);
         return trap_check();
     }
     if (!local->fibers) {
@@ -505,6 +603,14 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
     ctx.shared_bytes = cc->shared_bytes;
     ctx.units = d->cube_dim[0] * d->cube_dim[1] * d->cube_dim[2];
     ctx.fibers = cc->uses_cube_sync && ctx.units > 1;
+    /* The unit loops assume absolute positions that do not wrap (under
+     * 2^32 along each axis); a launch past that runs as fibers. */
+    ctx.cubes =
+        ctx.fibers && ctx.impl->cubes &&
+        memcmp(ctx.impl->cubes_dim, d->cube_dim, sizeof d->cube_dim) == 0 &&
+        (uint64_t)count[0] * d->cube_dim[0] <= 0x100000000ull &&
+        (uint64_t)count[1] * d->cube_dim[1] <= 0x100000000ull &&
+        (uint64_t)count[2] * d->cube_dim[2] <= 0x100000000ull;
     uint32_t threads = cpu_workers_threads(s->workers);
     uint64_t work = total * ctx.units;
     /* Small launches stay on the caller: waking workers costs more. */

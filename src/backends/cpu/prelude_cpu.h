@@ -9,7 +9,11 @@
  *       compiler can vectorize (kernels that never call cube_sync());
  *   cube__unit_name(launch, cube, unit, shared)
  *       runs one unit of one cube (a fiber, for kernels that call
- *       cube_sync()).
+ *       cube_sync());
+ *   cube__cubes_name(launch, begin, end, shared), cube__cubes_dim_name[3]
+ *       only where the barrier pass (cpu_unitloop.c) rewrote the body of
+ *       a kernel that calls cube_sync(): runs cubes [begin, end) with the
+ *       units as loops between the barriers, for that cube dimension.
  * cube__abi_version, cube__sync_fn and cube__trap_fn are set/checked by
  * the runtime.
  */
@@ -186,6 +190,48 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
         name##__body(cube__w,                                                  \
                      &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));       \
     }
+
+/* The barrier pass's entry: CUBE__CUBES(name, params...) followed by the
+ * rewritten body, which sets the cube dimension, loops over the units
+ * between barriers and keeps what lives across them. The body runs once
+ * per cube, with cube__p the cube's positions and the kernel's
+ * parameters. */
+#define CUBE__CUBES(name, ...)                                                 \
+    CUBE__CUBES_(name, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__)
+#define CUBE__CUBES_(name, N, ...)                                             \
+    static __attribute__((noinline)) void name##__cubes(                       \
+        const cube__unit cube__p,                                              \
+        CUBE__UNUSED void *cube__sinkp CUBE__EACH(CUBE__PARAM, N,              \
+                                                  __VA_ARGS__));               \
+    CUBE__EXPORT void cube__cubes_##name(                                      \
+        const cube_cpu_launch *cube__l, unsigned int cube__begin,              \
+        unsigned int cube__end, void *cube__shmem);                            \
+    void cube__cubes_##name(const cube_cpu_launch *cube__l,                    \
+                            unsigned int cube__begin, unsigned int cube__end,  \
+                            void *cube__shmem)                                 \
+    {                                                                          \
+        CUBE__UNPACK(name)                                                     \
+        cube__unit cube__v;                                                    \
+        cube__v.dx = cube__l->dim[0];                                          \
+        cube__v.dy = cube__l->dim[1];                                          \
+        cube__v.dz = cube__l->dim[2];                                          \
+        cube__v.nx = cube__l->count[0];                                        \
+        cube__v.ny = cube__l->count[1];                                        \
+        cube__v.nz = cube__l->count[2];                                        \
+        cube__v.ux = cube__v.uy = cube__v.uz = 0;                              \
+        cube__v.ax = cube__v.ay = cube__v.az = 0;                              \
+        for (unsigned int cube__c = cube__begin; cube__c < cube__end;          \
+             cube__c++) {                                                      \
+            cube__v.cx = cube__c % cube__v.nx;                                 \
+            cube__v.cy = (cube__c / cube__v.nx) % cube__v.ny;                  \
+            cube__v.cz = cube__c / (cube__v.nx * cube__v.ny);                  \
+            name##__cubes(cube__v,                                             \
+                          &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));  \
+        }                                                                      \
+    }                                                                          \
+    static void name##__cubes(const cube__unit cube__p,                        \
+                              CUBE__UNUSED void *cube__sinkp CUBE__EACH(       \
+                                  CUBE__PARAM, N, __VA_ARGS__))
 
 /* --- atomics (relaxed; they return the old value) --- */
 #define CUBE__ATOMIC_INT(suffix, T)                                            \
