@@ -136,31 +136,21 @@ static void format_bytes(uint64_t b, char *out, size_t cap)
 
 static void print_features(uint32_t f)
 {
-    static const struct {
-        uint32_t bit;
-        const char *word;
-    } names[] = {
-        {CUBE_FEATURE_ATOMIC_F32_ADD, "atomic-f32-add"},
-        {CUBE_FEATURE_F64, "f64"},
-        {CUBE_FEATURE_SHARED_MEMORY, "shared-memory"},
-        {CUBE_FEATURE_CUBE_SYNC, "cube-sync"},
-        {CUBE_FEATURE_BOUNDS_CHECK, "bounds-check"},
-        {CUBE_FEATURE_DYNAMIC_COUNT, "dynamic-count"},
-        {CUBE_FEATURE_GRAPHS, "graphs"},
-        {CUBE_FEATURE_PINNED_STAGING, "pinned-staging"},
-        {CUBE_FEATURE_KERNELS, "kernels"},
-    };
     int any = 0;
-    uint32_t known = 0;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        known |= names[i].bit;
-        if (f & names[i].bit) {
-            printf("%s%s", any ? " " : "", names[i].word);
-            any = 1;
+    uint32_t unknown = 0;
+    for (uint32_t bit = 1; bit; bit <<= 1) {
+        if (!(f & bit))
+            continue;
+        const char *name = cube_feature_name(bit);
+        if (!name) {
+            unknown |= bit;
+            continue;
         }
+        printf("%s%s", any ? " " : "", name);
+        any = 1;
     }
-    if (f & ~known) {
-        printf("%s0x%x", any ? " " : "", f & ~known);
+    if (unknown) {
+        printf("%s0x%x", any ? " " : "", unknown);
         any = 1;
     }
     if (!any)

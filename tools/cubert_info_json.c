@@ -37,27 +37,15 @@ static void json_str(const char *s)
 
 static void json_features(uint32_t f)
 {
-    static const struct {
-        uint32_t bit;
-        const char *name;
-    } names[] = {
-        {CUBE_FEATURE_ATOMIC_F32_ADD, "atomic_f32_add"},
-        {CUBE_FEATURE_F64, "f64"},
-        {CUBE_FEATURE_SHARED_MEMORY, "shared_memory"},
-        {CUBE_FEATURE_CUBE_SYNC, "cube_sync"},
-        {CUBE_FEATURE_BOUNDS_CHECK, "bounds_check"},
-        {CUBE_FEATURE_DYNAMIC_COUNT, "dynamic_count"},
-        {CUBE_FEATURE_GRAPHS, "graphs"},
-        {CUBE_FEATURE_PINNED_STAGING, "pinned_staging"},
-        {CUBE_FEATURE_KERNELS, "kernels"},
-    };
     putchar('[');
     int any = 0;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (f & names[i].bit) {
-            printf("%s\"%s\"", any ? "," : "", names[i].name);
+    for (uint32_t bit = 1; bit; bit <<= 1) {
+        const char *name = (f & bit) ? cube_feature_name(bit) : NULL;
+        if (name) {
+            printf("%s\"%s\"", any ? "," : "", name);
             any = 1;
         }
+    }
     putchar(']');
 }
 

@@ -145,6 +145,11 @@ enum {
     CUBE_FEATURE_KERNELS = 1u << 8
 };
 
+/* The name of one CUBE_FEATURE_* bit, as its enumerator spells it in
+ * lower case ("atomic_f32_add", "kernels"); NULL for 0, for several bits
+ * and for a bit cubert does not define. Static; any thread; never fails. */
+CUBE_API const char *cube_feature_name(uint32_t feature);
+
 typedef struct cube_properties {
     char backend[16];      /* "cpu", "cuda" */
     char name[128];        /* device name */

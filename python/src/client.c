@@ -194,29 +194,16 @@ static PyObject *triple(const uint32_t v[3])
 
 static PyObject *feature_set(uint32_t features)
 {
-    static const struct {
-        uint32_t bit;
-        const char *name;
-    } names[] = {
-        {CUBE_FEATURE_ATOMIC_F32_ADD, "atomic_f32_add"},
-        {CUBE_FEATURE_F64, "f64"},
-        {CUBE_FEATURE_SHARED_MEMORY, "shared_memory"},
-        {CUBE_FEATURE_CUBE_SYNC, "cube_sync"},
-        {CUBE_FEATURE_BOUNDS_CHECK, "bounds_check"},
-        {CUBE_FEATURE_DYNAMIC_COUNT, "dynamic_count"},
-        {CUBE_FEATURE_GRAPHS, "graphs"},
-        {CUBE_FEATURE_PINNED_STAGING, "pinned_staging"},
-        {CUBE_FEATURE_KERNELS, "kernels"},
-    };
     PyObject *s = PySet_New(NULL);
-    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++) {
-        if (!(features & names[i].bit))
+    for (uint32_t bit = 1; s && bit; bit <<= 1) {
+        const char *name = (features & bit) ? cube_feature_name(bit) : NULL;
+        if (!name)
             continue;
-        PyObject *v = PyUnicode_FromString(names[i].name);
+        PyObject *v = PyUnicode_FromString(name);
         if (!v || PySet_Add(s, v) < 0) {
             Py_XDECREF(v);
-            Py_DECREF(s);
-            return NULL;
+            Py_CLEAR(s);
+            break;
         }
         Py_DECREF(v);
     }

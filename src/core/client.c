@@ -345,3 +345,19 @@ cube_error *cube_flush(cube_client *c)
 {
     CORE_CALL(c, "cube_flush", flush_call(c));
 }
+
+const char *cube_feature_name(uint32_t feature)
+{
+    switch (feature) {
+    case CUBE_FEATURE_ATOMIC_F32_ADD: return "atomic_f32_add";
+    case CUBE_FEATURE_F64: return "f64";
+    case CUBE_FEATURE_SHARED_MEMORY: return "shared_memory";
+    case CUBE_FEATURE_CUBE_SYNC: return "cube_sync";
+    case CUBE_FEATURE_BOUNDS_CHECK: return "bounds_check";
+    case CUBE_FEATURE_DYNAMIC_COUNT: return "dynamic_count";
+    case CUBE_FEATURE_GRAPHS: return "graphs";
+    case CUBE_FEATURE_PINNED_STAGING: return "pinned_staging";
+    case CUBE_FEATURE_KERNELS: return "kernels";
+    default: return NULL;
+    }
+}
