@@ -19,22 +19,7 @@
 #include "backends/cuda/nccl_api.h"
 #include "cubert/cubert.h"
 #include "cuda_bench_util.h"
-
-static void ok(cube_error *err, const char *what)
-{
-    if (!err)
-        return;
-    fprintf(stderr, BENCH_PROGRAM ": %s: %s\n", what, cube_error_message(err));
-    exit(1);
-}
-
-static void nccl_ok(const nccl_api *n, ncclResult_t r, const char *what)
-{
-    if (r == ncclSuccess)
-        return;
-    fprintf(stderr, BENCH_PROGRAM ": %s: %s\n", what, n->ncclGetErrorString(r));
-    exit(1);
-}
+#include "comm_bench_util.h"
 
 /* Iterations for `bytes`: enough for about 0.2 s at 1 TB/s, at least 20. */
 static int iterations(uint64_t bytes)

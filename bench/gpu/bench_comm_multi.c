@@ -19,24 +19,9 @@
 #include "backends/cuda/nccl_api.h"
 #include "cubert/cubert.h"
 #include "cuda_bench_util.h"
+#include "comm_bench_util.h"
 
 #define MAX_GPUS 8
-
-static void ok(cube_error *err, const char *what)
-{
-    if (!err)
-        return;
-    fprintf(stderr, BENCH_PROGRAM ": %s: %s\n", what, cube_error_message(err));
-    exit(1);
-}
-
-static void nccl_ok(const nccl_api *n, ncclResult_t r, const char *what)
-{
-    if (r == ncclSuccess)
-        return;
-    fprintf(stderr, BENCH_PROGRAM ": %s: %s\n", what, n->ncclGetErrorString(r));
-    exit(1);
-}
 
 /* Iterations for `bytes`: about 0.2 s at 200 GB/s, 10 to 2000. */
 static int iterations(uint64_t bytes)
