@@ -234,24 +234,32 @@ static PyObject *buffer_write(pyc_buffer *self, PyObject *obj)
     Py_RETURN_NONE;
 }
 
-PyObject *pyc_client_empty(pyc_client *self, PyObject *args, PyObject *kw)
+/* Parses (shape, dtype=None) into shape/ndim, the dtype (`fallback` when
+ * None) and the byte count; -1 with an exception set. */
+static int shape_and_dtype(PyObject *args, PyObject *kw,
+                           const pyc_dtype *fallback, int64_t *shape, int *ndim,
+                           const pyc_dtype **dt, int64_t *bytes)
 {
     static char *names[] = {"shape", "dtype", NULL};
     PyObject *shape_obj, *dtype_obj = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", names, &shape_obj,
                                      &dtype_obj))
-        return NULL;
-    const pyc_dtype *dt = dtype_obj && dtype_obj != Py_None
-                              ? pyc_dtype_from(dtype_obj)
-                              : pyc_dtype_bytes();
-    if (!dt)
-        return NULL;
-    int64_t shape[CUBE_MAX_RANK];
+        return -1;
+    *dt = dtype_obj && dtype_obj != Py_None ? pyc_dtype_from(dtype_obj)
+                                            : fallback;
+    if (!*dt || pyc_shape_from(shape_obj, shape, ndim) < 0)
+        return -1;
+    *bytes = pyc_shape_bytes(shape, *ndim, (*dt)->size);
+    return *bytes < 0 ? -1 : 0;
+}
+
+PyObject *pyc_client_empty(pyc_client *self, PyObject *args, PyObject *kw)
+{
+    const pyc_dtype *dt;
+    int64_t shape[CUBE_MAX_RANK], bytes;
     int ndim;
-    if (pyc_shape_from(shape_obj, shape, &ndim) < 0)
-        return NULL;
-    int64_t bytes = pyc_shape_bytes(shape, ndim, dt->size);
-    if (bytes < 0)
+    if (shape_and_dtype(args, kw, pyc_dtype_bytes(), shape, &ndim, &dt,
+                        &bytes) < 0)
         return NULL;
     cube_client *c = pyc_client_get(self);
     if (!c)
@@ -310,22 +318,10 @@ PyObject *pyc_client_asarray(pyc_client *self, PyObject *args, PyObject *kw)
 
 static PyObject *buffer_view(pyc_buffer *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"shape", "dtype", NULL};
-    PyObject *shape_obj, *dtype_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", names, &shape_obj,
-                                     &dtype_obj))
-        return NULL;
-    const pyc_dtype *dt = dtype_obj && dtype_obj != Py_None
-                              ? pyc_dtype_from(dtype_obj)
-                              : self->dtype;
-    if (!dt)
-        return NULL;
-    int64_t shape[CUBE_MAX_RANK];
+    const pyc_dtype *dt;
+    int64_t shape[CUBE_MAX_RANK], bytes;
     int ndim;
-    if (pyc_shape_from(shape_obj, shape, &ndim) < 0)
-        return NULL;
-    int64_t bytes = pyc_shape_bytes(shape, ndim, dt->size);
-    if (bytes < 0)
+    if (shape_and_dtype(args, kw, self->dtype, shape, &ndim, &dt, &bytes) < 0)
         return NULL;
     if ((uint64_t)bytes != self->nbytes)
         return pyc_raise_invalidf("a view of %lld bytes over a buffer of "

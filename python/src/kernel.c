@@ -276,17 +276,26 @@ PyObject *pyc_raw_kernel(PyObject *module, PyObject *args, PyObject *kw)
 
 /* One argument: a Buffer of `c`, a float (f32), an int (i32) or an object
  * whose tobytes() gives 1, 2, 4 or 8 bytes (a NumPy scalar). */
+/* The handle of Buffer `obj`, which must be of client `c`. */
+static int own_buffer(PyObject *obj, cube_client *c, const char *what,
+                      cube_handle *h)
+{
+    cube_client *bc = pyc_buffer_get(obj, h);
+    if (!bc)
+        return -1;
+    if (bc != c) {
+        pyc_raise_invalidf("a %s of another client", what);
+        return -1;
+    }
+    return 0;
+}
+
 static int arg_from(PyObject *obj, cube_client *c, cube_arg *out)
 {
     if (pyc_is_buffer(obj)) {
         cube_handle h;
-        cube_client *bc = pyc_buffer_get(obj, &h);
-        if (!bc)
+        if (own_buffer(obj, c, "buffer", &h) < 0)
             return -1;
-        if (bc != c) {
-            pyc_raise_invalid("a buffer of another client");
-            return -1;
-        }
         *out = cube_arg_buffer(h);
         return 0;
     }
@@ -343,13 +352,8 @@ static int count_from(PyObject *obj, cube_client *c, cube_count *out)
 {
     if (pyc_is_buffer(obj)) {
         cube_handle h;
-        cube_client *bc = pyc_buffer_get(obj, &h);
-        if (!bc)
+        if (own_buffer(obj, c, "count buffer", &h) < 0)
             return -1;
-        if (bc != c) {
-            pyc_raise_invalid("a count buffer of another client");
-            return -1;
-        }
         *out = cube_count_dynamic(h);
         return 0;
     }
