@@ -71,6 +71,30 @@ CUBE_API CUBE_MUST_USE cube_error *cube_native_stream(cube_client *client,
 CUBE_API CUBE_MUST_USE cube_error *cube_native_written(cube_client *client,
                                                        cube_handle handle);
 
+/* The native name of a CUDA default stream for cube_native_wait (the
+ * driver's CU_STREAM_LEGACY and CU_STREAM_PER_THREAD). */
+#define CUBE_NATIVE_STREAM_LEGACY ((void *)(uintptr_t)1)
+#define CUBE_NATIVE_STREAM_PER_THREAD ((void *)(uintptr_t)2)
+
+/* The calling thread's native stream waits, on the device and not on the
+ * host, for the work issued so far on `foreign`, a native stream of
+ * `client`'s device that cubert does not own (a CUstream of the same
+ * context; NULL or CUBE_NATIVE_STREAM_LEGACY: the legacy default stream;
+ * CUBE_NATIVE_STREAM_PER_THREAD: the calling thread's per-thread default
+ * stream). cubert work this thread issues afterwards runs after that
+ * foreign work; to order other streams' later work on a buffer the foreign
+ * work wrote, follow with cube_native_written. This is how a consumer that
+ * told a DLPack producer "the legacy stream" bridges to cubert's own
+ * stream. On backends without native streams work is done at call time:
+ * `foreign` must be NULL and nothing waits.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL; a non-NULL `foreign` on
+ * a backend without native streams; the driver refusing `foreign`, e.g. a
+ * stream of another context), CUBE_ERR_GRAPH_STATE (the calling thread's
+ * stream is capturing), CUBE_ERR_OUT_OF_MEMORY (the stream could not be
+ * made), CUBE_ERR_DEVICE_FAULT. */
+CUBE_API CUBE_MUST_USE cube_error *cube_native_wait(cube_client *client,
+                                                    void *foreign);
+
 /* Called once when the last reference to wrapped memory goes. */
 typedef void (*cube_release_fn)(void *user);
 

@@ -455,6 +455,26 @@ static PyObject *client_native_stream(pyc_client *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)s);
 }
 
+/* stream: an int as the array API numbers CUDA streams (0 and 1: the
+ * legacy default stream, 2: the per-thread one, else a CUstream). */
+static PyObject *client_native_wait(pyc_client *self, PyObject *stream)
+{
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(stream);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    void *foreign = (void *)(uintptr_t)v;
+    if (self->dl_device_type == CUBE_DL_CUDA && v == 0)
+        foreign = CUBE_NATIVE_STREAM_LEGACY;
+    cube_error *err;
+    PYC_NOGIL(self, err = cube_native_wait(c, foreign));
+    if (err)
+        return pyc_raise(err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *client_repr(pyc_client *self)
 {
     return PyUnicode_FromFormat("<cubert.Client %s%s>", self->device,
@@ -503,6 +523,11 @@ static PyMethodDef client_methods[] = {
     {"stream_ids", (PyCFunction)client_stream_ids, METH_NOARGS, NULL},
     {"native_stream", (PyCFunction)client_native_stream, METH_NOARGS,
      "The calling thread's native stream (a CUstream on CUDA, else 0)."},
+    {"native_wait", (PyCFunction)client_native_wait, METH_O,
+     "native_wait(stream) -> None: the calling thread's cubert stream waits "
+     "on the device for the work issued so far on a foreign stream (an int: "
+     "0 or 1 the legacy default stream, 2 the per-thread one, else a "
+     "CUstream; 0 on host backends)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -7,9 +7,10 @@
 
 #include "pycubert.h"
 
-/* CUDA's predefined stream handles, as the array API numbers them. */
-#define PYC_CU_STREAM_LEGACY ((void *)(uintptr_t)1)
-#define PYC_CU_STREAM_PER_THREAD ((void *)(uintptr_t)2)
+/* CUDA's predefined stream handles, numbered as the array API numbers
+ * them. */
+#define PYC_CU_STREAM_LEGACY CUBE_NATIVE_STREAM_LEGACY
+#define PYC_CU_STREAM_PER_THREAD CUBE_NATIVE_STREAM_PER_THREAD
 
 /* An exported tensor as the consumer sees it: cubert's tensor wrapped so
  * that its deletion also lets go of the Python client (kept alive and
@@ -220,16 +221,12 @@ static PyObject *capsule_of(pyc_client *self, PyObject *obj)
     }
     Py_DECREF(ver);
     if (self->dl_device_type == CUBE_DL_CUDA) {
-        /* The producer makes its work ready for the calling thread's
-         * cubert stream, so nothing waits on the host. */
-        void *s = NULL;
-        cube_error *err = cube_native_stream(self->c, &s);
-        if (err) {
-            Py_DECREF(kw);
-            Py_DECREF(method);
-            return pyc_raise(err);
-        }
-        PyObject *sv = PyLong_FromUnsignedLongLong((uintptr_t)s);
+        /* The producer is told the legacy default stream: producers whose
+         * work is there already (PyTorch's and CuPy's defaults) then skip
+         * their own event handshake, which costs them microseconds of
+         * Python; pyc_client_from_dlpack bridges from that stream to
+         * cubert's with one event, nothing waiting on the host. */
+        PyObject *sv = PyLong_FromLong(1);
         if (!sv || PyDict_SetItemString(kw, "stream", sv) < 0) {
             Py_XDECREF(sv);
             Py_DECREF(kw);
@@ -308,16 +305,26 @@ PyObject *pyc_client_from_dlpack(pyc_client *self, PyObject *obj)
         return buffer_error(why);
     }
     cube_handle h;
-    cube_error *err;
-    if (mv)
-        PYC_NOGIL(self, err = cube_dlpack_import(c, mv, &h));
-    else
-        PYC_NOGIL(self, err = cube_dlpack_import_legacy(c, ml, &h));
+    cube_error *err = NULL;
+    /* The producer's work is ordered before the legacy default stream
+     * (capsule_of): cubert's stream waits for that stream first. */
+    if (self->dl_device_type == CUBE_DL_CUDA)
+        PYC_NOGIL(self, err = cube_native_wait(c, CUBE_NATIVE_STREAM_LEGACY));
+    if (!err) {
+        if (mv)
+            PYC_NOGIL(self, err = cube_dlpack_import(c, mv, &h));
+        else
+            PYC_NOGIL(self, err = cube_dlpack_import_legacy(c, ml, &h));
+    }
     if (err) {
         /* Refused: the tensor is still the capsule's to delete. */
         Py_DECREF(cap);
         return pyc_raise(err);
     }
+    /* Work on other cubert streams that uses the buffer waits for the
+     * producer's too, as after any foreign write. */
+    if (self->dl_device_type == CUBE_DL_CUDA)
+        PYC_NOGIL(self, err = cube_native_written(c, h));
     /* cubert owns the tensor now and deletes it only when the handle's
      * last reference goes: its fields stay readable here. */
     const pyc_dtype *dt = pyc_dtype_from_dl(t->dtype);
@@ -329,7 +336,7 @@ PyObject *pyc_client_from_dlpack(pyc_client *self, PyObject *obj)
                       versioned ? "used_dltensor_versioned" : "used_dltensor");
     Py_DECREF(cap);
     uint64_t nbytes = 0;
-    if ((err = cube_handle_size(c, h, &nbytes))) {
+    if (err || (err = cube_handle_size(c, h, &nbytes))) {
         cube_error_free(cube_handle_release(c, h));
         return pyc_raise(err);
     }

@@ -105,8 +105,8 @@ def test_torch_tensor_into_a_cubert_kernel(cuda_client, torch, kslow,
         z = y * 1.0
     s.synchronize()
     np.testing.assert_array_equal(z.cpu().numpy(), expect_scaled(n, 2))
-    # cubert reads what torch wrote on its stream: from_dlpack passes
-    # cubert's stream to the producer, which orders its (slow) work first
+    # cubert reads what torch wrote on its stream: from_dlpack asks for
+    # the legacy stream and cubert's stream waits for that one
     torch.cuda._sleep(50_000_000)
     x2 = torch.arange(n, dtype=torch.float32, device="cuda") * 3.0
     bx2 = cuda_client.from_dlpack(x2)
@@ -213,6 +213,55 @@ def test_explicit_dlpack_stream_orders_the_consumer(cuda_client, torch,
     y.__dlpack__(stream=2)
     cuda_client.sync(y)
     y.__dlpack__(stream=-1)
+
+
+def test_from_dlpack_orders_after_a_producer_on_a_side_stream(
+        cuda_client, torch, cupy, kscale):
+    """Producers working on a stream of their own (not the legacy one):
+    the handshake goes through the legacy stream and still orders the
+    slow write before cubert's kernel, for torch and for CuPy."""
+    n = 1 << 20
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)
+        x = torch.arange(n, dtype=torch.float32, device="cuda") * 5.0
+        bx = cuda_client.from_dlpack(x)
+    by = cuda_client.empty(n, "float32")
+    cuda_client.launch(kscale, cubes(n), bx, by, 1.0)
+    np.testing.assert_array_equal(by.numpy(), expect_scaled(n, 5))
+    s.synchronize()
+
+    cs = cupy.cuda.Stream(non_blocking=True)
+    with cs:
+        c = cupy.arange(n, dtype=cupy.float32)
+        for _ in range(200):
+            c = c * 1.0
+        c = c * 7.0
+        bc = cuda_client.from_dlpack(c)
+    cuda_client.launch(kscale, cubes(n), bc, by, 1.0)
+    np.testing.assert_array_equal(by.numpy(), expect_scaled(n, 7))
+    cs.synchronize()
+
+
+def test_native_wait_orders_after_a_torch_stream(cuda_client, torch,
+                                                 kscale):
+    """Foreign work written to memory cubert wrapped, made known with
+    native_wait (device-side) and native_written."""
+    n = 1 << 20
+    t = torch.zeros(n, dtype=torch.float32, device="cuda")
+    bt = cuda_client.wrap(t)
+    by = cuda_client.empty(n, "float32")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)
+        t.copy_(torch.arange(n, dtype=torch.float32, device="cuda") * 9.0)
+    cuda_client.native_wait(s.cuda_stream)
+    bt.mark_written()
+    cuda_client.launch(kscale, cubes(n), bt, by, 1.0)
+    np.testing.assert_array_equal(by.numpy(), expect_scaled(n, 9))
+    with pytest.raises(OverflowError):
+        cuda_client.native_wait(-1)
+    bt.release()
 
 
 def test_unordered_read_would_see_stale_bytes(cuda_client, torch, kslow):

@@ -547,6 +547,17 @@ def test_cubert_to_cubert_round_trip(client):
 # --- wrap --------------------------------------------------------------------
 
 
+def test_native_wait_on_a_host_backend(client):
+    client.native_wait(0)
+    with pytest.raises(cubert.InvalidArgumentError):
+        client.native_wait(5)
+    with pytest.raises(TypeError):
+        client.native_wait("legacy")
+    with pytest.raises(OverflowError):
+        client.native_wait(-1)
+    assert client.asarray(np.ones(4, np.float32)).numpy().sum() == 4
+
+
 def test_wrap_shares_memory_and_sees_kernel_writes(client, scale):
     n = 1000
     arr = aligned_empty(n, np.float32)

@@ -91,6 +91,34 @@ cube_error *cube_native_written(cube_client *c, cube_handle h)
     CORE_CALL(c, "cube_native_written", native_written_call(c, h));
 }
 
+static cube_error *native_wait_call(cube_client *c, void *foreign)
+{
+    CORE_CHECK_CLIENT(c, "cube_native_wait");
+    if (!c->vt->native_wait)
+        return foreign ? cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                        "cube_native_wait: the %s backend "
+                                        "has no native streams (foreign "
+                                        "must be NULL)",
+                                        c->vt->name)
+                       : NULL;
+    core_stream *st = NULL;
+    cube_error *err = core_stream_get(c, &st);
+    if (err)
+        return err;
+    core_stream_lock(st);
+    err = core_stream_refuse_in_capture(st, "cube_native_wait");
+    if (!err)
+        err = c->vt->native_wait(c->server, &st->base, foreign);
+    core_stream_unlock(st);
+    core_fault_note(c, err);
+    return err;
+}
+
+cube_error *cube_native_wait(cube_client *c, void *foreign)
+{
+    CORE_CALL(c, "cube_native_wait", native_wait_call(c, foreign));
+}
+
 static cube_error *wrap_call(cube_client *c, uint64_t address, uint64_t size,
                              cube_release_fn release, void *user,
                              cube_handle *out)

@@ -451,6 +451,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(interop_wrapped_memory_is_shared_released_once_and_failable)             \
     X(interop_wrap_refuses_bad_memory_and_takes_nothing)                       \
     X(interop_native_written_orders_and_clears_failures)                       \
+    X(interop_native_wait_orders_after_a_foreign_stream)                       \
     X(interop_dlpack_export_and_import_round_trip)                             \
     X(interop_dlpack_refuses_bad_tensors_and_keeps_them_the_callers)
 

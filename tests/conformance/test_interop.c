@@ -226,6 +226,74 @@ CONF_TEST(interop_native_written_orders_and_clears_failures)
     conf_release(h);
 }
 
+/* A wait for a foreign stream orders this thread's later work after the
+ * work on it. The foreign stream is another cubert stream's native queue,
+ * and the buffer read after the wait is a wrapped alias of the buffer it
+ * writes: cubert sees no link between the two, so only the wait orders
+ * the read after the late write of a long `spin`. */
+CONF_TEST(interop_native_wait_orders_after_a_foreign_stream)
+{
+    const cube_stream_id other = 0x1A7E000000000001ull;
+    CONF_EXPECT(cube_native_wait(NULL, NULL), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_OK(cube_native_wait(conf.client, NULL));
+    if (host_backend()) {
+        /* No native streams: NULL is the only stream there is. */
+        CONF_EXPECT_MSG(cube_native_wait(conf.client, &conf),
+                        CUBE_ERR_INVALID_ARGUMENT, "no native streams");
+        return;
+    }
+    CONF_OK(cube_native_wait(conf.client, CUBE_NATIVE_STREAM_LEGACY));
+    CONF_OK(cube_native_wait(conf.client, CUBE_NATIVE_STREAM_PER_THREAD));
+    /* A capture cannot wait for work outside it. */
+    cube_graph_id g = 0;
+    CONF_OK(cube_graph_prepare(conf.client));
+    CONF_OK(cube_graph_begin(conf.client));
+    CONF_EXPECT(cube_native_wait(conf.client, CUBE_NATIVE_STREAM_LEGACY),
+                CUBE_ERR_GRAPH_STATE);
+    CONF_OK(cube_graph_end(conf.client, &g));
+    CONF_OK(cube_graph_destroy(conf.client, g));
+
+    const uint32_t n = 1u << 20, iters = 16384;
+    const uint64_t bytes = (uint64_t)n * 4;
+    uint32_t *x0 = conf_host_u32(n), *got = conf_host_u32(n),
+             *want = conf_host_u32(n), *zero = conf_host_u32(n);
+    conf_pattern(x0, bytes, 0x3C);
+    memset(zero, 0, bytes);
+    cube_handle x = conf_create(x0, bytes);
+    cube_handle y = conf_create(zero, bytes);
+    CONF_OK(cube_sync(conf.client, &y, 1));
+    cube_native_buffer nb;
+    CONF_OK(cube_native_buffer_get(conf.client, y, &nb));
+    cube_handle alias;
+    CONF_OK(
+        cube_wrap_memory(conf.client, nb.address, nb.size, NULL, NULL, &alias));
+
+    CONF_OK(cube_stream_use(conf.client, other));
+    void *foreign = NULL;
+    CONF_OK(cube_native_stream(conf.client, &foreign));
+    cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
+                        cube_arg_u32(iters)};
+    CONF_OK(conf_launch(conf.k.spin, cube_count_static(n / 256, 1, 1), args, 3,
+                        CUBE_LAUNCH_EXECUTE));
+    CONF_OK(cube_stream_use(conf.client, 0));
+
+    CONF_OK(cube_native_wait(conf.client, foreign));
+    CONF_READ_OK(alias, got, bytes);
+    conf_spin_model(x0, want, n, iters);
+    for (uint32_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("element %u read %u, the spin wrote %u: the read did "
+                     "not wait for the foreign stream",
+                     i, got[i], want[i]);
+    conf_release(alias);
+    conf_release(x);
+    conf_release(y);
+    free(x0);
+    free(got);
+    free(want);
+    free(zero);
+}
+
 /* ----------------------------------------------------------- DLPack */
 
 static int deleted;

@@ -455,6 +455,11 @@ struct cube_server_vtable {
      * work is done at call time, nothing to wait for. */
     cube_error *(*native_ready)(cube_server *server, cube_server_stream *stream,
                                 const cube_binding *binding, void *foreign);
+    /* native_wait: the stream's queue waits for the work issued so far on
+     * `foreign` (a native stream not the backend's; NULL: the legacy
+     * default stream); NULL slot: work is done at call time. */
+    cube_error *(*native_wait)(cube_server *server, cube_server_stream *stream,
+                               void *foreign);
 };
 
 /* A backend as the registry knows it. */

@@ -40,6 +40,8 @@ enum {
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_ECC_UNCORRECTABLE = 214,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
@@ -56,6 +58,9 @@ enum {
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
 };
+
+/* The driver's name for the legacy default stream (CU_STREAM_LEGACY). */
+#define CUDA_STREAM_LEGACY ((CUstream)(uintptr_t)1)
 
 /* Pointer attributes (CUpointer_attribute). */
 enum {
@@ -164,6 +169,7 @@ typedef struct cuda_api {
     CUDA_FN(CUresult, cuStreamCreate, (CUstream *, unsigned))
     CUDA_FN(CUresult, cuStreamDestroy, (CUstream))
     CUDA_FN(CUresult, cuStreamSynchronize, (CUstream))
+    CUDA_FN(CUresult, cuStreamQuery, (CUstream))
     CUDA_FN(CUresult, cuStreamWaitEvent, (CUstream, CUevent, unsigned))
     CUDA_FN(CUresult, cuEventCreate, (CUevent *, unsigned))
     CUDA_FN(CUresult, cuEventDestroy, (CUevent))

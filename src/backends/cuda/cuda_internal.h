@@ -373,6 +373,8 @@ cube_error *cuda_native_written(cube_server *server, cube_server_stream *stream,
                                 const cube_binding *binding);
 cube_error *cuda_native_ready(cube_server *server, cube_server_stream *stream,
                               const cube_binding *binding, void *foreign);
+cube_error *cuda_native_wait(cube_server *server, cube_server_stream *stream,
+                             void *foreign);
 
 /* --- cuda_kernels.c --- */
 #define CUDA_ENTRY_PARAMS (1 + 2 * CUBE_MAX_PARAMS)

@@ -139,6 +139,7 @@ static const cube_server_vtable cuda_vtable = {
     .unwrap_memory = cuda_unwrap_memory,
     .native_written = cuda_native_written,
     .native_ready = cuda_native_ready,
+    .native_wait = cuda_native_wait,
 };
 
 static cube_error *cuda_device_count(uint32_t *out)

@@ -446,9 +446,16 @@ cube_error *cuda_native_ready(cube_server *server, cube_server_stream *stream,
      * then `foreign` waits for this stream's work so far. */
     if (!err)
         err = cuda_block_before_use(s, st, binding->storage->cookie, 0);
+    if (err)
+        return err;
+    /* A stream with nothing left to run (that wait included) gives the
+     * consumer nothing to wait for: one query instead of an event record
+     * and a wait, the common case of a tensor handed over long after it
+     * was made. */
+    if (s->api->cuStreamQuery(st->cu) == CUDA_SUCCESS)
+        return NULL;
     CUevent ev = NULL;
-    if (!err)
-        err = cuda_event_get(s, &ev);
+    err = cuda_event_get(s, &ev);
     if (err)
         return err;
     CUresult r = s->api->cuEventRecord(ev, st->cu);
@@ -458,4 +465,38 @@ cube_error *cuda_native_ready(cube_server *server, cube_server_stream *stream,
     return r == CUDA_SUCCESS ? NULL
                              : cuda_fail(s, r, CUBE_ERR_INTERNAL,
                                          "making the consumer's stream wait");
+}
+
+cube_error *cuda_native_wait(cube_server *server, cube_server_stream *stream,
+                             void *foreign)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_begin(s, stream, &st);
+    if (err)
+        return err;
+    /* NULL names the legacy default stream, as the driver reads 0. */
+    CUstream f = foreign ? (CUstream)foreign : CUDA_STREAM_LEGACY;
+    /* Foreign work that is all done needs no wait (see native_ready). */
+    CUresult r = s->api->cuStreamQuery(f);
+    if (r == CUDA_SUCCESS)
+        return NULL;
+    CUevent ev = NULL;
+    err = cuda_event_get(s, &ev);
+    if (err)
+        return err;
+    r = s->api->cuEventRecord(ev, f);
+    if (r == CUDA_SUCCESS)
+        r = s->api->cuStreamWaitEvent(st->cu, ev, 0);
+    cuda_event_put(s, ev);
+    if (r == CUDA_SUCCESS)
+        return NULL;
+    /* A handle the driver refuses is the caller's mistake, not a fault. */
+    return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE ||
+                   r == CUDA_ERROR_INVALID_CONTEXT
+               ? cuda_error(s->api, r, CUBE_ERR_INVALID_ARGUMENT,
+                            "cube_native_wait: the driver refuses stream %p",
+                            foreign)
+               : cuda_fail(s, r, CUBE_ERR_INTERNAL,
+                           "waiting for a foreign stream");
 }
