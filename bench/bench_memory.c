@@ -25,8 +25,10 @@
  *      256 KiB .. 1 MiB), half as many again being allocated and a random
  *      third of all freed, so the pools hold holes as well as live
  *      buffers. Ratios are against the 10-live figure of the same size.
- *  (c) fragmentation: bench/traces/training_step.trace (or the file named
- *      by the first argument) replayed through a manager with the default
+ *  (c) fragmentation: each trace (the files named as arguments, else every
+ *      *.trace and *.trace.gz in bench/traces: the synthetic
+ *      training_step.trace and the ones recorded from PyTorch by
+ *      tools/record-torch-trace.py) replayed through a manager with the default
  *      preset for a GPU-like device (REPLAY_ALIGNMENT-byte alignment,
  *      REPLAY_MEMORY bytes), over a storage that hands out addresses from a
  *      bump counter and only counts bytes (no memory is touched or even
@@ -52,9 +54,15 @@
  *      CHECK_EVERY operations, that live blocks are aligned and disjoint
  *      and that the manager's usage agrees with the trace.
  *
+ *  (d) a summary: one row per trace and preset, peak reserved ÷ peak live.
+ *
+ * `--fragmentation` runs (c) and (d) only; `--check TRACE...` only loads
+ * each trace and checks that its events pair up (bench/trace_file.h).
+ *
  * Times use clock_gettime(CLOCK_MONOTONIC). The whole run takes a few
  * seconds on two cores.
  */
+#include <glob.h>
 #include <malloc.h>
 #include <math.h>
 #include <stdint.h>
@@ -66,12 +74,13 @@
 
 #include "backends/common/host_memory.h"
 #include "bench_util.h"
+#include "trace_file.h"
 #include "cubert/backend/errors.h"
 #include "cubert/cubert.h"
 #include "memory/memory_manager.h"
 
-#ifndef BENCH_TRACE_DEFAULT
-#define BENCH_TRACE_DEFAULT "bench/traces/training_step.trace"
+#ifndef BENCH_TRACE_DIR
+#define BENCH_TRACE_DIR "bench/traces"
 #endif
 
 /* --- timing, statistics, output --- */
@@ -606,87 +615,6 @@ static int bench_scaling(const mem_device *dev)
 #define REPLAY_MEMORY (80ull << 30)
 #define CHECK_EVERY 1000
 
-typedef struct trace_op {
-    uint32_t id;   /* 1.. */
-    uint32_t free; /* 1: free, 0: allocate */
-    uint64_t size;
-} trace_op;
-
-typedef struct trace {
-    trace_op *ops;
-    size_t count;
-    uint32_t max_id;
-    char header[1024];
-} trace;
-
-static int trace_load(const char *path, trace *t)
-{
-    memset(t, 0, sizeof *t);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "bench_memory: cannot open the trace %s\n", path);
-        return 1;
-    }
-    size_t cap = 0;
-    char line[1024];
-    unsigned long lineno = 0;
-    int rc = 1;
-    while (fgets(line, sizeof line, f)) {
-        lineno++;
-        if (line[0] == '#') {
-            if (!t->header[0]) {
-                snprintf(t->header, sizeof t->header, "%s", line);
-                t->header[strcspn(t->header, "\n")] = '\0';
-            }
-            /* The rest of a comment longer than the buffer. */
-            while (!strchr(line, '\n') && fgets(line, sizeof line, f))
-                ;
-            continue;
-        }
-        if (line[0] == '\n' || line[0] == '\0')
-            continue;
-        trace_op op = {0, 0, 0};
-        char *end = NULL;
-        if ((line[0] != 'a' && line[0] != 'f') || line[1] != ' ')
-            goto bad;
-        op.free = line[0] == 'f';
-        unsigned long long id = strtoull(line + 2, &end, 10);
-        if (end == line + 2 || id == 0 || id > UINT32_MAX)
-            goto bad;
-        op.id = (uint32_t)id;
-        if (!op.free) {
-            char *p = end;
-            op.size = strtoull(p, &end, 10);
-            if (end == p || op.size == 0)
-                goto bad;
-        }
-        if (t->count == cap) {
-            cap = cap ? cap * 2 : 4096;
-            trace_op *grown = realloc(t->ops, cap * sizeof *grown);
-            if (!grown) {
-                fprintf(stderr, "bench_memory: out of host memory\n");
-                goto done;
-            }
-            t->ops = grown;
-        }
-        t->ops[t->count++] = op;
-        if (op.id > t->max_id)
-            t->max_id = op.id;
-    }
-    rc = 0;
-    goto done;
-bad:
-    fprintf(stderr, "bench_memory: %s:%lu: not 'a <id> <bytes>' or 'f <id>'\n",
-            path, lineno);
-done:
-    fclose(f);
-    if (rc) {
-        free(t->ops);
-        t->ops = NULL;
-    }
-    return rc;
-}
-
 typedef struct block {
     uint64_t address, size;
 } block;
@@ -949,7 +877,15 @@ static double gib(uint64_t bytes)
     return (double)bytes / (double)(1ull << 30);
 }
 
-static int bench_fragmentation(const char *path)
+/* One row of the summary over every trace: peak reserved ÷ peak live per
+ * preset. */
+typedef struct trace_row {
+    const char *path;
+    uint64_t peak_live;
+    uint64_t reserved[3]; /* subslices, exclusive, expandable */
+} trace_row;
+
+static int bench_fragmentation(const char *path, trace_row *summary)
 {
     trace t;
     if (trace_load(path, &t))
@@ -968,6 +904,11 @@ static int bench_fragmentation(const char *path)
         replay_manager(&t, CUBE_PRESET_EXPANDABLE, exp) ||
         replay_malloc(&t, &mal))
         goto done;
+    summary->path = path;
+    summary->peak_live = sub->peak_live;
+    summary->reserved[0] = sub->peak_reserved;
+    summary->reserved[1] = exc->peak_reserved;
+    summary->reserved[2] = exp->peak_reserved;
 
     size_t allocs = 0;
     for (size_t i = 0; i < t.count; i++)
@@ -1068,33 +1009,136 @@ done:
     return rc;
 }
 
+/* --- every trace --- */
+
+/* The traces committed beside the default one (*.trace, *.trace.gz),
+ * sorted; NULL-terminated, in *out (free with globfree). */
+static int committed_traces(glob_t *g)
+{
+    char pattern[1024];
+    const char *dir = BENCH_TRACE_DIR;
+    snprintf(pattern, sizeof pattern, "%s/*.trace", dir);
+    int r = glob(pattern, 0, NULL, g);
+    if (r != 0 && r != GLOB_NOMATCH)
+        return -1;
+    snprintf(pattern, sizeof pattern, "%s/*.trace.gz", dir);
+    r = glob(pattern, r == 0 ? GLOB_APPEND : 0, NULL, g);
+    if (r != 0 && r != GLOB_NOMATCH)
+        return -1;
+    return g->gl_pathc ? 0 : -1;
+}
+
+static void print_summary(const trace_row *rows, size_t n)
+{
+    static const char *const names[3] = {"subslices (default)", "exclusive",
+                                         "expandable"};
+    printf("## (d) Every trace: peak reserved ÷ peak live per preset\n\n");
+    printf("| Trace | Preset | Peak live (GiB) | Peak reserved (GiB) | "
+           "Ratio |\n|---|---|---:|---:|---:|\n");
+    for (size_t i = 0; i < n; i++) {
+        const char *base = strrchr(rows[i].path, '/');
+        base = base ? base + 1 : rows[i].path;
+        for (int k = 0; k < 3; k++)
+            printf("| %s | %s | %.3f | %.3f | %.3f |\n", base, names[k],
+                   gib(rows[i].peak_live), gib(rows[i].reserved[k]),
+                   rows[i].peak_live
+                       ? (double)rows[i].reserved[k] / (double)rows[i].peak_live
+                       : 0.0);
+    }
+    printf("\n");
+}
+
+/* --check: loads each trace and checks that its events pair up. */
+static int check_traces(char **paths, int n)
+{
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        trace t;
+        trace_summary sum;
+        if (trace_load(paths[i], &t)) {
+            rc = 1;
+            continue;
+        }
+        if (trace_check(paths[i], &t, &sum) == 0)
+            printf("%s: %zu ops, %zu allocations, %zu frees, %zu left live, "
+                   "peak live %llu bytes: ok\n",
+                   paths[i], t.count, sum.allocs, sum.frees, sum.left_live,
+                   (unsigned long long)sum.peak_live_bytes);
+        else
+            rc = 1;
+        free(t.ops);
+    }
+    return rc;
+}
+
 /* --- main --- */
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: bench_memory [--fragmentation] [TRACE...]\n"
+            "       bench_memory --check TRACE...\n"
+            "TRACE: an allocation trace, plain or .gz (default: every "
+            "*.trace and *.trace.gz in %s)\n",
+            BENCH_TRACE_DIR);
+    return 2;
+}
 
 int main(int argc, char **argv)
 {
     double start = now_ns();
-    const char *trace_path = argc > 1 ? argv[1] : BENCH_TRACE_DEFAULT;
-    cube_client *c = NULL;
-    if (failed(cube_client_open("cpu", NULL, &c), "cube_client_open"))
-        return 1;
-    cube_properties p;
-    if (failed(cube_client_properties(c, &p), "cube_client_properties")) {
-        cube_client_close(c);
-        return 1;
+    int only_traces = 0, first = 1;
+    if (argc > 1 && strcmp(argv[1], "--check") == 0)
+        return argc > 2 ? check_traces(argv + 2, argc - 2) : usage();
+    if (argc > 1 && strcmp(argv[1], "--fragmentation") == 0) {
+        only_traces = 1;
+        first = 2;
     }
-    print_machine(&p);
-    /* The manager of (a) and (b) is built for the same device as the
-     * CPU backend's. */
-    mem_device dev = {p.memory_alignment, p.memory_total};
-
-    int rc = bench_hot_path(c, &dev);
-    cube_client_close(c);
+    if (argc > first && argv[first][0] == '-')
+        return usage();
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    char **paths = argv + first;
+    size_t npaths = (size_t)(argc - first);
+    if (npaths == 0) {
+        if (committed_traces(&g) != 0) {
+            fprintf(stderr, "bench_memory: no traces in %s\n", BENCH_TRACE_DIR);
+            globfree(&g);
+            return 1;
+        }
+        paths = g.gl_pathv;
+        npaths = g.gl_pathc;
+    }
+    int rc = 0;
+    if (!only_traces) {
+        cube_client *c = NULL;
+        if (failed(cube_client_open("cpu", NULL, &c), "cube_client_open"))
+            return 1;
+        cube_properties p;
+        if (failed(cube_client_properties(c, &p), "cube_client_properties")) {
+            cube_client_close(c);
+            return 1;
+        }
+        print_machine(&p);
+        /* The manager of (a) and (b) is built for the same device as the
+         * CPU backend's. */
+        mem_device dev = {p.memory_alignment, p.memory_total};
+        rc = bench_hot_path(c, &dev);
+        cube_client_close(c);
+        if (!rc)
+            rc = bench_hot_path_expandable(&dev);
+        if (!rc)
+            rc = bench_scaling(&dev);
+    }
+    trace_row *rows = calloc(npaths, sizeof *rows);
+    if (!rows)
+        rc = 1;
+    for (size_t i = 0; i < npaths && !rc; i++)
+        rc = bench_fragmentation(paths[i], &rows[i]);
     if (!rc)
-        rc = bench_hot_path_expandable(&dev);
-    if (!rc)
-        rc = bench_scaling(&dev);
-    if (!rc)
-        rc = bench_fragmentation(trace_path);
+        print_summary(rows, npaths);
+    free(rows);
+    globfree(&g);
 
     printf("Notes: the bench and its peers are compiled with -O2 and linked "
            "statically against cubert. Pairs (a) alternate the two sides "

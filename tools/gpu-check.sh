@@ -11,7 +11,10 @@
 # benchmarks, "asan" the fuzz corpus and conformance suite under ASan,
 # "python" the Python package's tests and benchmarks (WHEEL_DIR: a folder
 # with a cubert wheel to test instead of this build's extension), "multi"
-# the tests and benchmarks that need two GPUs or more.
+# the tests and benchmarks that need two GPUs or more, "vmm" expandable
+# pools on the GPU and the PyTorch allocation traces (recorded into
+# RESULTS_DIR/traces, replayed through cubert's presets and PyTorch's
+# allocator with and without expandable segments; a few minutes).
 # CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests whose
 # names match it (a cmocka test filter, '*' wildcards).
 set -u
@@ -146,6 +149,34 @@ for s in $steps; do
             ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 \
             LSAN_OPTIONS="suppressions=$PWD/tools/lsan-nccl.supp" \
             build-gpu-asan/tests/conformance cuda
+        ;;
+    vmm)
+        # Expandable pools over CUDA virtual memory: the memory tests
+        # (the expandable preset's among them) under memcheck, the graph
+        # tests (captures beside frees), then three PyTorch workloads
+        # recorded and every trace replayed through cubert's presets and
+        # through PyTorch's allocator. About 6 minutes on an H200.
+        step conformance_vmm_memcheck 180 env CONF_FILTER="memory_*" \
+            compute-sanitizer --tool memcheck --report-api-errors no \
+            --target-processes application-only --error-exitcode 3 \
+            build-gpu/tests/conformance cuda
+        step conformance_vmm_graphs 60 env CONF_FILTER="graph_*" \
+            build-gpu/tests/conformance cuda
+        mkdir -p "$results/traces"
+        step record_torch_traces 240 env PYTHONUNBUFFERED=1 python3 \
+            tools/record-torch-trace.py --out-dir "$results/traces"
+        # Plain copies, so a build without zlib reads them too.
+        for f in "$results"/traces/*.trace.gz; do
+            [ -f "$f" ] && gzip -dc "$f" >"${f%.gz}"
+        done
+        step bench_memory_traces 60 build-gpu/bench/bench_memory \
+            --fragmentation bench/traces/training_step.trace \
+            "$results"/traces/*.trace
+        step torch_replay_traces 180 env PYTHONUNBUFFERED=1 python3 \
+            bench/gpu/torch_replay_trace.py \
+            --json "$results/torch_replay.json" \
+            bench/traces/training_step.trace "$results"/traces/*.trace.gz
+        rm -f "$results"/traces/*.trace
         ;;
     build) ;;
     *) echo "unknown step $s"; status=1 ;;

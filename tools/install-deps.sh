@@ -9,9 +9,10 @@ set -eu
 # barrier pass (libclang itself is loaded at run time and optional).
 # openmpi-bin: the CPU backend's communicators between processes load
 # Open MPI at run time, and their tests run ranks with mpirun.
+# zlib1g-dev: bench_memory reads the compressed allocation traces.
 # python3-*: the Python package is built against Debian's interpreter and
 # its tests run there with pytest and NumPy.
-PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev libclang-dev openmpi-bin python3-dev python3-numpy python3-pytest $*"
+PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev libclang-dev zlib1g-dev openmpi-bin python3-dev python3-numpy python3-pytest $*"
 
 # Without Debian's package tools, check what the build itself needs and
 # name what is missing (package names differ between systems).

@@ -26,7 +26,8 @@
  *    already mapped makes no call to the device, and what the pool
  *    reserves is what its buffers cover, rounded out to whole pages, plus
  *    the free pages it keeps mapped. It needs a device whose storage has
- *    virtual memory (the CPU and null backends' host memory);
+ *    virtual memory (the CPU and null backends' host memory; CUDA devices
+ *    whose driver has virtual memory management, CUDA 10.2+);
  *    cube_install_memory_pools refuses it elsewhere. A capped expandable
  *    pool whose range has no free run for a request spills it over like a
  *    sliced pool at its cap; an uncapped one answers

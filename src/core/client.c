@@ -6,6 +6,7 @@
 
 #include "core/client_internal.h"
 #include "core/config.h"
+#include "core/memory_trace.h"
 #include "core/trace.h"
 
 static atomic_uint_fast64_t next_client_serial = 1;
@@ -89,6 +90,7 @@ cube_error *cube_client_open(const char *device,
     cube_mutex_init(&c->graphs_lock);
     cube_mutex_init(&c->futures_lock);
     core_trace_from_env();
+    core_memory_trace_from_env();
     /* Launch timing for the per-kernel summary costs two clock reads per
      * launch: only when someone will read it. */
     c->stats = c->dev->stats;
@@ -158,6 +160,7 @@ void cube_client_close(cube_client *c)
     core_graphs_destroy(c);
     core_staging_destroy(c);
     core_handles_destroy(c);
+    core_memory_trace_flush();
     core_device_release(c->dev);
     cube_mutex_destroy(&c->failure_lock);
     cube_mutex_destroy(&c->staging_lock);

@@ -26,6 +26,8 @@ typedef struct core_alloc {
     /* Memory cubert did not allocate (cube_wrap_memory): given back to its
      * owner through `release`, never to a pool. Set before publishing. */
     int foreign;
+    /* Its id in the memory trace (memory_trace.h); 0: not recorded. */
+    uint64_t trace_id;
     void (*release)(void *user);
     void *release_user;
 } core_alloc;

@@ -43,6 +43,8 @@ static int file_used;
 static int bounds_always;
 static char trace_path[CORE_CONFIG_PATH_MAX];
 static char trace_origin[CONFIG_PATH_BUF + 32];
+static char memory_trace_path[CORE_CONFIG_PATH_MAX];
+static char memory_trace_origin[CONFIG_PATH_BUF + 32];
 
 /* Copies `src` into dst[size], cut short if it must be (the keys' max_len
  * keeps values within their destinations). */
@@ -108,6 +110,17 @@ static cube_error *apply_trace(const cube_config_value *v)
     else
         snprintf(trace_origin, sizeof trace_origin, "the trace key of %s",
                  v->file);
+    return NULL;
+}
+
+static cube_error *apply_memory_trace(const cube_config_value *v)
+{
+    copy_text(memory_trace_path, sizeof memory_trace_path, v->text);
+    if (v->origin == CUBE_CONFIG_ENVIRONMENT)
+        copy_text(memory_trace_origin, sizeof memory_trace_origin, v->variable);
+    else
+        snprintf(memory_trace_origin, sizeof memory_trace_origin,
+                 "the memory_trace key of %s", v->file);
     return NULL;
 }
 
@@ -208,6 +221,16 @@ static const core_key core_keys[] = {
      FIELD(bounds_always),
      CORE_CONFIG_HAS_BOUNDS_CHECK,
      apply_bounds_check},
+    {{.name = "memory_trace",
+      .type = CUBE_CONFIG_PATH,
+      .max_len = CORE_CONFIG_PATH_MAX - 1,
+      .default_text = "no memory trace",
+      .doc = "write every buffer allocation and release of the process to "
+             "this file, in bench_memory's trace format (%p: the process "
+             "id)"},
+     FIELD(memory_trace),
+     CORE_CONFIG_HAS_MEMORY_TRACE,
+     apply_memory_trace},
 };
 
 #define CORE_KEY_COUNT (sizeof core_keys / sizeof core_keys[0])
@@ -793,6 +816,18 @@ const char *core_config_trace_origin(void)
 {
     pthread_once(&config_once, read_config);
     return trace_origin;
+}
+
+const char *core_config_memory_trace_path(void)
+{
+    pthread_once(&config_once, read_config);
+    return memory_trace_path[0] ? memory_trace_path : NULL;
+}
+
+const char *core_config_memory_trace_origin(void)
+{
+    pthread_once(&config_once, read_config);
+    return memory_trace_origin;
 }
 
 /* --- lookups -------------------------------------------------------------- */

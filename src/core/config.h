@@ -39,7 +39,8 @@ enum {
     CORE_CONFIG_HAS_CACHE_DIR = 1u << 3,
     CORE_CONFIG_HAS_DEVICE = 1u << 4,
     CORE_CONFIG_HAS_TRACE = 1u << 5,
-    CORE_CONFIG_HAS_BOUNDS_CHECK = 1u << 6
+    CORE_CONFIG_HAS_BOUNDS_CHECK = 1u << 6,
+    CORE_CONFIG_HAS_MEMORY_TRACE = 1u << 7
 };
 
 /* What a configuration file says. A field is meaningful only when its bit
@@ -53,6 +54,7 @@ typedef struct core_config_file {
     char device[64];
     char trace[CORE_CONFIG_PATH_MAX];
     int bounds_always; /* bounds_check: 0 "launch", 1 "always" */
+    char memory_trace[CORE_CONFIG_PATH_MAX];
     /* The backends' keys, as written, in the order core_config_key_at
      * lists them after the core's. */
     unsigned backend_set;
@@ -111,6 +113,12 @@ const char *core_config_trace_path(void);
 /* Where core_config_trace_path came from, for messages: "CUBERT_TRACE" or
  * "the trace key of <file>"; "" when unset. */
 const char *core_config_trace_origin(void);
+
+/* The path the memory trace is written to (CUBERT_MEMORY_TRACE, else the
+ * file's memory_trace key), or NULL when unset; where it came from, for
+ * messages, as core_config_trace_origin. */
+const char *core_config_memory_trace_path(void);
+const char *core_config_memory_trace_origin(void);
 
 /* Key `index` of all keys: the core's, then each backend's in the order of
  * core_backends(). *owner (may be NULL) is set to "core" or the backend's

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "core/client_internal.h"
+#include "core/memory_trace.h"
 #include "core/trace.h"
 #include "memory/memory_manager.h"
 
@@ -290,6 +291,7 @@ static void release_storage(cube_client *c, core_alloc *a)
         free_record(a);
         return;
     }
+    core_memory_trace_free(a->trace_id);
     if (c->vt->release_memory)
         c->vt->release_memory(c->server, &a->stream->base, &a->storage);
     else
@@ -541,6 +543,7 @@ cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n)
                                       (unsigned long long)a->storage.size);
             } else {
                 a->storage = st;
+                a->trace_id = core_memory_trace_alloc(st.size);
                 atomic_store_explicit(&a->deferred, 0, memory_order_release);
             }
         }
@@ -643,6 +646,8 @@ static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
         a->storage.size = size;
     } else {
         err = core_storage_alloc(c, st, size, &a->storage);
+        if (!err)
+            a->trace_id = core_memory_trace_alloc(size);
     }
     if (err) {
         free_record(a);

@@ -398,6 +398,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(memory_every_able_pool_at_its_cap_is_pool_capacity_exceeded)             \
     X(memory_cleanup_releases_what_nothing_uses_and_never_a_live_buffer)       \
     X(memory_expandable_pool_maps_what_buffers_use_and_cleanup_unmaps_the_rest) \
+    X(memory_expandable_pool_keeps_a_live_graphs_buffers_mapped_through_cleanup) \
     X(memory_persistent_mode_routes_to_the_persistent_pool_auto_routes_back)   \
     X(memory_persistent_pool_reuses_a_released_buffer_of_the_same_size)        \
     X(memory_persistent_windows_nest_and_end_without_begin_is_invalid)         \

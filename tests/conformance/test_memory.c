@@ -1431,6 +1431,84 @@ CONF_TEST(
     m_leave();
 }
 
+/* A graph pins every buffer it names, so an expandable pool keeps their
+ * pages mapped through a cleanup after their handles are gone: the replay
+ * reads and writes every page of them (on the host backends an unmapped
+ * page faults; on a GPU it is an illegal address). Once the graph is
+ * destroyed, a cleanup unmaps them. */
+CONF_TEST_NEEDS(
+    memory_expandable_pool_keeps_a_live_graphs_buffers_mapped_through_cleanup,
+    CUBE_FEATURE_KERNELS)
+{
+    m_enter();
+    cube_memory_layout l = m_preset(CUBE_PRESET_EXPANDABLE);
+    uint32_t e = l.count - 1;
+    cube_error *err = cube_install_memory_pools(conf.client, &l);
+    if (err && cube_error_code(err) == CUBE_ERR_UNSUPPORTED && !conf_is_cpu() &&
+        strcmp(conf.props.backend, "null") != 0) {
+        cube_error_free(err);
+        m_leave();
+        skip();
+    }
+    CONF_OK(err);
+    /* Three buffers of the expandable pool, over several pages each. */
+    const uint64_t n = (2 * l.pools[e].min_size + 4096) / 4;
+    const uint64_t bytes = n * 4;
+    float *x0 = malloc(bytes), *got = malloc(bytes);
+    assert_non_null(x0);
+    assert_non_null(got);
+    for (uint64_t i = 0; i < n; i++)
+        x0[i] = 1.0f + (float)(i % 1000);
+    cube_handle x = conf_create(x0, bytes);
+    cube_handle y = conf_empty(bytes), w = conf_empty(bytes);
+    cube_count count = cube_count_static(conf_div_up(n, 64), 1, 1);
+    cube_arg a1[3] = {cube_arg_buffer(x), cube_arg_buffer(y), cube_arg_f32(-1)};
+    cube_arg a2[3] = {cube_arg_buffer(y), cube_arg_buffer(w), cube_arg_f32(2)};
+    CONF_OK(cube_graph_prepare(conf.client));
+    CONF_OK(conf_launch(conf.k.scale, count, a1, 3, CUBE_LAUNCH_EXECUTE));
+    CONF_OK(conf_launch(conf.k.scale, count, a2, 3, CUBE_LAUNCH_EXECUTE));
+    CONF_OK(cube_graph_begin(conf.client));
+    CONF_OK(conf_launch(conf.k.scale, count, a1, 3, CUBE_LAUNCH_EXECUTE));
+    CONF_OK(conf_launch(conf.k.scale, count, a2, 3, CUBE_LAUNCH_EXECUTE));
+    cube_graph_id id = 0;
+    CONF_OK(cube_graph_end(conf.client, &id));
+
+    /* x and y are the graph's alone now; the cleanup leaves them mapped. */
+    m_release(x);
+    m_release(y);
+    CONF_OK(cube_memory_cleanup(conf.client));
+    cube_memory_report r = m_report();
+    m_expect_sums(&r);
+    assert_int_equal(r.pools[e].buffers, 3);
+    assert_true(r.pools[e].bytes_reserved >= 3 * bytes);
+    memset(got, 0, bytes);
+    CONF_WRITE_OK(w, got, bytes);
+    CONF_OK(cube_graph_replay(conf.client, id));
+    CONF_READ_OK(w, got, bytes);
+    for (uint64_t i = 0; i < n; i++)
+        if (got[i] != -2 * x0[i]) {
+            print_error("element %llu is %g, expected %g\n",
+                        (unsigned long long)i, (double)got[i],
+                        (double)(-2 * x0[i]));
+            fail();
+        }
+
+    /* Destroyed, the graph lets its buffers go: their pages are unmapped. */
+    CONF_OK(cube_graph_destroy(conf.client, id));
+    CONF_OK(cube_sync(conf.client, NULL, 0));
+    CONF_OK(cube_memory_cleanup(conf.client));
+    cube_memory_report after = m_report();
+    uint64_t page = r.pools[e].bytes_reserved / r.pools[e].pages;
+    assert_int_equal(after.pools[e].buffers, 1);
+    assert_true(after.pools[e].bytes_reserved < r.pools[e].bytes_reserved);
+    assert_true(after.pools[e].bytes_reserved >= bytes);
+    assert_true(after.pools[e].bytes_reserved <= bytes + 2 * page);
+    m_release(w);
+    free(x0);
+    free(got);
+    m_leave();
+}
+
 /* --- allocation modes --- */
 
 CONF_TEST(memory_persistent_mode_routes_to_the_persistent_pool_auto_routes_back)

@@ -84,7 +84,8 @@ enum {
     CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
-    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
 };
 
 /* Function attributes (CUfunction_attribute). */
@@ -108,6 +109,42 @@ enum {
     CU_MEMORYTYPE_HOST = 1,
     CU_MEMORYTYPE_DEVICE = 2
 };
+
+/* Virtual memory management (CUDA 10.2+): physical allocations mapped
+ * into reserved address ranges. The structures have the driver's layout
+ * (CUmemLocation, CUmemAllocationProp, CUmemAccessDesc). */
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+enum {
+    CU_MEM_ALLOCATION_TYPE_PINNED = 1,
+    CU_MEM_HANDLE_TYPE_NONE = 0,
+    CU_MEM_LOCATION_TYPE_DEVICE = 1,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
+};
+
+typedef struct cuda_mem_location {
+    int type; /* CU_MEM_LOCATION_TYPE_* */
+    int id;   /* the device ordinal */
+} cuda_mem_location;
+
+typedef struct cuda_mem_allocation_prop {
+    int type;                 /* CU_MEM_ALLOCATION_TYPE_* */
+    int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_* */
+    cuda_mem_location location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} cuda_mem_allocation_prop;
+
+typedef struct cuda_mem_access_desc {
+    cuda_mem_location location;
+    int flags; /* CU_MEM_ACCESS_FLAGS_* */
+} cuda_mem_access_desc;
 
 /* CUDA_MEMCPY2D (the _v2 layout, size_t fields). */
 typedef struct cuda_memcpy2d {
@@ -200,6 +237,23 @@ typedef struct cuda_api {
      * the driver one packed buffer; NULL: pointers per parameter. */
     CUDA_FN(CUresult, cuFuncGetParamInfo,
             (CUfunction, size_t, size_t *, size_t *))
+    /* Virtual memory management, for expandable pools; NULL when the
+     * driver lacks any of them (expandable pools are then unsupported). */
+    CUDA_FN(CUresult, cuMemGetAllocationGranularity,
+            (size_t *, const cuda_mem_allocation_prop *, int))
+    CUDA_FN(CUresult, cuMemAddressReserve,
+            (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))
+    CUDA_FN(CUresult, cuMemAddressFree, (CUdeviceptr, size_t))
+    CUDA_FN(CUresult, cuMemCreate,
+            (CUmemGenericAllocationHandle *, size_t,
+             const cuda_mem_allocation_prop *, unsigned long long))
+    CUDA_FN(CUresult, cuMemRelease, (CUmemGenericAllocationHandle))
+    CUDA_FN(CUresult, cuMemMap,
+            (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+             unsigned long long))
+    CUDA_FN(CUresult, cuMemUnmap, (CUdeviceptr, size_t))
+    CUDA_FN(CUresult, cuMemSetAccess,
+            (CUdeviceptr, size_t, const cuda_mem_access_desc *, size_t))
 
     /* NVRTC */
     CUDA_FN(nvrtcResult, nvrtcVersion, (int *, int *))

@@ -29,6 +29,8 @@
  *   cuda_api.c       the driver and NVRTC, loaded with dlopen (cuda_api.h)
  *   cuda_context.c   the primary context, entering it, failed calls, faults
  *   cuda_events.c    the pool of CUDA events
+ *   cuda_vmm.c       device virtual memory for expandable pools, the
+ *                    gate that keeps frees and captures apart
  *   cuda_memory.c    device storage, frees deferred past captures, block
  *                    records, the memory slots, released blocks set aside
  *   cuda_copier.c    the threads that pack and unpack pageable memory
@@ -106,6 +108,17 @@ typedef struct cuda_inflight {
     CUevent event;
 } cuda_inflight;
 
+/* A reservation of device address space: an expandable pool's range
+ * (cuda_vmm.c). `deferred` marks the pages the manager unmapped while a
+ * capture ran: still mapped, unmapped later. */
+typedef struct cuda_vm_range {
+    uint64_t base, size;
+    uint64_t *deferred; /* one bit per page */
+    uint64_t deferred_count;
+    cuda_stream *stream; /* the owner */
+    struct cuda_vm_range *next;
+} cuda_vm_range;
+
 /* The backend's side of a stream (its cube_server_stream's impl). */
 struct cuda_stream {
     cuda_server *server;
@@ -147,6 +160,10 @@ struct cuda_stream {
     atomic_int has_pending;
     /* 16 bytes of pinned memory a dynamic cube count is read into. */
     cube_storage count_host;
+    /* The reservations of the stream's expandable pools; under the
+     * stream's memory manager's lock (the manager calls the storage's
+     * virtual-memory functions under it). */
+    cuda_vm_range *vm_ranges;
     /* The latest read whose completion has no event yet (under `lock`):
      * its wait synchronizes the stream, unless more work is submitted
      * first, which records the read's event before it (cuda_stream_seal).
@@ -200,6 +217,17 @@ struct cuda_server {
      * starts only when no capture runs. */
     int frees_running CUBE_GUARDED_FIELD(deferred_lock);
     pthread_cond_t frees_idle; /* frees_running reached 0 */
+    /* Reservations released while a capture ran (cuda_vmm.c). */
+    cuda_vm_range *vm_later CUBE_GUARDED_FIELD(deferred_lock);
+
+    /* Virtual memory (cuda_vmm.c, set at open): the page size, 0 when the
+     * driver or device has none; the allocation each page gets; the
+     * devices that may read and write it. */
+    size_t vm_granularity;
+    cuda_mem_allocation_prop vm_prop;
+    cuda_mem_access_desc vm_access[CUDA_MAX_PEERS];
+    size_t vm_access_count;
+    atomic_int vm_unmap_warned;
 
     /* Devices whose memory this context was asked to reach (peer access
      * tried once each, by ordinal). */
@@ -248,6 +276,29 @@ cube_error *cuda_event_get(cuda_server *s, CUevent *out);
 void cuda_event_put(cuda_server *s, CUevent ev);
 /* Destroys the pooled events (at destroy). */
 void cuda_events_destroy(cuda_server *s);
+
+/* --- cuda_vmm.c --- */
+/* The gate between frees and captures: cuda_free_begin counts a free as
+ * running and returns 1 when no capture runs (no capture starts until
+ * cuda_free_end), else returns 0 and the caller must not synchronize or
+ * free now. */
+int cuda_free_begin(cuda_server *s);
+void cuda_free_end(cuda_server *s);
+/* Finds whether the driver and device have virtual memory management
+ * (at open): sets vm_granularity (0: none, logged at info), vm_prop and
+ * vm_access. */
+void cuda_vm_setup(cuda_server *s);
+/* The storage's virtual-memory functions (`self` is the cuda_stream; see
+ * cube_storage_ops): address space, pages mapped one allocation each,
+ * unmapped after the stream's queued work, deferred past captures. */
+cube_error *cuda_vm_reserve(void *self, uint64_t size, uint64_t align,
+                            uint64_t *base);
+cube_error *cuda_vm_map(void *self, uint64_t address, uint64_t size);
+void cuda_vm_unmap(void *self, uint64_t address, uint64_t size);
+void cuda_vm_release(void *self, uint64_t base, uint64_t size);
+/* Frees reservations released while captures ran (a list linked by
+ * next), as a running free. */
+void cuda_vm_free_ranges(cuda_server *s, cuda_vm_range *list);
 
 /* --- cuda_memory.c --- */
 /* The storage of a stream's memory manager (`self` is its cuda_stream):

@@ -61,16 +61,6 @@ static void free_now(cuda_server *s, cuda_stream *st, uint64_t address)
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
 }
 
-/* A free that ran (with no lock held) is over; the last one lets a
- * waiting capture start. */
-static void frees_end(cuda_server *s)
-{
-    cube_mutex_lock(&s->deferred_lock);
-    if (--s->frees_running == 0)
-        pthread_cond_broadcast(&s->frees_idle);
-    cube_mutex_unlock(&s->deferred_lock);
-}
-
 void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
 {
     cube_error_free(cuda_enter(s));
@@ -81,7 +71,7 @@ void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
         s->frees_running++;
         cube_mutex_unlock(&s->deferred_lock);
         free_now(s, st, address);
-        frees_end(s);
+        cuda_free_end(s);
         return;
     }
     if (s->deferred_count == s->deferred_cap) {
@@ -109,16 +99,19 @@ void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
 void cuda_free_deferred(cuda_server *s, int force)
 {
     cube_mutex_lock(&s->deferred_lock);
-    if (s->deferred_count == 0 || (!force && atomic_load(&s->captures) != 0)) {
+    if ((s->deferred_count == 0 && !s->vm_later) ||
+        (!force && atomic_load(&s->captures) != 0)) {
         cube_mutex_unlock(&s->deferred_lock);
         return;
     }
-    /* The list is taken whole and freed without the lock, counted as a
+    /* The lists are taken whole and freed without the lock, counted as a
      * running free like any other. */
     cuda_deferred *list = s->deferred;
     size_t n = s->deferred_count;
+    cuda_vm_range *ranges = s->vm_later;
     s->deferred = NULL;
     s->deferred_count = s->deferred_cap = 0;
+    s->vm_later = NULL;
     s->frees_running++;
     cube_mutex_unlock(&s->deferred_lock);
     while (n > 0) {
@@ -126,7 +119,8 @@ void cuda_free_deferred(cuda_server *s, int force)
         free_now(s, list[n].stream, list[n].address);
     }
     free(list);
-    frees_end(s);
+    cuda_vm_free_ranges(s, ranges);
+    cuda_free_end(s);
 }
 
 void cuda_device_free(void *self, uint64_t address, uint64_t size)

@@ -196,6 +196,8 @@ static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
         err = cuda_context_create(s);
     if (!err)
         err = cuda_pinned_create(s);
+    if (!err)
+        cuda_vm_setup(s);
     if (!err) {
         const char *dir = options->cache_dir;
         char path[1100];

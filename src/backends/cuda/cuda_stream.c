@@ -66,6 +66,13 @@ cube_error *cuda_stream_open(cube_server *server, cube_server_stream *stream,
     storage->self = st;
     storage->alloc = cuda_device_alloc;
     storage->free = cuda_device_free;
+    if (s->vm_granularity) {
+        storage->granularity = s->vm_granularity;
+        storage->reserve = cuda_vm_reserve;
+        storage->map = cuda_vm_map;
+        storage->unmap = cuda_vm_unmap;
+        storage->release = cuda_vm_release;
+    }
     stream->impl = st;
     return NULL;
 }
