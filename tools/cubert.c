@@ -62,7 +62,14 @@ void cubert_usage(FILE *f)
         "                            size range, pages, buffers, bytes in\n"
         "                            use and reserved with their high-water\n"
         "                            marks, then the large tail and the\n"
-        "                            persistent pool; allocates nothing.\n"
+        "                            persistent pool; then the counters\n"
+        "                            (allocations, releases, pool hits and\n"
+        "                            misses, device allocations and frees,\n"
+        "                            out-of-memory events and retries,\n"
+        "                            bytes allocated, reserved and free in\n"
+        "                            the pools with their peaks) of the\n"
+        "                            stream and of the whole device;\n"
+        "                            allocates nothing.\n"
         "                            --json prints the report as JSON (one\n"
         "                            object per line); --demo allocates\n"
         "                            buffers of varied sizes, prints the\n"
@@ -933,8 +940,74 @@ static int cmd_demo(int argc, char **argv)
 
 /* --- memory --- */
 
-/* Prints the calling stream's report; `title` heads the table form (the
- * JSON form is one object per line, nothing else). Returns 1 on error. */
+/* The counters of cube_memory_stats, in its order, with their names in
+ * the table and the JSON. */
+#define MEMORY_STAT_FIELDS(X)                                                  \
+    X(allocations, "allocations", 0)                                           \
+    X(releases, "releases", 0)                                                 \
+    X(pool_hits, "pool hits", 0)                                               \
+    X(pool_misses, "pool misses", 0)                                           \
+    X(device_allocations, "device allocations", 0)                             \
+    X(device_frees, "device frees", 0)                                         \
+    X(oom_events, "out-of-memory events", 0)                                   \
+    X(oom_retries, "retries after release", 0)                                 \
+    X(buffers, "live buffers", 0)                                              \
+    X(buffers_peak, "live buffers, peak", 0)                                   \
+    X(allocated_bytes, "allocated", 1)                                         \
+    X(allocated_bytes_peak, "allocated, peak", 1)                              \
+    X(reserved_bytes, "reserved", 1)                                           \
+    X(reserved_bytes_peak, "reserved, peak", 1)                                \
+    X(free_bytes, "free in pools", 1)                                          \
+    X(free_bytes_peak, "free in pools, peak", 1)
+
+/* The counters of the calling stream and of the whole device after the
+ * report: a table, or one JSON object on a line of its own. */
+static int print_memory_stats(cube_client *c, int json)
+{
+    cube_memory_stats one, all;
+    memset(&one, 0, sizeof one);
+    memset(&all, 0, sizeof all);
+    one.struct_size = all.struct_size = sizeof one;
+    if (report(cube_memory_stats_get(c, CUBE_MEMORY_STREAM, &one),
+               "cube_memory_stats_get") ||
+        report(cube_memory_stats_get(c, CUBE_MEMORY_DEVICE, &all),
+               "cube_memory_stats_get"))
+        return 1;
+    if (json) {
+        const char *sep = "";
+        printf("{\"stats\":{\"stream\":{");
+#define X(field, name, bytes)                                                  \
+    printf("%s\"%s\":%llu", sep, #field, (unsigned long long)one.field);       \
+    sep = ",";
+        MEMORY_STAT_FIELDS(X)
+        printf("},\"device\":{\"streams\":%u", all.streams);
+        sep = ",";
+        MEMORY_STAT_FIELDS(X)
+#undef X
+        printf("}}}\n");
+        return 0;
+    }
+    printf("\ncounters (cube_memory_stats_get): this stream, and all %u "
+           "stream(s) of the device\n",
+           all.streams);
+#define X(field, name, bytes)                                                  \
+    if (bytes) {                                                               \
+        char a[32], b[32];                                                     \
+        format_bytes(one.field, a, sizeof a);                                  \
+        format_bytes(all.field, b, sizeof b);                                  \
+        printf("  %-24s %14s %14s\n", name, a, b);                             \
+    } else {                                                                   \
+        printf("  %-24s %14llu %14llu\n", name, (unsigned long long)one.field, \
+               (unsigned long long)all.field);                                 \
+    }
+    MEMORY_STAT_FIELDS(X)
+#undef X
+    return 0;
+}
+
+/* Prints the calling stream's report, then the counters; `title` heads
+ * the table form (the JSON form is one object per line, nothing else).
+ * Returns 1 on error. */
 static int print_memory_report(cube_client *c, int json, const char *title)
 {
     cube_memory_report r;
@@ -951,7 +1024,7 @@ static int print_memory_report(cube_client *c, int json, const char *title)
         printf("\n%s\n", title);
     fputs(text, stdout);
     free(text);
-    return 0;
+    return print_memory_stats(c, json);
 }
 
 /* Allocates buffers of varied sizes up to an eighth of the device (one in

@@ -56,6 +56,9 @@ expect 0 out '"version"' -- info --json
 expect 0 out '"usage"' -- memory --device cpu --json
 expect 0 out '"usage"' -- memory --device=cpu --json
 expect 0 out "cubert memory on cpu" -- memory --device=cpu
+# The counters follow the report, in both forms.
+expect 0 out "pool hits" -- memory --device cpu --demo
+expect 0 out '{"stats":{"stream":{"allocations":' -- memory --json --demo
 # A unique prefix of a long option is that option.
 expect 0 out '"usage"' -- memory --dev cpu --js
 expect 1 err "cube_client_open failed" -- memory --device=nosuchbackend
