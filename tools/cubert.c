@@ -23,11 +23,9 @@
 #include "cubert/cubert.h"
 #include "cubert_tool.h"
 
-#define EXIT_USAGE 2
-
 /* --- small helpers --- */
 
-static void usage(FILE *f)
+void cubert_usage(FILE *f)
 {
     fprintf(
         f,
@@ -64,17 +62,28 @@ static void usage(FILE *f)
         "                            size range, pages, buffers, bytes in\n"
         "                            use and reserved with their high-water\n"
         "                            marks, then the large tail and the\n"
-        "                            persistent pool; allocates nothing.\n"
+        "                            persistent pool; then the counters\n"
+        "                            (allocations, releases, pool hits and\n"
+        "                            misses, device allocations and frees,\n"
+        "                            out-of-memory events and retries,\n"
+        "                            bytes allocated, reserved and free in\n"
+        "                            the pools with their peaks) of the\n"
+        "                            stream and of the whole device;\n"
+        "                            allocates nothing.\n"
         "                            --json prints the report as JSON (one\n"
         "                            object per line); --demo allocates\n"
         "                            buffers of varied sizes, prints the\n"
         "                            report, releases them, resets the\n"
         "                            high-water marks and prints it again\n"
         "  help, --help, -h          this text (also COMMAND --help)\n"
-        "  --version                 the library version\n"
+        "  --version, version        the library version\n"
+        "\n"
+        "options take their value as --opt VALUE or --opt=VALUE; a\n"
+        "unique prefix of an option's name is that option.\n"
         "\n"
         "exit status: 0 success; 1 a failure (an error, a failed check);\n"
-        "2 a usage error (unknown command or argument, no command)\n");
+        "2 a usage error (unknown command, option or argument, a missing\n"
+        "or bad option value, no command)\n");
 }
 
 static double now_ms(void)
@@ -237,27 +246,32 @@ static void print_configuration(void)
     }
 }
 
-/* Whether the arguments ask for help (the first is --help or -h). */
-static int wants_help(int argc, char **argv)
+static void print_version(void)
 {
-    return argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"));
+    printf("cubert %d.%d.%d\n", CUBE_VERSION_MAJOR, CUBE_VERSION_MINOR,
+           CUBE_VERSION_PATCH);
 }
+
+/* Reads a command's options until the end or a usage error, with help
+ * handled: returns 0 to go on, else the exit status (0 after --help). */
+#define CUBERT_ARGS_DONE(c)                                                    \
+    ((c) == CUBERT_ARGS_HELP ? (cubert_usage(stdout), 0) : EXIT_USAGE)
 
 static int cmd_info(int argc, char **argv)
 {
-    if (wants_help(argc, argv)) {
-        usage(stdout);
-        return 0;
-    }
-    if (argc == 1 && !strcmp(argv[0], "--json"))
+    static const struct option options[] = {{"json", no_argument, NULL, 'j'},
+                                            {"help", no_argument, NULL, 'h'},
+                                            {NULL, 0, NULL, 0}};
+    cubert_args args = {
+        .command = "info", .argc = argc, .argv = argv, .options = options};
+    int json = 0, opt;
+    while ((opt = cubert_args_next(&args)) > 0)
+        json = 1;
+    if (opt != CUBERT_ARGS_END)
+        return CUBERT_ARGS_DONE(opt);
+    if (json)
         return cubert_info_json();
-    if (argc > 0) {
-        fprintf(stderr, "cubert info: unexpected argument '%s'\n", argv[0]);
-        usage(stderr);
-        return EXIT_USAGE;
-    }
-    printf("cubert %d.%d.%d\n", CUBE_VERSION_MAJOR, CUBE_VERSION_MINOR,
-           CUBE_VERSION_PATCH);
+    print_version();
 
     /* The backends compiled in, then the ones cubert knows of but this build
      * lacks (so `info` says why they are missing). */
@@ -836,41 +850,28 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 
 static int cmd_demo(int argc, char **argv)
 {
+    static const struct option options[] = {
+        {"device", required_argument, NULL, 'd'},
+        {"size", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    cubert_args args = {
+        .command = "demo", .argc = argc, .argv = argv, .options = options};
     const char *device = NULL;
     uint32_t n = 256;
-    for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i];
-        const char *val = NULL;
-        if (!strcmp(arg, "--device") || !strcmp(arg, "--size")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "cubert demo: %s needs a value\n", arg);
-                usage(stderr);
-                return EXIT_USAGE;
-            }
-            val = argv[++i];
-        } else if (!strncmp(arg, "--device=", 9)) {
-            val = arg + 9;
-            arg = "--device";
-        } else if (!strncmp(arg, "--size=", 7)) {
-            val = arg + 7;
-            arg = "--size";
-        } else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "cubert demo: unknown option '%s'\n", arg);
-            usage(stderr);
-            return EXIT_USAGE;
-        }
-        if (!strcmp(arg, "--device")) {
-            device = val;
-        } else if (parse_u32(val, 1, 2048, &n)) {
+    int opt;
+    while ((opt = cubert_args_next(&args)) > 0) {
+        if (opt == 'd') {
+            device = args.value;
+        } else if (parse_u32(args.value, 1, 2048, &n)) {
             fprintf(stderr,
                     "cubert demo: --size '%s' is not a number in 1..2048\n",
-                    val);
+                    args.value);
             return EXIT_USAGE;
         }
     }
+    if (opt != CUBERT_ARGS_END)
+        return CUBERT_ARGS_DONE(opt);
 
     demo d;
     memset(&d, 0, sizeof d);
@@ -939,8 +940,74 @@ static int cmd_demo(int argc, char **argv)
 
 /* --- memory --- */
 
-/* Prints the calling stream's report; `title` heads the table form (the
- * JSON form is one object per line, nothing else). Returns 1 on error. */
+/* The counters of cube_memory_stats, in its order, with their names in
+ * the table and the JSON. */
+#define MEMORY_STAT_FIELDS(X)                                                  \
+    X(allocations, "allocations", 0)                                           \
+    X(releases, "releases", 0)                                                 \
+    X(pool_hits, "pool hits", 0)                                               \
+    X(pool_misses, "pool misses", 0)                                           \
+    X(device_allocations, "device allocations", 0)                             \
+    X(device_frees, "device frees", 0)                                         \
+    X(oom_events, "out-of-memory events", 0)                                   \
+    X(oom_retries, "retries after release", 0)                                 \
+    X(buffers, "live buffers", 0)                                              \
+    X(buffers_peak, "live buffers, peak", 0)                                   \
+    X(allocated_bytes, "allocated", 1)                                         \
+    X(allocated_bytes_peak, "allocated, peak", 1)                              \
+    X(reserved_bytes, "reserved", 1)                                           \
+    X(reserved_bytes_peak, "reserved, peak", 1)                                \
+    X(free_bytes, "free in pools", 1)                                          \
+    X(free_bytes_peak, "free in pools, peak", 1)
+
+/* The counters of the calling stream and of the whole device after the
+ * report: a table, or one JSON object on a line of its own. */
+static int print_memory_stats(cube_client *c, int json)
+{
+    cube_memory_stats one, all;
+    memset(&one, 0, sizeof one);
+    memset(&all, 0, sizeof all);
+    one.struct_size = all.struct_size = sizeof one;
+    if (report(cube_memory_stats_get(c, CUBE_MEMORY_STREAM, &one),
+               "cube_memory_stats_get") ||
+        report(cube_memory_stats_get(c, CUBE_MEMORY_DEVICE, &all),
+               "cube_memory_stats_get"))
+        return 1;
+    if (json) {
+        const char *sep = "";
+        printf("{\"stats\":{\"stream\":{");
+#define X(field, name, bytes)                                                  \
+    printf("%s\"%s\":%llu", sep, #field, (unsigned long long)one.field);       \
+    sep = ",";
+        MEMORY_STAT_FIELDS(X)
+        printf("},\"device\":{\"streams\":%u", all.streams);
+        sep = ",";
+        MEMORY_STAT_FIELDS(X)
+#undef X
+        printf("}}}\n");
+        return 0;
+    }
+    printf("\ncounters (cube_memory_stats_get): this stream, and all %u "
+           "stream(s) of the device\n",
+           all.streams);
+#define X(field, name, bytes)                                                  \
+    if (bytes) {                                                               \
+        char a[32], b[32];                                                     \
+        format_bytes(one.field, a, sizeof a);                                  \
+        format_bytes(all.field, b, sizeof b);                                  \
+        printf("  %-24s %14s %14s\n", name, a, b);                             \
+    } else {                                                                   \
+        printf("  %-24s %14llu %14llu\n", name, (unsigned long long)one.field, \
+               (unsigned long long)all.field);                                 \
+    }
+    MEMORY_STAT_FIELDS(X)
+#undef X
+    return 0;
+}
+
+/* Prints the calling stream's report, then the counters; `title` heads
+ * the table form (the JSON form is one object per line, nothing else).
+ * Returns 1 on error. */
 static int print_memory_report(cube_client *c, int json, const char *title)
 {
     cube_memory_report r;
@@ -957,7 +1024,7 @@ static int print_memory_report(cube_client *c, int json, const char *title)
         printf("\n%s\n", title);
     fputs(text, stdout);
     free(text);
-    return 0;
+    return print_memory_stats(c, json);
 }
 
 /* Allocates buffers of varied sizes up to an eighth of the device (one in
@@ -1039,32 +1106,26 @@ static int memory_demo(cube_client *c, const cube_properties *p, int json)
 
 static int cmd_memory(int argc, char **argv)
 {
+    static const struct option options[] = {
+        {"device", required_argument, NULL, 'd'},
+        {"json", no_argument, NULL, 'j'},
+        {"demo", no_argument, NULL, 'D'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    cubert_args args = {
+        .command = "memory", .argc = argc, .argv = argv, .options = options};
     const char *device = NULL;
-    int json = 0, demo_mode = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--device")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "cubert memory: --device needs a value\n");
-                usage(stderr);
-                return EXIT_USAGE;
-            }
-            device = argv[++i];
-        } else if (!strncmp(arg, "--device=", 9)) {
-            device = arg + 9;
-        } else if (!strcmp(arg, "--json")) {
+    int json = 0, demo_mode = 0, opt;
+    while ((opt = cubert_args_next(&args)) > 0) {
+        if (opt == 'd')
+            device = args.value;
+        else if (opt == 'j')
             json = 1;
-        } else if (!strcmp(arg, "--demo")) {
+        else
             demo_mode = 1;
-        } else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "cubert memory: unknown option '%s'\n", arg);
-            usage(stderr);
-            return EXIT_USAGE;
-        }
     }
+    if (opt != CUBERT_ARGS_END)
+        return CUBERT_ARGS_DONE(opt);
 
     cube_client *c = NULL;
     if (report(cube_client_open(device, NULL, &c), "cube_client_open"))
@@ -1094,34 +1155,49 @@ static int cmd_memory(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
+    /* The program's own options come before the command; the command
+     * parses the words from its name on. */
+    static const struct option options[] = {{"version", no_argument, NULL, 'V'},
+                                            {"help", no_argument, NULL, 'h'},
+                                            {NULL, 0, NULL, 0}};
+    cubert_args args = {.command = "",
+                        .argc = argc,
+                        .argv = argv,
+                        .options = options,
+                        .operands = 1};
+    int opt = cubert_args_next(&args);
+    if (opt == 'V') {
+        print_version();
+        return 0;
+    }
+    if (opt != CUBERT_ARGS_END)
+        return CUBERT_ARGS_DONE(opt);
+    int first = args.rest;
+    if (first >= argc) {
         fprintf(stderr, "cubert: no command\n");
-        usage(stderr);
+        cubert_usage(stderr);
         return EXIT_USAGE;
     }
-    const char *cmd = argv[1];
-    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
-        usage(stdout);
+    const char *cmd = argv[first];
+    int cargc = argc - first;
+    char **cargv = argv + first;
+    if (!strcmp(cmd, "help")) {
+        cubert_usage(stdout);
         return 0;
     }
-    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
-        printf("cubert %d.%d.%d\n", CUBE_VERSION_MAJOR, CUBE_VERSION_MINOR,
-               CUBE_VERSION_PATCH);
-        return 0;
-    }
-    if (!strcmp(cmd, "allreduce") && wants_help(argc - 2, argv + 2)) {
-        usage(stdout);
+    if (!strcmp(cmd, "version")) {
+        print_version();
         return 0;
     }
     if (!strcmp(cmd, "info"))
-        return cmd_info(argc - 2, argv + 2);
+        return cmd_info(cargc, cargv);
     if (!strcmp(cmd, "demo"))
-        return cmd_demo(argc - 2, argv + 2);
+        return cmd_demo(cargc, cargv);
     if (!strcmp(cmd, "memory"))
-        return cmd_memory(argc - 2, argv + 2);
+        return cmd_memory(cargc, cargv);
     if (!strcmp(cmd, "allreduce"))
-        return cubert_cmd_allreduce(argc - 2, argv + 2);
+        return cubert_cmd_allreduce(cargc, cargv);
     fprintf(stderr, "cubert: unknown command '%s'\n", cmd);
-    usage(stderr);
+    cubert_usage(stderr);
     return EXIT_USAGE;
 }

@@ -3,6 +3,7 @@
  * the time per call, the algorithm bandwidth (bytes / time) and the bus
  * bandwidth (algorithm bandwidth * 2 (n - 1) / n, what NCCL's tests print)
  * are reported. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,7 +16,6 @@
 #include "cubert_tool.h"
 
 #define MAX_RANKS 64
-#define EXIT_USAGE 2
 
 typedef struct rank_run {
     cube_comm *comm;
@@ -109,8 +109,9 @@ static void *rank_main(void *arg)
 static int parse_u64(const char *s, uint64_t *out)
 {
     char *end;
+    errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end)
+    if (!*s || *end || *s == '-' || errno)
         return -1;
     *out = v;
     return 0;
@@ -118,27 +119,37 @@ static int parse_u64(const char *s, uint64_t *out)
 
 int cubert_cmd_allreduce(int argc, char **argv)
 {
+    static const struct option options[] = {
+        {"backend", required_argument, NULL, 'b'},
+        {"ranks", required_argument, NULL, 'r'},
+        {"max", required_argument, NULL, 'm'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    cubert_args args = {
+        .command = "allreduce", .argc = argc, .argv = argv, .options = options};
     const char *backend = NULL;
     uint64_t ranks_wanted = 0, max = 64ull << 20;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--backend") && i + 1 < argc) {
-            backend = argv[++i];
-        } else if (i + 1 < argc &&
-                   ((!strcmp(a, "--ranks") &&
-                     !parse_u64(argv[i + 1], &ranks_wanted)) ||
-                    (!strcmp(a, "--max") && !parse_u64(argv[i + 1], &max) &&
-                     max >= 1024))) {
-            i++;
-        } else {
+    int opt;
+    while ((opt = cubert_args_next(&args)) > 0) {
+        if (opt == 'b') {
+            backend = args.value;
+        } else if ((opt == 'r' && parse_u64(args.value, &ranks_wanted)) ||
+                   (opt == 'm' &&
+                    (parse_u64(args.value, &max) || max < 1024))) {
             fprintf(stderr,
-                    "cubert allreduce: bad argument '%s' (usage: cubert "
-                    "allreduce [--backend B] [--ranks N] [--max BYTES], "
-                    "BYTES at least 1024)\n",
-                    a);
+                    "cubert allreduce: bad value '%s' for --%s (usage: "
+                    "cubert allreduce [--backend B] [--ranks N] [--max "
+                    "BYTES], BYTES at least 1024)\n",
+                    args.value, opt == 'r' ? "ranks" : "max");
             return EXIT_USAGE;
         }
     }
+    if (opt == CUBERT_ARGS_HELP) {
+        cubert_usage(stdout);
+        return 0;
+    }
+    if (opt != CUBERT_ARGS_END)
+        return EXIT_USAGE;
     uint32_t devices = 0;
     if (!backend) {
         cube_error *err = cube_device_count("cuda", &devices);

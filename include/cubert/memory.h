@@ -159,9 +159,73 @@ typedef struct cube_memory_report {
 CUBE_API CUBE_MUST_USE cube_error *
 cube_memory_report_get(cube_client *client, cube_memory_report *out);
 
-/* Sets every high-water mark of the calling stream to its current value.
- * Errors: CUBE_ERR_INVALID_ARGUMENT. */
+/* Sets every high-water mark of the calling stream to its current value
+ * (the report's and cube_memory_stats'). Errors: CUBE_ERR_INVALID_ARGUMENT. */
 CUBE_API CUBE_MUST_USE cube_error *cube_memory_reset_peaks(cube_client *client);
+
+/* --- counters --- */
+
+/* What the counters cover: the calling thread's stream, or every stream
+ * of the client's device (all threads, every client of the device). */
+typedef enum cube_memory_scope {
+    CUBE_MEMORY_STREAM = 0,
+    CUBE_MEMORY_DEVICE = 1
+} cube_memory_scope;
+
+/* Allocation counters, the figures torch.cuda.memory_stats() gives, kept
+ * by each stream's memory manager under the lock its allocations already
+ * take. "Device" means the backend's storage: device memory on CUDA,
+ * host memory on the CPU and null backends.
+ *
+ * Counters only grow. Byte figures: allocated = asked for by live
+ * buffers; reserved = held from the device; free = reserved, less
+ * allocated, less the padding of live buffers (alignment and size
+ * classes): what the pools hold ready for reuse. Each *_peak is the
+ * highest value since the stream began or since cube_memory_reset_peaks.
+ * With CUBE_MEMORY_DEVICE every field is the sum over the streams, the
+ * peaks too: their sum bounds the device's peak from above, as streams
+ * peak at different moments. */
+typedef struct cube_memory_stats {
+    /* The caller sets sizeof(cube_memory_stats) before the call; the
+     * library fills that many bytes at most and sets it to the bytes it
+     * filled, so the struct can grow: a caller built against a later
+     * version gets the fields this library has, the rest left as they
+     * were. */
+    uint32_t struct_size;
+    uint32_t streams;               /* the streams summed */
+    uint64_t allocations;           /* buffers allocated */
+    uint64_t releases;              /* buffers given back to their pool */
+    uint64_t pool_hits;             /* allocations served from memory the
+                                       pools held */
+    uint64_t pool_misses;           /* allocations that took memory from the
+                                       device (allocations = hits + misses) */
+    uint64_t device_allocations;    /* successful requests to the device
+                                       (allocations, and page maps of
+                                       expandable pools) */
+    uint64_t device_frees;          /* memory given back to the device */
+    uint64_t oom_events;            /* allocations that failed with
+                                       CUBE_ERR_OUT_OF_MEMORY */
+    uint64_t oom_retries;           /* device refusals answered by
+                                       releasing unused memory and retrying */
+    uint64_t buffers, buffers_peak; /* live buffers */
+    uint64_t allocated_bytes, allocated_bytes_peak;
+    uint64_t reserved_bytes, reserved_bytes_peak;
+    uint64_t free_bytes, free_bytes_peak;
+} cube_memory_stats;
+
+/* The size of the first version of cube_memory_stats: the least
+ * struct_size accepted. */
+#define CUBE_MEMORY_STATS_V1_SIZE 136u
+
+/* The counters of `scope`. A stream that never allocated counts zero.
+ * Thread safety: any thread; each stream is read under its own lock, so a
+ * device-wide sum is exact when nothing allocates meanwhile.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (client or out NULL, the client is
+ * closing, out->struct_size below CUBE_MEMORY_STATS_V1_SIZE, an unknown
+ * scope). */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_memory_stats_get(cube_client *client, cube_memory_scope scope,
+                      cube_memory_stats *out);
 
 typedef enum cube_report_format {
     CUBE_REPORT_TABLE = 0, /* aligned text, one line per pool */

@@ -99,6 +99,25 @@ class _MemoryUsage(TypedDict):
     foreign_buffers: int
     foreign_bytes: int
 
+class _MemoryStats(TypedDict):
+    streams: int
+    allocations: int
+    releases: int
+    pool_hits: int
+    pool_misses: int
+    device_allocations: int
+    device_frees: int
+    oom_events: int
+    oom_retries: int
+    buffers: int
+    buffers_peak: int
+    allocated_bytes: int
+    allocated_bytes_peak: int
+    reserved_bytes: int
+    reserved_bytes_peak: int
+    free_bytes: int
+    free_bytes_peak: int
+
 class _DeviceInfo(TypedDict):
     device: str
     index: int
@@ -217,6 +236,7 @@ class Client:
     def profile(self) -> Profile: ...
     def dry_run(self) -> AbstractContextManager[Client]: ...
     def memory_usage(self, *, device: bool = False) -> _MemoryUsage: ...
+    def memory_stats(self, *, device: bool = False) -> _MemoryStats: ...
     def memory_report(self, format: Literal["table", "json"] = "table") -> str: ...
     def memory_cleanup(self) -> None: ...
     def reset_peaks(self) -> None: ...

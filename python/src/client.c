@@ -295,6 +295,59 @@ static PyObject *client_memory_usage(pyc_client *self, PyObject *args,
         (unsigned long long)u.foreign_bytes);
 }
 
+static PyObject *client_memory_stats(pyc_client *self, PyObject *args,
+                                     PyObject *kw)
+{
+    static char *names[] = {"device", NULL};
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p", names, &device))
+        return NULL;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    cube_memory_stats st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    cube_error *err = cube_memory_stats_get(
+        c, device ? CUBE_MEMORY_DEVICE : CUBE_MEMORY_STREAM, &st);
+    if (err)
+        return pyc_raise(err);
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    /* One entry per field of cube_memory_stats, under the field's name. */
+    struct {
+        const char *name;
+        unsigned long long value;
+    } f[] = {{"streams", st.streams},
+             {"allocations", st.allocations},
+             {"releases", st.releases},
+             {"pool_hits", st.pool_hits},
+             {"pool_misses", st.pool_misses},
+             {"device_allocations", st.device_allocations},
+             {"device_frees", st.device_frees},
+             {"oom_events", st.oom_events},
+             {"oom_retries", st.oom_retries},
+             {"buffers", st.buffers},
+             {"buffers_peak", st.buffers_peak},
+             {"allocated_bytes", st.allocated_bytes},
+             {"allocated_bytes_peak", st.allocated_bytes_peak},
+             {"reserved_bytes", st.reserved_bytes},
+             {"reserved_bytes_peak", st.reserved_bytes_peak},
+             {"free_bytes", st.free_bytes},
+             {"free_bytes_peak", st.free_bytes_peak}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(f[i].value);
+        if (!v || PyDict_SetItemString(d, f[i].name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
 static PyObject *client_memory_report(pyc_client *self, PyObject *args,
                                       PyObject *kw)
 {
@@ -516,6 +569,13 @@ static PyMethodDef client_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "memory_usage(*, device=False) -> dict: the calling thread's stream, "
      "or with device=True every stream of the device."},
+    {"memory_stats", (PyCFunction)(void (*)(void))client_memory_stats,
+     METH_VARARGS | METH_KEYWORDS,
+     "memory_stats(*, device=False) -> dict: the allocation counters of "
+     "cube_memory_stats_get (allocations, releases, pool hits and misses, "
+     "device allocations and frees, out-of-memory events and retries, "
+     "bytes allocated, reserved and free with their peaks) for the calling "
+     "thread's stream, or with device=True summed over every stream."},
     {"memory_report", (PyCFunction)(void (*)(void))client_memory_report,
      METH_VARARGS | METH_KEYWORDS, "memory_report(format='table') -> str"},
     {"memory_cleanup", (PyCFunction)client_memory_cleanup, METH_NOARGS, NULL},

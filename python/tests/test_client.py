@@ -149,6 +149,25 @@ def test_memory_usage(client):
     assert w["bytes_in_use"] == u["bytes_in_use"]
 
 
+def test_memory_stats(client):
+    before = client.memory_stats()
+    assert set(before) >= {"allocations", "releases", "pool_hits",
+                           "pool_misses", "oom_events", "oom_retries",
+                           "reserved_bytes_peak", "free_bytes"}
+    buf = client.empty(1 << 16)
+    live = client.memory_stats()
+    buf.release()
+    client.sync()
+    after = client.memory_stats()
+    assert live["allocations"] == before["allocations"] + 1
+    assert live["allocated_bytes"] == before["allocated_bytes"] + (1 << 16)
+    assert after["releases"] == before["releases"] + 1
+    assert after["pool_hits"] + after["pool_misses"] == after["allocations"]
+    everything = client.memory_stats(device=True)
+    assert everything["streams"] >= 1
+    assert everything["allocations"] >= after["allocations"]
+
+
 def test_memory_report(client):
     buf = client.empty(1 << 20)
     table = client.memory_report()

@@ -30,6 +30,9 @@ typedef struct core_alloc {
     uint64_t trace_id;
     void (*release)(void *user);
     void *release_user;
+    /* The first handle's bits: the trace's alloc and release events name
+     * the buffer by it, so the two pair up. */
+    uint64_t trace_id;
 } core_alloc;
 
 /* A handle's slot in the table. `state` packs the generation (high 32

@@ -261,12 +261,29 @@ cube_error *core_storage_alloc(cube_client *c, core_stream *st, uint64_t size,
     return mem_alloc(st->base.memory, size, out);
 }
 
+/* The stream's memory as a counter track of the trace: reserved and
+ * live bytes after an allocation or a release. */
+static void trace_memory_counter(core_stream *st)
+{
+    cube_memory_usage u;
+    mem_usage(st->base.memory, &u);
+    char name[48], args[96];
+    snprintf(name, sizeof name, "memory 0x%llx",
+             (unsigned long long)st->base.id);
+    snprintf(args, sizeof args, "{\"reserved\":%llu,\"live\":%llu}",
+             (unsigned long long)u.bytes_reserved,
+             (unsigned long long)u.bytes_in_use);
+    core_trace_counter(name, st->base.id, args);
+}
+
 static void release_storage(cube_client *c, core_alloc *a)
 {
-    if (core_trace_on()) {
-        char args[64];
-        snprintf(args, sizeof args, "{\"bytes\":%llu}",
-                 (unsigned long long)a->storage.size);
+    int traced = core_trace_on();
+    if (traced) {
+        char args[96];
+        snprintf(args, sizeof args, "{\"bytes\":%llu,\"buffer\":\"0x%016llx\"}",
+                 (unsigned long long)a->storage.size,
+                 (unsigned long long)a->trace_id);
         core_trace_instant("memory", "release", a->stream->base.id,
                            core_clock_ns(), args);
     }
@@ -296,6 +313,8 @@ static void release_storage(cube_client *c, core_alloc *a)
         c->vt->release_memory(c->server, &a->stream->base, &a->storage);
     else
         mem_free(a->stream->base.memory, &a->storage);
+    if (traced)
+        trace_memory_counter(a->stream);
     cube_error_free(a->failure);
     free_record(a);
 }
@@ -660,12 +679,14 @@ static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
         release_storage(c, a);
         return err;
     }
+    a->trace_id = out->bits;
     if (core_trace_on()) {
-        char args[64];
-        snprintf(args, sizeof args, "{\"bytes\":%llu}",
-                 (unsigned long long)size);
+        char args[96];
+        snprintf(args, sizeof args, "{\"bytes\":%llu,\"buffer\":\"0x%016llx\"}",
+                 (unsigned long long)size, (unsigned long long)out->bits);
         core_trace_instant("memory", "alloc", st->base.id, core_clock_ns(),
                            args);
+        trace_memory_counter(st);
     }
     if (cube_log_enabled(CUBE_LOG_TRACE))
         cube_log_write(CUBE_LOG_TRACE, "memory",

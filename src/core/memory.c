@@ -8,6 +8,7 @@
  * (install, cleanup) or the backend's (memory_reclaim); streams_lock alone.
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +154,78 @@ static cube_error *memory_usage_device_call(cube_client *c,
 cube_error *cube_memory_usage_device(cube_client *c, cube_memory_usage *out)
 {
     CORE_CALL(c, "cube_memory_usage_device", memory_usage_device_call(c, out));
+}
+
+_Static_assert(sizeof(cube_memory_stats) >= CUBE_MEMORY_STATS_V1_SIZE,
+               "cube_memory_stats only grows");
+
+static void stats_add(cube_memory_stats *sum, const cube_memory_stats *one)
+{
+    /* Every field after the header is a uint64_t count. */
+    uint64_t *to = &sum->allocations;
+    const uint64_t *from = &one->allocations;
+    size_t n = (sizeof *sum - offsetof(cube_memory_stats, allocations)) /
+               sizeof(uint64_t);
+    for (size_t i = 0; i < n; i++)
+        to[i] += from[i];
+    sum->streams++;
+}
+
+static cube_error *memory_stats_get_call(cube_client *c,
+                                         cube_memory_scope scope,
+                                         cube_memory_stats *out)
+{
+    CORE_CHECK_CLIENT(c, "cube_memory_stats_get");
+    if (!out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_stats_get: out is NULL");
+    if (out->struct_size < CUBE_MEMORY_STATS_V1_SIZE)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_stats_get: out->struct_size is "
+                              "%u, below %u (set it to "
+                              "sizeof(cube_memory_stats))",
+                              (unsigned)out->struct_size,
+                              CUBE_MEMORY_STATS_V1_SIZE);
+    if (scope != CUBE_MEMORY_STREAM && scope != CUBE_MEMORY_DEVICE)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_memory_stats_get: unknown scope %d",
+                              (int)scope);
+    cube_memory_stats sum;
+    memset(&sum, 0, sizeof sum);
+    if (scope == CUBE_MEMORY_STREAM) {
+        /* A stream that never existed counts nothing: not worth making. */
+        core_stream *s = core_stream_find(c->dev, cube_stream_current(c));
+        if (s) {
+            cube_memory_stats one;
+            memset(&one, 0, sizeof one);
+            mem_stats_get(s->base.memory, &one);
+            stats_add(&sum, &one);
+        }
+    } else {
+        /* As cube_memory_usage_device: each stream under its own lock. */
+        uint32_t n =
+            atomic_load_explicit(&c->dev->stream_count, memory_order_acquire);
+        for (uint32_t i = 0; i < n; i++) {
+            core_stream *s = core_stream_at(c->dev, i);
+            if (!s)
+                continue;
+            cube_memory_stats one;
+            memset(&one, 0, sizeof one);
+            mem_stats_get(s->base.memory, &one);
+            stats_add(&sum, &one);
+        }
+    }
+    uint32_t size =
+        out->struct_size < sizeof sum ? out->struct_size : (uint32_t)sizeof sum;
+    sum.struct_size = size;
+    memcpy(out, &sum, size);
+    return NULL;
+}
+
+cube_error *cube_memory_stats_get(cube_client *c, cube_memory_scope scope,
+                                  cube_memory_stats *out)
+{
+    CORE_CALL(c, "cube_memory_stats_get", memory_stats_get_call(c, scope, out));
 }
 
 static cube_error *memory_cleanup_call(cube_client *c)

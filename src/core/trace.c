@@ -346,7 +346,8 @@ static void report_failure(int failed_now, const char *path)
 }
 
 /* Writes one event: `ph` "X" spans [at_ns, end_ns), "i" is an instant at
- * at_ns (end_ns unused). */
+ * at_ns (end_ns unused), "C" a counter sample at the time of writing
+ * (at_ns and end_ns unused). */
 static void trace_emit(const char *ph, const char *cat, const char *name,
                        cube_stream_id stream, uint64_t at_ns, uint64_t end_ns,
                        const char *args_json)
@@ -363,8 +364,15 @@ static void trace_emit(const char *ph, const char *cat, const char *name,
             trace_lost++;
         } else {
             uint32_t tid = stream_tid(stream);
+            if (ph[0] == 'C')
+                at_ns = core_clock_ns(); /* ordered by the lock */
             double ts = trace_us(at_ns);
-            if (ph[0] == 'X')
+            if (ph[0] == 'C')
+                note_write(fprintf(trace_file,
+                                   ",\n%s,\"pid\":%ld,\"tid\":%" PRIu32
+                                   ",\"ts\":%.3f%s",
+                                   head.p, trace_pid, tid, ts, tail.p));
+            else if (ph[0] == 'X')
                 note_write(fprintf(trace_file,
                                    ",\n%s,\"pid\":%ld,\"tid\":%" PRIu32
                                    ",\"ts\":%.3f,\"dur\":%.3f%s",
@@ -407,6 +415,14 @@ void core_trace_instant(const char *cat, const char *name,
     if (!core_trace_on())
         return;
     trace_emit("i", cat, name, stream, at_ns, at_ns, args_json);
+}
+
+void core_trace_counter(const char *name, cube_stream_id stream,
+                        const char *args_json)
+{
+    if (!core_trace_on())
+        return;
+    trace_emit("C", "memory", name, stream, 0, 0, args_json);
 }
 
 /* --- starting and stopping ------------------------------------------------ */

@@ -30,6 +30,13 @@ void core_trace_instant(const char *cat, const char *name,
                         cube_stream_id stream, uint64_t at_ns,
                         const char *args_json);
 
+/* A counter sample ("C" event) named `name` on `stream`'s lane, stamped
+ * with the clock when it is written, so that each lane's counter samples
+ * appear in time order. `args_json`: an object of numbers, one series
+ * each ("{\"reserved\":4096,\"live\":64}"), copied. */
+void core_trace_counter(const char *name, cube_stream_id stream,
+                        const char *args_json);
+
 /* Starts tracing to $CUBERT_TRACE if it is set and no trace is running;
  * called once by the first cube_client_open. A failure is logged, not
  * returned. */

@@ -111,6 +111,22 @@ typedef struct mem_stats {
     uint64_t largest;
 } mem_stats;
 
+/* The manager's own accounting (cube_memory_stats): the pools' stats
+ * summed as they change, so that its high-water marks are the manager's
+ * (the sum of the pools' peaks is not), and event counters. Under the
+ * manager's lock, like everything it counts. */
+typedef struct mem_totals {
+    mem_stats sum;          /* pages, buffers, in_use, reserved, padding */
+    uint64_t cached_peak;   /* of reserved - in_use - padding */
+    uint64_t allocs, frees; /* mem_alloc successes, mem_free calls */
+    uint64_t hits, misses;  /* allocs served without / with storage */
+    /* Successful storage allocations and maps; storage given back (frees
+     * and unmaps). */
+    uint64_t storage_allocs, storage_frees;
+    uint64_t ooms;    /* mem_alloc calls that ended out of memory */
+    uint64_t retries; /* storage refusals answered by release + retry */
+} mem_totals;
+
 struct mem_pool {
     cube_pool_config config;
     uint32_t index;  /* position in the report */
@@ -158,6 +174,7 @@ struct mem_manager {
     /* earliest exclusive release; UINT64_MAX */
     uint64_t next_expiry_ms CUBE_GUARDED_FIELD(lock);
     mem_pool pools[MEM_POOL_SLOTS] CUBE_GUARDED_FIELD(lock);
+    mem_totals tot CUBE_GUARDED_FIELD(lock);
     /* records to reuse, linked by next */
     mem_block *spare CUBE_GUARDED_FIELD(lock);
     uint64_t spare_count CUBE_GUARDED_FIELD(lock);
@@ -226,10 +243,103 @@ void mem_unlock(mem_manager *m) CUBE_RELEASE(m->lock);
 /* Monotonic milliseconds. */
 uint64_t mem_now_ms(void);
 
-void mem_stats_page_add(mem_stats *st, uint64_t size);
-void mem_stats_page_remove(mem_stats *st, uint64_t size);
-void mem_stats_live_add(mem_stats *st, uint64_t requested, uint64_t extent);
-void mem_stats_live_remove(mem_stats *st, uint64_t requested, uint64_t extent);
+/* A pool's stats changes, each applied to the pool's `st` and to the
+ * manager's totals (inline: live_add and live_remove are on the path of
+ * every pool hit). pages: `n` pages of `bytes` in all (expandable pools
+ * map and unmap runs of pages). */
+static inline uint64_t mem_cached_of(const mem_stats *st)
+{
+    return st->reserved - st->in_use - st->padding;
+}
+
+static inline void mem_pages_add_one(mem_stats *st, uint64_t n, uint64_t bytes)
+{
+    st->pages += n;
+    st->reserved += bytes;
+    if (st->pages > st->pages_peak)
+        st->pages_peak = st->pages;
+    if (st->reserved > st->reserved_peak)
+        st->reserved_peak = st->reserved;
+}
+
+static inline void mem_live_add_one(mem_stats *st, uint64_t requested,
+                                    uint64_t extent)
+{
+    st->buffers++;
+    st->in_use += requested;
+    st->padding += extent - requested;
+    if (st->buffers > st->buffers_peak)
+        st->buffers_peak = st->buffers;
+    if (st->in_use > st->in_use_peak)
+        st->in_use_peak = st->in_use;
+    if (requested > st->largest)
+        st->largest = requested;
+}
+
+static inline void mem_live_remove_one(mem_stats *st, uint64_t requested,
+                                       uint64_t extent)
+{
+    st->buffers--;
+    st->in_use -= requested;
+    st->padding -= extent - requested;
+}
+
+static inline void mem_stats_pages_add(mem_manager *m, mem_stats *st,
+                                       uint64_t n, uint64_t bytes)
+    CUBE_REQUIRES(m->lock);
+static inline void mem_stats_pages_remove(mem_manager *m, mem_stats *st,
+                                          uint64_t n, uint64_t bytes)
+    CUBE_REQUIRES(m->lock);
+static inline void mem_stats_live_add(mem_manager *m, mem_stats *st,
+                                      uint64_t requested, uint64_t extent)
+    CUBE_REQUIRES(m->lock);
+static inline void mem_stats_live_remove(mem_manager *m, mem_stats *st,
+                                         uint64_t requested, uint64_t extent)
+    CUBE_REQUIRES(m->lock);
+
+/* The free bytes grow when pages come in and when buffers go. */
+static inline void mem_cached_peak_update(mem_totals *t)
+{
+    uint64_t cached = mem_cached_of(&t->sum);
+    if (cached > t->cached_peak)
+        t->cached_peak = cached;
+}
+
+static inline void mem_stats_pages_add(mem_manager *m, mem_stats *st,
+                                       uint64_t n, uint64_t bytes)
+{
+    mem_pages_add_one(st, n, bytes);
+    mem_pages_add_one(&m->tot.sum, n, bytes);
+    mem_cached_peak_update(&m->tot);
+}
+
+static inline void mem_stats_pages_remove(mem_manager *m, mem_stats *st,
+                                          uint64_t n, uint64_t bytes)
+{
+    st->pages -= n;
+    st->reserved -= bytes;
+    m->tot.sum.pages -= n;
+    m->tot.sum.reserved -= bytes;
+}
+
+static inline void mem_stats_live_add(mem_manager *m, mem_stats *st,
+                                      uint64_t requested, uint64_t extent)
+{
+    mem_live_add_one(st, requested, extent);
+    mem_live_add_one(&m->tot.sum, requested, extent);
+}
+
+static inline void mem_stats_live_remove(mem_manager *m, mem_stats *st,
+                                         uint64_t requested, uint64_t extent)
+{
+    mem_live_remove_one(st, requested, extent);
+    mem_live_remove_one(&m->tot.sum, requested, extent);
+    mem_cached_peak_update(&m->tot);
+}
+
+#define mem_stats_page_add(m, st, size) mem_stats_pages_add(m, st, 1, size)
+#define mem_stats_page_remove(m, st, size)                                     \
+    mem_stats_pages_remove(m, st, 1, size)
 
 /* Whether the pool's cap leaves room for `bytes` more. */
 static inline int mem_pool_room(const mem_pool *p, uint64_t bytes)

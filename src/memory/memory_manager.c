@@ -78,42 +78,6 @@ uint64_t mem_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-void mem_stats_page_add(mem_stats *st, uint64_t size)
-{
-    st->pages++;
-    st->reserved += size;
-    if (st->pages > st->pages_peak)
-        st->pages_peak = st->pages;
-    if (st->reserved > st->reserved_peak)
-        st->reserved_peak = st->reserved;
-}
-
-void mem_stats_page_remove(mem_stats *st, uint64_t size)
-{
-    st->pages--;
-    st->reserved -= size;
-}
-
-void mem_stats_live_add(mem_stats *st, uint64_t requested, uint64_t extent)
-{
-    st->buffers++;
-    st->in_use += requested;
-    st->padding += extent - requested;
-    if (st->buffers > st->buffers_peak)
-        st->buffers_peak = st->buffers;
-    if (st->in_use > st->in_use_peak)
-        st->in_use_peak = st->in_use;
-    if (requested > st->largest)
-        st->largest = requested;
-}
-
-void mem_stats_live_remove(mem_stats *st, uint64_t requested, uint64_t extent)
-{
-    st->buffers--;
-    st->in_use -= requested;
-    st->padding -= extent - requested;
-}
-
 void mem_pool_link(mem_pool *p, mem_block *b)
 {
     b->prev = NULL;
@@ -139,10 +103,10 @@ void mem_pool_drop_all(mem_manager *m, mem_pool *p)
     while (p->blocks) {
         mem_block *b = p->blocks;
         if (b->requested)
-            mem_stats_live_remove(&p->st, b->requested, b->size);
+            mem_stats_live_remove(m, &p->st, b->requested, b->size);
         mem_pool_unlink(p, b);
         mem_storage_put(m, b->address, b->size);
-        mem_stats_page_remove(&p->st, b->size);
+        mem_stats_page_remove(m, &p->st, b->size);
         mem_record_give(m, b);
     }
 }
@@ -206,11 +170,16 @@ static void puts_flush_locked(mem_manager *m)
 /* One storage call: an alloc of `size` bytes into *address, or (map) a
  * map of [address, address + size). */
 static cube_error *storage_call(mem_manager *m, int map, uint64_t size,
+                                uint64_t *address) CUBE_REQUIRES(m->lock);
+
+static cube_error *storage_call(mem_manager *m, int map, uint64_t size,
                                 uint64_t *address)
 {
-    if (map)
-        return m->ops.map(m->ops.self, *address, size);
-    return m->ops.alloc(m->ops.self, size, m->dev.alignment, address);
+    cube_error *err =
+        map ? m->ops.map(m->ops.self, *address, size)
+            : m->ops.alloc(m->ops.self, size, m->dev.alignment, address);
+    m->tot.storage_allocs += err == NULL;
+    return err;
 }
 
 /* A storage call with the out-of-memory handling of mem_storage_get. */
@@ -238,6 +207,7 @@ static cube_error *storage_call_retry(mem_manager *m, int map, uint64_t size,
                        map ? "to map" : "to reserve", (ull)size,
                        cube_error_message(err), (ull)released);
         cube_error_free(err);
+        m->tot.retries++;
         err = storage_call(m, map, size, address);
         if (!err)
             return NULL;
@@ -265,6 +235,7 @@ cube_error *mem_storage_map(mem_manager *m, uint64_t address, uint64_t size)
 
 void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size)
 {
+    m->tot.storage_frees++;
     if (m->put_count == m->put_cap) {
         uint32_t cap = m->put_cap ? m->put_cap * 2 : 8;
         struct mem_put *grown = realloc(m->puts, cap * sizeof *grown);
@@ -313,8 +284,8 @@ static cube_error *tail_alloc(mem_manager *m, uint64_t size, mem_block **out)
     b->requested = size;
     b->pool = p;
     mem_pool_link(p, b);
-    mem_stats_page_add(&p->st, extent);
-    mem_stats_live_add(&p->st, size, extent);
+    mem_stats_page_add(m, &p->st, extent);
+    mem_stats_live_add(m, &p->st, size, extent);
     *out = b;
     return NULL;
 }
@@ -322,8 +293,8 @@ static cube_error *tail_alloc(mem_manager *m, uint64_t size, mem_block **out)
 static void tail_free(mem_manager *m, mem_block *b)
 {
     mem_pool *p = b->pool;
-    mem_stats_live_remove(&p->st, b->requested, b->size);
-    mem_stats_page_remove(&p->st, b->size);
+    mem_stats_live_remove(m, &p->st, b->requested, b->size);
+    mem_stats_page_remove(m, &p->st, b->size);
     mem_pool_unlink(p, b);
     mem_storage_put(m, b->address, b->size);
     mem_record_give(m, b);
@@ -591,7 +562,17 @@ cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out)
                               "no host memory for block records");
     }
     mem_block *b = NULL;
+    uint64_t storage_before = m->tot.storage_allocs;
     cube_error *err = route(m, size, &b);
+    if (!err) {
+        m->tot.allocs++;
+        if (m->tot.storage_allocs == storage_before)
+            m->tot.hits++;
+        else
+            m->tot.misses++;
+    } else if (cube_error_code(err) == CUBE_ERR_OUT_OF_MEMORY) {
+        m->tot.ooms++;
+    }
     mem_unlock(m);
     if (err)
         return err;
@@ -631,6 +612,7 @@ void mem_free(mem_manager *m, cube_storage *storage)
         mem_expandable_free(m, b);
     else
         mem_exclusive_free(m, b);
+    m->tot.frees++;
     mem_unlock(m);
     storage->cookie = NULL;
 }
@@ -691,6 +673,33 @@ void mem_reset_peaks(mem_manager *m)
         stats_reset_peaks(&m->pools[i].st);
     stats_reset_peaks(&m->pools[MEM_TAIL].st);
     stats_reset_peaks(&m->pools[MEM_PERSISTENT].st);
+    stats_reset_peaks(&m->tot.sum);
+    m->tot.cached_peak = mem_cached_of(&m->tot.sum);
+    mem_unlock(m);
+}
+
+void mem_stats_get(mem_manager *m, cube_memory_stats *out)
+{
+    if (!m || !out)
+        return;
+    cube_mutex_lock(&m->lock);
+    const mem_totals *t = &m->tot;
+    out->allocations = t->allocs;
+    out->releases = t->frees;
+    out->pool_hits = t->hits;
+    out->pool_misses = t->misses;
+    out->device_allocations = t->storage_allocs;
+    out->device_frees = t->storage_frees;
+    out->oom_events = t->ooms;
+    out->oom_retries = t->retries;
+    out->allocated_bytes = t->sum.in_use;
+    out->allocated_bytes_peak = t->sum.in_use_peak;
+    out->reserved_bytes = t->sum.reserved;
+    out->reserved_bytes_peak = t->sum.reserved_peak;
+    out->free_bytes = mem_cached_of(&t->sum);
+    out->free_bytes_peak = t->cached_peak;
+    out->buffers = t->sum.buffers;
+    out->buffers_peak = t->sum.buffers_peak;
     mem_unlock(m);
 }
 

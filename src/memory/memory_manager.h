@@ -71,6 +71,10 @@ void mem_free(mem_manager *m, cube_storage *storage);
 void mem_usage(mem_manager *m, cube_memory_usage *out);
 void mem_report(mem_manager *m, cube_memory_report *out);
 void mem_reset_peaks(mem_manager *m);
+/* Fills the counter and byte fields of `out` (not struct_size, streams)
+ * with the manager's; the counters only grow, the peaks follow
+ * mem_reset_peaks. */
+void mem_stats_get(mem_manager *m, cube_memory_stats *out);
 
 /* Releases what can be released: empty pages of sliced pools, unused
  * exclusive pages, mapped pages of expandable pools that no live block

@@ -53,7 +53,7 @@ static void page_drop(mem_manager *m, mem_pool *p, mem_block *b)
     lru_unlink(p, b);
     mem_pool_unlink(p, b);
     mem_storage_put(m, b->address, b->size);
-    mem_stats_page_remove(&p->st, b->size);
+    mem_stats_page_remove(m, &p->st, b->size);
     mem_record_give(m, b);
 }
 
@@ -87,10 +87,10 @@ cube_error *mem_exclusive_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         b->size = extent;
         b->pool = p;
         mem_pool_link(p, b);
-        mem_stats_page_add(&p->st, extent);
+        mem_stats_page_add(m, &p->st, extent);
     }
     b->requested = size;
-    mem_stats_live_add(&p->st, size, b->size);
+    mem_stats_live_add(m, &p->st, size, b->size);
     *out = b;
     return NULL;
 }
@@ -98,7 +98,7 @@ cube_error *mem_exclusive_alloc(mem_manager *m, mem_pool *p, uint64_t size,
 void mem_exclusive_free(mem_manager *m, mem_block *b)
 {
     mem_pool *p = b->pool;
-    mem_stats_live_remove(&p->st, b->requested, b->size);
+    mem_stats_live_remove(m, &p->st, b->requested, b->size);
     b->requested = 0;
     mem_bins_insert(&p->bins, b);
     lru_append(p, b);

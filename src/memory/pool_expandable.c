@@ -113,16 +113,6 @@ static void pages_mark(uint64_t *bits, uint64_t i, uint64_t end, int on)
     }
 }
 
-static void stats_pages_add(mem_stats *st, uint64_t n, uint64_t bytes)
-{
-    st->pages += n;
-    st->reserved += bytes;
-    if (st->pages > st->pages_peak)
-        st->pages_peak = st->pages;
-    if (st->reserved > st->reserved_peak)
-        st->reserved_peak = st->reserved;
-}
-
 /* Unmaps the mapped pages among [lo, hi); returns the bytes unmapped. */
 static uint64_t unmap_pages(mem_manager *m, mem_pool *p, uint64_t lo,
                             uint64_t hi) CUBE_REQUIRES(m->lock);
@@ -135,9 +125,9 @@ static uint64_t unmap_pages(mem_manager *m, mem_pool *p, uint64_t lo,
     while (i < hi) {
         uint64_t j = find_page(p->vm_mapped, i, hi, 0);
         m->ops.unmap(m->ops.self, p->vm_base + i * g, (j - i) * g);
+        m->tot.storage_frees++;
         pages_mark(p->vm_mapped, i, j, 0);
-        p->st.pages -= j - i;
-        p->st.reserved -= (j - i) * g;
+        mem_stats_pages_remove(m, &p->st, j - i, (j - i) * g);
         bytes += (j - i) * g;
         i = find_page(p->vm_mapped, j, hi, 1);
     }
@@ -161,7 +151,7 @@ static cube_error *map_block(mem_manager *m, mem_pool *p, const mem_block *b)
         if (err)
             return err;
         pages_mark(p->vm_mapped, i, j, 1);
-        stats_pages_add(&p->st, j - i, (j - i) * g);
+        mem_stats_pages_add(m, &p->st, j - i, (j - i) * g);
         i = find_page(p->vm_mapped, j, end, 0);
     }
     return NULL;
@@ -246,7 +236,7 @@ cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         /* The block freed last, of this very extent, pages still mapped. */
         p->hot = NULL;
         b->requested = size;
-        mem_stats_live_add(&p->st, size, extent);
+        mem_stats_live_add(m, &p->st, size, extent);
         *out = b;
         return NULL;
     }
@@ -278,7 +268,7 @@ cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         return cube_error_prefix(err, "pool %u: a block of %llu bytes",
                                  (unsigned)p->index, (ull)extent);
     }
-    mem_stats_live_add(&p->st, size, extent);
+    mem_stats_live_add(m, &p->st, size, extent);
     *out = b;
     return NULL;
 }
@@ -288,7 +278,7 @@ void mem_expandable_free(mem_manager *m, mem_block *b)
     mem_pool *p = b->pool;
     /* The previous hot block first, while `b` still counts as live. */
     mem_hot_file(m, p);
-    mem_stats_live_remove(&p->st, b->requested, b->size);
+    mem_stats_live_remove(m, &p->st, b->requested, b->size);
     b->requested = 0;
     p->hot = b;
 }
@@ -319,7 +309,7 @@ void mem_expandable_fini(mem_manager *m, mem_pool *p)
         while (b) {
             mem_block *next = b->next;
             if (b->requested)
-                mem_stats_live_remove(&p->st, b->requested, b->size);
+                mem_stats_live_remove(m, &p->st, b->requested, b->size);
             mem_record_give(m, b);
             b = next;
         }

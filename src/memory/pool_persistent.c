@@ -93,10 +93,10 @@ cube_error *mem_persistent_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         b->size = extent;
         b->pool = p;
         mem_pool_link(p, b);
-        mem_stats_page_add(&p->st, extent);
+        mem_stats_page_add(m, &p->st, extent);
     }
     b->requested = size;
-    mem_stats_live_add(&p->st, size, extent);
+    mem_stats_live_add(m, &p->st, size, extent);
     *out = b;
     return NULL;
 }
@@ -105,7 +105,7 @@ void mem_persistent_free(mem_manager *m, mem_block *b)
 {
     (void)m;
     mem_pool *p = b->pool;
-    mem_stats_live_remove(&p->st, b->requested, b->size);
+    mem_stats_live_remove(m, &p->st, b->requested, b->size);
     b->requested = 0;
     mem_size_slot *slot = slot_find(&p->sizes, b->size);
     b->fnext = slot->free;
@@ -124,7 +124,7 @@ uint64_t mem_persistent_release(mem_manager *m, mem_pool *p)
             released += b->size;
             mem_pool_unlink(p, b);
             mem_storage_put(m, b->address, b->size);
-            mem_stats_page_remove(&p->st, b->size);
+            mem_stats_page_remove(m, &p->st, b->size);
             mem_record_give(m, b);
         }
     }

@@ -117,7 +117,7 @@ static mem_block *page_new(mem_manager *m, mem_pool *p, uint64_t size,
     if (p->pages)
         p->pages->prev = page;
     p->pages = page;
-    mem_stats_page_add(&p->st, size);
+    mem_stats_page_add(m, &p->st, size);
     cube_log_write(CUBE_LOG_DEBUG, "memory",
                    "pool %u: new page of %llu bytes (%llu pages)",
                    (unsigned)p->index, (unsigned long long)size,
@@ -134,7 +134,7 @@ static void page_drop(mem_manager *m, mem_pool *p, mem_page *page)
     if (page->next)
         page->next->prev = page->prev;
     mem_storage_put(m, page->address, page->size);
-    mem_stats_page_remove(&p->st, page->size);
+    mem_stats_page_remove(m, &p->st, page->size);
     free(page);
 }
 
@@ -147,7 +147,7 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         /* The slice freed last, of this very extent: no search, no split. */
         p->hot = NULL;
         b->requested = size;
-        mem_stats_live_add(&p->st, size, extent);
+        mem_stats_live_add(m, &p->st, size, extent);
         *out = b;
         return NULL;
     }
@@ -191,7 +191,7 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         mem_bins_insert(&p->bins, rest);
     }
     b->requested = size;
-    mem_stats_live_add(&p->st, size, extent);
+    mem_stats_live_add(m, &p->st, size, extent);
     *out = b;
     return NULL;
 }
@@ -235,7 +235,7 @@ void mem_sliced_free(mem_manager *m, mem_block *b)
     /* The previous hot slice first, while `b` still counts as live: it
      * must not merge with a slice that is in no bin. */
     mem_hot_file(m, p);
-    mem_stats_live_remove(&p->st, b->requested, b->size);
+    mem_stats_live_remove(m, &p->st, b->requested, b->size);
     b->requested = 0;
     p->hot = b;
 }
@@ -268,7 +268,7 @@ void mem_sliced_fini(mem_manager *m, mem_pool *p)
         while (b) {
             mem_block *next = b->next;
             if (b->requested)
-                mem_stats_live_remove(&p->st, b->requested, b->size);
+                mem_stats_live_remove(m, &p->st, b->requested, b->size);
             mem_record_give(m, b);
             b = next;
         }

@@ -414,6 +414,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(memory_dry_run_buffer_that_cannot_be_backed_is_storage_mapping_failed) \
     X(memory_dry_run_buffer_that_cannot_be_backed_fails_its_launch_as_mapping) \
     X(memory_usage_device_counts_every_thread_s_stream)                        \
+    X(memory_stats_count_a_known_sequence)                                     \
     /* stress: threads, streams, handoffs, failures (test_stress.c) */         \
     X(stress_mixed_operations_from_eight_threads_on_several_streams)           \
     X(stress_producer_consumer_across_streams_with_in_place_rewrites)          \

@@ -2144,3 +2144,82 @@ CONF_TEST(memory_usage_device_counts_every_thread_s_stream)
     CONF_EXPECT(cube_memory_usage_device(conf.client, NULL),
                 CUBE_ERR_INVALID_ARGUMENT);
 }
+
+/* cube_memory_stats_get: on a stream of its own, a miss then a hit, each
+ * released; the device scope sums this stream with the others; the
+ * struct's size field; bad input leaves the client usable. */
+CONF_TEST(memory_stats_count_a_known_sequence)
+{
+    m_enter();
+    cube_memory_stats st, all;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    CONF_OK(cube_memory_stats_get(conf.client, CUBE_MEMORY_STREAM, &st));
+    assert_int_equal(st.struct_size, sizeof st);
+    assert_int_equal(st.allocations, 0);
+
+    cube_handle h = conf_empty(4 * m_a());
+    m_release(h);
+    h = conf_empty(4 * m_a());
+    cube_memory_stats live;
+    memset(&live, 0, sizeof live);
+    live.struct_size = sizeof live;
+    CONF_OK(cube_memory_stats_get(conf.client, CUBE_MEMORY_STREAM, &live));
+    m_release(h);
+    CONF_OK(cube_memory_stats_get(conf.client, CUBE_MEMORY_STREAM, &st));
+    assert_int_equal(st.streams, 1);
+    assert_int_equal(st.allocations, 2);
+    assert_int_equal(st.releases, 2);
+    assert_int_equal(st.pool_misses, 1);
+    assert_int_equal(st.pool_hits, 1);
+    assert_true(st.device_allocations >= 1);
+    assert_int_equal(st.oom_events, 0);
+    assert_int_equal(live.buffers, 1);
+    assert_int_equal(live.allocated_bytes, 4 * m_a());
+    assert_int_equal(st.buffers, 0);
+    assert_int_equal(st.allocated_bytes, 0);
+    assert_int_equal(st.allocated_bytes_peak, 4 * m_a());
+    assert_true(st.reserved_bytes >= 4 * m_a());
+    assert_int_equal(st.free_bytes, st.reserved_bytes);
+    cube_memory_usage u;
+    CONF_OK(cube_memory_usage_get(conf.client, &u));
+    assert_int_equal(st.reserved_bytes, u.bytes_reserved);
+
+    /* The device: this stream and every other one. */
+    memset(&all, 0, sizeof all);
+    all.struct_size = sizeof all;
+    CONF_OK(cube_memory_stats_get(conf.client, CUBE_MEMORY_DEVICE, &all));
+    assert_true(all.streams >= 2); /* the suite's main stream too */
+    assert_true(all.allocations >= st.allocations + 1);
+    assert_true(all.reserved_bytes >= st.reserved_bytes);
+
+    /* A caller built against a larger struct: the fields known here are
+     * filled, the rest untouched, struct_size says how much. */
+    struct {
+        cube_memory_stats s;
+        uint64_t later;
+    } big;
+    memset(&big, 0, sizeof big);
+    big.s.struct_size = sizeof big;
+    big.later = 77;
+    CONF_OK(cube_memory_stats_get(conf.client, CUBE_MEMORY_STREAM, &big.s));
+    assert_int_equal(big.s.struct_size, sizeof(cube_memory_stats));
+    assert_int_equal(big.s.allocations, 2);
+    assert_int_equal(big.later, 77);
+
+    /* Bad input. */
+    CONF_EXPECT(cube_memory_stats_get(NULL, CUBE_MEMORY_STREAM, &st),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_memory_stats_get(conf.client, CUBE_MEMORY_STREAM, NULL),
+                CUBE_ERR_INVALID_ARGUMENT);
+    st.struct_size = 8;
+    CONF_EXPECT(cube_memory_stats_get(conf.client, CUBE_MEMORY_STREAM, &st),
+                CUBE_ERR_INVALID_ARGUMENT);
+    st.struct_size = sizeof st;
+    CONF_EXPECT(cube_memory_stats_get(conf.client, (cube_memory_scope)7, &st),
+                CUBE_ERR_INVALID_ARGUMENT);
+    /* The client still answers. */
+    CONF_OK(cube_memory_stats_get(conf.client, CUBE_MEMORY_STREAM, &st));
+    assert_int_equal(st.allocations, 2);
+    m_leave();
+}

@@ -145,6 +145,14 @@ static cube_memory_usage usage_of(mem_manager *m)
     return u;
 }
 
+static cube_memory_stats stats_of(mem_manager *m)
+{
+    cube_memory_stats st;
+    memset(&st, 0, sizeof st);
+    mem_stats_get(m, &st);
+    return st;
+}
+
 static cube_memory_report report_of(mem_manager *m)
 {
     cube_memory_report r;
@@ -175,6 +183,105 @@ static void check_totals(mem_manager *m, const fake_storage *s)
     assert_true(u.bytes_reserved >= u.bytes_in_use + u.bytes_padding);
     if (s)
         assert_int_equal(u.bytes_reserved, s->live_bytes);
+    /* The manager's own sums agree with the pools', and its storage
+     * counters with what the storage saw. */
+    cube_memory_stats st = stats_of(m);
+    assert_int_equal(st.buffers, u.buffers);
+    assert_int_equal(st.allocated_bytes, u.bytes_in_use);
+    assert_int_equal(st.reserved_bytes, u.bytes_reserved);
+    assert_int_equal(st.free_bytes,
+                     u.bytes_reserved - u.bytes_in_use - u.bytes_padding);
+    assert_true(st.allocated_bytes_peak >= st.allocated_bytes);
+    assert_true(st.reserved_bytes_peak >= st.reserved_bytes);
+    assert_true(st.free_bytes_peak >= st.free_bytes);
+    assert_int_equal(st.pool_hits + st.pool_misses, st.allocations);
+    assert_int_equal(st.allocations - st.releases, st.buffers);
+    if (s) {
+        assert_int_equal(st.device_allocations, s->allocs);
+        assert_int_equal(st.device_frees, s->frees);
+    }
+}
+
+/* The counters of a known sequence, the OOM path included. */
+static void test_counters_follow_a_known_sequence(void **state)
+{
+    (void)state;
+    fake_storage s = {0};
+    s.limit = 8192;
+    cube_memory_layout l;
+    memset(&l, 0, sizeof l);
+    add_pool(&l, CUBE_POOL_SLICED, 4096, 1, 4096, 0);
+    mem_manager *m = make(&s, 64, 128 * MIB, &l);
+    cube_memory_stats st = stats_of(m);
+    assert_int_equal(st.allocations + st.device_allocations + st.oom_events, 0);
+    /* Two pages taken (two misses), then both cached. */
+    cube_storage a = take(m, 4096), b = take(m, 4096);
+    mem_free(m, &a);
+    mem_free(m, &b);
+    st = stats_of(m);
+    assert_int_equal(st.allocations, 2);
+    assert_int_equal(st.pool_misses, 2);
+    assert_int_equal(st.pool_hits, 0);
+    assert_int_equal(st.releases, 2);
+    assert_int_equal(st.device_allocations, 2);
+    assert_int_equal(st.device_frees, 0);
+    assert_int_equal(st.allocated_bytes, 0);
+    assert_int_equal(st.allocated_bytes_peak, 8192);
+    assert_int_equal(st.reserved_bytes, 8192);
+    assert_int_equal(st.free_bytes, 8192);
+    assert_int_equal(st.free_bytes_peak, 8192);
+    assert_int_equal(st.buffers_peak, 2);
+    /* The tail's 8192 bytes: refused, the two cached pages go back, the
+     * retry succeeds. */
+    cube_storage big = take(m, 8192);
+    st = stats_of(m);
+    assert_int_equal(st.oom_retries, 1);
+    assert_int_equal(st.oom_events, 0);
+    assert_int_equal(st.device_frees, 2);
+    assert_int_equal(st.device_allocations, 3);
+    assert_int_equal(st.pool_misses, 3);
+    check_totals(m, &s);
+    /* Nothing cached: refused with nothing to release, no retry. */
+    cube_storage x;
+    expect_error(mem_alloc(m, 100, &x), CUBE_ERR_OUT_OF_MEMORY, NULL);
+    st = stats_of(m);
+    assert_int_equal(st.oom_events, 1);
+    assert_int_equal(st.oom_retries, 1);
+    assert_int_equal(st.allocations, 3);
+    mem_free(m, &big);
+    /* A page, cached, then one injected refusal: released and retried. */
+    a = take(m, 100);
+    mem_free(m, &a);
+    refuse_next(&s, 1);
+    big = take(m, 5000);
+    mem_free(m, &big);
+    /* A new page (a miss), then a request it serves again (a hit). */
+    a = take(m, 100);
+    mem_free(m, &a);
+    a = take(m, 200);
+    mem_free(m, &a);
+    st = stats_of(m);
+    assert_int_equal(st.allocations, 7);
+    assert_int_equal(st.releases, 7);
+    assert_int_equal(st.pool_hits, 1);
+    assert_int_equal(st.pool_misses, 6);
+    assert_int_equal(st.device_allocations, 6);
+    assert_int_equal(st.device_frees, 5);
+    assert_int_equal(st.oom_events, 1);
+    assert_int_equal(st.oom_retries, 2);
+    assert_int_equal(st.reserved_bytes, 4096);
+    assert_int_equal(st.reserved_bytes_peak, 8192);
+    assert_int_equal(st.free_bytes, 4096);
+    check_totals(m, &s);
+    /* Peaks come down to the current values; counters stay. */
+    mem_reset_peaks(m);
+    st = stats_of(m);
+    assert_int_equal(st.allocated_bytes_peak, 0);
+    assert_int_equal(st.reserved_bytes_peak, 4096);
+    assert_int_equal(st.free_bytes_peak, 4096);
+    assert_int_equal(st.buffers_peak, 0);
+    assert_int_equal(st.allocations, 7);
+    mem_manager_destroy(m);
 }
 
 /* --- sliced pools --- */
@@ -1616,6 +1723,7 @@ int main(void)
         cmocka_unit_test(test_large_tail_reserves_the_rounded_size),
         cmocka_unit_test(test_only_sizes_above_the_device_are_too_big),
         cmocka_unit_test(test_out_of_memory_releases_then_retries),
+        cmocka_unit_test(test_counters_follow_a_known_sequence),
         cmocka_unit_test(test_device_fault_is_not_out_of_memory),
         cmocka_unit_test(test_exclusive_pages),
         cmocka_unit_test(test_capped_exclusive_pool_uses_its_free_pages),

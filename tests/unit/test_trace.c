@@ -116,7 +116,7 @@ static const char *thread_name(json_t *events, json_int_t tid)
     return found;
 }
 
-/* Checks the fields every span and instant carries. */
+/* Checks the fields every span, instant and counter sample carries. */
 static void check_event_fields(json_t *ev)
 {
     const char *ph = str_field(ev, "ph");
@@ -136,6 +136,8 @@ static void check_event_fields(json_t *ev)
         json_t *dur = json_object_get(ev, "dur");
         assert_true(json_is_number(dur));
         assert_true(json_number_value(dur) >= 0.0);
+    } else if (strcmp(ph, "C") == 0) {
+        assert_true(json_is_object(json_object_get(ev, "args")));
     } else {
         assert_string_equal(ph, "i");
         assert_string_equal(str_field(ev, "s"), "t");
@@ -313,6 +315,221 @@ static void test_zero_events_is_valid(void **state)
     json_decref(root);
 }
 
+/* --- the trace-event format's rules ----------------------------------------
+ */
+
+enum { MAX_LANES = 1024, MAX_DEPTH = 64 };
+
+/* Checks `events` against the rules of the trace-event format that cubert
+ * writes to: known phases; name, pid and tid on every event; a
+ * non-negative ts on every event but metadata; X with a non-negative dur;
+ * C with an object of numbers as args; every B closed by an E on the same
+ * lane (pid, tid) after it, and nothing left open; B, E and C in time
+ * order on each lane (X spans are written when they end, so they may come
+ * after later events). Returns NULL, or what is wrong (in `why`, or a
+ * string literal). */
+static const char *trace_rules_broken(json_t *events, char *why, size_t cap)
+{
+    static json_int_t lane_tid[MAX_LANES];
+    static double lane_ts[MAX_LANES];
+    static int depth[MAX_LANES];
+    size_t lanes = 0;
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        if (!json_is_object(ev))
+            return snprintf(why, cap, "event %zu is not an object", i), why;
+        const char *ph = str_field(ev, "ph");
+        if (!ph || strlen(ph) != 1 || !strchr("MXiICBE", ph[0]))
+            return snprintf(why, cap, "event %zu: phase '%s'", i,
+                            ph ? ph : "(none)"),
+                   why;
+        if (!str_field(ev, "name"))
+            return snprintf(why, cap, "event %zu: no name", i), why;
+        if (!json_is_integer(json_object_get(ev, "pid")) ||
+            !json_is_integer(json_object_get(ev, "tid")))
+            return snprintf(why, cap, "event %zu: no pid or tid", i), why;
+        if (ph[0] == 'M')
+            continue;
+        json_t *tsv = json_object_get(ev, "ts");
+        if (!json_is_number(tsv) || json_number_value(tsv) < 0)
+            return snprintf(why, cap, "event %zu: bad ts", i), why;
+        double ts = json_number_value(tsv);
+        if (ph[0] == 'X') {
+            json_t *dur = json_object_get(ev, "dur");
+            if (!json_is_number(dur) || json_number_value(dur) < 0)
+                return snprintf(why, cap, "event %zu: X without dur", i), why;
+            continue;
+        }
+        if (ph[0] == 'C') {
+            json_t *args = json_object_get(ev, "args");
+            if (!json_is_object(args) || json_object_size(args) == 0)
+                return snprintf(why, cap, "event %zu: C without args", i), why;
+            const char *key;
+            json_t *v;
+            json_object_foreach(args, key, v)
+            {
+                if (!json_is_number(v))
+                    return snprintf(why, cap,
+                                    "event %zu: C arg '%s' is not "
+                                    "a number",
+                                    i, key),
+                           why;
+            }
+        }
+        if (ph[0] == 'i' || ph[0] == 'I')
+            continue;
+        /* B, E, C: the lane's order. */
+        json_int_t tid = json_integer_value(json_object_get(ev, "tid"));
+        size_t l = 0;
+        while (l < lanes && lane_tid[l] != tid)
+            l++;
+        if (l == lanes) {
+            if (lanes == MAX_LANES)
+                return "too many lanes";
+            lane_tid[lanes] = tid;
+            lane_ts[lanes] = 0;
+            depth[lanes++] = 0;
+        }
+        if (ts < lane_ts[l])
+            return snprintf(why, cap,
+                            "event %zu: ts %.3f before %.3f on "
+                            "lane %lld",
+                            i, ts, lane_ts[l], (long long)tid),
+                   why;
+        lane_ts[l] = ts;
+        if (ph[0] == 'B') {
+            if (depth[l] == MAX_DEPTH)
+                return "B nested too deep";
+            depth[l]++;
+        } else if (ph[0] == 'E') {
+            if (depth[l] == 0)
+                return snprintf(why, cap,
+                                "event %zu: E without a B on lane "
+                                "%lld",
+                                i, (long long)tid),
+                       why;
+            depth[l]--;
+        }
+    }
+    for (size_t l = 0; l < lanes; l++)
+        if (depth[l])
+            return snprintf(why, cap, "lane %lld: %d B without an E",
+                            (long long)lane_tid[l], depth[l]),
+                   why;
+    return NULL;
+}
+
+static void assert_trace_rules(json_t *events)
+{
+    char why[200];
+    const char *broken = trace_rules_broken(events, why, sizeof why);
+    if (broken)
+        fail_msg("the trace breaks a rule: %s", broken);
+}
+
+/* The checker itself refuses what breaks each rule. */
+static void test_rules_checker_refuses_bad_traces(void **state)
+{
+    (void)state;
+    static const char *bad[] = {
+        "[{\"ph\":\"Q\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0}]",
+        "[{\"ph\":\"i\",\"pid\":1,\"tid\":1,\"ts\":0}]",
+        "[{\"ph\":\"X\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0}]",
+        "[{\"ph\":\"C\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0,"
+        "\"args\":{\"x\":\"1\"}}]",
+        "[{\"ph\":\"B\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0}]",
+        "[{\"ph\":\"E\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0}]",
+        "[{\"ph\":\"B\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":5},"
+        "{\"ph\":\"E\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":4}]",
+        "[{\"ph\":\"B\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":1},"
+        "{\"ph\":\"E\",\"name\":\"a\",\"pid\":1,\"tid\":2,\"ts\":2}]",
+    };
+    char why[200];
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        json_error_t jerr;
+        json_t *events = json_loads(bad[k], 0, &jerr);
+        assert_non_null(events);
+        if (!trace_rules_broken(events, why, sizeof why))
+            fail_msg("accepted: %s", bad[k]);
+        json_decref(events);
+    }
+    json_error_t jerr;
+    json_t *good = json_loads(
+        "[{\"ph\":\"B\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":1},"
+        "{\"ph\":\"C\",\"name\":\"m\",\"pid\":1,\"tid\":1,\"ts\":2,"
+        "\"args\":{\"x\":1}},"
+        "{\"ph\":\"E\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":3}]",
+        0, &jerr);
+    assert_null(trace_rules_broken(good, why, sizeof why));
+    json_decref(good);
+}
+
+/* Buffers allocated and released on a CPU client: every alloc event and
+ * its release name the same buffer, and each is followed by a counter
+ * sample of the stream's reserved and live bytes. */
+static void test_memory_events_pair_and_count(void **state)
+{
+    (void)state;
+    cube_client *c = NULL;
+    assert_null(cube_client_open("cpu", NULL, &c));
+    const char *path = tmp_path("memory.json");
+    assert_null(cube_trace_start(path));
+    cube_handle h[3];
+    for (int k = 0; k < 3; k++)
+        assert_null(cube_empty(c, 1000u << k, &h[k]));
+    for (int k = 0; k < 3; k++)
+        assert_null(cube_handle_release(c, h[k]));
+    assert_null(cube_sync(c, NULL, 0));
+    assert_null(cube_trace_stop());
+    cube_client_close(c);
+
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    assert_trace_rules(events);
+    int allocs = 0, releases = 0, counters = 0;
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        const char *ph = str_field(ev, "ph");
+        const char *name = str_field(ev, "name");
+        json_t *args = json_object_get(ev, "args");
+        if (strcmp(ph, "C") == 0) {
+            assert_true(strncmp(name, "memory 0x", 9) == 0);
+            json_t *reserved = json_object_get(args, "reserved");
+            json_t *live = json_object_get(args, "live");
+            assert_true(json_is_integer(reserved) && json_is_integer(live));
+            assert_true(json_integer_value(reserved) >=
+                        json_integer_value(live));
+            counters++;
+            continue;
+        }
+        if (strcmp(ph, "i") != 0 || strcmp(str_field(ev, "cat"), "memory"))
+            continue;
+        const char *buffer = str_field(args, "buffer");
+        assert_non_null(buffer);
+        char want[32];
+        int k = 0;
+        for (; k < 3; k++) {
+            snprintf(want, sizeof want, "0x%016llx",
+                     (unsigned long long)h[k].bits);
+            if (strcmp(buffer, want) == 0)
+                break;
+        }
+        assert_true(k < 3);
+        if (strcmp(name, "alloc") == 0) {
+            assert_int_equal(allocs, k); /* in order, each once */
+            allocs++;
+        } else {
+            assert_string_equal(name, "release");
+            assert_int_equal(releases, k);
+            releases++;
+        }
+    }
+    assert_int_equal(allocs, 3);
+    assert_int_equal(releases, 3);
+    assert_int_equal(counters, 6);
+    json_decref(root);
+}
+
 /* --- many threads, many streams ------------------------------------------- */
 
 enum { THREADS = 8, SPANS = 300, INSTANTS = 50 };
@@ -438,6 +655,7 @@ static void test_threads_and_streams(void **state)
     for (int t = 0; t < THREADS; t++)
         for (int n = 0; n < SPANS; n++)
             assert_int_equal(seen[t][n], 1);
+    assert_trace_rules(events);
     json_decref(root);
 }
 
@@ -612,6 +830,7 @@ static void test_end_to_end(void **state)
         if (n == 0)
             fail_msg("no event of category '%s' in %s", cats[c], path);
     }
+    assert_trace_rules(events);
     json_decref(root);
 }
 
@@ -640,6 +859,8 @@ int main(void)
         cmocka_unit_test(test_twice_and_state),
         cmocka_unit_test(test_zero_events_is_valid),
         cmocka_unit_test(test_threads_and_streams),
+        cmocka_unit_test(test_rules_checker_refuses_bad_traces),
+        cmocka_unit_test(test_memory_events_pair_and_count),
         cmocka_unit_test(test_bad_utf8),
         cmocka_unit_test(test_write_failure),
         cmocka_unit_test(test_start_stop_while_emitting),
