@@ -28,15 +28,19 @@
  *      against cube_profile_start + launch + cube_profile_end (which waits
  *      for the launch, as the sync does); and the same around 100 launches.
  *      Medians; the two sides alternate iteration by iteration.
- *  (f) barrier kernels (cube_sync()), the two of docs/kernels.md: the tiled
- *      SGEMM at 512^3 (cube dim 16x16, GFLOP/s counting 2n^3) and the
+ *  (f) barrier kernels (cube_sync()), three of docs/kernels.md: the tiled
+ *      SGEMM at 512^3 (cube dim 16x16, GFLOP/s counting 2n^3), the
  *      shared-memory sum of 16 Mi floats (cube dim 256, 128 cubes, GB/s
- *      counting 4 bytes read per element), each with its units as loops
- *      between barriers (cpu_barriers auto, the barrier pass) and as
- *      fibers (cpu_barriers fibers), on clients of their own. Peers, built
- *      with the JIT's flags (bench_cpu_peers.c): the plain C i-k-j loop and
- *      an OpenMP `parallel for simd` reduction. Medians of 7 rounds that
- *      alternate the three contenders with 50 ms pauses, after one warm-up
+ *      counting 4 bytes read per element) and the 5-point stencil over
+ *      2048 x 2048 floats with its halo in shared memory (cube dim 32x8,
+ *      GB/s counting 4 bytes read and 4 written per point), each with its
+ *      units as loops between barriers (cpu_barriers auto, the barrier
+ *      pass) and as fibers (cpu_barriers fibers), on clients of their own.
+ *      Peers, built with the JIT's flags (bench_cpu_peers.c): the plain C
+ *      i-k-j loop and an OpenMP `parallel for simd` reduction; for the
+ *      stencil, the same stencil in cube C without shared memory or a
+ *      barrier (its units run as one loop). Medians of 7 rounds that
+ *      alternate the contenders with 50 ms pauses, after one warm-up
  *      round.
  *
  * Times use clock_gettime(CLOCK_MONOTONIC). The whole run takes well under
@@ -867,19 +871,91 @@ static const char sum_src[] =
     "        cube_atomic_add_f32(&CUBE_AT(total, 0), partial[0]);\n"
     "}\n";
 
+/* docs/kernels.md, "A 2-D stencil with a halo in shared memory", and the
+ * same stencil read straight from the buffer. */
+#define STENCIL_LOAD                                                           \
+    "#define LOAD(xx, yy)                                                  "   \
+    "\\\n"                                                                     \
+    "    ((xx) >= 0 && (xx) < (int64_t)w && (yy) >= 0 && (yy) < (int64_t)h "   \
+    "\\\n"                                                                     \
+    "         ? CUBE_AT(in, (uint64_t)(yy) * w + (uint64_t)(xx))           "   \
+    "\\\n"                                                                     \
+    "         : 0.0f)\n"
+static const char stencil_src[] =
+    "#define BX 32\n"
+    "#define BY 8\n"
+    "#define PITCH (BX + 2)\n" STENCIL_LOAD
+    "CUBE_KERNEL(stencil_shared, CUBE_IN(float, in), CUBE_OUT(float, out),\n"
+    "            CUBE_SCALAR(uint32_t, w), CUBE_SCALAR(uint32_t, h),\n"
+    "            CUBE_SHARED(float, t, PITCH * (BY + 2)))\n"
+    "{\n"
+    "    int tx = UNIT_POS_X, ty = UNIT_POS_Y;\n"
+    "    int64_t x = ABSOLUTE_POS_X, y = ABSOLUTE_POS_Y;\n"
+    "    int c = (ty + 1) * (BX + 2) + tx + 1;\n"
+    "    t[c] = LOAD(x, y);\n"
+    "    if (tx == 0)\n"
+    "        t[c - 1] = LOAD(x - 1, y);\n"
+    "    if (tx == BX - 1)\n"
+    "        t[c + 1] = LOAD(x + 1, y);\n"
+    "    if (ty == 0)\n"
+    "        t[c - PITCH] = LOAD(x, y - 1);\n"
+    "    if (ty == BY - 1)\n"
+    "        t[c + PITCH] = LOAD(x, y + 1);\n"
+    "    cube_sync();\n"
+    "    float v = 0.5f * t[c] +\n"
+    "              0.125f * (t[c - 1] + t[c + 1] + t[c - PITCH] + t[c + "
+    "PITCH]);\n"
+    "    if (x < w && y < h)\n"
+    "        CUBE_AT(out, (uint64_t)y * w + (uint64_t)x) = v;\n"
+    "}\n";
+
+static const char stencil_plain_src[] = STENCIL_LOAD
+    "CUBE_KERNEL(stencil_plain, CUBE_IN(float, in), CUBE_OUT(float, out),\n"
+    "            CUBE_SCALAR(uint32_t, w), CUBE_SCALAR(uint32_t, h))\n"
+    "{\n"
+    "    int64_t x = ABSOLUTE_POS_X, y = ABSOLUTE_POS_Y;\n"
+    "    float v = 0.5f * LOAD(x, y) +\n"
+    "              0.125f * (LOAD(x - 1, y) + LOAD(x + 1, y) + LOAD(x, y - 1) "
+    "+\n"
+    "                        LOAD(x, y + 1));\n"
+    "    if (x < w && y < h)\n"
+    "        CUBE_AT(out, (uint64_t)y * w + (uint64_t)x) = v;\n"
+    "}\n";
+
 #define BAR_N 512u
 #define BAR_SUM_N ((size_t)16 << 20)
 #define BAR_SUM_CUBES 128u
 #define BAR_ROUNDS 7
+#define BAR_ST_W 2048u
+#define BAR_ST_H 2048u
+#define BAR_ST_N ((size_t)BAR_ST_W * BAR_ST_H)
 
 /* One side of (f): a client with cpu_barriers `mode`, its kernels and
  * buffers. */
 typedef struct bar_side {
     cube_client *c;
-    cube_kernel *mm, *sum;
-    cube_handle a, b, cm, x, total;
+    cube_kernel *mm, *sum, *st, *st_plain;
+    cube_handle a, b, cm, x, total, sin, sout;
     char mm_src[sizeof sgemm_src + 32], sum_src[sizeof sum_src + 32];
+    char st_src[sizeof stencil_src + 32];
 } bar_side;
+
+/* Seconds for one launch of the stencil over BAR_ST_W x BAR_ST_H, with
+ * shared memory or (plain) without, launched and synced. */
+static cube_error *bar_stencil(bar_side *s, int plain, double *sec)
+{
+    cube_arg ta[] = {cube_arg_buffer(s->sin), cube_arg_buffer(s->sout),
+                     cube_arg_u32(BAR_ST_W), cube_arg_u32(BAR_ST_H)};
+    double t0 = now_us();
+    cube_error *err =
+        cube_launch(s->c, plain ? s->st_plain : s->st,
+                    cube_count_static(BAR_ST_W / 32, BAR_ST_H / 8, 1), ta, 4,
+                    CUBE_LAUNCH_EXECUTE);
+    if (!err)
+        err = cube_sync(s->c, NULL, 0);
+    *sec = (now_us() - t0) * 1e-6;
+    return err;
+}
 
 static cube_error *bar_open(bar_side *s, const char *mode, const float *a,
                             const float *b, const float *x)
@@ -889,10 +965,13 @@ static cube_error *bar_open(bar_side *s, const char *mode, const float *a,
      * differ by a comment, so that each side compiles its own. */
     snprintf(s->mm_src, sizeof s->mm_src, "%s/* %s */\n", sgemm_src, mode);
     snprintf(s->sum_src, sizeof s->sum_src, "%s/* %s */\n", sum_src, mode);
+    snprintf(s->st_src, sizeof s->st_src, "%s/* %s */\n", stencil_src, mode);
     setenv("CUBERT_CPU_BARRIERS", mode, 1);
     cube_error *err = cube_client_open("cpu", NULL, &s->c);
     cube_kernel_desc dm = {"matmul_tiled", s->mm_src, {16, 16, 1}};
     cube_kernel_desc ds = {"sum_all", s->sum_src, {256, 1, 1}};
+    cube_kernel_desc dt = {"stencil_shared", s->st_src, {32, 8, 1}};
+    cube_kernel_desc dp = {"stencil_plain", stencil_plain_src, {32, 8, 1}};
     const uint64_t mat = (uint64_t)BAR_N * BAR_N * sizeof(float);
     float zero = 0.0f;
     if (!err)
@@ -909,6 +988,18 @@ static cube_error *bar_open(bar_side *s, const char *mode, const float *a,
         err = cube_create(s->c, x, BAR_SUM_N * sizeof(float), &s->x);
     if (!err)
         err = cube_create(s->c, &zero, sizeof zero, &s->total);
+    if (!err)
+        err = cube_kernel_create(&dt, &s->st);
+    if (!err)
+        err = cube_kernel_create(&dp, &s->st_plain);
+    if (!err)
+        err = cube_create(s->c, x, BAR_ST_N * sizeof(float), &s->sin);
+    if (!err)
+        err = cube_empty(s->c, BAR_ST_N * sizeof(float), &s->sout);
+    for (int plain = 0; plain < 2 && !err; plain++) {
+        double t;
+        err = bar_stencil(s, plain, &t);
+    }
     /* The first launches compile (cpu_barriers is read then). */
     cube_arg ma[] = {cube_arg_buffer(s->a), cube_arg_buffer(s->b),
                      cube_arg_buffer(s->cm), cube_arg_u32(BAR_N)};
@@ -929,13 +1020,15 @@ static cube_error *bar_open(bar_side *s, const char *mode, const float *a,
 static void bar_close(bar_side *s)
 {
     if (s->c) {
-        cube_handle hs[] = {s->a, s->b, s->cm, s->x, s->total};
+        cube_handle hs[] = {s->a, s->b, s->cm, s->x, s->total, s->sin, s->sout};
         for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
             if (hs[i].bits)
                 cube_error_free(cube_handle_release(s->c, hs[i]));
     }
     cube_kernel_release(s->mm);
     cube_kernel_release(s->sum);
+    cube_kernel_release(s->st);
+    cube_kernel_release(s->st_plain);
     cube_client_close(s->c);
 }
 
@@ -986,6 +1079,27 @@ static double bar_sgemm_error(bar_side *s, const float *a, const float *b,
     return worst;
 }
 
+/* Whether both stencils give the same bytes; `scratch` holds BAR_ST_N
+ * floats twice. */
+static int bar_stencil_same(bar_side *s, float *scratch)
+{
+    cube_copy_desc d = cube_copy_desc_contiguous(
+        s->sout, BAR_ST_N * sizeof(float), sizeof(float));
+    uint64_t size[] = {BAR_ST_N * sizeof(float)};
+    for (int plain = 0; plain < 2; plain++) {
+        double t;
+        void *dst[] = {scratch + (size_t)plain * BAR_ST_N};
+        cube_error *err = bar_stencil(s, plain, &t);
+        if (!err)
+            err = cube_read(s->c, &d, dst, size, 1);
+        if (err) {
+            cube_error_free(err);
+            return 0;
+        }
+    }
+    return memcmp(scratch, scratch + BAR_ST_N, BAR_ST_N * sizeof(float)) == 0;
+}
+
 static int bench_barriers(int threads)
 {
     const size_t mat = (size_t)BAR_N * BAR_N;
@@ -1013,6 +1127,7 @@ static int bench_barriers(int threads)
                     "barrier kernels (fibers)");
     double mm_l[BAR_ROUNDS], mm_f[BAR_ROUNDS], mm_p[BAR_ROUNDS];
     double su_l[BAR_ROUNDS], su_f[BAR_ROUNDS], su_p[BAR_ROUNDS];
+    double st_l[BAR_ROUNDS], st_f[BAR_ROUNDS], st_p[BAR_ROUNDS];
     volatile float sink = 0.0f;
     for (int r = -1; !rc && r < BAR_ROUNDS; r++) {
         /* Pauses between contenders: idle threads of one side (OpenMP's
@@ -1038,6 +1153,15 @@ static int bench_barriers(int threads)
         t0 = now_us();
         sink += bench_peer_sum(x, BAR_SUM_N);
         su_p[k] = (now_us() - t0) * 1e-6;
+        pause_ms(50);
+        rc = rc || failed(bar_stencil(&loops, 0, &t), "stencil (loops)");
+        st_l[k] = t;
+        pause_ms(50);
+        rc = rc || failed(bar_stencil(&fibers, 0, &t), "stencil (fibers)");
+        st_f[k] = t;
+        pause_ms(50);
+        rc = rc || failed(bar_stencil(&loops, 1, &t), "stencil (plain)");
+        st_p[k] = t;
         pause_ms(50);
     }
     (void)sink;
@@ -1078,8 +1202,26 @@ static int bench_barriers(int threads)
         snprintf(ours, sizeof ours, "%.2f GB/s", bf);
         row("sum of 16 Mi floats (128 cubes of 256), units as fibers", ours,
             peer, theirs, bf / bp, NULL);
-        printf("\nUnits as loops ÷ as fibers: SGEMM %.1fx, sum %.1fx\n\n",
-               gl / gf, bl / bf);
+        /* Stencil: 4 bytes read and 4 written per point. */
+        double sbytes = (double)BAR_ST_N * 2 * sizeof(float);
+        double sl = sbytes / median(st_l, BAR_ROUNDS) * 1e-9;
+        double sf = sbytes / median(st_f, BAR_ROUNDS) * 1e-9;
+        double sp = sbytes / median(st_p, BAR_ROUNDS) * 1e-9;
+        snprintf(peer, sizeof peer,
+                 "the same stencil without shared memory (cube C, units as "
+                 "one loop)");
+        snprintf(theirs, sizeof theirs, "%.1f GB/s", sp);
+        snprintf(ours, sizeof ours, "%.1f GB/s", sl);
+        row("5-point stencil 2048², halo in shared memory, units as loops",
+            ours, peer, theirs, sl / sp, NULL);
+        snprintf(ours, sizeof ours, "%.2f GB/s", sf);
+        row("5-point stencil 2048², halo in shared memory, units as fibers",
+            ours, peer, theirs, sf / sp, NULL);
+        printf("\nStencil with shared memory and without: %s\n",
+               bar_stencil_same(&loops, x) ? "same result" : "DIFFERENT");
+        printf("\nUnits as loops ÷ as fibers: SGEMM %.1fx, sum %.1fx, "
+               "stencil %.1fx\n\n",
+               gl / gf, bl / bf, sl / sf);
     }
     bar_close(&loops);
     bar_close(&fibers);

@@ -70,6 +70,59 @@ static const char sum_src[] =
     "        cube_atomic_add_f32(&CUBE_AT(total, 0), partial[0]);\n"
     "}\n";
 
+/* docs/kernels.md, "A 2-D stencil with a halo in shared memory": halo loads
+ * under conditions on the unit, then a barrier, then the 5-point sum. */
+static const char stencil_src[] =
+    "#define BX 32\n"
+    "#define BY 8\n"
+    "#define PITCH (BX + 2)\n"
+    "#define LOAD(xx, yy)                                                  \\\n"
+    "    ((xx) >= 0 && (xx) < (int64_t)w && (yy) >= 0 && (yy) < (int64_t)h \\\n"
+    "         ? CUBE_AT(in, (uint64_t)(yy) * w + (uint64_t)(xx))           \\\n"
+    "         : 0.0f)\n"
+    "CUBE_KERNEL(stencil_shared, CUBE_IN(float, in), CUBE_OUT(float, out),\n"
+    "            CUBE_SCALAR(uint32_t, w), CUBE_SCALAR(uint32_t, h),\n"
+    "            CUBE_SHARED(float, t, PITCH * (BY + 2)))\n"
+    "{\n"
+    "    int tx = UNIT_POS_X, ty = UNIT_POS_Y;\n"
+    "    int64_t x = ABSOLUTE_POS_X, y = ABSOLUTE_POS_Y;\n"
+    "    int c = (ty + 1) * (BX + 2) + tx + 1;\n"
+    "    t[c] = LOAD(x, y);\n"
+    "    if (tx == 0)\n"
+    "        t[c - 1] = LOAD(x - 1, y);\n"
+    "    if (tx == BX - 1)\n"
+    "        t[c + 1] = LOAD(x + 1, y);\n"
+    "    if (ty == 0)\n"
+    "        t[c - PITCH] = LOAD(x, y - 1);\n"
+    "    if (ty == BY - 1)\n"
+    "        t[c + PITCH] = LOAD(x, y + 1);\n"
+    "    cube_sync();\n"
+    "    float v = 0.5f * t[c] +\n"
+    "              0.125f * (t[c - 1] + t[c + 1] + t[c - PITCH] + t[c + "
+    "PITCH]);\n"
+    "    if (x < w && y < h)\n"
+    "        CUBE_AT(out, (uint64_t)y * w + (uint64_t)x) = v;\n"
+    "}\n";
+
+/* The same stencil read straight from the buffer (no barrier: the units
+ * run as one loop). */
+static const char stencil_plain_src[] =
+    "#define LOAD(xx, yy)                                                  \\\n"
+    "    ((xx) >= 0 && (xx) < (int64_t)w && (yy) >= 0 && (yy) < (int64_t)h \\\n"
+    "         ? CUBE_AT(in, (uint64_t)(yy) * w + (uint64_t)(xx))           \\\n"
+    "         : 0.0f)\n"
+    "CUBE_KERNEL(stencil_plain, CUBE_IN(float, in), CUBE_OUT(float, out),\n"
+    "            CUBE_SCALAR(uint32_t, w), CUBE_SCALAR(uint32_t, h))\n"
+    "{\n"
+    "    int64_t x = ABSOLUTE_POS_X, y = ABSOLUTE_POS_Y;\n"
+    "    float v = 0.5f * LOAD(x, y) +\n"
+    "              0.125f * (LOAD(x - 1, y) + LOAD(x + 1, y) + LOAD(x, y - 1) "
+    "+\n"
+    "                        LOAD(x, y + 1));\n"
+    "    if (x < w && y < h)\n"
+    "        CUBE_AT(out, (uint64_t)y * w + (uint64_t)x) = v;\n"
+    "}\n";
+
 /* A uniform while loop and a uniform if around barriers, a value that
  * changes across them (kept per unit), a 2-D cube, shared memory indexed
  * by the unit, a do-while and a final early return. */
@@ -372,6 +425,36 @@ static void sum_both_ways(void **state)
         assert_true(loops);
 }
 
+static void stencil_both_ways(void **state)
+{
+    (void)state;
+    /* Not a multiple of the cube along either axis: the halo reads zeros
+     * and the units past the edge still reach the barrier. */
+    const uint32_t w = 70, h = 21;
+    run_spec sp = {"stencil_shared",
+                   stencil_src,
+                   {32, 8, 1},
+                   {(w + 31) / 32, (h + 7) / 8, 1},
+                   4u * w * h,
+                   4u * w * h,
+                   2,
+                   {cube_arg_u32(w), cube_arg_u32(h)},
+                   1,
+                   0};
+    int loops = same_both_ways(&sp);
+    if (have_libclang())
+        assert_true(loops);
+    /* The same numbers as the stencil without shared memory. */
+    unsigned char *shared = run(&sp, "auto", 0);
+    run_spec pl = sp;
+    pl.name = "stencil_plain";
+    pl.source = stencil_plain_src;
+    unsigned char *plain = run(&pl, "auto", 0);
+    assert_memory_equal(shared, plain, sp.out_bytes);
+    free(shared);
+    free(plain);
+}
+
 static void mixed_both_ways(void **state)
 {
     (void)state;
@@ -484,6 +567,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matmul_both_ways),
         cmocka_unit_test(sum_both_ways),
+        cmocka_unit_test(stencil_both_ways),
         cmocka_unit_test(mixed_both_ways),
         cmocka_unit_test(shared_atomics_both_ways),
         cmocka_unit_test(refused_kernels_run_as_fibers),

@@ -1,6 +1,7 @@
 /* Unit tests of the CPU worker pool: every cube runs exactly once, errors
  * surface, and several submitters at once all finish (the submitter works
- * on its own job, so no job waits on another's). */
+ * on its own job, so no job waits on another's); and, through a cpu client,
+ * a launch of few but heavy cubes runs them on several threads at once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,9 +9,12 @@
 #include <cmocka.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backends/cpu/cpu_workers.h"
+#include "cubert/cubert.h"
 #include "cubert/backend/errors.h"
 
 typedef struct counts {
@@ -103,6 +107,65 @@ static void test_concurrent_submitters(void **state)
     cpu_workers_destroy(w);
 }
 
+/* Each of two one-unit cubes counts itself in, then waits (a bounded spin)
+ * for the other to come in too, and notes whether it did: both notes set
+ * means both cubes ran at the same time. */
+static const char meet_src[] =
+    "CUBE_KERNEL(meet, CUBE_INOUT(uint32_t, f))\n"
+    "{\n"
+    "    cube_atomic_add_u32(&CUBE_AT(f, 0), 1u);\n"
+    "    uint32_t in = 0;\n"
+    "    for (uint32_t i = 0; i < 20000000u && in < 2u; i++)\n"
+    "        in = cube_atomic_add_u32(&CUBE_AT(f, 0), 0u);\n"
+    "    CUBE_AT(f, 1 + CUBE_POS_X) = in >= 2u;\n"
+    "}\n";
+
+static void fail_on(cube_error *err, const char *what)
+{
+    if (err) {
+        char *t = cube_error_format(err);
+        fail_msg("%s: %s", what, t ? t : "?");
+    }
+}
+
+/* Few units (2) but much work each: the backend must not keep them on the
+ * calling thread. The first launch may (nothing is known of the kernel
+ * yet); one of the next few must have run both cubes at once. */
+static void test_few_heavy_cubes_run_at_once(void **state)
+{
+    (void)state;
+    cube_client_options o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.cache_dir = "";
+    o.cpu_threads = 2;
+    cube_client *c;
+    fail_on(cube_client_open("cpu", &o, &c), "cube_client_open");
+    cube_kernel_desc d = {"meet", meet_src, {1, 1, 1}};
+    cube_kernel *k;
+    fail_on(cube_kernel_create(&d, &k), "cube_kernel_create");
+    int together = 0;
+    for (int launch = 0; launch < 6 && !together; launch++) {
+        uint32_t f[3] = {0, 0, 0};
+        cube_handle h;
+        fail_on(cube_create(c, f, sizeof f, &h), "cube_create");
+        cube_arg a[] = {cube_arg_buffer(h)};
+        fail_on(cube_launch(c, k, cube_count_static(2, 1, 1), a, 1,
+                            CUBE_LAUNCH_EXECUTE),
+                "cube_launch");
+        cube_copy_desc cd = cube_copy_desc_contiguous(h, sizeof f, 4);
+        void *dst[] = {f};
+        uint64_t size[] = {sizeof f};
+        fail_on(cube_read(c, &cd, dst, size, 1), "cube_read");
+        fail_on(cube_handle_release(c, h), "cube_handle_release");
+        assert_int_equal(f[0], 2);
+        together = f[1] && f[2];
+    }
+    assert_true(together);
+    cube_kernel_release(k);
+    cube_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -110,6 +173,7 @@ int main(void)
         cmocka_unit_test(test_single_thread_pool),
         cmocka_unit_test(test_error_surfaces_and_all_cubes_run),
         cmocka_unit_test(test_concurrent_submitters),
+        cmocka_unit_test(test_few_heavy_cubes_run_at_once),
     };
     return cmocka_run_group_tests_name("cpu_workers", tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
  * every operation has finished when its call returns: sync and flush have
  * nothing left to wait for, and a dynamic cube count is read after the work
  * that wrote it. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,10 @@ typedef struct cpu_kernel_impl {
     /* A raw kernel's entry (cubert/cpu_kernel.h), called once per cube;
      * run and unit are then NULL. */
     cube_cpu_kernel_fn raw;
+    /* Nanoseconds one cube took when a launch last ran on one thread (0:
+     * not yet known): how a launch of few units decides whether waking
+     * the workers is worth it. Any launch may update it. */
+    atomic_uint_fast64_t cube_ns;
 } cpu_kernel_impl;
 
 typedef struct cpu_server {
@@ -182,6 +187,12 @@ static int mentions_cube_sync(const char *source)
 {
     return strstr(source, "cube_sync") != NULL;
 }
+
+/* A launch of this many units or more runs over the workers. */
+#define CPU_SPREAD_UNITS 16384u
+/* A launch of fewer units runs over the workers too when its cubes took
+ * this long together last time (about ten wake-ups of a worker). */
+#define CPU_SPREAD_NS 50000u
 
 static double now_ms(void)
 {
@@ -613,12 +624,31 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
         (uint64_t)count[2] * d->cube_dim[2] <= 0x100000000ull;
     uint32_t threads = cpu_workers_threads(s->workers);
     uint64_t work = total * ctx.units;
-    /* Small launches stay on the caller: waking workers costs more. */
-    uint32_t chunk = work < 16384
-                         ? (uint32_t)total
-                         : (uint32_t)((total + (uint64_t)threads * 4 - 1) /
-                                      ((uint64_t)threads * 4));
-    return cpu_workers_run(s->workers, (uint32_t)total, chunk, run_range, &ctx);
+    if (work >= CPU_SPREAD_UNITS) {
+        uint32_t chunk = (uint32_t)((total + (uint64_t)threads * 4 - 1) /
+                                    ((uint64_t)threads * 4));
+        return cpu_workers_run(s->workers, (uint32_t)total, chunk, run_range,
+                               &ctx);
+    }
+    /* Few units: the caller alone, where waking workers would cost more
+     * than the work, judged by what a cube of this kernel took last time.
+     * A few heavy cubes (long loops, barriers) go one per worker. */
+    cpu_kernel_impl *impl = cc->impl;
+    uint64_t cube_ns =
+        atomic_load_explicit(&impl->cube_ns, memory_order_relaxed);
+    int spread = threads > 1 && total > 1 && cube_ns * total >= CPU_SPREAD_NS;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cube_error *err =
+        cpu_workers_run(s->workers, (uint32_t)total,
+                        spread ? 1 : (uint32_t)total, run_range, &ctx);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
+                  (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec;
+    /* Spread, each thread ran about total / threads cubes in that time. */
+    uint64_t ran = spread ? (total + threads - 1) / threads : total;
+    atomic_store_explicit(&impl->cube_ns, ns / ran + 1, memory_order_relaxed);
+    return err;
 }
 
 static cube_error *cpu_launch(cube_server *server, cube_server_stream *stream,
