@@ -32,7 +32,7 @@ typedef struct core_alloc {
     void *release_user;
     /* The first handle's bits: the trace's alloc and release events name
      * the buffer by it, so the two pair up. */
-    uint64_t trace_id;
+    uint64_t first_handle;
 } core_alloc;
 
 /* A handle's slot in the table. `state` packs the generation (high 32

@@ -283,7 +283,7 @@ static void release_storage(cube_client *c, core_alloc *a)
         char args[96];
         snprintf(args, sizeof args, "{\"bytes\":%llu,\"buffer\":\"0x%016llx\"}",
                  (unsigned long long)a->storage.size,
-                 (unsigned long long)a->trace_id);
+                 (unsigned long long)a->first_handle);
         core_trace_instant("memory", "release", a->stream->base.id,
                            core_clock_ns(), args);
     }
@@ -679,7 +679,7 @@ static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
         release_storage(c, a);
         return err;
     }
-    a->trace_id = out->bits;
+    a->first_handle = out->bits;
     if (core_trace_on()) {
         char args[96];
         snprintf(args, sizeof args, "{\"bytes\":%llu,\"buffer\":\"0x%016llx\"}",
