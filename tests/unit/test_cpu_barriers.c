@@ -18,6 +18,7 @@
 #include <cubert/cubert.h>
 
 #include "backends/cpu/cpu_unitloop.h"
+#include "test_files.h"
 
 /* ------------------------------------------------------------ kernels */
 
@@ -273,6 +274,9 @@ typedef struct run_spec {
     int two_in;   /* two inputs (matmul: a, b) */
 } run_spec;
 
+/* The disk cache of run()'s clients: "" (none) unless a test sets one. */
+static const char *run_cache_dir = "";
+
 /* Runs `sp` on a fresh client with cpu_barriers set to `mode` and returns
  * the output bytes (caller frees). */
 static unsigned char *run(const run_spec *sp, const char *mode,
@@ -282,7 +286,7 @@ static unsigned char *run(const run_spec *sp, const char *mode,
     cube_client_options o;
     memset(&o, 0, sizeof o);
     o.struct_size = sizeof o;
-    o.cache_dir = "";
+    o.cache_dir = run_cache_dir;
     o.cpu_threads = 2;
     cube_client *c;
     OK(cube_client_open("cpu", &o, &c));
@@ -411,6 +415,48 @@ static void matmul_both_ways(void **state)
     int loops = same_both_ways(&sp);
     if (have_libclang())
         assert_true(loops);
+}
+
+/* A new process (here: a new client) with the object on disk loads it
+ * without running the pass; the results are the same. */
+static void disk_hit_skips_the_pass(void **state)
+{
+    (void)state;
+    if (!have_libclang())
+        skip();
+    char *dir = make_tmpdir_named("/tmp/cubert-barrier-cache-XXXXXX");
+    run_cache_dir = dir;
+    const uint32_t n = 40;
+    run_spec sp = {"matmul_tiled",
+                   matmul_src,
+                   {16, 16, 1},
+                   {(n + 15) / 16, (n + 15) / 16, 1},
+                   4u * n * n,
+                   4u * n * n,
+                   1,
+                   {cube_arg_u32(n)},
+                   1,
+                   1};
+    log_lines[0] = '\0';
+    unsigned char *first = run(&sp, "auto", 0);
+    assert_true(ran_as_loops(sp.name));
+    assert_non_null(strstr(line_for(sp.name), "pass "));
+    log_lines[0] = '\0';
+    unsigned char *again = run(&sp, "auto", 0);
+    assert_true(ran_as_loops(sp.name));
+    assert_non_null(strstr(line_for(sp.name), "from the disk cache"));
+    assert_memory_equal(first, again, sp.out_bytes);
+    /* Other flags (checked mode) are another entry: the pass runs. */
+    log_lines[0] = '\0';
+    unsigned char *other = run(&sp, "auto", CUBE_LAUNCH_CHECKED);
+    assert_true(ran_as_loops(sp.name));
+    assert_non_null(strstr(line_for(sp.name), "pass "));
+    assert_memory_equal(first, other, sp.out_bytes);
+    free(first);
+    free(again);
+    free(other);
+    run_cache_dir = "";
+    rm_tree(dir);
 }
 
 static void sum_both_ways(void **state)
@@ -567,6 +613,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matmul_both_ways),
         cmocka_unit_test(sum_both_ways),
+        cmocka_unit_test(disk_hit_skips_the_pass),
         cmocka_unit_test(stencil_both_ways),
         cmocka_unit_test(mixed_both_ways),
         cmocka_unit_test(shared_atomics_both_ways),

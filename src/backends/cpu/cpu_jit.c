@@ -504,8 +504,12 @@ static cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
 
 /* Names the entry for (source, flags): everything the object depends on.
  * A NULL string counts as "". */
-static void cpu_jit_key_make(const cpu_jit *jit, const char *source,
-                             const char *flags, disk_cache_key *out)
+/* `variant` (NULL for a plain load) names how a derived load turns the
+ * source into what is compiled; it is a field of its own only when set,
+ * so plain keys are what they always were. */
+static void cpu_jit_key_make_variant(const cpu_jit *jit, const char *source,
+                                     const char *flags, const char *variant,
+                                     disk_cache_key *out)
 {
     const char *fields[] = {CPU_JIT_VERSION_TAG,
                             jit->cc,
@@ -514,7 +518,8 @@ static void cpu_jit_key_make(const cpu_jit *jit, const char *source,
                             jit->fixed_flags,
                             jit->cflags,
                             flags,
-                            source};
+                            source,
+                            variant};
     enum { NFIELDS = sizeof fields / sizeof fields[0] };
     const void *parts[NFIELDS];
     size_t lens[NFIELDS];
@@ -522,7 +527,13 @@ static void cpu_jit_key_make(const cpu_jit *jit, const char *source,
         parts[i] = fields[i] ? fields[i] : "";
         lens[i] = fields[i] ? strlen(fields[i]) : 0;
     }
-    disk_cache_key_make(parts, lens, NFIELDS, out);
+    disk_cache_key_make(parts, lens, variant ? NFIELDS : NFIELDS - 1, out);
+}
+
+static void cpu_jit_key_make(const cpu_jit *jit, const char *source,
+                             const char *flags, disk_cache_key *out)
+{
+    cpu_jit_key_make_variant(jit, source, flags, NULL, out);
 }
 
 uint64_t cpu_jit_key(const cpu_jit *jit, const char *source, const char *flags)
@@ -817,6 +828,38 @@ cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
         return NULL;
     }
     cube_error *err = cpu_jit_build(jit, source, flags, &key, out);
+    if (!err && origin)
+        *origin = CPU_JIT_COMPILED;
+    return err;
+}
+
+cube_error *cpu_jit_load_derived(cpu_jit *jit, const char *source,
+                                 const char *flags, const char *variant,
+                                 cpu_jit_derive_fn derive, void *ctx,
+                                 cpu_module **out, cpu_jit_origin *origin)
+{
+    if (out)
+        *out = NULL;
+    if (!jit || !source || !variant || !derive || !out)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cpu_jit_load_derived: %s is NULL",
+                              !jit       ? "jit"
+                              : !source  ? "source"
+                              : !variant ? "variant"
+                              : !derive  ? "derive"
+                                         : "out");
+    disk_cache_key key;
+    cpu_jit_key_make_variant(jit, source, flags, variant, &key);
+    if (disk_cache_path(jit->cache) && cpu_jit_load_cached(jit, &key, out)) {
+        if (origin)
+            *origin = CPU_JIT_DISK;
+        return NULL;
+    }
+    char *text = NULL;
+    if (derive(ctx, source, &text) != 0 || !text)
+        return NULL;
+    cube_error *err = cpu_jit_build(jit, text, flags, &key, out);
+    free(text);
     if (!err && origin)
         *origin = CPU_JIT_COMPILED;
     return err;

@@ -77,6 +77,22 @@ void cpu_jit_destroy(cpu_jit *jit);
 cube_error *cpu_jit_load(cpu_jit *jit, const char *source, const char *flags,
                          cpu_module **out, cpu_jit_origin *origin);
 
+/* Makes the text to compile from `source` on a cache miss: 0 with *text
+ * set (malloc'd; the loader frees it), or nonzero (and *text NULL) to
+ * refuse, the caller's reasons kept in `ctx`. */
+typedef int (*cpu_jit_derive_fn)(void *ctx, const char *source, char **text);
+
+/* As cpu_jit_load, for a translation unit derived from `source` (the CPU
+ * barrier pass's output): the cache key covers `source`, `flags` and
+ * `variant` (what the derivation is, its version included) instead of
+ * the derived text, so a disk hit skips `derive` altogether. On a miss,
+ * `derive` runs; if it refuses, *out is NULL and no error is returned.
+ * Errors: those of cpu_jit_load. */
+cube_error *cpu_jit_load_derived(cpu_jit *jit, const char *source,
+                                 const char *flags, const char *variant,
+                                 cpu_jit_derive_fn derive, void *ctx,
+                                 cpu_module **out, cpu_jit_origin *origin);
+
 /* Loads a shared object given as `len` bytes (a raw kernel's): they are
  * written to a fresh file in a private temporary directory, loaded from
  * there with dlopen (its constructors run) and the file removed; nothing

@@ -260,6 +260,37 @@ static cube_error *cpu_compile_raw(cpu_server *s, const cube_kernel *kernel,
     return NULL;
 }
 
+/* The barrier pass as the JIT's derivation: its reason kept on refusal. */
+typedef struct unit_loop_pass {
+    const char *name;
+    unsigned dim[3];
+    int ran;   /* the pass ran (no disk hit) */
+    double ms; /* how long it took */
+    char why[256];
+} unit_loop_pass;
+
+static int unit_loop_derive(void *ctx, const char *source, char **text)
+{
+    unit_loop_pass *p = ctx;
+    char *extra = NULL;
+    double t0 = now_ms();
+    cpu_unitloop_status st = cpu_unitloop_transform(
+        source, p->name, p->dim, &extra, p->why, sizeof p->why);
+    p->ms = now_ms() - t0;
+    p->ran = 1;
+    *text = NULL;
+    if (st != CPU_UNITLOOP_DONE)
+        return -1;
+    size_t n = strlen(source) + strlen(extra) + 2;
+    *text = malloc(n);
+    if (*text)
+        snprintf(*text, n, "%s\n%s", source, extra);
+    else
+        snprintf(p->why, sizeof p->why, "out of memory");
+    free(extra);
+    return *text ? 0 : -1;
+}
+
 /* A kernel that calls cube_sync(): its body rewritten by the barrier pass
  * (cpu_unitloop.c) and compiled with the cube entry added, or nothing
  * (*out NULL) when the pass refuses it, is switched off, or its output
@@ -282,31 +313,21 @@ static cube_error *cpu_compile_unit_loops(cpu_server *s, const char *name,
                        name);
         return NULL;
     }
-    char why[256];
-    char *extra = NULL;
-    const unsigned d[3] = {dim[0], dim[1], dim[2]};
-    double t0 = now_ms();
-    cpu_unitloop_status st =
-        cpu_unitloop_transform(source, name, d, &extra, why, sizeof why);
-    double t1 = now_ms();
-    char *full = NULL;
-    if (st == CPU_UNITLOOP_DONE) {
-        size_t n = strlen(source) + strlen(extra) + 2;
-        full = malloc(n);
-        if (full)
-            snprintf(full, n, "%s\n%s", source, extra);
-        else
-            snprintf(why, sizeof why, "out of memory");
-        free(extra);
-    }
-    if (!full) {
+    unit_loop_pass pass = {name, {dim[0], dim[1], dim[2]}, 0, 0.0, ""};
+    /* The cache key names the pass and the cube dimension beside the
+     * source: a disk hit skips the parse (10-40 ms with libclang). */
+    char variant[96];
+    snprintf(variant, sizeof variant, "unit loops %d, cube %ux%ux%u",
+             CPU_UNITLOOP_VERSION, dim[0], dim[1], dim[2]);
+    cpu_module *m = NULL;
+    cube_error *err = cpu_jit_load_derived(s->jit, source, flags, variant,
+                                           unit_loop_derive, &pass, &m, origin);
+    if (!err && !m) {
         cube_log_write(CUBE_LOG_INFO, "compile",
-                       "kernel '%s' runs its units as fibers: %s", name, why);
+                       "kernel '%s' runs its units as fibers: %s", name,
+                       pass.why);
         return NULL;
     }
-    cpu_module *m = NULL;
-    cube_error *err = cpu_jit_load(s->jit, full, flags, &m, origin);
-    free(full);
     if (err && cube_error_code(err) == CUBE_ERR_COMPILE) {
         cube_log_write(CUBE_LOG_INFO, "compile",
                        "kernel '%s' runs its units as fibers: its rewritten "
@@ -329,10 +350,16 @@ static cube_error *cpu_compile_unit_loops(cpu_server *s, const char *name,
         cpu_module_close(m);
         return NULL;
     }
-    cube_log_write(CUBE_LOG_INFO, "compile",
-                   "kernel '%s' runs its units as loops between barriers "
-                   "(cube dimension %ux%ux%u, pass %.1f ms)",
-                   name, dim[0], dim[1], dim[2], t1 - t0);
+    if (pass.ran)
+        cube_log_write(CUBE_LOG_INFO, "compile",
+                       "kernel '%s' runs its units as loops between barriers "
+                       "(cube dimension %ux%ux%u, pass %.1f ms)",
+                       name, dim[0], dim[1], dim[2], pass.ms);
+    else
+        cube_log_write(CUBE_LOG_INFO, "compile",
+                       "kernel '%s' runs its units as loops between barriers "
+                       "(cube dimension %ux%ux%u, from the disk cache)",
+                       name, dim[0], dim[1], dim[2]);
     *out = m;
     return NULL;
 }
