@@ -272,6 +272,31 @@ static const char *tensor_refusal(const cube_dl_tensor *t)
     return NULL;
 }
 
+/* The C calls of an import, in one stretch without the GIL. *taken: the
+ * tensor is cubert's now (even if a later call failed: the caller
+ * releases *h then). On CUDA the producer's work is ordered before the
+ * legacy default stream (capsule_of): cubert's stream waits for that
+ * stream first, and the buffer counts as written on cubert's stream, so
+ * work on other cubert streams waits too, as after any foreign write. */
+static cube_error *import_calls(cube_client *c, int cuda,
+                                cube_dl_managed_versioned *mv,
+                                cube_dl_managed *ml, cube_handle *h, int *taken,
+                                uint64_t *nbytes)
+{
+    *taken = 0;
+    cube_error *err =
+        cuda ? cube_native_wait(c, CUBE_NATIVE_STREAM_LEGACY) : NULL;
+    if (!err)
+        err = mv ? cube_dlpack_import(c, mv, h)
+                 : cube_dlpack_import_legacy(c, ml, h);
+    if (err)
+        return err;
+    *taken = 1;
+    if (cuda)
+        err = cube_native_written(c, *h);
+    return err ? err : cube_handle_size(c, *h, nbytes);
+}
+
 PyObject *pyc_client_from_dlpack(pyc_client *self, PyObject *obj)
 {
     cube_client *c = pyc_client_get(self);
@@ -304,27 +329,17 @@ PyObject *pyc_client_from_dlpack(pyc_client *self, PyObject *obj)
         Py_DECREF(cap);
         return buffer_error(why);
     }
-    cube_handle h;
-    cube_error *err = NULL;
-    /* The producer's work is ordered before the legacy default stream
-     * (capsule_of): cubert's stream waits for that stream first. */
-    if (self->dl_device_type == CUBE_DL_CUDA)
-        PYC_NOGIL(self, err = cube_native_wait(c, CUBE_NATIVE_STREAM_LEGACY));
-    if (!err) {
-        if (mv)
-            PYC_NOGIL(self, err = cube_dlpack_import(c, mv, &h));
-        else
-            PYC_NOGIL(self, err = cube_dlpack_import_legacy(c, ml, &h));
-    }
-    if (err) {
+    cube_handle h = {0};
+    uint64_t nbytes = 0;
+    int taken = 0;
+    cube_error *err;
+    PYC_NOGIL(self, err = import_calls(c, self->dl_device_type == CUBE_DL_CUDA,
+                                       mv, ml, &h, &taken, &nbytes));
+    if (!taken) {
         /* Refused: the tensor is still the capsule's to delete. */
         Py_DECREF(cap);
         return pyc_raise(err);
     }
-    /* Work on other cubert streams that uses the buffer waits for the
-     * producer's too, as after any foreign write. */
-    if (self->dl_device_type == CUBE_DL_CUDA)
-        PYC_NOGIL(self, err = cube_native_written(c, h));
     /* cubert owns the tensor now and deletes it only when the handle's
      * last reference goes: its fields stay readable here. */
     const pyc_dtype *dt = pyc_dtype_from_dl(t->dtype);
@@ -335,8 +350,7 @@ PyObject *pyc_client_from_dlpack(pyc_client *self, PyObject *obj)
     PyCapsule_SetName(cap,
                       versioned ? "used_dltensor_versioned" : "used_dltensor");
     Py_DECREF(cap);
-    uint64_t nbytes = 0;
-    if (err || (err = cube_handle_size(c, h, &nbytes))) {
+    if (err) {
         cube_error_free(cube_handle_release(c, h));
         return pyc_raise(err);
     }
