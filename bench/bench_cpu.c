@@ -76,6 +76,7 @@ static int omp_get_num_threads(void)
 #endif
 
 #include "bench_cpu_peers.h"
+#include "bench_pocl.h"
 #include "bench_util.h"
 #include "cubert/cubert.h"
 
@@ -1100,6 +1101,117 @@ static int bar_stencil_same(bar_side *s, float *scratch)
     return memcmp(scratch, scratch + BAR_ST_N, BAR_ST_N * sizeof(float)) == 0;
 }
 
+/* A PoCL call failed: say why, close it and go on without it (PoCL is a
+ * peer; its failure does not fail the bench). Returns 0. */
+static int pocl_failed(bench_pocl **o, int rc, char *why, size_t cap)
+{
+    if (rc) {
+        snprintf(why, cap, "%s", bench_pocl_error(*o));
+        bench_pocl_close(*o);
+        *o = NULL;
+    }
+    return 0;
+}
+
+/* Checks PoCL's results: the SGEMM against cubert's (loops) result and a
+ * double-precision reference, the sum against the exact one, the stencil
+ * against cubert's. Nonzero, with the reason in `why`, when one is off.
+ * `c` and `scratch` are host arrays (BAR_N^2 floats and 2 * BAR_ST_N
+ * floats) free for use. */
+static int pocl_check(bench_pocl *o, bar_side *s, const float *a,
+                      const float *b, float *c, float *scratch, char *why,
+                      size_t cap)
+{
+    float *mine = malloc((size_t)BAR_N * BAR_N * sizeof(float));
+    int bad = !mine;
+    if (bad)
+        snprintf(why, cap, "out of host memory");
+    if (!bad && bench_pocl_read_c(o, c)) {
+        snprintf(why, cap, "%s", bench_pocl_error(o));
+        bad = 1;
+    }
+    if (!bad) {
+        /* cubert's SGEMM result into `mine`. */
+        const uint64_t mat = (uint64_t)BAR_N * BAR_N * sizeof(float);
+        cube_copy_desc d = cube_copy_desc_contiguous(s->cm, mat, sizeof(float));
+        void *dst[] = {mine};
+        uint64_t size[] = {mat};
+        cube_error *err = cube_read(s->c, &d, dst, size, 1);
+        if (err) {
+            cube_error_free(err);
+            snprintf(why, cap, "cube_read of cubert's SGEMM failed");
+            bad = 1;
+        }
+    }
+    double worst_ref = 0.0, worst_cube = 0.0;
+    for (uint32_t i = 0; !bad && i < BAR_N; i += 17)
+        for (uint32_t j = 0; j < BAR_N; j++) {
+            double ref = 0.0;
+            for (uint32_t k = 0; k < BAR_N; k++)
+                ref += (double)a[(size_t)i * BAR_N + k] *
+                       (double)b[(size_t)k * BAR_N + j];
+            double got = c[(size_t)i * BAR_N + j];
+            double e = fabs(ref - got);
+            double ec = fabs((double)mine[(size_t)i * BAR_N + j] - got);
+            worst_ref = e > worst_ref ? e : worst_ref;
+            worst_cube = ec > worst_cube ? ec : worst_cube;
+        }
+    if (!bad && !(worst_ref < 1e-3)) {
+        snprintf(why, cap, "its SGEMM is wrong: max abs error %.3g", worst_ref);
+        bad = 1;
+    }
+    /* The sum: x[i] = i % 3, summed exactly in double. */
+    float total = 0.0f;
+    if (!bad && bench_pocl_sum_once(o, &total)) {
+        snprintf(why, cap, "%s", bench_pocl_error(o));
+        bad = 1;
+    }
+    double exact = 0.0;
+    for (size_t i = 0; i < BAR_SUM_N; i++)
+        exact += (double)(i % 3);
+    double sum_err = fabs((double)total - exact) / exact;
+    if (!bad && !(sum_err < 1e-5)) {
+        snprintf(why, cap, "its sum is wrong: %.9g, exact %.9g", total, exact);
+        bad = 1;
+    }
+    /* The stencil against cubert's (shared-memory, units as loops). */
+    double worst_st = 0.0;
+    if (!bad) {
+        double t;
+        cube_copy_desc d = cube_copy_desc_contiguous(
+            s->sout, BAR_ST_N * sizeof(float), sizeof(float));
+        uint64_t size[] = {BAR_ST_N * sizeof(float)};
+        void *dst[] = {scratch};
+        cube_error *err = bar_stencil(s, 0, &t);
+        if (!err)
+            err = cube_read(s->c, &d, dst, size, 1);
+        if (err) {
+            cube_error_free(err);
+            snprintf(why, cap, "cube_read of cubert's stencil failed");
+            bad = 1;
+        } else if (bench_pocl_read_stencil(o, scratch + BAR_ST_N)) {
+            snprintf(why, cap, "%s", bench_pocl_error(o));
+            bad = 1;
+        }
+        for (size_t i = 0; !bad && i < BAR_ST_N; i++) {
+            double e = fabs((double)scratch[i] - scratch[BAR_ST_N + i]);
+            worst_st = e > worst_st ? e : worst_st;
+        }
+        if (!bad && !(worst_st < 1e-5)) {
+            snprintf(why, cap, "its stencil differs from cubert's by %.3g",
+                     worst_st);
+            bad = 1;
+        }
+    }
+    if (!bad)
+        printf("PoCL results: SGEMM max abs error %.2g against double "
+               "precision, %.2g against cubert's; sum %.9g (exact %.9g); "
+               "stencil within %.2g of cubert's\n\n",
+               worst_ref, worst_cube, total, exact, worst_st);
+    free(mine);
+    return bad;
+}
+
 static int bench_barriers(int threads)
 {
     const size_t mat = (size_t)BAR_N * BAR_N;
@@ -1125,9 +1237,17 @@ static int bench_barriers(int threads)
                                                        "(auto)") ||
              failed(bar_open(&fibers, "fibers", a, b, x),
                     "barrier kernels (fibers)");
+    /* PoCL: opening it builds its kernels and runs each once, so its
+     * compilation is not timed. */
+    char pocl_why[256] = "";
+    bench_pocl_problem prob = {
+        a, b, BAR_N, x, BAR_SUM_N, BAR_SUM_CUBES, BAR_ST_W, BAR_ST_H};
+    bench_pocl *ocl =
+        rc ? NULL : bench_pocl_open(&prob, threads, pocl_why, sizeof pocl_why);
     double mm_l[BAR_ROUNDS], mm_f[BAR_ROUNDS], mm_p[BAR_ROUNDS];
     double su_l[BAR_ROUNDS], su_f[BAR_ROUNDS], su_p[BAR_ROUNDS];
     double st_l[BAR_ROUNDS], st_f[BAR_ROUNDS], st_p[BAR_ROUNDS];
+    double mm_o[BAR_ROUNDS], su_o[BAR_ROUNDS], st_o[BAR_ROUNDS];
     volatile float sink = 0.0f;
     for (int r = -1; !rc && r < BAR_ROUNDS; r++) {
         /* Pauses between contenders: idle threads of one side (OpenMP's
@@ -1144,6 +1264,11 @@ static int bench_barriers(int threads)
         bench_peer_sgemm_ikj(a, b, c, BAR_N);
         mm_p[k] = (now_us() - t0) * 1e-6;
         pause_ms(50);
+        if (ocl) {
+            rc = rc || pocl_failed(&ocl, bench_pocl_sgemm(ocl, &mm_o[k]),
+                                   pocl_why, sizeof pocl_why);
+            pause_ms(50);
+        }
         rc = rc || failed(bar_time(&loops, 0, &t), "sum (loops)");
         su_l[k] = t;
         pause_ms(50);
@@ -1154,6 +1279,11 @@ static int bench_barriers(int threads)
         sink += bench_peer_sum(x, BAR_SUM_N);
         su_p[k] = (now_us() - t0) * 1e-6;
         pause_ms(50);
+        if (ocl) {
+            rc = rc || pocl_failed(&ocl, bench_pocl_sum(ocl, &su_o[k]),
+                                   pocl_why, sizeof pocl_why);
+            pause_ms(50);
+        }
         rc = rc || failed(bar_stencil(&loops, 0, &t), "stencil (loops)");
         st_l[k] = t;
         pause_ms(50);
@@ -1163,6 +1293,11 @@ static int bench_barriers(int threads)
         rc = rc || failed(bar_stencil(&loops, 1, &t), "stencil (plain)");
         st_p[k] = t;
         pause_ms(50);
+        if (ocl) {
+            rc = rc || pocl_failed(&ocl, bench_pocl_stencil(ocl, &st_o[k]),
+                                   pocl_why, sizeof pocl_why);
+            pause_ms(50);
+        }
     }
     (void)sink;
     if (!rc) {
@@ -1222,7 +1357,36 @@ static int bench_barriers(int threads)
         printf("\nUnits as loops ÷ as fibers: SGEMM %.1fx, sum %.1fx, "
                "stencil %.1fx\n\n",
                gl / gf, bl / bf, sl / sf);
+        if (ocl &&
+            pocl_check(ocl, &loops, a, b, c, x, pocl_why, sizeof pocl_why))
+            bench_pocl_close(ocl), ocl = NULL;
+        if (ocl) {
+            double go = flop / median(mm_o, BAR_ROUNDS) * 1e-9;
+            double bo = bytes / median(su_o, BAR_ROUNDS) * 1e-9;
+            double so = sbytes / median(st_o, BAR_ROUNDS) * 1e-9;
+            printf("#### Beside PoCL: the same kernels in OpenCL C on "
+                   "PoCL's CPU device (%s)\n\n",
+                   bench_pocl_name(ocl));
+            table_header("cubert ÷ PoCL");
+            snprintf(peer, sizeof peer, "PoCL, same kernel in OpenCL C");
+            snprintf(ours, sizeof ours, "%.1f GFLOP/s", gl);
+            snprintf(theirs, sizeof theirs, "%.2f GFLOP/s", go);
+            row("tiled SGEMM 512³, units as loops", ours, peer, theirs, gl / go,
+                NULL);
+            snprintf(ours, sizeof ours, "%.1f GB/s", bl);
+            snprintf(theirs, sizeof theirs, "%.2f GB/s", bo);
+            row("sum of 16 Mi floats (128 cubes of 256), units as loops", ours,
+                peer, theirs, bl / bo, NULL);
+            snprintf(ours, sizeof ours, "%.1f GB/s", sl);
+            snprintf(theirs, sizeof theirs, "%.2f GB/s", so);
+            row("5-point stencil 2048², halo in shared memory, units as loops",
+                ours, peer, theirs, sl / so, NULL);
+            printf("\n");
+        } else {
+            printf("PoCL: skipped (%s)\n\n", pocl_why);
+        }
     }
+    bench_pocl_close(ocl);
     bar_close(&loops);
     bar_close(&fibers);
     free(a);
@@ -1232,8 +1396,17 @@ static int bench_barriers(int threads)
     return rc;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* `bench_cpu [SECTIONS]`: the letters of the sections to run (e.g.
+     * `bench_cpu f`); all of them by default. */
+    const char *only = argc > 1 ? argv[1] : "abcdef";
+    if (argc > 2 || !only[0] || strspn(only, "abcdef") != strlen(only)) {
+        fprintf(stderr, "usage: bench_cpu [SECTIONS] (letters of a-f, e.g. "
+                        "f; all by default)\n");
+        return 2;
+    }
+#define WANT(letter) (strchr(only, letter) != NULL)
     double start = now_us();
     cube_client *c = NULL;
     if (failed(cube_client_open("cpu", NULL, &c), "cube_client_open"))
@@ -1256,32 +1429,32 @@ int main(void)
                     "cube_kernel_create(axpy)") ||
              failed(make_kernel("axpy", axpy_unsigned_src, 256, &axpy_u),
                     "cube_kernel_create(axpy, unsigned index)");
-    if (!rc)
+    if (!rc && WANT('a'))
         rc = bench_bandwidth(c, axpy, threads,
                              "axpy kernel (int index), cube dim 256, "
                              "65536 cubes",
                              1);
-    if (!rc)
+    if (!rc && WANT('a'))
         rc = bench_bandwidth(c, axpy_u, threads,
                              "axpy kernel (unsigned index), cube dim 256, "
                              "65536 cubes",
                              0);
-    if (!rc)
+    if (!rc && WANT('b'))
         rc = bench_latency(c, axpy, threads);
-    if (!rc)
+    if (!rc && WANT('f'))
         rc = bench_barriers(threads);
     cube_kernel_release(axpy);
     cube_kernel_release(axpy_u);
     cube_client_close(c);
-    if (!rc)
+    if (!rc && WANT('c'))
         rc = bench_cache();
     /* (d) and (e) on a client of their own, after the compile-cache runs. */
-    if (!rc) {
+    if (!rc && (WANT('d') || WANT('e'))) {
         cube_client *g = NULL;
         rc = failed(cube_client_open("cpu", NULL, &g), "cube_client_open");
-        if (!rc)
+        if (!rc && WANT('d'))
             rc = bench_graph(g);
-        if (!rc)
+        if (!rc && WANT('e'))
             rc = bench_profile(g);
         cube_client_close(g);
     }
@@ -1294,6 +1467,10 @@ int main(void)
         "pause, so neither side's idle spinning threads compete with the "
         "other. Graph replay (d) alternates its two sides round by round and "
         "profiling (e) iteration by iteration, on a client of their own. "
+        "PoCL (f) runs the same kernels in OpenCL C, enqueue + clFinish "
+        "timed in the same alternating rounds; its kernels are built and "
+        "run once before the warm-up round, so PoCL's compilation (its "
+        "LLVM, at build and at first enqueue) is not timed. "
         "OpenMP keeps its default wait policy. Times: "
         "clock_gettime(CLOCK_MONOTONIC).\n");
     printf("\nbench_cpu: %s in %.1f s\n", rc ? "FAILED" : "done",
