@@ -1212,6 +1212,137 @@ static int pocl_check(bench_pocl *o, bar_side *s, const float *a,
     return bad;
 }
 
+#define POCL_AXPY_ROUNDS 15
+#define POCL_LAT_BLOCKS 10
+#define POCL_LAT_BLOCK 200
+
+/* Beside PoCL, on the loops client: the axpy of (a) over the sum's 16 Mi
+ * floats (12 bytes per element) and the tiny kernel of (b), launch (or
+ * enqueue) to completion. The axpy's two sides alternate run by run with
+ * 5 ms pauses, the latency's in blocks of POCL_LAT_BLOCK after 50 ms
+ * pauses; medians. */
+static int pocl_extras(bar_side *s, bench_pocl **ocl, char *why, size_t cap)
+{
+    float *y = calloc(BAR_SUM_N, sizeof(float));
+    float tiny_host[64] = {0};
+    cube_kernel *axpy = NULL, *tiny = NULL;
+    cube_handle hy = {0}, ht = {0};
+    static double ta[POCL_AXPY_ROUNDS], to[POCL_AXPY_ROUNDS];
+    static double la[POCL_LAT_BLOCKS * POCL_LAT_BLOCK],
+        lo[POCL_LAT_BLOCKS * POCL_LAT_BLOCK];
+    int rc = 1;
+    if (!y) {
+        fprintf(stderr, "bench_cpu: out of memory\n");
+        return 1;
+    }
+    if (failed(make_kernel("axpy", axpy_src, 256, &axpy), "axpy kernel") ||
+        failed(make_kernel("tiny", tiny_src, 64, &tiny), "tiny kernel") ||
+        failed(cube_create(s->c, y, BAR_SUM_N * sizeof(float), &hy),
+               "cube_create") ||
+        failed(cube_create(s->c, tiny_host, sizeof tiny_host, &ht),
+               "cube_create"))
+        goto done;
+    const uint32_t n = (uint32_t)BAR_SUM_N;
+    cube_arg aa[4] = {cube_arg_f32(0.5f), cube_arg_buffer(s->x),
+                      cube_arg_buffer(hy), cube_arg_u32(n)};
+    cube_arg targ[1] = {cube_arg_buffer(ht)};
+    for (int r = -2; *ocl && r < POCL_AXPY_ROUNDS; r++) {
+        double d[2];
+        for (int turn = 0; turn < 2; turn++) {
+            int who = (turn + r + 2) % 2;
+            if (who == 0) {
+                double t0 = now_us();
+                if (failed(cube_launch(s->c, axpy,
+                                       cube_count_static(n / 256, 1, 1), aa, 4,
+                                       0),
+                           "axpy launch") ||
+                    failed(cube_sync(s->c, NULL, 0), "cube_sync"))
+                    goto done;
+                d[0] = (now_us() - t0) * 1e-6;
+            } else if (bench_pocl_axpy(*ocl, &d[1])) {
+                pocl_failed(ocl, 1, why, cap);
+                break;
+            }
+            pause_ms(5);
+        }
+        if (r >= 0 && *ocl) {
+            ta[r] = d[0];
+            to[r] = d[1];
+        }
+    }
+    for (int r = -1; *ocl && r < POCL_LAT_BLOCKS; r++) {
+        for (int who = 0; who < 2 && *ocl; who++) {
+            pause_ms(50);
+            for (int i = 0; i < POCL_LAT_BLOCK; i++) {
+                double t;
+                if (who == 0) {
+                    double t0 = now_us();
+                    if (failed(cube_launch(s->c, tiny,
+                                           cube_count_static(1, 1, 1), targ, 1,
+                                           0),
+                               "tiny launch") ||
+                        failed(cube_sync(s->c, NULL, 0), "cube_sync"))
+                        goto done;
+                    t = (now_us() - t0) * 1e-6;
+                } else if (bench_pocl_tiny(*ocl, &t)) {
+                    pocl_failed(ocl, 1, why, cap);
+                    break;
+                }
+                if (r >= 0)
+                    (who ? lo : la)[r * POCL_LAT_BLOCK + i] = t;
+            }
+        }
+    }
+    if (*ocl) {
+        /* PoCL's y: one run per round, two warm-up rounds and the one in
+         * bench_pocl_open, each adding 0.5 x. */
+        if (bench_pocl_read_y(*ocl, y)) {
+            pocl_failed(ocl, 1, why, cap);
+        } else {
+            double worst = 0.0;
+            int runs = POCL_AXPY_ROUNDS + 3;
+            for (size_t i = 0; i < BAR_SUM_N; i += 4099) {
+                double want = runs * 0.5 * (double)(i % 3);
+                double e = fabs(y[i] - want);
+                worst = e > worst ? e : worst;
+            }
+            if (worst > 1e-4) {
+                snprintf(why, cap, "its axpy is wrong (error %.3g)", worst);
+                bench_pocl_close(*ocl);
+                *ocl = NULL;
+            }
+        }
+    }
+    if (*ocl) {
+        double bytes = 12.0 * BAR_SUM_N;
+        double ga = bytes / median(ta, POCL_AXPY_ROUNDS) * 1e-9;
+        double go = bytes / median(to, POCL_AXPY_ROUNDS) * 1e-9;
+        size_t nl = POCL_LAT_BLOCKS * POCL_LAT_BLOCK;
+        double ua = median(la, nl) * 1e6, uo = median(lo, nl) * 1e6;
+        char ours[64], theirs[64];
+        snprintf(ours, sizeof ours, "%.2f GB/s", ga);
+        snprintf(theirs, sizeof theirs, "%.2f GB/s", go);
+        row("axpy, 16 Mi floats (65536 cubes of 256), 12 bytes/element", ours,
+            "PoCL, same kernel in OpenCL C", theirs, ga / go, NULL);
+        snprintf(ours, sizeof ours, "%.2f µs", ua);
+        snprintf(theirs, sizeof theirs, "%.2f µs", uo);
+        row("tiny kernel, 1 cube x 64 units, launch + sync (enqueue + "
+            "clFinish)",
+            ours, "PoCL, same kernel in OpenCL C", theirs, ua / uo,
+            " (lower is better)");
+    }
+    rc = 0;
+done:
+    if (hy.bits)
+        rc |= failed(cube_handle_release(s->c, hy), "cube_handle_release");
+    if (ht.bits)
+        rc |= failed(cube_handle_release(s->c, ht), "cube_handle_release");
+    cube_kernel_release(axpy);
+    cube_kernel_release(tiny);
+    free(y);
+    return rc;
+}
+
 static int bench_barriers(int threads)
 {
     const size_t mat = (size_t)BAR_N * BAR_N;
@@ -1381,7 +1512,10 @@ static int bench_barriers(int threads)
             snprintf(theirs, sizeof theirs, "%.2f GB/s", so);
             row("5-point stencil 2048², halo in shared memory, units as loops",
                 ours, peer, theirs, sl / so, NULL);
+            rc = pocl_extras(&loops, &ocl, pocl_why, sizeof pocl_why);
             printf("\n");
+            if (!ocl)
+                printf("PoCL: stopped (%s)\n\n", pocl_why);
         } else {
             printf("PoCL: skipped (%s)\n\n", pocl_why);
         }

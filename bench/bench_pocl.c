@@ -497,6 +497,11 @@ int bench_pocl_read_stencil(bench_pocl *o, float *out)
                     out);
 }
 
+int bench_pocl_read_y(bench_pocl *o, float *y)
+{
+    return read_buf(o, B_Y, o->p.sum_n * sizeof(float), y);
+}
+
 int bench_pocl_sum_once(bench_pocl *o, float *total)
 {
     float zero = 0.0f;

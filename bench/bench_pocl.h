@@ -49,6 +49,8 @@ int bench_pocl_tiny(bench_pocl *o, double *sec);
 /* Results, read back: c (n x n), the stencil's output (st_w x st_h). */
 int bench_pocl_read_c(bench_pocl *o, float *c);
 int bench_pocl_read_stencil(bench_pocl *o, float *out);
+/* The axpy's y (sum_n floats). */
+int bench_pocl_read_y(bench_pocl *o, float *y);
 /* Sets the total to 0, runs the sum once and reads the total. */
 int bench_pocl_sum_once(bench_pocl *o, float *total);
 
