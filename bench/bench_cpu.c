@@ -41,7 +41,14 @@
  *      stencil, the same stencil in cube C without shared memory or a
  *      barrier (its units run as one loop). Medians of 7 rounds that
  *      alternate the contenders with 50 ms pauses, after one warm-up
- *      round.
+ *      round. PoCL, where libOpenCL.so.1 and PoCL's CPU device are found
+ *      (bench_pocl.c): the same three kernels in OpenCL C in the same
+ *      rounds, then the axpy over 16 Mi floats and the tiny kernel of (b)
+ *      beside cubert's; its kernels are built and run once before the
+ *      warm-up round, so its compilation is not timed.
+ *
+ * `bench_cpu [SECTIONS]` runs the sections named by their letters (e.g.
+ * `bench_cpu f`), all by default.
  *
  * Times use clock_gettime(CLOCK_MONOTONIC). The whole run takes well under
  * a minute.
