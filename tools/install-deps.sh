@@ -2,7 +2,8 @@
 # Installs the Debian packages cubert's build needs, when they are missing.
 # As root it runs apt-get; otherwise it prints the exact command to run.
 # Arguments name extra packages one make target needs (clang for the
-# thread-safety build).
+# thread-safety build; PoCL for `make bench`, the Makefile's
+# BENCH_PACKAGES).
 set -eu
 
 # libclang-dev: the headers of libclang's C API, for the CPU backend's
