@@ -676,7 +676,7 @@ static int check_blocks(mem_manager *m, const cube_storage *st,
 
 typedef struct replay_result {
     uint64_t peak_live, peak_reserved;
-    uint64_t storage_allocs;
+    uint64_t storage_allocs, storage_frees; /* frees count unmaps */
     double ns_per_op;
     cube_memory_report at_peak; /* mem_report when reserved peaked */
 } replay_result;
@@ -771,6 +771,7 @@ static int replay_manager(const trace *t, cube_layout_preset preset,
     }
     res->peak_reserved = cs.reserved_peak;
     res->storage_allocs = cs.allocs;
+    res->storage_frees = cs.frees;
     res->ns_per_op = elapsed / (double)(t->count ? t->count : 1);
     rc = 0;
 done:
@@ -972,8 +973,10 @@ static int bench_fragmentation(const char *path, trace_row *summary)
     row("replay time per op, subslices preset", o, "glibc malloc/free, per op",
         theirs, sub->ns_per_op / mal.ns_per_op, note);
     snprintf(o, sizeof o, "%.0f ns", exp->ns_per_op);
-    snprintf(note, sizeof note, " (%llu storage allocations and maps)",
-             (unsigned long long)exp->storage_allocs);
+    snprintf(note, sizeof note,
+             " (%llu storage allocations and maps, %llu frees and unmaps)",
+             (unsigned long long)exp->storage_allocs,
+             (unsigned long long)exp->storage_frees);
     row("replay time per op, expandable preset", o, "glibc malloc/free, per op",
         theirs, exp->ns_per_op / mal.ns_per_op, note);
     snprintf(theirs, sizeof theirs, "%.0f ns", sub->ns_per_op);

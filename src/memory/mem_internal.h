@@ -140,9 +140,10 @@ struct mem_pool {
     mem_block *blocks; /* exclusive, tail, persistent: all blocks */
     /* Expandable (pool_expandable.c): the reserved range (vm_size 0 until
      * the first request), its page (the storage's granularity, at least
-     * the alignment), the block at its start (never merged away), and a
-     * bitmap of its mapped pages. */
-    uint64_t vm_base, vm_size, vm_page;
+     * the alignment), the most pages it has had mapped at once (vm_high),
+     * the block at its start (never merged away), and a bitmap of its
+     * mapped pages. */
+    uint64_t vm_base, vm_size, vm_page, vm_high;
     mem_block *vm_first;
     uint64_t *vm_mapped;
     mem_block *lru_first, *lru_last; /* exclusive: free pages */

@@ -13,7 +13,10 @@
  *    bytes; the report's totals agree with usage;
  * and at the end everything is unmapped and every reservation given back.
  * Then: a refused map (with pages of the block already mapped and some
- * not), the retry after releasing, cleanup unmapping free pages, the hot
+ * not), the retry after releasing, unmap before map (the mapped bytes
+ * held at their high-water mark, the choice of a block whose pages are
+ * mapped, a map refused after pages were unmapped), cleanup unmapping
+ * free pages, the hot
  * pair making no storage call, spill-over from a capped pool, a storage
  * without virtual memory (CUBE_ERR_UNSUPPORTED), the preset, and the host
  * storage's own functions. */
@@ -575,21 +578,126 @@ static void test_refused_second_run(void **state)
 }
 
 /* A refused map with cached pages elsewhere: they are unmapped, the map
- * is retried once and succeeds. */
+ * is retried once and succeeds. The request stays under the most pages
+ * the pool has had mapped, so unmap before map leaves the cached pages
+ * alone and the refusal is what releases them. */
 static void test_refused_map_retries_after_releasing(void **state)
 {
     (void)state;
     model *md = model_new(9);
     cube_memory_layout l = one_pool(0);
     mem_manager *m = make(md, &l);
-    assert_int_equal(step_alloc(m, md, 4 * PAGE), CUBE_OK);
-    assert_int_equal(step_alloc(m, md, PAGE), CUBE_OK);
-    step_free(m, md, 0); /* 4 pages cached at the start */
+    assert_int_equal(step_alloc(m, md, 4 * PAGE), CUBE_OK); /* pages 0-3 */
+    assert_int_equal(step_alloc(m, md, PAGE), CUBE_OK);     /* page 4 */
+    assert_int_equal(step_alloc(m, md, 6 * PAGE), CUBE_OK); /* pages 5-10 */
+    step_free(m, md, 2);
+    step_free(m, md, 0);
+    mem_cleanup(m); /* 11 pages were mapped; only page 4 is now */
+    check_invariants(m, md);
+    assert_int_equal(md->mapped, PAGE);
+    assert_int_equal(step_alloc(m, md, 4 * PAGE), CUBE_OK); /* pages 0-3 */
+    step_free(m, md, 1); /* 4 pages cached at the start */
     check_invariants(m, md);
     assert_int_equal(md->mapped, 5 * PAGE);
+    uint64_t unmaps = md->unmaps;
     md->map_fail_at = (long)md->maps + 1;
     /* 6 pages fit only after the live page: refused once, the 4 cached
      * pages unmapped, retried. */
+    assert_int_equal(step_alloc(m, md, 6 * PAGE), CUBE_OK);
+    check_invariants(m, md);
+    assert_true(md->unmaps > unmaps);
+    assert_int_equal(md->mapped, 7 * PAGE);
+    model_end(m, md);
+}
+
+/* Unmap before map: a request that would map past the most pages the
+ * pool has had mapped first unmaps free pages elsewhere, never one a live
+ * block touches (the model flags that), so the mapped bytes stay at the
+ * pages live blocks touch. */
+static void test_unmap_before_map_holds_the_high_mark(void **state)
+{
+    (void)state;
+    model *md = model_new(12);
+    cube_memory_layout l = one_pool(0);
+    mem_manager *m = make(md, &l);
+    assert_int_equal(step_alloc(m, md, 4 * PAGE), CUBE_OK); /* pages 0-3 */
+    assert_int_equal(step_alloc(m, md, PAGE / 2), CUBE_OK); /* page 4 */
+    step_free(m, md, 0); /* 4 pages cached at the start; 5 mapped */
+    check_invariants(m, md);
+    assert_int_equal(md->mapped, 5 * PAGE);
+    /* 6 pages fit only after the live block: the 4 cached pages go
+     * first, so 7 pages are mapped (not 11). */
+    assert_int_equal(step_alloc(m, md, 6 * PAGE), CUBE_OK);
+    check_invariants(m, md);
+    assert_int_equal(md->mapped, 7 * PAGE);
+    /* It shares page 4 with the live block: pages 4-10. */
+    assert_int_equal(md->live[md->nlive - 1].st.address,
+                     md->live[0].st.address + PAGE / 2);
+    /* Under the mark nothing is unmapped: free the big block (6 pages
+     * cached), and 3 pages at the start map without an unmap. */
+    step_free(m, md, md->nlive - 1);
+    uint64_t unmaps = md->unmaps;
+    assert_int_equal(step_alloc(m, md, 3 * PAGE), CUBE_OK);
+    check_invariants(m, md);
+    assert_int_equal(md->unmaps, unmaps);
+    cube_memory_report r;
+    mem_report(m, &r);
+    assert_int_equal(r.pools[0].bytes_reserved_peak, 7 * PAGE);
+    model_end(m, md);
+}
+
+/* At the mark, a request takes a free block whose pages are mapped over
+ * the bins' better fit whose pages are not: no map, no unmap. */
+static void test_request_at_the_mark_prefers_mapped_pages(void **state)
+{
+    (void)state;
+    model *md = model_new(13);
+    cube_memory_layout l = one_pool(0);
+    mem_manager *m = make(md, &l);
+    uint64_t sizes[4] = {3 * PAGE, PAGE, 2 * PAGE, PAGE}; /* 0-2 3 4-5 6 */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(step_alloc(m, md, sizes[i]), CUBE_OK);
+    uint64_t base = md->live[0].st.address;
+    step_free(m, md, 2);
+    mem_cleanup(m); /* pages 4-5 free and unmapped; 5 of 7 mapped */
+    assert_int_equal(step_alloc(m, md, 3 * PAGE), CUBE_OK); /* 7-9 */
+    check_invariants(m, md);
+    assert_int_equal(md->mapped, 8 * PAGE); /* the mark */
+    step_free(m, md, 0);                    /* pages 0-2 free, still mapped */
+    uint64_t maps = md->maps, unmaps = md->unmaps;
+    /* The bins' fit is pages 4-5 (exactly 2 pages, unmapped); pages 0-2
+     * are mapped. */
+    assert_int_equal(step_alloc(m, md, 2 * PAGE), CUBE_OK);
+    check_invariants(m, md);
+    assert_int_equal(md->live[md->nlive - 1].st.address, base);
+    assert_int_equal(md->maps, maps);
+    assert_int_equal(md->unmaps, unmaps);
+    assert_int_equal(md->mapped, 8 * PAGE);
+    model_end(m, md);
+}
+
+/* A map refused after unmap before map gave pages back: the request is
+ * out of memory, the live blocks keep their pages, the pages given back
+ * stay unmapped, and the next request that fits succeeds. */
+static void test_refused_map_after_unmapping(void **state)
+{
+    (void)state;
+    model *md = model_new(14);
+    cube_memory_layout l = one_pool(0);
+    mem_manager *m = make(md, &l);
+    assert_int_equal(step_alloc(m, md, 4 * PAGE), CUBE_OK);
+    assert_int_equal(step_alloc(m, md, PAGE), CUBE_OK);
+    step_free(m, md, 0);
+    cube_memory_usage before, after;
+    mem_usage(m, &before);
+    md->map_fail_always = 1;
+    assert_int_equal(step_alloc(m, md, 6 * PAGE), CUBE_ERR_OUT_OF_MEMORY);
+    md->map_fail_always = 0;
+    check_invariants(m, md);
+    mem_usage(m, &after);
+    assert_int_equal(after.buffers, before.buffers);
+    assert_int_equal(after.bytes_in_use, before.bytes_in_use);
+    assert_int_equal(md->mapped, PAGE); /* the live block's page only */
     assert_int_equal(step_alloc(m, md, 6 * PAGE), CUBE_OK);
     check_invariants(m, md);
     assert_int_equal(md->mapped, 7 * PAGE);
@@ -837,6 +945,9 @@ int main(void)
         cmocka_unit_test(test_refused_map_leaves_the_pool_as_it_was),
         cmocka_unit_test(test_refused_second_run),
         cmocka_unit_test(test_refused_map_retries_after_releasing),
+        cmocka_unit_test(test_unmap_before_map_holds_the_high_mark),
+        cmocka_unit_test(test_request_at_the_mark_prefers_mapped_pages),
+        cmocka_unit_test(test_refused_map_after_unmapping),
         cmocka_unit_test(test_cleanup_unmaps_free_pages_only),
         cmocka_unit_test(test_hot_pair_makes_no_storage_call),
         cmocka_unit_test(test_capped_pool_spills_over_and_caps_mapping),
