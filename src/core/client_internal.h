@@ -31,7 +31,7 @@ typedef struct core_alloc {
     void (*release)(void *user);
     void *release_user;
     /* The first handle's bits: the trace's alloc and release events name
-     * the buffer by it, so the two pair up. */
+     * the buffer by it, so the two pair up. Set only while tracing. */
     uint64_t first_handle;
 } core_alloc;
 
