@@ -69,6 +69,32 @@ CUBE_API CUBE_MUST_USE cube_error *
 cube_handle_slice(cube_client *client, cube_handle handle, uint64_t offset,
                   uint64_t size, cube_handle *out);
 
+/* The longest buffer label, in bytes, without the terminating NUL. */
+#define CUBE_LABEL_MAX 63
+
+/* Names the buffer `handle` belongs to (every handle and slice of it
+ * shares the label): memory reports, the trace's release events and error
+ * messages that name the buffer show it beside the handle's hex bits. The
+ * label is copied. It is 1 to CUBE_LABEL_MAX bytes of printable ASCII
+ * (0x20-0x7e) other than '"' and '\\'; a longer or other label is
+ * refused, not truncated, and the old label stays. NULL or "" clears it.
+ * Thread-safe; a label set while a launch fails may or may not appear in
+ * that launch's error.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL client, label too long or with
+ * other bytes), CUBE_ERR_NOT_FOUND (released handle, or one of another
+ * client), CUBE_ERR_OUT_OF_MEMORY. */
+CUBE_API CUBE_MUST_USE cube_error *cube_handle_set_label(cube_client *client,
+                                                         cube_handle handle,
+                                                         const char *label);
+
+/* Copies the label of the buffer `handle` belongs to into `out` ("" when
+ * it has none); `cap` bytes, CUBE_LABEL_MAX + 1 always suffice.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL client or out, cap shorter than
+ * the label and its NUL), CUBE_ERR_NOT_FOUND. */
+CUBE_API CUBE_MUST_USE cube_error *cube_handle_label(cube_client *client,
+                                                     cube_handle handle,
+                                                     char *out, size_t cap);
+
 /* The size in bytes of the range `handle` names.
  * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_NOT_FOUND. */
 CUBE_API CUBE_MUST_USE cube_error *

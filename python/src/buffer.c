@@ -417,6 +417,43 @@ static PyObject *buffer_released(pyc_buffer *self, void *closure)
     return PyBool_FromLong(self->handle.bits == 0);
 }
 
+/* The buffer's label (cube_handle_label); "" when it has none. */
+static PyObject *buffer_label(pyc_buffer *self, void *closure)
+{
+    (void)closure;
+    cube_handle h;
+    cube_client *c = pyc_buffer_get((PyObject *)self, &h);
+    if (!c)
+        return NULL;
+    char label[CUBE_LABEL_MAX + 1];
+    cube_error *err = cube_handle_label(c, h, label, sizeof label);
+    if (err)
+        return pyc_raise(err);
+    return PyUnicode_FromString(label);
+}
+
+/* Sets it (cube_handle_set_label); None or "" clears it. */
+static int buffer_set_label(pyc_buffer *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    const char *label = NULL;
+    if (value && value != Py_None) {
+        label = PyUnicode_AsUTF8AndSize(value, NULL);
+        if (!label)
+            return -1;
+    }
+    cube_handle h;
+    cube_client *c = pyc_buffer_get((PyObject *)self, &h);
+    if (!c)
+        return -1;
+    cube_error *err = cube_handle_set_label(c, h, label);
+    if (err) {
+        pyc_raise(err);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *buffer_repr(pyc_buffer *self)
 {
     PyObject *shape = pyc_shape_tuple(self->shape, self->ndim);
@@ -459,6 +496,7 @@ static PyGetSetDef buffer_getset[] = {
     {"client", (getter)buffer_client, NULL, NULL, NULL},
     {"native", (getter)buffer_native, NULL, NULL, NULL},
     {"released", (getter)buffer_released, NULL, NULL, NULL},
+    {"label", (getter)buffer_label, (setter)buffer_set_label, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

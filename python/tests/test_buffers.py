@@ -437,3 +437,25 @@ def test_write_sequence_converts_to_the_buffer_dtype(client):
                                   np.array([1, 2, 3.5, -4], np.float32))
     with pytest.raises(cubert.InvalidArgumentError):
         buf.write([1, 2, 3])  # 3 elements do not cover 16 bytes
+
+
+def test_label_read_set_clear_and_refuse(client):
+    buf = client.empty(64)
+    assert buf.label == ""
+    buf.label = "weights"
+    assert buf.label == "weights"
+    # slices share their buffer's label
+    assert buf.slice(8, 8).label == "weights"
+    with pytest.raises(cubert.InvalidArgumentError):
+        buf.label = "x" * 64
+    with pytest.raises(cubert.InvalidArgumentError):
+        buf.label = 'a"b'
+    assert buf.label == "weights"
+    buf.label = None
+    assert buf.label == ""
+    buf.label = "again"
+    buf.label = ""
+    assert buf.label == ""
+    buf.release()
+    with pytest.raises(cubert.InvalidArgumentError):
+        buf.label = "late"

@@ -31,9 +31,20 @@ typedef struct core_alloc {
     void (*release)(void *user);
     void *release_user;
     /* The first handle's bits: the trace's alloc and release events name
-     * the buffer by it, so the two pair up. */
+     * the buffer by it, so the two pair up. Set only while tracing. */
     uint64_t first_handle;
+    /* cube_handle_set_label's copy, or NULL. Written under the labels'
+     * lock (handles.c), read through core_buffer_name. */
+    char *label;
 } core_alloc;
+
+/* The buffer name in messages and the trace: the handle's hex bits, and
+ * the label in quotes after it when the buffer has one. */
+#define CORE_BUFFER_NAME_MAX 96
+void core_buffer_name(const core_alloc *a, uint64_t bits,
+                      char out[CORE_BUFFER_NAME_MAX]);
+/* The label alone into out ("" without one). */
+void core_buffer_label(const core_alloc *a, char out[CUBE_LABEL_MAX + 1]);
 
 /* A handle's slot in the table. `state` packs the generation (high 32
  * bits) and the handle's reference count (low 32 bits), so a lookup can

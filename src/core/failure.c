@@ -56,9 +56,9 @@ cube_error *core_failure_claim_check(cube_client *c, const core_resolved *r,
             continue;
         if (!several)
             several = cube_error_new(CUBE_ERR_SEVERAL, "placeholder");
-        cube_error_add_cause(
-            several, cube_error_prefix(f, "buffer 0x%016llx",
-                                       (unsigned long long)r[i].handle.bits));
+        char name[CORE_BUFFER_NAME_MAX];
+        core_buffer_name(r[i].alloc, r[i].handle.bits, name);
+        cube_error_add_cause(several, cube_error_prefix(f, "buffer %s", name));
         failed++;
     }
     if (!several)

@@ -240,6 +240,8 @@ static core_alloc *alloc_record(void)
 
 static void free_record(core_alloc *a)
 {
+    if (a->label)
+        free(a->label);
     if (stash.count < STASH_SIZE) {
         if (!stash.registered) {
             /* Registers the drain for this thread's exit, once. */
@@ -280,10 +282,14 @@ static void release_storage(cube_client *c, core_alloc *a)
 {
     int traced = core_trace_on();
     if (traced) {
-        char args[96];
-        snprintf(args, sizeof args, "{\"bytes\":%llu,\"buffer\":\"0x%016llx\"}",
+        char args[96 + CUBE_LABEL_MAX], label[CUBE_LABEL_MAX + 1];
+        /* Labels hold no byte JSON would need escaped. */
+        core_buffer_label(a, label);
+        snprintf(args, sizeof args,
+                 "{\"bytes\":%llu,\"buffer\":\"0x%016llx\"%s%s%s}",
                  (unsigned long long)a->storage.size,
-                 (unsigned long long)a->first_handle);
+                 (unsigned long long)a->first_handle,
+                 label[0] ? ",\"label\":\"" : "", label, label[0] ? "\"" : "");
         core_trace_instant("memory", "release", a->stream->base.id,
                            core_clock_ns(), args);
     }
@@ -554,12 +560,14 @@ cube_error *core_materialize(cube_client *c, const core_resolved *r, size_t n)
             cube_error *cause =
                 core_storage_alloc(c, a->stream, a->storage.size, &st);
             if (cause) {
-                err = cube_error_wrap(cause, CUBE_ERR_STORAGE_MAPPING_FAILED,
-                                      "buffer 0x%016llx, made in a dry run, "
-                                      "could not be backed at its first "
-                                      "use (%llu bytes)",
-                                      (unsigned long long)r[i].handle.bits,
-                                      (unsigned long long)a->storage.size);
+                char name[CORE_BUFFER_NAME_MAX];
+                core_buffer_name(a, r[i].handle.bits, name);
+                err =
+                    cube_error_wrap(cause, CUBE_ERR_STORAGE_MAPPING_FAILED,
+                                    "buffer %s, made in a dry run, "
+                                    "could not be backed at its first "
+                                    "use (%llu bytes)",
+                                    name, (unsigned long long)a->storage.size);
             } else {
                 a->storage = st;
                 a->trace_id = core_memory_trace_alloc(st.size);
@@ -679,8 +687,11 @@ static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
         release_storage(c, a);
         return err;
     }
-    a->first_handle = out->bits;
     if (core_trace_on()) {
+        /* Written only when traced: a release without an alloc event has
+         * nothing to pair with anyway, and the untraced pair stays one
+         * store shorter. */
+        a->first_handle = out->bits;
         char args[96];
         snprintf(args, sizeof args, "{\"bytes\":%llu,\"buffer\":\"0x%016llx\"}",
                  (unsigned long long)size, (unsigned long long)out->bits);
@@ -845,4 +856,129 @@ static cube_error *handle_size_call(cube_client *c, cube_handle h,
 cube_error *cube_handle_size(cube_client *c, cube_handle h, uint64_t *out)
 {
     CORE_CALL(c, "cube_handle_size", handle_size_call(c, h, out));
+}
+
+/* Labels: rare to set, read only on error, trace and report paths, so one
+ * process-wide lock guards every record's `label`. */
+static cube_mutex labels_lock = CUBE_MUTEX_INIT;
+
+void core_buffer_label(const core_alloc *a, char out[CUBE_LABEL_MAX + 1])
+{
+    out[0] = 0;
+    cube_mutex_lock(&labels_lock);
+    if (a->label)
+        snprintf(out, CUBE_LABEL_MAX + 1, "%s", a->label);
+    cube_mutex_unlock(&labels_lock);
+}
+
+void core_buffer_name(const core_alloc *a, uint64_t bits,
+                      char out[CORE_BUFFER_NAME_MAX])
+{
+    char label[CUBE_LABEL_MAX + 1];
+    core_buffer_label(a, label);
+    if (label[0])
+        snprintf(out, CORE_BUFFER_NAME_MAX, "0x%016llx \"%s\"",
+                 (unsigned long long)bits, label);
+    else
+        snprintf(out, CORE_BUFFER_NAME_MAX, "0x%016llx",
+                 (unsigned long long)bits);
+}
+
+/* 1 when `label` may be a label (see cube_handle_set_label). */
+static int label_ok(const char *label, size_t *len)
+{
+    size_t n = 0;
+    for (; label[n]; n++) {
+        unsigned char ch = (unsigned char)label[n];
+        if (n == CUBE_LABEL_MAX || ch < 0x20 || ch > 0x7e || ch == '"' ||
+            ch == '\\')
+            return 0;
+    }
+    *len = n;
+    return 1;
+}
+
+static cube_error *handle_set_label_call(cube_client *c, cube_handle h,
+                                         const char *label)
+{
+    if (!c)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_handle_set_label: client is NULL");
+    size_t len = 0;
+    if (label && !label_ok(label, &len))
+        return cube_error_new(
+            CUBE_ERR_INVALID_ARGUMENT,
+            "cube_handle_set_label: a label is at most %d bytes of printable "
+            "ASCII other than '\"' and '\\\\'",
+            CUBE_LABEL_MAX);
+    uint32_t i;
+    core_slot *s = pin_slot(c, h, &i);
+    if (!s)
+        return not_found(c, h, "cube_handle_set_label");
+    char *copy = NULL;
+    if (len) {
+        copy = malloc(len + 1);
+        if (!copy) {
+            unpin_slot(c, i, s);
+            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                                  "cube_handle_set_label: %zu bytes", len + 1);
+        }
+        memcpy(copy, label, len + 1);
+    }
+    core_alloc *a = s->alloc;
+    cube_mutex_lock(&labels_lock);
+    char *old = a->label;
+    a->label = copy;
+    cube_mutex_unlock(&labels_lock);
+    free(old);
+    if (core_trace_on()) {
+        /* The alloc event came before any label: this one names it. */
+        char args[96 + CUBE_LABEL_MAX];
+        snprintf(args, sizeof args,
+                 "{\"buffer\":\"0x%016llx\",\"label\":\"%s\"}",
+                 (unsigned long long)a->first_handle, copy ? copy : "");
+        core_trace_instant("memory", "label", a->stream->base.id,
+                           core_clock_ns(), args);
+    }
+    unpin_slot(c, i, s);
+    return NULL;
+}
+
+cube_error *cube_handle_set_label(cube_client *c, cube_handle h,
+                                  const char *label)
+{
+    CORE_CALL(c, "cube_handle_set_label", handle_set_label_call(c, h, label));
+}
+
+static cube_error *handle_label_call(cube_client *c, cube_handle h, char *out,
+                                     size_t cap)
+{
+    if (!c || !out || cap == 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_handle_label: %s",
+                              !c     ? "client is NULL"
+                              : !out ? "out is NULL"
+                                     : "cap is 0");
+    out[0] = 0;
+    uint32_t i;
+    core_slot *s = pin_slot(c, h, &i);
+    if (!s)
+        return not_found(c, h, "cube_handle_label");
+    char label[CUBE_LABEL_MAX + 1];
+    core_buffer_label(s->alloc, label);
+    unpin_slot(c, i, s);
+    size_t n = strlen(label);
+    if (n >= cap)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_handle_label: the label takes %zu bytes, "
+                              "out has %zu",
+                              n + 1, cap);
+    memcpy(out, label, n + 1);
+    return NULL;
+}
+
+cube_error *cube_handle_label(cube_client *c, cube_handle h, char *out,
+                              size_t cap)
+{
+    CORE_CALL(c, "cube_handle_label", handle_label_call(c, h, out, cap));
 }

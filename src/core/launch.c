@@ -498,16 +498,19 @@ static cube_error *check_alignment(const launch_job *job)
                 ? 0
                 : r->alloc->storage.address;
         uint64_t address = base + r->offset;
-        if (address & (align - 1))
+        if (address & (align - 1)) {
+            char name[CORE_BUFFER_NAME_MAX];
+            core_buffer_name(r->alloc, r->handle.bits, name);
             return cube_error_new(
                 CUBE_ERR_INVALID_ARGUMENT,
-                "cube_launch(%s): args[%u] (buffer 0x%016llx) starts at "
+                "cube_launch(%s): args[%u] (buffer %s) starts at "
                 "byte offset %llu of its allocation (device address "
                 "0x%llx); the parameter's %u-byte elements need an address "
                 "aligned to %llu bytes",
-                cube_kernel_name(job->k), a, (unsigned long long)r->handle.bits,
+                cube_kernel_name(job->k), a, name,
                 (unsigned long long)r->offset, (unsigned long long)address,
                 cc->params[p].elem_size, (unsigned long long)align);
+        }
     }
     return NULL;
 }

@@ -111,15 +111,26 @@ typedef struct mem_stats {
     uint64_t largest;
 } mem_stats;
 
-/* The manager's own accounting (cube_memory_stats): the pools' stats
- * summed as they change, so that its high-water marks are the manager's
- * (the sum of the pools' peaks is not), and event counters. Under the
- * manager's lock, like everything it counts. */
+/* The manager's own accounting (cube_memory_stats): the pools' live and
+ * reserved bytes summed as they change, so that its high-water marks are
+ * the manager's (the sum of the pools' peaks is not), and event counters.
+ * Under the manager's lock, like everything it counts. Only what the
+ * report needs is kept, and the live bytes as one sum of extents (free =
+ * reserved - extents), so that a pool hit adds a few increments and two
+ * maxima, no more: the fields a hit touches come first and sit on the
+ * lock's cache line (see mem_manager). */
 typedef struct mem_totals {
-    mem_stats sum;          /* pages, buffers, in_use, reserved, padding */
-    uint64_t cached_peak;   /* of reserved - in_use - padding */
-    uint64_t allocs, frees; /* mem_alloc successes, mem_free calls */
-    uint64_t hits, misses;  /* allocs served without / with storage */
+    /* Each count beside its mark, not beside another count: neighbours
+     * changed alike would be vectorized into one 16-byte load of two
+     * fields stored apart, which the store buffer cannot forward. */
+    uint64_t buffers, buffers_peak; /* live */
+    uint64_t in_use, in_use_peak;   /* requested bytes of live buffers */
+    uint64_t extent;                /* their extents (requested + padding) */
+    uint64_t allocs;                /* mem_alloc successes */
+    uint64_t reserved, reserved_peak;
+    uint64_t cached_peak; /* of reserved - extent */
+    uint64_t frees;       /* mem_free calls */
+    uint64_t misses;      /* allocs served with new storage (hits: the rest) */
     /* Successful storage allocations and maps; storage given back (frees
      * and unmaps). */
     uint64_t storage_allocs, storage_frees;
@@ -166,7 +177,10 @@ typedef struct mem_slab mem_slab;
 
 /* Everything but ops, dev and shift (set at creation) is under `lock`. */
 struct mem_manager {
+    /* The lock and the totals a pool hit updates share cache lines: the
+     * manager is allocated on a cache-line boundary. */
     cube_mutex lock;
+    mem_totals tot CUBE_GUARDED_FIELD(lock);
     mem_storage_ops ops;
     mem_device dev;
     unsigned shift;                          /* log2 of the alignment */
@@ -175,7 +189,6 @@ struct mem_manager {
     /* earliest exclusive release; UINT64_MAX */
     uint64_t next_expiry_ms CUBE_GUARDED_FIELD(lock);
     mem_pool pools[MEM_POOL_SLOTS] CUBE_GUARDED_FIELD(lock);
-    mem_totals tot CUBE_GUARDED_FIELD(lock);
     /* records to reuse, linked by next */
     mem_block *spare CUBE_GUARDED_FIELD(lock);
     uint64_t spare_count CUBE_GUARDED_FIELD(lock);
@@ -248,11 +261,6 @@ uint64_t mem_now_ms(void);
  * manager's totals (inline: live_add and live_remove are on the path of
  * every pool hit). pages: `n` pages of `bytes` in all (expandable pools
  * map and unmap runs of pages). */
-static inline uint64_t mem_cached_of(const mem_stats *st)
-{
-    return st->reserved - st->in_use - st->padding;
-}
-
 static inline void mem_pages_add_one(mem_stats *st, uint64_t n, uint64_t bytes)
 {
     st->pages += n;
@@ -298,20 +306,22 @@ static inline void mem_stats_live_remove(mem_manager *m, mem_stats *st,
                                          uint64_t requested, uint64_t extent)
     CUBE_REQUIRES(m->lock);
 
-/* The free bytes grow when pages come in and when buffers go. */
-static inline void mem_cached_peak_update(mem_totals *t)
+/* Raises a high-water mark. A branch, not a maximum: in a steady state
+ * the mark stays, and the branch, always predicted, saves the store. */
+static inline void mem_peak(uint64_t *peak, uint64_t value)
 {
-    uint64_t cached = mem_cached_of(&t->sum);
-    if (cached > t->cached_peak)
-        t->cached_peak = cached;
+    if (value > *peak)
+        *peak = value;
 }
 
 static inline void mem_stats_pages_add(mem_manager *m, mem_stats *st,
                                        uint64_t n, uint64_t bytes)
 {
     mem_pages_add_one(st, n, bytes);
-    mem_pages_add_one(&m->tot.sum, n, bytes);
-    mem_cached_peak_update(&m->tot);
+    mem_totals *t = &m->tot;
+    t->reserved += bytes;
+    mem_peak(&t->reserved_peak, t->reserved);
+    mem_peak(&t->cached_peak, t->reserved - t->extent);
 }
 
 static inline void mem_stats_pages_remove(mem_manager *m, mem_stats *st,
@@ -319,23 +329,31 @@ static inline void mem_stats_pages_remove(mem_manager *m, mem_stats *st,
 {
     st->pages -= n;
     st->reserved -= bytes;
-    m->tot.sum.pages -= n;
-    m->tot.sum.reserved -= bytes;
+    m->tot.reserved -= bytes;
 }
 
 static inline void mem_stats_live_add(mem_manager *m, mem_stats *st,
                                       uint64_t requested, uint64_t extent)
 {
     mem_live_add_one(st, requested, extent);
-    mem_live_add_one(&m->tot.sum, requested, extent);
+    mem_totals *t = &m->tot;
+    t->buffers++;
+    t->in_use += requested;
+    t->extent += extent;
+    mem_peak(&t->buffers_peak, t->buffers);
+    mem_peak(&t->in_use_peak, t->in_use);
 }
 
 static inline void mem_stats_live_remove(mem_manager *m, mem_stats *st,
                                          uint64_t requested, uint64_t extent)
 {
     mem_live_remove_one(st, requested, extent);
-    mem_live_remove_one(&m->tot.sum, requested, extent);
-    mem_cached_peak_update(&m->tot);
+    mem_totals *t = &m->tot;
+    t->buffers--;
+    t->in_use -= requested;
+    t->extent -= extent;
+    /* The free bytes grow when buffers go (and when pages come in). */
+    mem_peak(&t->cached_peak, t->reserved - t->extent);
 }
 
 #define mem_stats_page_add(m, st, size) mem_stats_pages_add(m, st, 1, size)

@@ -429,10 +429,13 @@ cube_error *mem_manager_create(const mem_storage_ops *ops,
     if (err)
         return err;
 
-    mem_manager *m = calloc(1, sizeof *m);
+    /* On a cache-line boundary: its lock shares a line with the totals a
+     * pool hit updates (sizeof is a multiple of the alignment). */
+    mem_manager *m = aligned_alloc(_Alignof(mem_manager), sizeof *m);
     if (!m)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "no host memory for a memory manager");
+    memset(m, 0, sizeof *m);
     m->ops = *ops;
     m->dev = *dev;
     m->shift = (unsigned)__builtin_ctzll(dev->alignment);
@@ -566,10 +569,7 @@ cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out)
     cube_error *err = route(m, size, &b);
     if (!err) {
         m->tot.allocs++;
-        if (m->tot.storage_allocs == storage_before)
-            m->tot.hits++;
-        else
-            m->tot.misses++;
+        m->tot.misses += m->tot.storage_allocs != storage_before;
     } else if (cube_error_code(err) == CUBE_ERR_OUT_OF_MEMORY) {
         m->tot.ooms++;
     }
@@ -673,8 +673,11 @@ void mem_reset_peaks(mem_manager *m)
         stats_reset_peaks(&m->pools[i].st);
     stats_reset_peaks(&m->pools[MEM_TAIL].st);
     stats_reset_peaks(&m->pools[MEM_PERSISTENT].st);
-    stats_reset_peaks(&m->tot.sum);
-    m->tot.cached_peak = mem_cached_of(&m->tot.sum);
+    mem_totals *t = &m->tot;
+    t->buffers_peak = t->buffers;
+    t->in_use_peak = t->in_use;
+    t->reserved_peak = t->reserved;
+    t->cached_peak = t->reserved - t->extent;
     mem_unlock(m);
 }
 
@@ -686,20 +689,20 @@ void mem_stats_get(mem_manager *m, cube_memory_stats *out)
     const mem_totals *t = &m->tot;
     out->allocations = t->allocs;
     out->releases = t->frees;
-    out->pool_hits = t->hits;
+    out->pool_hits = t->allocs - t->misses;
     out->pool_misses = t->misses;
     out->device_allocations = t->storage_allocs;
     out->device_frees = t->storage_frees;
     out->oom_events = t->ooms;
     out->oom_retries = t->retries;
-    out->allocated_bytes = t->sum.in_use;
-    out->allocated_bytes_peak = t->sum.in_use_peak;
-    out->reserved_bytes = t->sum.reserved;
-    out->reserved_bytes_peak = t->sum.reserved_peak;
-    out->free_bytes = mem_cached_of(&t->sum);
+    out->allocated_bytes = t->in_use;
+    out->allocated_bytes_peak = t->in_use_peak;
+    out->reserved_bytes = t->reserved;
+    out->reserved_bytes_peak = t->reserved_peak;
+    out->free_bytes = t->reserved - t->extent;
     out->free_bytes_peak = t->cached_peak;
-    out->buffers = t->sum.buffers;
-    out->buffers_peak = t->sum.buffers_peak;
+    out->buffers = t->buffers;
+    out->buffers_peak = t->buffers_peak;
     mem_unlock(m);
 }
 

@@ -190,6 +190,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(buffer_create_read_round_trip_many_sizes)                                \
     X(buffer_empty_write_read_round_trip)                                      \
     X(buffer_handle_size_reports_the_range)                                    \
+    X(buffer_label_set_read_clear_and_refuse)                                  \
     X(buffer_slice_write_changes_only_its_range)                               \
     X(buffer_slice_read_returns_its_range)                                     \
     X(buffer_slice_of_slice_composes_offsets)                                  \

@@ -76,6 +76,74 @@ CONF_TEST(buffer_handle_size_reports_the_range)
     conf_release(h);
 }
 
+/* A label names the buffer, shared by its slices; it is copied, cleared
+ * by NULL or "", and a bad one is refused with the old label kept. */
+CONF_TEST(buffer_label_set_read_clear_and_refuse)
+{
+    cube_handle h = conf_empty(256);
+    cube_handle s = conf_slice(h, 16, 32);
+    char got[CUBE_LABEL_MAX + 1] = "x";
+    CONF_OK(cube_handle_label(conf.client, h, got, sizeof got));
+    assert_string_equal(got, "");
+    char name[16] = "weights";
+    CONF_OK(cube_handle_set_label(conf.client, h, name));
+    name[0] = 'W'; /* copied: the caller's string may change */
+    CONF_OK(cube_handle_label(conf.client, s, got, sizeof got));
+    assert_string_equal(got, "weights");
+    /* Too short for the label and its NUL. */
+    CONF_EXPECT(cube_handle_label(conf.client, h, got, 7),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_handle_label(conf.client, h, NULL, 8),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_handle_label(NULL, h, got, sizeof got),
+                CUBE_ERR_INVALID_ARGUMENT);
+    /* Refused, not truncated: the old label stays. */
+    char longest[CUBE_LABEL_MAX + 2];
+    memset(longest, 'a', sizeof longest - 1);
+    longest[CUBE_LABEL_MAX + 1] = 0;
+    CONF_EXPECT(cube_handle_set_label(conf.client, h, longest),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_handle_set_label(conf.client, h, "a\"b"),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_handle_set_label(conf.client, h, "tab\there"),
+                CUBE_ERR_INVALID_ARGUMENT);
+    CONF_EXPECT(cube_handle_set_label(NULL, h, "x"), CUBE_ERR_INVALID_ARGUMENT);
+    CONF_OK(cube_handle_label(conf.client, h, got, sizeof got));
+    assert_string_equal(got, "weights");
+    longest[CUBE_LABEL_MAX] = 0; /* exactly the longest allowed */
+    CONF_OK(cube_handle_set_label(conf.client, s, longest));
+    CONF_OK(cube_handle_label(conf.client, h, got, sizeof got));
+    assert_string_equal(got, longest);
+    CONF_OK(cube_handle_set_label(conf.client, h, ""));
+    CONF_OK(cube_handle_label(conf.client, h, got, sizeof got));
+    assert_string_equal(got, "");
+    CONF_OK(cube_handle_set_label(conf.client, h, "again"));
+    CONF_OK(cube_handle_set_label(conf.client, h, NULL));
+    CONF_OK(cube_handle_label(conf.client, h, got, sizeof got));
+    assert_string_equal(got, "");
+    CONF_OK(cube_handle_set_label(conf.client, h, "kept to the end"));
+    conf_release(s);
+    conf_release(h);
+    /* A released handle is stale; the client stays usable. */
+    CONF_EXPECT(cube_handle_set_label(conf.client, h, "late"),
+                CUBE_ERR_NOT_FOUND);
+    CONF_EXPECT(cube_handle_label(conf.client, h, got, sizeof got),
+                CUBE_ERR_NOT_FOUND);
+    /* Another client's handle is refused. */
+    cube_client *other = NULL;
+    CONF_OK(cube_client_open(conf.backend, NULL, &other));
+    cube_handle theirs = {0};
+    CONF_OK(cube_empty(other, 64, &theirs));
+    CONF_EXPECT_MSG(cube_handle_set_label(conf.client, theirs, "mine"),
+                    CUBE_ERR_NOT_FOUND, "another client");
+    CONF_OK(cube_handle_release(other, theirs));
+    cube_client_close(other);
+    cube_handle again = conf_empty(64);
+    CONF_OK(cube_handle_label(conf.client, again, got, sizeof got));
+    assert_string_equal(got, ""); /* a recycled record starts unlabelled */
+    conf_release(again);
+}
+
 CONF_TEST(buffer_slice_write_changes_only_its_range)
 {
     enum { N = 256, OFF = 64, LEN = 33 };

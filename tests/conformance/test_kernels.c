@@ -146,6 +146,14 @@ CONF_TEST_NEEDS(kernel_slice_misaligned_for_its_elements_is_refused,
         CONF_OK(cube_check(conf.client, (cube_handle[2]){s, h}, 2));
         conf_release(s);
     }
+    /* The message names the buffer by its label too. */
+    CONF_OK(cube_handle_set_label(conf.client, h, "stencil input"));
+    cube_handle lab = conf_slice(h, 1, 128);
+    cube_arg lab_args[2] = {cube_arg_buffer(lab), cube_arg_u32(7)};
+    CONF_EXPECT_MSG(
+        conf_launch(conf.k.fill, cube_count_static(1, 1, 1), lab_args, 2, EXEC),
+        CUBE_ERR_INVALID_ARGUMENT, "\"stencil input\"");
+    conf_release(lab);
     /* A slice of a slice: the offset that counts is the composed one. */
     cube_handle outer = conf_slice(h, 2, 200);
     cube_handle inner = conf_slice(outer, 4, 128);

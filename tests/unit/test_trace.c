@@ -477,6 +477,9 @@ static void test_memory_events_pair_and_count(void **state)
     cube_handle h[3];
     for (int k = 0; k < 3; k++)
         assert_null(cube_empty(c, 1000u << k, &h[k]));
+    /* The second buffer is labelled: a "label" event, and its release
+     * carries the label. */
+    assert_null(cube_handle_set_label(c, h[1], "weights"));
     for (int k = 0; k < 3; k++)
         assert_null(cube_handle_release(c, h[k]));
     assert_null(cube_sync(c, NULL, 0));
@@ -486,7 +489,7 @@ static void test_memory_events_pair_and_count(void **state)
     json_t *root;
     json_t *events = load_events(path, &root);
     assert_trace_rules(events);
-    int allocs = 0, releases = 0, counters = 0;
+    int allocs = 0, releases = 0, counters = 0, labels = 0;
     for (size_t i = 0; i < json_array_size(events); i++) {
         json_t *ev = json_array_get(events, i);
         const char *ph = str_field(ev, "ph");
@@ -515,17 +518,28 @@ static void test_memory_events_pair_and_count(void **state)
                 break;
         }
         assert_true(k < 3);
-        if (strcmp(name, "alloc") == 0) {
+        const char *label = str_field(args, "label");
+        if (strcmp(name, "label") == 0) {
+            assert_int_equal(k, 1);
+            assert_string_equal(label, "weights");
+            labels++;
+        } else if (strcmp(name, "alloc") == 0) {
+            assert_null(label);          /* labels come after the allocation */
             assert_int_equal(allocs, k); /* in order, each once */
             allocs++;
         } else {
             assert_string_equal(name, "release");
             assert_int_equal(releases, k);
+            if (k == 1)
+                assert_string_equal(label, "weights");
+            else
+                assert_null(label);
             releases++;
         }
     }
     assert_int_equal(allocs, 3);
     assert_int_equal(releases, 3);
+    assert_int_equal(labels, 1);
     assert_int_equal(counters, 6);
     json_decref(root);
 }
