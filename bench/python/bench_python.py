@@ -6,7 +6,7 @@ PyTorch in-place add (CUDA), or beside a one-element NumPy in-place add and
 PyTorch on the CPU (the CPU has no peer that launches kernels from
 Python). DLPack: a cubert buffer handed to PyTorch and a PyTorch tensor
 taken in by cubert, beside torch.from_dlpack(cupy array) and
-cupy.from_dlpack(torch tensor). Wrapping: Client.wrap plus release of an
+cupy.from_dlpack(torch tensor), then each direction alone. Wrapping: Client.wrap plus release of an
 existing array. Rounds alternate between the contenders; each figure is
 the median of the rounds, and every kernel's result is checked.
 
@@ -169,6 +169,38 @@ def dlpack_contenders(client, device):
     return [(name, fn, lambda: None) for name, fn in out]
 
 
+def dlpack_halves(client, device):
+    """The round trip's two directions apart (CUDA, with torch and CuPy):
+    a buffer to torch beside a CuPy array to torch, and a torch tensor
+    into cubert (then released) beside the same into CuPy."""
+    if device != "cuda":
+        return []
+    try:
+        import cupy
+        import torch
+    except ImportError:
+        return []
+    buf = client.asarray(np.arange(256, dtype=np.float32))
+    c = cupy.arange(256, dtype=cupy.float32)
+    t = torch.arange(256, dtype=torch.float32, device="cuda")
+
+    def to_torch():
+        torch.from_dlpack(buf)
+
+    def cupy_to_torch():
+        torch.from_dlpack(c)
+
+    def from_torch():
+        client.from_dlpack(t).release()
+
+    def torch_to_cupy():
+        cupy.from_dlpack(t)
+
+    out = [("cubert->torch", to_torch), ("cupy->torch", cupy_to_torch),
+           ("torch->cubert", from_torch), ("torch->cupy", torch_to_cupy)]
+    return [(name, fn, lambda: None) for name, fn in out]
+
+
 def wrap_contenders(client, device):
     if device == "cuda":
         try:
@@ -206,13 +238,23 @@ def main():
         ratio = launch["cubert"] / us
         print(f"  {name:16s} {us:8.3f}  cubert/this {ratio:5.2f}")
 
-    dl = race(dlpack_contenders(client, args.device), rounds=7)
+    dl = race(dlpack_contenders(client, args.device))
     results["dlpack_round_trip_us"] = dl
     if dl:
-        print("DLPack export + import round trip (us):")
+        print(f"DLPack export + import round trip (us, median of {ROUNDS} "
+              f"rounds of {CALLS}):")
         ours = [v for k, v in dl.items() if k.startswith("cubert")][0]
         for name, us in dl.items():
             print(f"  {name:16s} {us:8.3f}  cubert/this {ours / us:5.2f}")
+    halves = race(dlpack_halves(client, args.device))
+    results["dlpack_halves_us"] = halves
+    if halves:
+        print("DLPack, each direction alone (us):")
+        for ours, peer in (("cubert->torch", "cupy->torch"),
+                           ("torch->cubert", "torch->cupy")):
+            for name in (ours, peer):
+                print(f"  {name:16s} {halves[name]:8.3f}  cubert/this "
+                      f"{halves[ours] / halves[name]:5.2f}")
     wr = race(wrap_contenders(client, args.device), rounds=7)
     results["wrap_us"] = wr
     for name, us in wr.items():

@@ -65,7 +65,9 @@ enum {
 /* Pointer attributes (CUpointer_attribute). */
 enum {
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
-    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 };
 
 /* Device attributes (CUdevice_attribute). */
@@ -183,9 +185,8 @@ typedef struct cuda_api {
     CUDA_FN(CUresult, cuCtxGetCurrent, (CUcontext *))
     CUDA_FN(CUresult, cuMemGetInfo, (size_t *, size_t *))
     /* What a pointer is (wrapping foreign memory). */
-    CUDA_FN(CUresult, cuPointerGetAttribute, (void *, int, CUdeviceptr))
-    CUDA_FN(CUresult, cuMemGetAddressRange,
-            (CUdeviceptr *, size_t *, CUdeviceptr))
+    CUDA_FN(CUresult, cuPointerGetAttributes,
+            (unsigned int, int *, void **, CUdeviceptr))
     CUDA_FN(CUresult, cuMemAlloc, (CUdeviceptr *, size_t))
     CUDA_FN(CUresult, cuMemFree, (CUdeviceptr))
     CUDA_FN(CUresult, cuMemHostAlloc, (void **, size_t, unsigned))

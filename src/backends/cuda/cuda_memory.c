@@ -391,12 +391,21 @@ cube_error *cuda_wrap_memory(cube_server *server, cube_server_stream *stream,
     cube_error *err = cuda_enter(s);
     if (err)
         return err;
+    /* One driver call for the four facts (this is on the path of every
+     * DLPack import): an unknown pointer reads as type 0, no error. */
     unsigned int type = 0;
-    CUresult r = a->cuPointerGetAttribute(
-        &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)address);
+    int ordinal = -1;
+    CUdeviceptr base = 0;
+    size_t len = 0;
+    int attrs[4] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    void *data[4] = {&type, &ordinal, &base, &len};
+    CUresult r =
+        a->cuPointerGetAttributes(4, attrs, data, (CUdeviceptr)address);
     if (cuda_result_is_fault(r))
-        return cuda_fail(s, r, CUBE_ERR_DEVICE_FAULT, "cuPointerGetAttribute");
-    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_DEVICE_FAULT, "cuPointerGetAttributes");
+    if (r != CUDA_SUCCESS || type == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "0x%llx is not memory CUDA knows (host memory "
                               "from malloc or the stack?): wrap device "
@@ -407,18 +416,12 @@ cube_error *cuda_wrap_memory(cube_server *server, cube_server_stream *stream,
                               "0x%llx is host memory CUDA pinned or mapped, "
                               "not device memory",
                               (unsigned long long)address);
-    int ordinal = -1;
-    r = a->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                 (CUdeviceptr)address);
-    if (r == CUDA_SUCCESS && ordinal != s->ordinal)
+    if (ordinal >= 0 && ordinal != s->ordinal)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "0x%llx is memory of CUDA device %d; this "
                               "client is on device %d",
                               (unsigned long long)address, ordinal, s->ordinal);
-    CUdeviceptr base = 0;
-    size_t len = 0;
-    r = a->cuMemGetAddressRange(&base, &len, (CUdeviceptr)address);
-    if (r == CUDA_SUCCESS && address + size > (uint64_t)base + len)
+    if (len && address + size > (uint64_t)base + len)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%llu bytes at 0x%llx run past the end of "
                               "their allocation (%zu bytes at 0x%llx)",
@@ -445,6 +448,14 @@ cube_error *cuda_wrap_memory(cube_server *server, cube_server_stream *stream,
     return NULL;
 }
 
+/* Waits for `cu` unless it has nothing left to run: a query is cheaper
+ * than a synchronization that finds the stream idle. */
+static void idle_or_synchronize(cuda_server *s, CUstream cu)
+{
+    if (s->api->cuStreamQuery(cu) != CUDA_SUCCESS)
+        s->api->cuStreamSynchronize(cu);
+}
+
 void cuda_unwrap_memory(cube_server *server, cube_server_stream *stream,
                         cube_storage *storage)
 {
@@ -456,11 +467,11 @@ void cuda_unwrap_memory(cube_server *server, cube_server_stream *stream,
      * it: the streams that used it are waited for here (rare: foreign
      * memory comes and goes with a tensor, not per launch). */
     if (!atomic_load(&blk->shared)) {
-        s->api->cuStreamSynchronize(blk->owner->cu);
+        idle_or_synchronize(s, blk->owner->cu);
     } else {
         uint32_t n = cuda_stream_count(s);
         for (uint32_t i = 0; i < n; i++)
-            s->api->cuStreamSynchronize(cuda_stream_at(s, i)->cu);
+            idle_or_synchronize(s, cuda_stream_at(s, i)->cu);
     }
     block_recycle(s, blk);
 }
