@@ -1634,6 +1634,61 @@ static void op_comm(reader *r)
     model_copy(d, s, count);
 }
 
+/* Observation calls that must agree with themselves and the model:
+ * memory counters, buffer labels, waits for a foreign stream. */
+static void op_observe(reader *r)
+{
+    uint8_t which = rd8(r);
+    int s = rd8(r) % SLOTS;
+    switch (which % 3) {
+    case 0: {
+        cube_memory_stats st;
+        memset(&st, 0, sizeof st);
+        st.struct_size = sizeof st;
+        cube_memory_scope scope =
+            (which & 8) ? CUBE_MEMORY_DEVICE : CUBE_MEMORY_STREAM;
+        expect(cube_memory_stats_get(g_client, scope, &st), CUBE_OK);
+        if (st.allocations != st.pool_hits + st.pool_misses)
+            fail_model("memory stats: allocations != hits + misses", NULL);
+        if (st.buffers > st.buffers_peak ||
+            st.allocated_bytes > st.allocated_bytes_peak ||
+            st.reserved_bytes > st.reserved_bytes_peak ||
+            st.free_bytes > st.free_bytes_peak)
+            fail_model("memory stats: a figure above its peak", NULL);
+        st.struct_size = 8;
+        expect(cube_memory_stats_get(g_client, scope, &st),
+               CUBE_ERR_INVALID_ARGUMENT);
+        break;
+    }
+    case 1: {
+        if (slots[s].h.bits == 0)
+            return;
+        char want[16], got[CUBE_LABEL_MAX + 1];
+        snprintf(want, sizeof want, "fz %u", (unsigned)(which >> 2));
+        cube_error *err = cube_handle_set_label(g_client, slots[s].h, want);
+        if (!slot_live(s))
+            return expect(err, CUBE_ERR_NOT_FOUND);
+        expect(err, CUBE_OK);
+        expect(cube_handle_label(g_client, slots[s].h, got, sizeof got),
+               CUBE_OK);
+        if (strcmp(got, want) != 0)
+            fail_model("cube_handle_label differs from the label set", NULL);
+        /* A refused label leaves the old one. */
+        expect(cube_handle_set_label(g_client, slots[s].h, "bad\"quote"),
+               CUBE_ERR_INVALID_ARGUMENT);
+        expect(cube_handle_label(g_client, slots[s].h, got, sizeof got),
+               CUBE_OK);
+        if (strcmp(got, want) != 0)
+            fail_model("a refused label changed the label", NULL);
+        break;
+    }
+    default:
+        expect(cube_native_wait(g_client, NULL),
+               capturing() ? CUBE_ERR_GRAPH_STATE : CUBE_OK);
+        break;
+    }
+}
+
 /* cube_copy_peer between two slots of the client. */
 static void op_copy_peer(reader *r)
 {
@@ -1819,7 +1874,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fprintf(stderr, "op %zu: %s (stream %d, dry %d)\n", op_index - 1,
                     op_name, cur, dry_depth);
         uint8_t op = rd8(&r);
-        switch (op % 27) {
+        switch (op % 28) {
         case 0:
             op_name = "empty";
             op_empty(&r);
@@ -1923,6 +1978,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 25:
             op_name = "copy_peer";
             op_copy_peer(&r);
+            break;
+        case 27:
+            op_name = "observe";
+            op_observe(&r);
             break;
         default: /* 26: the whole-buffer forms, by the next byte */
             if (rd8(&r) & 1) {
