@@ -6,7 +6,7 @@
  * kernels (two meet at cube_sync(): one the barrier pass rewrites into
  * loops over its units, with libclang loaded at run time, and one it
  * refuses, whose units run as fibers)
- * and a raw C kernel (cube_kernel_create_raw), writes
+ * and a raw C kernel (cube_kernel_create_raw), labels a buffer, writes
  * (once from a staging buffer) and reads buffers, makes one in a
  * persistent window, captures and replays a graph, profiles a window,
  * reads and formats the memory report, installs the expandable preset
@@ -209,6 +209,7 @@ typedef enum fi_api {
     API_KERNEL_CREATE_RAW,
     API_CREATE,
     API_EMPTY,
+    API_SET_LABEL,
     API_LAUNCH,
     API_READ,
     API_WRITE,
@@ -253,6 +254,7 @@ static const struct {
     [API_KERNEL_CREATE_RAW] = {"cube_kernel_create_raw", "kernel.h", NULL},
     [API_CREATE] = {"cube_create", "buffer.h", "cube_empty"},
     [API_EMPTY] = {"cube_empty", "buffer.h", NULL},
+    [API_SET_LABEL] = {"cube_handle_set_label", "buffer.h", NULL},
     [API_LAUNCH] = {"cube_launch", "kernel.h", NULL},
     [API_READ] = {"cube_read", "buffer.h", "cube_write"},
     [API_WRITE] = {"cube_write", "buffer.h", NULL},
@@ -992,6 +994,9 @@ static void fi_steps(fi_scene *sc)
         return;
     sc->known_x = 1;
     if (!FI_CALL(API_EMPTY, cube_empty(sc->c, FI_BYTES, &sc->y)))
+        return;
+    /* The label is copied: its allocation is failed too. */
+    if (!FI_CALL(API_SET_LABEL, cube_handle_set_label(sc->c, sc->y, "fi y")))
         return;
     /* z lives as long as the graph: from the persistent pool. */
     if (!FI_CALL(API_PERSISTENT_BEGIN, cube_persistent_begin(sc->c)))
