@@ -46,6 +46,11 @@
  *      rounds, then the axpy over 16 Mi floats and the tiny kernel of (b)
  *      beside cubert's; its kernels are built and run once before the
  *      warm-up round, so its compilation is not timed.
+ *  (g) bounds modes: a gather y[i] = x[idx[i]] through CUBE_AT over 16 Mi
+ *      floats (cube dim 256), launched unchecked, checked
+ *      (CUBE_LAUNCH_CHECKED) and validating (CUBE_LAUNCH_VALIDATE), every
+ *      index in range; median of 9 rounds that alternate the three, GB/s
+ *      counting 12 bytes per element. Ratios are against unchecked.
  *
  * `bench_cpu [SECTIONS]` runs the sections named by their letters (e.g.
  * `bench_cpu f`), all by default.
@@ -1537,13 +1542,103 @@ static int bench_barriers(int threads)
     return rc;
 }
 
+/* --- (g) bounds modes --- */
+
+static const char gather_src[] =
+    "CUBE_KERNEL(gather, CUBE_IN(float, x), CUBE_IN(uint32_t, idx),\n"
+    "            CUBE_OUT(float, y))\n"
+    "{\n"
+    "    uint32_t i = ABSOLUTE_POS_X;\n"
+    "    if (i < CUBE_LEN(y))\n"
+    "        CUBE_AT(y, i) = CUBE_AT(x, CUBE_AT(idx, i));\n"
+    "}\n";
+
+#define GATHER_N ((uint32_t)16 << 20)
+#define GATHER_ROUNDS 9
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int bench_bounds(cube_client *c)
+{
+    cube_kernel *k = NULL;
+    if (failed(make_kernel("gather", gather_src, 256, &k),
+               "cube_kernel_create(gather)"))
+        return 1;
+    float *x = malloc((size_t)GATHER_N * 4);
+    uint32_t *idx = malloc((size_t)GATHER_N * 4);
+    cube_handle hx = {0}, hi = {0}, hy = {0};
+    int rc = !x || !idx;
+    for (uint32_t i = 0; !rc && i < GATHER_N; i++) {
+        x[i] = (float)i;
+        /* A stride that visits every element once, in scattered order. */
+        idx[i] = (uint32_t)(((uint64_t)i * 40503u) % GATHER_N);
+    }
+    if (!rc)
+        rc =
+            failed(cube_create(c, x, (uint64_t)GATHER_N * 4, &hx),
+                   "cube_create(x)") ||
+            failed(cube_create(c, idx, (uint64_t)GATHER_N * 4, &hi),
+                   "cube_create(idx)") ||
+            failed(cube_empty(c, (uint64_t)GATHER_N * 4, &hy), "cube_empty(y)");
+    static const uint32_t modes[3] = {0, CUBE_LAUNCH_CHECKED,
+                                      CUBE_LAUNCH_VALIDATE};
+    static const char *const names[3] = {"unchecked", "checked (CHECKED)",
+                                         "validating (VALIDATE)"};
+    double t[3][GATHER_ROUNDS];
+    cube_arg args[3] = {cube_arg_buffer(hx), cube_arg_buffer(hi),
+                        cube_arg_buffer(hy)};
+    cube_count count = cube_count_static(GATHER_N / 256, 1, 1);
+    /* One warm-up launch per mode compiles each form. */
+    for (int m = 0; !rc && m < 3; m++)
+        rc = failed(cube_launch(c, k, count, args, 3, modes[m]),
+                    "cube_launch(gather)");
+    for (int r = 0; !rc && r < GATHER_ROUNDS; r++)
+        for (int m = 0; !rc && m < 3; m++) {
+            pause_ms(5);
+            double t0 = now_us();
+            rc = failed(cube_launch(c, k, count, args, 3, modes[m]),
+                        "cube_launch(gather)") ||
+                 failed(cube_sync(c, NULL, 0), "cube_sync");
+            t[m][r] = now_us() - t0;
+        }
+    if (!rc) {
+        printf("\n### (g) bounds modes: gather through CUBE_AT, 16 Mi "
+               "floats, cube dim 256\n\n");
+        table_header("ratio to unchecked");
+        double med[3];
+        for (int m = 0; m < 3; m++) {
+            qsort(t[m], GATHER_ROUNDS, sizeof t[m][0], cmp_double);
+            med[m] = t[m][GATHER_ROUNDS / 2];
+        }
+        for (int m = 0; m < 3; m++) {
+            char ours[64], theirs[64];
+            snprintf(ours, sizeof ours, "%.2f ms (%.1f GB/s)", med[m] * 1e-3,
+                     12.0 * GATHER_N / (med[m] * 1e3));
+            snprintf(theirs, sizeof theirs, "%.2f ms", med[0] * 1e-3);
+            row(names[m], ours, "unchecked", theirs, med[m] / med[0], NULL);
+        }
+    }
+    cube_handle made[3] = {hx, hi, hy};
+    for (int m = 0; m < 3; m++)
+        if (made[m].bits)
+            cube_error_free(cube_handle_release(c, made[m]));
+    free(x);
+    free(idx);
+    cube_kernel_release(k);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     /* `bench_cpu [SECTIONS]`: the letters of the sections to run (e.g.
      * `bench_cpu f`); all of them by default. */
-    const char *only = argc > 1 ? argv[1] : "abcdef";
-    if (argc > 2 || !only[0] || strspn(only, "abcdef") != strlen(only)) {
-        fprintf(stderr, "usage: bench_cpu [SECTIONS] (letters of a-f, e.g. "
+    const char *only = argc > 1 ? argv[1] : "abcdefg";
+    if (argc > 2 || !only[0] || strspn(only, "abcdefg") != strlen(only)) {
+        fprintf(stderr, "usage: bench_cpu [SECTIONS] (letters of a-g, e.g. "
                         "f; all by default)\n");
         return 2;
     }
@@ -1584,6 +1679,8 @@ int main(int argc, char **argv)
         rc = bench_latency(c, axpy, threads);
     if (!rc && WANT('f'))
         rc = bench_barriers(threads);
+    if (!rc && WANT('g'))
+        rc = bench_bounds(c);
     cube_kernel_release(axpy);
     cube_kernel_release(axpy_u);
     cube_client_close(c);

@@ -263,7 +263,21 @@ enum {
     CUBE_LAUNCH_SKIP = 1u << 0,
     /* Bounds-checked access: CUBE_AT reads past a buffer give 0 and writes
      * past it are dropped, never touching memory out of range. */
-    CUBE_LAUNCH_CHECKED = 1u << 1
+    CUBE_LAUNCH_CHECKED = 1u << 1,
+    /* Validating access, for debugging: as CUBE_LAUNCH_CHECKED, and every
+     * CUBE_AT out of range is counted; when any was, the launch fails with
+     * CUBE_ERR_INVALID_ARGUMENT naming the kernel, the first access's
+     * buffer parameter (position and name), index and length, and the
+     * count. That failure is recorded on the buffers the kernel writes,
+     * like any failure of the launch (what it wrote in range stays
+     * written, but reads of them fail until a launch rewrites them).
+     * Cube C only (a raw kernel runs as without it). The kernel is
+     * compiled apart from its checked and unchecked forms. A validating
+     * launch has finished when cube_launch returns (on CUDA it waits for
+     * the device, and validating launches of one kernel run one at a
+     * time); a capturing stream refuses it with CUBE_ERR_GRAPH_STATE.
+     * Overrides CUBE_LAUNCH_CHECKED. */
+    CUBE_LAUNCH_VALIDATE = 1u << 2
 };
 
 /* Launches `kernel` over `count` cubes with `args`, on the calling thread's
@@ -318,8 +332,12 @@ enum {
  * backend without CUBE_FEATURE_KERNELS, a raw kernel of another backend;
  * recorded like a compile error), CUBE_ERR_OUT_OF_MEMORY and
  * CUBE_ERR_IO (at compile, recorded nowhere),
- * CUBE_ERR_STORAGE_MAPPING_FAILED, CUBE_ERR_DEVICE_FAULT. Caller frees the
- * error. */
+ * CUBE_ERR_STORAGE_MAPPING_FAILED, CUBE_ERR_DEVICE_FAULT, CUBE_ERR_GRAPH_STATE
+ * (a CUBE_LAUNCH_VALIDATE launch on a capturing stream, or a stream
+ * capturing for another client; recorded nowhere). Under
+ * CUBE_LAUNCH_VALIDATE an out-of-range CUBE_AT makes the launch
+ * CUBE_ERR_INVALID_ARGUMENT, recorded on the buffers it writes. Caller
+ * frees the error. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_launch(cube_client *client, cube_kernel *kernel, cube_count count,
             const cube_arg *args, size_t nargs, uint32_t mode);

@@ -399,6 +399,8 @@ PyObject *pyc_client_launch(pyc_client *self, PyObject *const *args,
         uint32_t bit;
         if (strcmp(k, "checked") == 0)
             bit = CUBE_LAUNCH_CHECKED;
+        else if (strcmp(k, "validate") == 0)
+            bit = CUBE_LAUNCH_VALIDATE;
         else if (strcmp(k, "skip") == 0)
             bit = CUBE_LAUNCH_SKIP;
         else

@@ -376,6 +376,22 @@ def test_checked_launch_reads_zero_past_the_end(client):
                                   [10, 40, 0, 0, 0, 30, 20, 10])
 
 
+def test_validate_launch_reports_the_first_read_past_the_end(client):
+    k = cubert.Kernel(GATHER_SRC, "gather", cube_dim=(8,))
+    x = client.asarray(np.array([10, 20, 30, 40], np.float32))
+    index = client.asarray(np.array([0, 3, 2, 1, 0, 9, 1, 0], np.int32))
+    y = client.asarray(np.full(8, 7.0, np.float32))
+    with pytest.raises(cubert.InvalidArgumentError,
+                       match=r"gather.*'x' indexed at 9, its length is 4"):
+        client.launch(k, 1, x, index, y, validate=True)
+    # y is the kernel's output: it carries the failure
+    with pytest.raises(cubert.Error):
+        y.numpy()
+    index.write(np.arange(8, dtype=np.int32) % 4)
+    client.launch(k, 1, x, index, y, validate=True)
+    np.testing.assert_array_equal(y.numpy(), [10, 20, 30, 40] * 2)
+
+
 def test_skip_leaves_buffers_untouched(client, scale):
     n = 512
     bx = client.asarray(np.arange(n, dtype=np.float32))

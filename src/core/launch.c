@@ -12,7 +12,8 @@
 #include "core/client_internal.h"
 #include "core/trace.h"
 
-#define LAUNCH_FLAGS (CUBE_LAUNCH_SKIP | CUBE_LAUNCH_CHECKED)
+#define LAUNCH_FLAGS                                                           \
+    (CUBE_LAUNCH_SKIP | CUBE_LAUNCH_CHECKED | CUBE_LAUNCH_VALIDATE)
 
 /* Options that change the compiled code are part of the key. Raw code
  * is compiled one way only: bounds checking is cube C's. */
@@ -20,6 +21,9 @@ static uint32_t compile_mode(const cube_kernel *k, uint32_t mode)
 {
     if (cube_kernel_format_of(k) != CUBE_KERNEL_CUBE_C)
         return 0;
+    /* Validating overrides checked: one compiled form. */
+    if (mode & CUBE_LAUNCH_VALIDATE)
+        return CUBE_LAUNCH_VALIDATE;
     return mode & CUBE_LAUNCH_CHECKED;
 }
 
@@ -171,7 +175,9 @@ void core_cache_log_summary(core_device *c)
                            "%-32s %10llu %12.3f %12.3f%s",
                            cube_kernel_name(e->kernel), (unsigned long long)n,
                            total / 1e6, total / 1e3 / (double)n,
-                           e->mode & CUBE_LAUNCH_CHECKED ? " (checked)" : "");
+                           e->mode & CUBE_LAUNCH_VALIDATE  ? " (validate)"
+                           : e->mode & CUBE_LAUNCH_CHECKED ? " (checked)"
+                                                           : "");
         }
     }
 }
@@ -812,7 +818,17 @@ static cube_error *run_dispatch(cube_client *c, launch_job *job)
         /* Another client's capture on a shared stream cannot hold this
          * client's buffers: refused (recorded nowhere), like work a
          * capture cannot record. */
-        if (st->capture_client == c) {
+        if (job->mode & CUBE_LAUNCH_VALIDATE) {
+            /* Its verdict is read when it has run; a replay has no caller
+             * to hand it to. */
+            job->refused = 1;
+            err = cube_error_new(CUBE_ERR_GRAPH_STATE,
+                                 "cube_launch(%s): a validating launch "
+                                 "(CUBE_LAUNCH_VALIDATE) cannot be captured "
+                                 "into a graph; launch it outside the "
+                                 "capture",
+                                 cube_kernel_name(job->k));
+        } else if (st->capture_client == c) {
             err = capture_dispatch(c, st, job);
         } else {
             job->refused = 1;
@@ -827,6 +843,12 @@ static cube_error *run_dispatch(cube_client *c, launch_job *job)
     }
     err = run_now(c, st, job);
     core_stream_unlock(st);
+    /* A validating launch's verdict names its kernel; the backend knows
+     * only the compiled code. */
+    if (err && (job->mode & CUBE_LAUNCH_VALIDATE) &&
+        cube_error_code(err) == CUBE_ERR_INVALID_ARGUMENT)
+        err =
+            cube_error_prefix(err, "cube_launch(%s)", cube_kernel_name(job->k));
     if (err)
         core_fault_note(c, err);
     log_dispatch(job, err);

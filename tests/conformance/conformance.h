@@ -248,6 +248,12 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(kernel_dynamic_zero_count_keeps_output_failures)                         \
     X(kernel_checked_write_past_end_leaves_neighbours_intact)                  \
     X(kernel_checked_read_past_end_gives_zero)                                 \
+    X(validate_write_past_end_reports_kernel_buffer_index_length)              \
+    X(validate_read_past_end_reports_input_and_fails_outputs)                  \
+    X(validate_counts_every_out_of_range_access)                               \
+    X(validate_in_range_launch_succeeds_and_clears_output_failure)             \
+    X(validate_kernel_with_cube_sync_reports_and_computes)                     \
+    X(validate_launch_is_refused_while_capturing)                              \
     X(kernel_math_functions_and_device_helpers)                                \
     X(kernel_source_with_two_entries_runs_the_named_one)                       \
     X(kernel_object_is_usable_on_two_clients)                                  \

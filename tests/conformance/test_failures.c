@@ -772,7 +772,7 @@ CONF_TEST_NEEDS(launch_unknown_mode_bits_are_invalid_and_record_nothing,
                 CUBE_FEATURE_KERNELS)
 {
     cube_handle x = floats(16, 0), y = floats(16, 9);
-    static const uint32_t modes[] = {1u << 2, 1u << 31, 0xFFFFFFFFu,
+    static const uint32_t modes[] = {1u << 3, 1u << 31, 0xFFFFFFFFu,
                                      CUBE_LAUNCH_CHECKED | (1u << 5)};
     for (size_t i = 0; i < 4; i++) {
         CONF_EXPECT_MSG(launch_scale(conf.k.scale, x, y, 2, 1, modes[i]),
@@ -780,7 +780,10 @@ CONF_TEST_NEEDS(launch_unknown_mode_bits_are_invalid_and_record_nothing,
     }
     CONF_OK(cube_check(conf.client, (cube_handle[2]){x, y}, 2));
     expect_floats(y, 16, 1, 9);
-    /* Checked, Skip and both are known. */
+    /* Checked, Validate, Skip and both are known. */
+    CONF_OK(launch_scale(conf.k.scale, x, y, 2, 1,
+                         CUBE_LAUNCH_SKIP | CUBE_LAUNCH_VALIDATE));
+    expect_floats(y, 16, 1, 9);
     CONF_OK(launch_scale(conf.k.scale, x, y, 2, 1,
                          CUBE_LAUNCH_SKIP | CUBE_LAUNCH_CHECKED));
     expect_floats(y, 16, 1, 9);

@@ -103,19 +103,36 @@ typedef struct cube__param_sig {
 #define CUBE__EACH_24(v, t, p, ...)                                            \
     CUBE__APPLY(v, (t - 24), p) CUBE__EACH_23(v, t, __VA_ARGS__)
 
+/* A validating launch (CUBE_VALIDATE) gives every buffer parameter a third
+ * hidden companion, its position, so an out-of-range CUBE_AT can say which
+ * parameter it indexed. */
+#if CUBE_VALIDATE
+#define CUBE__PI_PARAM(n) , CUBE__UNUSED unsigned int n##__pi
+#define CUBE__PI_ARG(i) , (unsigned int)(i)
+#define CUBE__PI_NAME(n) , n##__pi
+#else
+#define CUBE__PI_PARAM(n)
+#define CUBE__PI_ARG(i)
+#define CUBE__PI_NAME(n)
+#endif
+
 /* --- view: the body's parameter list (each item starts with a comma) --- */
 #define CUBE__PARAM_cube__in(i, T, n, e)                                       \
-    , const T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
+    , const T *CUBE__RESTRICT n,                                               \
+        CUBE__UNUSED unsigned long long n##__len CUBE__PI_PARAM(n)
 #define CUBE__PARAM_cube__out(i, T, n, e)                                      \
-    , T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
+    , T *CUBE__RESTRICT n,                                                     \
+        CUBE__UNUSED unsigned long long n##__len CUBE__PI_PARAM(n)
 #define CUBE__PARAM_cube__inout(i, T, n, e)                                    \
-    , T *CUBE__RESTRICT n, CUBE__UNUSED unsigned long long n##__len
+    , T *CUBE__RESTRICT n,                                                     \
+        CUBE__UNUSED unsigned long long n##__len CUBE__PI_PARAM(n)
 #define CUBE__PARAM_cube__scalar(i, T, n, e) , const T n
 #define CUBE__PARAM_cube__shared(i, T, n, e) , T *CUBE__RESTRICT n
 
 /* --- view: the arguments an entry passes (from ptr[], len[], shared) --- */
 #define CUBE__ARG_BUF(i, T, n)                                                 \
-    , (T *)cube__ptr[i], (unsigned long long)(cube__len[i] / sizeof(T))
+    , (T *)cube__ptr[i],                                                       \
+        (unsigned long long)(cube__len[i] / sizeof(T)) CUBE__PI_ARG(i)
 #define CUBE__ARG_cube__in(i, T, n, e) CUBE__ARG_BUF(i, T, n)
 #define CUBE__ARG_cube__out(i, T, n, e) CUBE__ARG_BUF(i, T, n)
 #define CUBE__ARG_cube__inout(i, T, n, e) CUBE__ARG_BUF(i, T, n)
@@ -124,9 +141,9 @@ typedef struct cube__param_sig {
 
 /* --- view: the parameter names, as the body's arguments
  * ----------------------- */
-#define CUBE__NAME_cube__in(i, T, n, e) , n, n##__len
-#define CUBE__NAME_cube__out(i, T, n, e) , n, n##__len
-#define CUBE__NAME_cube__inout(i, T, n, e) , n, n##__len
+#define CUBE__NAME_cube__in(i, T, n, e) , n, n##__len CUBE__PI_NAME(n)
+#define CUBE__NAME_cube__out(i, T, n, e) , n, n##__len CUBE__PI_NAME(n)
+#define CUBE__NAME_cube__inout(i, T, n, e) , n, n##__len CUBE__PI_NAME(n)
 #define CUBE__NAME_cube__scalar(i, T, n, e) , n
 #define CUBE__NAME_cube__shared(i, T, n, e) , n
 
@@ -210,7 +227,16 @@ typedef struct cube__param_sig {
  * CUBE_LAUNCH_CHECKED), an index past the end reads 0 and a write to it is
  * dropped: it lands in a zeroed per-unit scratch slot, never in memory out of
  * range. Without, it is plain indexing. */
-#if CUBE_CHECKED
+#if CUBE_VALIDATE
+/* Validating (CUBE_LAUNCH_VALIDATE): as checked, and the access is counted
+ * and the launch's first one recorded (cube__oob, below). */
+#define CUBE_AT(buf, i)                                                        \
+    (*(((unsigned long long)(i) < buf##__len)                                  \
+           ? &(buf)[i]                                                         \
+           : (CUBE__TYPEOF(&(buf)[0]))cube__oob(cube__sinkp, buf##__pi, #buf,  \
+                                                (unsigned long long)(i),       \
+                                                buf##__len)))
+#elif CUBE_CHECKED
 #define CUBE_AT(buf, i)                                                        \
     (*(((unsigned long long)(i) < buf##__len)                                  \
            ? &(buf)[i]                                                         \
@@ -235,6 +261,53 @@ static CUBE__INLINE void *cube__zero_sink(void *p)
         b[k] = 0;
     return p;
 }
+
+/* What a validating launch learns of its out-of-range accesses; the
+ * runtime zeroes it before the launch and reads it after. Its layout
+ * must match cube_oob_record in the backends (cpu_server.c,
+ * cuda_launch.c). */
+#define CUBE__OOB_NAME 32
+typedef struct cube__oob_rec {
+    unsigned long long count; /* accesses out of range (atomic) */
+    unsigned long long index; /* the first one's index and buffer length */
+    unsigned long long len;
+    unsigned int param;        /* its parameter position */
+    char name[CUBE__OOB_NAME]; /* its parameter name, NUL-terminated */
+} cube__oob_rec;
+
+/* A validating launch's per-unit slot: the sink first (cube__zero_sink
+ * clears it), then where to report. */
+typedef struct cube__vsink_t {
+    cube__sink_t sink;
+    cube__oob_rec *rec;
+} cube__vsink_t;
+
+#if CUBE_VALIDATE
+#ifdef CUBE__OOB_GLOBAL
+CUBE__OOB_GLOBAL /* the backend's record, where it keeps one per module */
+#endif
+    /* Out of the hot path: counts the access, records it when it is the
+     * launch's first (the unit whose increment saw 0 writes the fields; the
+     * runtime reads them once every unit is done), and hands out the zeroed
+     * slot as checked mode does. */
+    CUBE__COLD void *
+    cube__oob(void *sinkp, unsigned int param, const char *name,
+              unsigned long long index, unsigned long long len)
+{
+    cube__vsink_t *v = (cube__vsink_t *)sinkp;
+    cube__oob_rec *r = v->rec;
+    if (CUBE__OOB_INC(&r->count) == 0) {
+        r->index = index;
+        r->len = len;
+        r->param = param;
+        int k = 0;
+        for (; k < CUBE__OOB_NAME - 1 && name[k]; k++)
+            r->name[k] = name[k];
+        r->name[k] = 0;
+    }
+    return cube__zero_sink(sinkp);
+}
+#endif
 
 #define CUBE_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define CUBE_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -28,7 +28,7 @@ extern const char cube_prelude_cpu[];
 /* cubert/cpu_kernel.h, put in front of raw C source. */
 extern const char cube_prelude_cpu_raw[];
 
-#define CPU_ABI 1
+#define CPU_ABI 2
 #define CPU_ALIGNMENT 64
 #define CPU_MAX_UNITS 1024
 #define CPU_MAX_SHARED ((uint64_t)64 * 1024)
@@ -40,7 +40,18 @@ typedef struct cpu_launch_abi {
     unsigned int count[3];
     void *const *ptr;
     const unsigned long long *len;
+    void *oob; /* a validating launch's record (cpu_oob_record), else NULL */
 } cpu_launch_abi;
+
+/* Must match cube__oob_rec in src/backends/common/prelude_common.h. */
+#define CPU_OOB_NAME 32
+typedef struct cpu_oob_record {
+    unsigned long long count;
+    unsigned long long index;
+    unsigned long long len;
+    unsigned int param;
+    char name[CPU_OOB_NAME];
+} cpu_oob_record;
 
 typedef void (*cpu_run_fn)(const cpu_launch_abi *, unsigned, unsigned, void *);
 typedef void (*cpu_unit_fn)(const cpu_launch_abi *, unsigned, unsigned, void *);
@@ -388,8 +399,10 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     /* #line makes compiler messages point into the user's source. */
     snprintf(source, cap, "%s\n%s\n#line 1 \"%s.cube.c\"\n%s\n",
              cube_prelude_cpu, cube_prelude_common, name, user);
-    const char *flags =
-        (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1" : "-DCUBE_CHECKED=0";
+    const char *flags = (mode & CUBE_LAUNCH_VALIDATE)
+                            ? "-DCUBE_CHECKED=0 -DCUBE_VALIDATE=1"
+                        : (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
+                                                       : "-DCUBE_CHECKED=0";
     double t0 = now_ms();
     cpu_module *m = NULL;
     cpu_jit_origin origin = CPU_JIT_COMPILED;
@@ -397,7 +410,10 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     cube_kernel_cube_dim(kernel, dim);
     uint64_t units = (uint64_t)dim[0] * dim[1] * dim[2];
     cube_error *err = NULL;
-    if (mentions_cube_sync(user) && units > 1 && units <= CPU_MAX_UNITS)
+    /* A validating compile keeps the fibers: the barrier pass would have
+     * to carry the parameters' hidden positions across its loops. */
+    if (mentions_cube_sync(user) && units > 1 && units <= CPU_MAX_UNITS &&
+        !(mode & CUBE_LAUNCH_VALIDATE))
         err = cpu_compile_unit_loops(s, name, source, flags, dim, &m, &origin);
     if (!err && !m)
         err = cpu_jit_load(s->jit, source, flags, &m, &origin);
@@ -577,6 +593,10 @@ static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
     return trap_check();
 }
 
+static cube_error *run_cubes(cpu_server *s, const cube_compiled *cc,
+                             cpu_launch_ctx *ctx, uint64_t total);
+static cube_error *oob_report(const cube_compiled *cc, const void *record);
+
 static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
 {
     const cube_compiled *cc = d->compiled;
@@ -629,6 +649,11 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
     }
     ctx.abi.ptr = ptr;
     ctx.abi.len = len;
+    cpu_oob_record oob;
+    if ((d->mode & CUBE_LAUNCH_VALIDATE) && !ctx.impl->raw) {
+        memset(&oob, 0, sizeof oob);
+        ctx.abi.oob = &oob;
+    }
     cube_cpu_param raw_params[CUBE_MAX_PARAMS];
     if (ctx.impl->raw) {
         for (uint32_t p = 0; p < cc->param_count; p++) {
@@ -649,13 +674,46 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
         (uint64_t)count[0] * d->cube_dim[0] <= 0x100000000ull &&
         (uint64_t)count[1] * d->cube_dim[1] <= 0x100000000ull &&
         (uint64_t)count[2] * d->cube_dim[2] <= 0x100000000ull;
+    cube_error *err = run_cubes(s, cc, &ctx, total);
+    if (!err && ctx.abi.oob)
+        err = oob_report(cc, ctx.abi.oob);
+    return err;
+}
+
+/* A validating launch's verdict, once every unit is done: the first
+ * out-of-range access (buffer parameter, index, length) and how many there
+ * were, as the launch's failure. */
+static cube_error *oob_report(const cube_compiled *cc, const void *record)
+{
+    const cpu_oob_record *r = record;
+    if (!r->count)
+        return NULL;
+    char name[CPU_OOB_NAME];
+    memcpy(name, r->name, sizeof name);
+    name[CPU_OOB_NAME - 1] = 0;
+    uint32_t elem =
+        r->param < cc->param_count ? cc->params[r->param].elem_size : 0;
+    return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                          "out-of-range access (validating launch): buffer "
+                          "parameter %u '%s' indexed at %llu, its length is "
+                          "%llu elements of %u bytes; %llu out-of-range "
+                          "accesses in all (reads gave 0, writes were "
+                          "dropped)",
+                          r->param, name, r->index, r->len, elem, r->count);
+}
+
+/* Runs the launch's cubes across the pool, or on the caller alone when
+ * they are few. */
+static cube_error *run_cubes(cpu_server *s, const cube_compiled *cc,
+                             cpu_launch_ctx *ctx, uint64_t total)
+{
     uint32_t threads = cpu_workers_threads(s->workers);
-    uint64_t work = total * ctx.units;
+    uint64_t work = total * ctx->units;
     if (work >= CPU_SPREAD_UNITS) {
         uint32_t chunk = (uint32_t)((total + (uint64_t)threads * 4 - 1) /
                                     ((uint64_t)threads * 4));
         return cpu_workers_run(s->workers, (uint32_t)total, chunk, run_range,
-                               &ctx);
+                               ctx);
     }
     /* Few units: the caller alone, where waking workers would cost more
      * than the work, judged by what a cube of this kernel took last time.
@@ -668,7 +726,7 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     cube_error *err =
         cpu_workers_run(s->workers, (uint32_t)total,
-                        spread ? 1 : (uint32_t)total, run_range, &ctx);
+                        spread ? 1 : (uint32_t)total, run_range, ctx);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
                   (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec;

@@ -27,15 +27,18 @@
 #define CUBE__INLINE inline __attribute__((always_inline))
 #define CUBE__EXPORT __attribute__((visibility("default")))
 #define CUBE_DEVICE static inline
+#define CUBE__COLD static __attribute__((noinline, cold))
+#define CUBE__OOB_INC(p) __atomic_fetch_add((p), 1ull, __ATOMIC_RELAXED)
 
 /* The ABI the runtime calls with; it must match cpu_launch_abi in
  * src/backends/cpu/cpu_server.c. */
-#define CUBE__CPU_ABI 1
+#define CUBE__CPU_ABI 2
 typedef struct cube_cpu_launch {
     unsigned int dim[3];
     unsigned int count[3];
     void *const *ptr;              /* per parameter position */
     const unsigned long long *len; /* bytes, per parameter position */
+    void *oob; /* a validating launch's cube__oob_rec, else NULL */
 } cube_cpu_launch;
 
 /* ax, ay, az: absolute positions, kept as fields so the unit loop's
@@ -65,7 +68,16 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
     name##__shared_t *cube__shared = (name##__shared_t *)cube__shmem;          \
     (void)cube__shared;                                                        \
     (void)cube__len;                                                           \
-    cube__sink_t cube__sink;
+    CUBE__SINK_DECL
+
+/* Each entry's per-unit slot; a validating one also says where to report. */
+#if CUBE_VALIDATE
+#define CUBE__SINK_DECL                                                        \
+    cube__vsink_t cube__sink;                                                  \
+    cube__sink.rec = (cube__oob_rec *)cube__l->oob;
+#else
+#define CUBE__SINK_DECL cube__sink_t cube__sink;
+#endif
 
 #define CUBE__ENTRY(name, N, ...)                                              \
     CUBE__EXPORT const cube__param_sig cube__sig_##name[] = {                  \
@@ -200,9 +212,8 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
     CUBE__CUBES_(name, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__)
 #define CUBE__CUBES_(name, N, ...)                                             \
     static __attribute__((noinline)) void name##__cubes(                       \
-        const cube__unit cube__p,                                              \
-        CUBE__UNUSED void *cube__sinkp CUBE__EACH(CUBE__PARAM, N,              \
-                                                  __VA_ARGS__));               \
+        const cube__unit cube__p, CUBE__UNUSED void *cube__sinkp CUBE__EACH(   \
+                                      CUBE__PARAM, N, __VA_ARGS__));           \
     CUBE__EXPORT void cube__cubes_##name(                                      \
         const cube_cpu_launch *cube__l, unsigned int cube__begin,              \
         unsigned int cube__end, void *cube__shmem);                            \

@@ -445,7 +445,27 @@ typedef struct cuda_kernel {
      * parameters as they are, a device pointer per buffer and a scalar by
      * value, with no ABI tag and no lengths. */
     int raw;
+    /* A validating module (CUBE_LAUNCH_VALIDATE): its cube__oob_record
+     * global, which each launch zeroes before and reads back after the
+     * kernel, under oob_lock (validating launches of one module take
+     * turns). oob_addr 0: not validating. */
+    CUdeviceptr oob_addr;
+    size_t oob_bytes;
+    cube_mutex oob_lock;
 } cuda_kernel;
+
+/* A validating module's record, as cube__oob_rec in
+ * src/backends/common/prelude_common.h lays it out (three 64-bit fields, a
+ * 32-bit position, a 32-byte name, padded to 8). */
+#define CUDA_OOB_NAME 32
+typedef struct cuda_oob_record {
+    unsigned long long count;
+    unsigned long long index;
+    unsigned long long len;
+    unsigned int param;
+    char name[CUDA_OOB_NAME];
+} cuda_oob_record;
+#define CUDA_OOB_RECORD_BYTES ((int)sizeof(cuda_oob_record))
 
 /* The stamp: a device global every module carries, naming the disk cache
  * entry (key and key material) it was built for, added to the source

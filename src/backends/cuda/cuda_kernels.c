@@ -426,8 +426,9 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
     opts[nopts++] = arch;
     opts[nopts++] = "-std=c++17";
     if (!raw)
-        opts[nopts++] = (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
-                                                     : "-DCUBE_CHECKED=0";
+        opts[nopts++] = (mode & CUBE_LAUNCH_VALIDATE)  ? "-DCUBE_VALIDATE=1"
+                        : (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
+                                                       : "-DCUBE_CHECKED=0";
     char *save = NULL;
     for (char *w = strtok_r(user_opts, " \t\n\r\v\f", &save); w;
          w = strtok_r(NULL, " \t\n\r\v\f", &save)) {
@@ -589,6 +590,27 @@ cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
         out->compile_ms = ms;
         return err;
     }
+    if (format == CUBE_KERNEL_CUBE_C && (mode & CUBE_LAUNCH_VALIDATE)) {
+        CUresult r = s->api->cuModuleGetGlobal(&k->oob_addr, &k->oob_bytes,
+                                               k->module, "cube__oob_record");
+        if (r != CUDA_SUCCESS || k->oob_bytes != CUDA_OOB_RECORD_BYTES) {
+            err = r != CUDA_SUCCESS
+                      ? cuda_fail(s, r, CUBE_ERR_COMPILE,
+                                  "kernel '%s': the validating module has "
+                                  "no cube__oob_record",
+                                  cube_kernel_name(kernel))
+                      : cube_error_new(CUBE_ERR_INTERNAL,
+                                       "kernel '%s': cube__oob_record has "
+                                       "%zu bytes, not %d",
+                                       cube_kernel_name(kernel), k->oob_bytes,
+                                       CUDA_OOB_RECORD_BYTES);
+            s->api->cuModuleUnload(k->module);
+            free(k);
+            memset(out, 0, sizeof *out);
+            return err;
+        }
+        pthread_mutex_init(&k->oob_lock.m, NULL);
+    }
     out->uses_cube_sync =
         format == CUBE_KERNEL_CUBE_C &&
         strstr(cube_kernel_source(kernel), "cube_sync") != NULL;
@@ -604,6 +626,8 @@ void cuda_compiled_release(cube_server *server, cube_compiled *compiled)
         return;
     cube_error_free(cuda_enter(s));
     s->api->cuModuleUnload(k->module);
+    if (k->oob_addr)
+        pthread_mutex_destroy(&k->oob_lock.m);
     free(k);
     compiled->impl = NULL;
 }

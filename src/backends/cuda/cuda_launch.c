@@ -57,10 +57,79 @@ static cube_error *read_count(cuda_server *s, cuda_stream *st,
     return NULL;
 }
 
+static cube_error *launch_one(cuda_server *s, cube_server_stream *stream,
+                              const cube_dispatch *d);
+
+/* A validating launch's verdict, read once the kernel has finished: the
+ * first out-of-range access and the count, as the launch's failure. */
+static cube_error *oob_report(const cube_compiled *cc, const cuda_oob_record *r)
+{
+    if (!r->count)
+        return NULL;
+    char name[CUDA_OOB_NAME];
+    memcpy(name, r->name, sizeof name);
+    name[CUDA_OOB_NAME - 1] = 0;
+    uint32_t elem =
+        r->param < cc->param_count ? cc->params[r->param].elem_size : 0;
+    return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                          "out-of-range access (validating launch): buffer "
+                          "parameter %u '%s' indexed at %llu, its length is "
+                          "%llu elements of %u bytes; %llu out-of-range "
+                          "accesses in all (reads gave 0, writes were "
+                          "dropped)",
+                          r->param, name, r->index, r->len, elem, r->count);
+}
+
+/* A validating launch (CUBE_LAUNCH_VALIDATE): the module's record zeroed,
+ * the kernel run, the stream waited for and the record read back, with
+ * the module's other validating launches kept out meanwhile. The client
+ * refuses such a launch on a capturing stream, so it always runs. */
+static cube_error *launch_validating(cuda_server *s, cube_server_stream *stream,
+                                     const cube_dispatch *d)
+{
+    cuda_kernel *k = d->compiled->impl;
+    cuda_oob_record rec;
+    memset(&rec, 0, sizeof rec);
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_begin(s, stream, &st);
+    if (err)
+        return err;
+    cube_mutex_lock(&k->oob_lock);
+    /* In stream order before the kernel; a pageable source is staged
+     * before the call returns. No validating launch of this module is in
+     * flight (each waits for its kernel below). */
+    CUresult r =
+        s->api->cuMemcpyHtoDAsync(k->oob_addr, &rec, sizeof rec, st->cu);
+    if (r != CUDA_SUCCESS)
+        err = cuda_fail(s, r, CUBE_ERR_INTERNAL,
+                        "clearing a validating launch's record");
+    if (!err)
+        err = launch_one(s, stream, d);
+    if (!err) {
+        r = s->api->cuStreamSynchronize(st->cu);
+        if (r == CUDA_SUCCESS)
+            r = s->api->cuMemcpyDtoH(&rec, k->oob_addr, sizeof rec);
+        if (r != CUDA_SUCCESS)
+            err = cuda_fail(s, r, CUBE_ERR_DEVICE_FAULT,
+                            "waiting for a validating launch");
+    }
+    cube_mutex_unlock(&k->oob_lock);
+    return err ? err : oob_report(d->compiled, &rec);
+}
+
 cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,
                         const cube_dispatch *d)
 {
     cuda_server *s = (cuda_server *)server;
+    const cuda_kernel *k = d->compiled->impl;
+    if (k->oob_addr)
+        return launch_validating(s, stream, d);
+    return launch_one(s, stream, d);
+}
+
+static cube_error *launch_one(cuda_server *s, cube_server_stream *stream,
+                              const cube_dispatch *d)
+{
     const cube_compiled *cc = d->compiled;
     const cuda_kernel *k = cc->impl;
     cuda_stream *st = NULL;

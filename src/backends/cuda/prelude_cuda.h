@@ -29,6 +29,15 @@ typedef unsigned long long uint64_t;
 #define CUBE__UNUSED __attribute__((unused))
 #define CUBE__INLINE __device__ __forceinline__
 #define CUBE_DEVICE __device__ static inline
+#define CUBE__COLD __device__ static __noinline__
+#define CUBE__OOB_INC(p) atomicAdd((unsigned long long *)(p), 1ull)
+/* A validating module's record: one per module, zeroed and read back by
+ * the runtime around each launch (cuda_launch.c), which serializes the
+ * validating launches of a module for it. */
+#define CUBE__OOB_GLOBAL                                                       \
+    extern "C" {                                                               \
+    __device__ cube__oob_rec cube__oob_record;                                 \
+    }
 
 struct cube__unit {
     unsigned int ux, uy, uz, cx, cy, cz, dx, dy, dz, nx, ny, nz, ax, ay, az;
@@ -50,11 +59,20 @@ struct cube__unit {
 #define CUBE__KP_cube__scalar(i, T, n, e) , const T n
 #define CUBE__KP_cube__shared(i, T, n, e)
 /* --- the body's arguments, from the entry's parameters --- */
-#define CUBE__KA_cube__in(i, T, n, e) , n, n##__len
-#define CUBE__KA_cube__out(i, T, n, e) , n, n##__len
-#define CUBE__KA_cube__inout(i, T, n, e) , n, n##__len
+#define CUBE__KA_cube__in(i, T, n, e) , n, n##__len CUBE__PI_ARG(i)
+#define CUBE__KA_cube__out(i, T, n, e) , n, n##__len CUBE__PI_ARG(i)
+#define CUBE__KA_cube__inout(i, T, n, e) , n, n##__len CUBE__PI_ARG(i)
 #define CUBE__KA_cube__scalar(i, T, n, e) , n
 #define CUBE__KA_cube__shared(i, T, n, e) , cube__shared->n
+
+/* The entry's per-unit slot; a validating one also says where to report. */
+#if CUBE_VALIDATE
+#define CUBE__SINK_DECL                                                        \
+    cube__vsink_t cube__sink;                                                  \
+    cube__sink.rec = &cube__oob_record;
+#else
+#define CUBE__SINK_DECL cube__sink_t cube__sink;
+#endif
 
 #define CUBE__ENTRY(name, N, ...)                                              \
     extern "C" __device__ const cube__param_sig cube__sig_##name[] = {         \
@@ -69,7 +87,7 @@ struct cube__unit {
         extern __shared__ __align__(16) unsigned char cube__dynamic_shared[];  \
         name##__shared_t *cube__shared =                                       \
             (name##__shared_t *)cube__dynamic_shared;                          \
-        cube__sink_t cube__sink;                                               \
+        CUBE__SINK_DECL                                                        \
         cube__unit cube__w;                                                    \
         cube__w.ux = threadIdx.x;                                              \
         cube__w.uy = threadIdx.y;                                              \
