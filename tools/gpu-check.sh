@@ -12,9 +12,12 @@
 # "python" the Python package's tests and benchmarks (WHEEL_DIR: a folder
 # with a cubert wheel to test instead of this build's extension), "multi"
 # the tests and benchmarks that need two GPUs or more, "vmm" expandable
-# pools on the GPU and the PyTorch allocation traces (recorded into
-# RESULTS_DIR/traces, replayed through cubert's presets and PyTorch's
-# allocator with and without expandable segments; a few minutes).
+# pools on the GPU (bench_vmm: map/unmap, pool hits and the committed
+# traces replayed through both presets with work queued) and the PyTorch
+# allocation traces (recorded into RESULTS_DIR/traces only when
+# CUBERT_RECORD_TRACES=1, else the committed ones are used; replayed
+# through cubert's presets and PyTorch's allocator with and without
+# expandable segments; a few minutes).
 # CUBERT_SANITIZE_FILTER narrows the sanitizer runs to the tests whose
 # names match it (a cmocka test filter, '*' wildcards).
 set -u
@@ -153,30 +156,44 @@ for s in $steps; do
     vmm)
         # Expandable pools over CUDA virtual memory: the memory tests
         # (the expandable preset's among them) under memcheck, the graph
-        # tests (captures beside frees), then three PyTorch workloads
-        # recorded and every trace replayed through cubert's presets and
-        # through PyTorch's allocator. About 6 minutes on an H200.
+        # tests (captures beside frees), bench_vmm, then the PyTorch
+        # traces replayed through cubert's presets and through PyTorch's
+        # allocator. About 4 minutes on an H200 (plus 4 when recording).
         step conformance_vmm_memcheck 180 env CONF_FILTER="memory_*" \
             compute-sanitizer --tool memcheck --report-api-errors no \
             --target-processes application-only --error-exitcode 3 \
             build-gpu/tests/conformance cuda
         step conformance_vmm_graphs 60 env CONF_FILTER="graph_*" \
             build-gpu/tests/conformance cuda
-        mkdir -p "$results/traces"
-        step record_torch_traces 240 env PYTHONUNBUFFERED=1 python3 \
-            tools/record-torch-trace.py --out-dir "$results/traces"
+        # The traces are committed (bench/traces/torch_*.trace.gz);
+        # CUBERT_RECORD_TRACES=1 records them afresh (about 4 minutes).
+        tdir=bench/traces
+        if [ "${CUBERT_RECORD_TRACES:-0}" = 1 ]; then
+            tdir="$results/traces"
+            mkdir -p "$tdir"
+            step record_torch_traces 240 env PYTHONUNBUFFERED=1 python3 \
+                tools/record-torch-trace.py --out-dir "$tdir"
+        fi
         # Plain copies, so a build without zlib reads them too.
-        for f in "$results"/traces/*.trace.gz; do
-            [ -f "$f" ] && gzip -dc "$f" >"${f%.gz}"
+        mkdir -p "$results/plain"
+        for f in "$tdir"/torch_*.trace.gz; do
+            [ -f "$f" ] && gzip -dc "$f" >"$results/plain/$(basename "${f%.gz}")"
         done
+        # The expandable pool beside the driver's virtual-memory calls and
+        # cuMemAllocAsync, and the committed traces replayed with work
+        # queued: whole-buffer writes, then a tiny kernel every 8th
+        # allocation (docs/BENCHMARKS.md, "Expandable pool on CUDA").
+        step bench_vmm 240 build-gpu/bench/bench_vmm "$results"/plain/*.trace
+        step bench_vmm_touch 120 build-gpu/bench/bench_vmm --phases trace \
+            --touch --every 8 "$results"/plain/*.trace
         step bench_memory_traces 60 build-gpu/bench/bench_memory \
             --fragmentation bench/traces/training_step.trace \
-            "$results"/traces/*.trace
+            "$results"/plain/*.trace
         step torch_replay_traces 180 env PYTHONUNBUFFERED=1 python3 \
             bench/gpu/torch_replay_trace.py \
             --json "$results/torch_replay.json" \
-            bench/traces/training_step.trace "$results"/traces/*.trace.gz
-        rm -f "$results"/traces/*.trace
+            bench/traces/training_step.trace "$tdir"/torch_*.trace.gz
+        rm -rf "$results/plain"
         ;;
     build) ;;
     *) echo "unknown step $s"; status=1 ;;
