@@ -17,8 +17,9 @@
  * and no flush.
  *
  * Tracing: while a trace runs, cubert writes Chrome trace-event JSON
- * (launches with kernel and cube count, copies, allocations, releases,
- * syncs; one track per stream) that Perfetto opens. Setting CUBERT_TRACE to
+ * (launches with kernel and cube count, kernel compile requests with
+ * their outcome, copies, allocations, releases, syncs; one track per
+ * stream) that Perfetto opens. Setting CUBERT_TRACE to
  * a path starts one at the first cube_client_open.
  *
  * Dry run: between cube_dry_run_begin(client) and the matching

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -848,6 +849,137 @@ static void test_end_to_end(void **state)
     json_decref(root);
 }
 
+/* --- compile events ------------------------------------------------------ */
+
+static const char *reverse_source =
+    "CUBE_KERNEL(reverse64, CUBE_INOUT(float, y), CUBE_SHARED(float, t, 64))\n"
+    "{\n"
+    "    uint32_t u = UNIT_POS_X;\n"
+    "    t[u] = CUBE_AT(y, u);\n"
+    "    cube_sync();\n"
+    "    CUBE_AT(y, u) = t[63 - u];\n"
+    "}\n";
+
+static int remove_entry(const char *path, const struct stat *st, int flag,
+                        struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* Opens a CPU client on the cache directory `dir`, launches scale_add and
+ * reverse64 `times` times each, and closes it (the device with it). */
+static void launch_on_fresh_device(const char *dir, int times)
+{
+    cube_client_options opts = cube_client_options_default();
+    opts.cache_dir = dir;
+    cube_client *client;
+    check(cube_client_open("cpu", &opts, &client));
+    cube_kernel *sa, *rev;
+    cube_kernel_desc d1 = {"scale_add", scale_add_source, {64, 1, 1}};
+    cube_kernel_desc d2 = {"reverse64", reverse_source, {64, 1, 1}};
+    check(cube_kernel_create(&d1, &sa));
+    check(cube_kernel_create(&d2, &rev));
+    cube_handle hx, hy;
+    check(cube_empty(client, 64 * sizeof(float), &hx));
+    check(cube_empty(client, 64 * sizeof(float), &hy));
+    for (int i = 0; i < times; i++) {
+        cube_arg a1[] = {cube_arg_buffer(hx), cube_arg_buffer(hy),
+                         cube_arg_f32(2.0f)};
+        check(cube_launch(client, sa, cube_count_static(1, 1, 1), a1, 3,
+                          CUBE_LAUNCH_EXECUTE));
+        cube_arg a2[] = {cube_arg_buffer(hy)};
+        check(cube_launch(client, rev, cube_count_static(1, 1, 1), a2, 1,
+                          CUBE_LAUNCH_EXECUTE));
+    }
+    check(cube_sync(client, NULL, 0));
+    check(cube_handle_release(client, hx));
+    check(cube_handle_release(client, hy));
+    cube_kernel_release(sa);
+    cube_kernel_release(rev);
+    cube_client_close(client);
+}
+
+/* A compile, hits in memory, then (a new device on the same cache
+ * directory) hits on disk: each request is an event of category "compile"
+ * on the launching thread's lane, with its outcome. */
+static void test_compile_events(void **state)
+{
+    (void)state;
+    const char *cache = tmp_path("kernel-cache");
+    assert_int_equal(mkdir(cache, 0700), 0);
+    const char *path = tmp_path("compile.json");
+    assert_null(cube_trace_start(path));
+    launch_on_fresh_device(cache, 3);
+    launch_on_fresh_device(cache, 1);
+    assert_null(cube_trace_stop());
+
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    assert_trace_rules(events);
+    int compiled[2] = {0}, disk[2] = {0}, memory = 0;
+    json_int_t lane = -1, launch_lane = -1;
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        check_event_fields(ev);
+        const char *cat = str_field(ev, "cat");
+        json_int_t tid = json_integer_value(json_object_get(ev, "tid"));
+        if (cat && strcmp(cat, "launch") == 0)
+            launch_lane = tid;
+        if (!cat || strcmp(cat, "compile") != 0)
+            continue;
+        if (lane < 0)
+            lane = tid;
+        assert_int_equal(tid, lane);
+        const char *name = str_field(ev, "name");
+        int k = strcmp(name, "scale_add") == 0 ? 0 : 1;
+        if (k == 1)
+            assert_string_equal(name, "reverse64");
+        json_t *args = json_object_get(ev, "args");
+        const char *outcome = str_field(args, "outcome");
+        const char *ph = str_field(ev, "ph");
+        assert_non_null(outcome);
+        assert_string_equal(str_field(args, "backend"), "cpu");
+        assert_true(json_is_false(json_object_get(args, "checked")));
+        const char *barrier = str_field(args, "barrier_pass");
+        if (strcmp(outcome, "memory hit") == 0) {
+            assert_string_equal(ph, "i");
+            memory++;
+            continue;
+        }
+        assert_string_equal(ph, "X");
+        /* Only reverse64 calls cube_sync(): the barrier pass ran on the
+         * compile (or refused the kernel), its output came from disk on
+         * the disk hit. */
+        if (k == 0)
+            assert_null(barrier);
+        else
+            assert_non_null(barrier);
+        if (strcmp(outcome, "compiled") == 0) {
+            assert_int_equal(disk[k], 0); /* compiled before any disk hit */
+            if (k == 1)
+                assert_true(strcmp(barrier, "ran") == 0 ||
+                            strcmp(barrier, "refused") == 0);
+            compiled[k]++;
+        } else {
+            assert_string_equal(outcome, "disk hit");
+            if (k == 1)
+                assert_true(strcmp(barrier, "disk") == 0 ||
+                            strcmp(barrier, "refused") == 0);
+            disk[k]++;
+        }
+    }
+    assert_int_equal(compiled[0], 1);
+    assert_int_equal(compiled[1], 1);
+    assert_int_equal(disk[0], 1);
+    assert_int_equal(disk[1], 1);
+    assert_int_equal(memory, 4); /* launches 2 and 3 on the first device */
+    assert_int_equal(lane, launch_lane); /* the launching thread's lane */
+    json_decref(root);
+}
+
 int main(void)
 {
     /* No configuration file from the user's home, and a CUBERT_TRACE that
@@ -879,15 +1011,16 @@ int main(void)
         cmocka_unit_test(test_write_failure),
         cmocka_unit_test(test_start_stop_while_emitting),
         cmocka_unit_test(test_end_to_end),
+        cmocka_unit_test(test_compile_events),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
 
     static const char *const files[] = {
-        "twice.json",         "empty.json",    "threads.json", "utf8.json",
-        "after-failure.json", "race-0.json",   "race-1.json",  "client.json",
-        "after-fifo.json",    "truncated.json"};
+        "twice.json",         "empty.json",     "threads.json", "utf8.json",
+        "after-failure.json", "race-0.json",    "race-1.json",  "client.json",
+        "after-fifo.json",    "truncated.json", "compile.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         unlink(tmp_path(files[i]));
-    rmdir(tmp_dir);
+    nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return failed;
 }
