@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/client_internal.h"
 #include "core/trace.h"
 #include "cubert/backend/errors.h"
 #include "cubert/cubert.h"
@@ -980,6 +981,217 @@ static void test_compile_events(void **state)
     json_decref(root);
 }
 
+/* --- ranges ----------------------------------------------------------------
+ */
+
+enum { RANGE_THREADS = 2, RANGE_STEPS = 20 };
+
+typedef struct range_arg {
+    cube_client *client;
+    int t;
+} range_arg;
+
+/* Nested ranges with names that need escaping, around allocations (whose
+ * events go to the same track). */
+static void *range_thread(void *p)
+{
+    range_arg *a = p;
+    char outer[64];
+    snprintf(outer, sizeof outer, "thread %d \"outer\"", a->t);
+    check(cube_range_push(a->client, outer));
+    for (int i = 0; i < RANGE_STEPS; i++) {
+        char step[64];
+        snprintf(step, sizeof step, "step\t%d\\%d\n", a->t, i);
+        check(cube_range_push(a->client, step));
+        check(cube_range_push(a->client, "inner \xc3\xa9"));
+        cube_handle h;
+        check(cube_empty(a->client, 4096, &h));
+        check(cube_handle_release(a->client, h));
+        check(cube_range_pop(a->client));
+        check(cube_range_pop(a->client));
+    }
+    check(cube_range_pop(a->client));
+    return NULL;
+}
+
+/* Two threads nest ranges at once; the main thread leaves two open, which
+ * the client's close ends. */
+static void test_ranges_two_threads(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("ranges.json");
+    assert_null(cube_trace_start(path));
+    cube_client *c;
+    check(cube_client_open("cpu", NULL, &c));
+    check(cube_range_push(c, "left open"));
+    check(cube_range_push(c, "left open too"));
+    pthread_t th[RANGE_THREADS];
+    range_arg args[RANGE_THREADS];
+    for (int t = 0; t < RANGE_THREADS; t++) {
+        args[t] = (range_arg){c, t};
+        assert_int_equal(pthread_create(&th[t], NULL, range_thread, &args[t]),
+                         0);
+    }
+    for (int t = 0; t < RANGE_THREADS; t++)
+        pthread_join(th[t], NULL);
+    cube_client_close(c);
+    assert_null(cube_trace_stop());
+
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    assert_trace_rules(events);
+    json_int_t outer_tid[RANGE_THREADS] = {-1, -1};
+    int begins = 0, ends = 0, steps = 0, inner = 0, left = 0;
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        const char *ph = str_field(ev, "ph");
+        if (strcmp(ph, "B") != 0 && strcmp(ph, "E") != 0)
+            continue;
+        assert_string_equal(str_field(ev, "cat"), "range");
+        const char *name = str_field(ev, "name");
+        json_int_t tid = json_integer_value(json_object_get(ev, "tid"));
+        if (ph[0] == 'E') {
+            ends++;
+            continue;
+        }
+        begins++;
+        int t;
+        if (sscanf(name, "thread %d", &t) == 1) {
+            char want[64];
+            snprintf(want, sizeof want, "thread %d \"outer\"", t);
+            assert_string_equal(name, want);
+            outer_tid[t] = tid;
+        } else if (strncmp(name, "step\t", 5) == 0) {
+            assert_non_null(strchr(name, '\\'));
+            assert_int_equal(name[strlen(name) - 1], '\n');
+            steps++;
+        } else if (strcmp(name, "inner \xc3\xa9") == 0) {
+            inner++;
+        } else {
+            assert_true(strncmp(name, "left open", 9) == 0);
+            left++;
+        }
+    }
+    assert_int_equal(begins, ends);
+    assert_int_equal(steps, RANGE_THREADS * RANGE_STEPS);
+    assert_int_equal(inner, RANGE_THREADS * RANGE_STEPS);
+    assert_int_equal(left, 2);
+    /* Each thread on a track of its own. */
+    assert_true(outer_tid[0] >= 0 && outer_tid[1] >= 0);
+    assert_true(outer_tid[0] != outer_tid[1]);
+    json_decref(root);
+}
+
+static void expect_code(cube_error *err, cube_code code)
+{
+    assert_non_null(err);
+    assert_int_equal(cube_error_code(err), code);
+    cube_error_free(err);
+}
+
+static cube_client *closing_client;
+static int closing_refused;
+
+static void push_while_closing(void *arg)
+{
+    (void)arg;
+    cube_error *err = cube_range_push(closing_client, "late");
+    closing_refused = cube_error_code(err) == CUBE_ERR_INVALID_ARGUMENT;
+    cube_error_free(err);
+}
+
+/* Bad calls get clear errors and change nothing; without a trace, ranges
+ * are no-ops; a trace restarted in between gets no stray end. */
+static void test_range_errors(void **state)
+{
+    (void)state;
+    cube_client *c;
+    check(cube_client_open("cpu", NULL, &c));
+    /* No trace: nothing recorded, nothing refused but NULL arguments. */
+    expect_code(cube_range_push(NULL, "x"), CUBE_ERR_INVALID_ARGUMENT);
+    expect_code(cube_range_pop(NULL), CUBE_ERR_INVALID_ARGUMENT);
+    expect_code(cube_range_push(c, NULL), CUBE_ERR_INVALID_ARGUMENT);
+    assert_null(cube_range_push(c, "ignored"));
+    assert_null(cube_range_pop(c));
+    assert_null(cube_range_pop(c));
+
+    const char *path = tmp_path("range-errors.json");
+    assert_null(cube_trace_start(path));
+    expect_code(cube_range_push(c, NULL), CUBE_ERR_INVALID_ARGUMENT);
+    expect_code(cube_range_pop(c), CUBE_ERR_INVALID_ARGUMENT);
+    /* The depth limit. */
+    for (int i = 0; i < CUBE_RANGE_MAX_DEPTH; i++)
+        check(cube_range_push(c, "deep"));
+    expect_code(cube_range_push(c, "too deep"), CUBE_ERR_RESOURCE_LIMIT);
+    for (int i = 0; i < CUBE_RANGE_MAX_DEPTH; i++)
+        check(cube_range_pop(c));
+    expect_code(cube_range_pop(c), CUBE_ERR_INVALID_ARGUMENT);
+    /* A long name is cut at a character boundary: "ab" then 2-byte
+     * characters, so byte 255 is the second byte of one. */
+    enum { LONG = 100000 };
+    char *name = malloc(LONG + 1);
+    assert_non_null(name);
+    name[0] = 'a';
+    name[1] = 'b';
+    for (size_t i = 2; i + 1 < LONG; i += 2) {
+        name[i] = (char)0xc3;
+        name[i + 1] = (char)0xa9;
+    }
+    name[LONG - 1] = 'z';
+    name[LONG] = '\0';
+    check(cube_range_push(c, name));
+    free(name);
+    check(cube_range_pop(c));
+    /* Left open when the trace stops: ended in its file. */
+    check(cube_range_push(c, "across the stop"));
+    assert_null(cube_trace_stop());
+    /* The client is still usable. */
+    cube_handle h;
+    check(cube_empty(c, 64, &h));
+    check(cube_handle_release(c, h));
+
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    assert_trace_rules(events);
+    int long_seen = 0, stopped = 0;
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        const char *ph = str_field(ev, "ph");
+        const char *n = str_field(ev, "name");
+        if (strcmp(ph, "B") == 0 && strncmp(n, "ab", 2) == 0) {
+            assert_int_equal(strlen(n), 254); /* "ab" + 126 characters */
+            assert_int_equal((unsigned char)n[strlen(n) - 1], 0xa9);
+            long_seen++;
+        }
+        if (strcmp(ph, "E") == 0 && strcmp(n, "trace stop") == 0)
+            stopped++;
+        assert_string_not_equal(n, "ignored");
+        assert_string_not_equal(n, "too deep");
+    }
+    assert_int_equal(long_seen, 1);
+    assert_int_equal(stopped, 1);
+    json_decref(root);
+
+    /* A new trace: the old range's pop writes no end into it, and the
+     * close's check refuses pushes once closing has begun. */
+    const char *again = tmp_path("range-again.json");
+    assert_null(cube_trace_start(again));
+    check(cube_range_pop(c));
+    expect_code(cube_range_pop(c), CUBE_ERR_INVALID_ARGUMENT);
+    check(cube_range_push(c, "closed by the close"));
+    closing_client = c;
+    closing_refused = 0;
+    c->closing_hook = push_while_closing;
+    cube_client_close(c);
+    assert_true(closing_refused);
+    assert_null(cube_trace_stop());
+    events = load_events(again, &root);
+    assert_trace_rules(events);
+    assert_int_equal(count_phase(events, "B"), 1);
+    assert_int_equal(count_phase(events, "E"), 1);
+    json_decref(root);
+}
+
 int main(void)
 {
     /* No configuration file from the user's home, and a CUBERT_TRACE that
@@ -1012,6 +1224,8 @@ int main(void)
         cmocka_unit_test(test_start_stop_while_emitting),
         cmocka_unit_test(test_end_to_end),
         cmocka_unit_test(test_compile_events),
+        cmocka_unit_test(test_ranges_two_threads),
+        cmocka_unit_test(test_range_errors),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
 
