@@ -17,9 +17,10 @@
  * and no flush.
  *
  * Tracing: while a trace runs, cubert writes Chrome trace-event JSON
- * (launches with kernel and cube count, copies, allocations, releases,
- * syncs; one track per stream) that Perfetto opens. Setting CUBERT_TRACE to
- * a path starts one at the first cube_client_open.
+ * (launches with kernel and cube count, kernel compile requests with
+ * their outcome, copies, allocations, releases, syncs; one track per
+ * stream; ranges, below, on the calling thread's) that Perfetto opens. Setting
+ * CUBERT_TRACE to a path starts one at the first cube_client_open.
  *
  * Dry run: between cube_dry_run_begin(client) and the matching
  * cube_dry_run_end(client), every launch the calling thread issues on that
@@ -93,6 +94,43 @@ CUBE_API CUBE_MUST_USE cube_error *cube_trace_start(const char *path);
  * Errors: CUBE_ERR_IO (the file could not be completed). Without a running
  * trace it does nothing. */
 CUBE_API CUBE_MUST_USE cube_error *cube_trace_stop(void);
+
+/* Ranges: named spans of the calling thread that show in the trace, like
+ * NVTX ranges. cube_range_push writes a begin ("B") event named `name` on
+ * the calling thread's own track (the track of the stream the thread gets
+ * by default, whatever cube_stream_use chose) and cube_range_pop the end
+ * ("E") of the thread's innermost open range on `client`. Ranges nest per
+ * thread and client, at most CUBE_RANGE_MAX_DEPTH deep. `name` is copied
+ * (its first CUBE_RANGE_NAME_MAX - 1 bytes, cut back to a whole UTF-8
+ * character) and escaped for JSON; bytes that are not UTF-8 show as
+ * U+FFFD.
+ *
+ * While no trace runs, both do nothing and return NULL (the arguments are
+ * still checked): a range pushed then is not remembered, so its pop, should
+ * a trace have started in between, is refused as a pop without a push.
+ * A pop while no trace runs ends the innermost range left from a trace
+ * that has stopped, if any. Ranges still open when the client closes are
+ * ended then, and those open when the trace stops are ended in its file,
+ * so every begin in a trace file has its end. Ranges of one thread on two
+ * clients share the thread's track: pop them in the reverse order of
+ * their pushes. Thread safety: any thread; each works on its own ranges.
+ */
+#define CUBE_RANGE_MAX_DEPTH 64
+#define CUBE_RANGE_NAME_MAX 256
+
+/* Opens a range named `name` (copied) on the calling thread's track.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (client or name NULL, or the client is
+ * closing), CUBE_ERR_RESOURCE_LIMIT (CUBE_RANGE_MAX_DEPTH ranges of the
+ * calling thread are open on the client), CUBE_ERR_OUT_OF_MEMORY. A failed
+ * call opens nothing. */
+CUBE_API CUBE_MUST_USE cube_error *cube_range_push(cube_client *client,
+                                                   const char *name);
+
+/* Ends the calling thread's innermost range on `client`.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (client NULL, the client is closing,
+ * or, while a trace runs, no range of the calling thread is open on it);
+ * a failed call ends nothing. */
+CUBE_API CUBE_MUST_USE cube_error *cube_range_pop(cube_client *client);
 
 /* Enters and leaves a dry-run scope of the calling thread on `client`
  * (see above); scopes nest. A scope left open when the client closes ends

@@ -73,3 +73,17 @@ def _client_dry_run(self):
 
 
 Client.dry_run = _client_dry_run
+
+
+@_contextlib.contextmanager
+def _client_range(self, name):
+    """A named range of this thread in the trace around the block
+    (cube_range_push / cube_range_pop); nothing without a trace."""
+    self._range_push(name)
+    try:
+        yield self
+    finally:
+        self._range_pop()
+
+
+Client.range = _client_range

@@ -428,6 +428,27 @@ static PyObject *client_dry_run_end(pyc_client *self, PyObject *unused)
     return call_client(self, cube_dry_run_end);
 }
 
+static PyObject *client_range_push(pyc_client *self, PyObject *args)
+{
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name))
+        return NULL;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    cube_error *err;
+    PYC_NOGIL(self, err = cube_range_push(c, name));
+    if (err)
+        return pyc_raise(err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *client_range_pop(pyc_client *self, PyObject *unused)
+{
+    (void)unused;
+    return call_client(self, cube_range_pop);
+}
+
 static PyObject *client_stream_get(pyc_client *self, void *closure)
 {
     (void)closure;
@@ -565,6 +586,8 @@ static PyMethodDef client_methods[] = {
      "profile() -> Profile, a context manager timing its block's work."},
     {"_dry_run_begin", (PyCFunction)client_dry_run_begin, METH_NOARGS, NULL},
     {"_dry_run_end", (PyCFunction)client_dry_run_end, METH_NOARGS, NULL},
+    {"_range_push", (PyCFunction)client_range_push, METH_VARARGS, NULL},
+    {"_range_pop", (PyCFunction)client_range_pop, METH_NOARGS, NULL},
     {"memory_usage", (PyCFunction)(void (*)(void))client_memory_usage,
      METH_VARARGS | METH_KEYWORDS,
      "memory_usage(*, device=False) -> dict: the calling thread's stream, "

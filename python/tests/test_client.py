@@ -331,6 +331,43 @@ def test_dry_run_buffers_get_memory_at_first_use(client):
     np.testing.assert_array_equal(b.numpy(), np.arange(1024))
 
 
+def test_range_without_trace(client):
+    # no trace runs: the ranges do nothing, and nest
+    with client.range("outer") as c:
+        assert c is client
+        with client.range("inner \u00e9"):
+            pass
+    with pytest.raises(TypeError):
+        with client.range(None):
+            pass
+
+
+def test_range_in_trace(tmp_path):
+    # the trace starts with the process's first client: a fresh process
+    path = tmp_path / "trace.json"
+    code = ("import cubert, threading\n"
+            "c = cubert.Client('cpu')\n"
+            "def work(t):\n"
+            "    with c.range(f'thread {t}'):\n"
+            "        with c.range('step \"quoted\"'):\n"
+            "            c.empty(64).release()\n"
+            "ts = [threading.Thread(target=work, args=(t,)) for t in (0, 1)]\n"
+            "[t.start() for t in ts]\n"
+            "[t.join() for t in ts]\n"
+            "c.close()\n")
+    env = dict(os.environ, CUBERT_TRACE=str(path))
+    out = subprocess.run([sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    events = json.loads(path.read_text())["traceEvents"]
+    begins = [e for e in events if e["ph"] == "B"]
+    ends = [e for e in events if e["ph"] == "E"]
+    assert len(begins) == 4 and len(ends) == 4
+    names = sorted(e["name"] for e in begins)
+    assert names == ['step "quoted"', 'step "quoted"', "thread 0", "thread 1"]
+    assert len({e["tid"] for e in begins}) == 2
+
+
 # --- streams and barriers ----------------------------------------------------
 
 

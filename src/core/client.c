@@ -89,6 +89,7 @@ cube_error *cube_client_open(const char *device,
     cube_mutex_init(&c->staging_lock);
     cube_mutex_init(&c->graphs_lock);
     cube_mutex_init(&c->futures_lock);
+    cube_mutex_init(&c->ranges_lock);
     core_trace_from_env();
     core_memory_trace_from_env();
     /* Launch timing for the per-kernel summary costs two clock reads per
@@ -153,6 +154,7 @@ void cube_client_close(cube_client *c)
     /* Calls that start from here on are refused; the ones in flight
      * finish before anything is torn down. */
     core_calls_close(c);
+    core_ranges_close(c);
     /* Reads still outstanding complete now; their futures outlive the
      * client. */
     core_futures_detach(c);
@@ -166,6 +168,7 @@ void cube_client_close(cube_client *c)
     cube_mutex_destroy(&c->staging_lock);
     cube_mutex_destroy(&c->graphs_lock);
     cube_mutex_destroy(&c->futures_lock);
+    cube_mutex_destroy(&c->ranges_lock);
     free(c);
 }
 

@@ -254,6 +254,13 @@ struct cube_client {
     cube_mutex futures_lock;
     struct cube_future *futures CUBE_GUARDED_FIELD(futures_lock);
 
+    /* The ranges its threads opened (range.c): one stack per thread,
+     * a list. The lock guards the list; a stack is its thread's alone
+     * (and close's, once no call is in flight). */
+    cube_mutex ranges_lock;
+    struct core_range_stack *ranges CUBE_GUARDED_FIELD(ranges_lock);
+    atomic_uint ranges_open; /* levels open over every stack */
+
     int stats;         /* time every launch for the summary at close */
     int bounds_always; /* every launch bounds-checked (configuration) */
 
@@ -342,7 +349,15 @@ void core_fault_note(cube_client *c, const cube_error *err);
 void core_alloc_pin(cube_client *c, core_alloc *a);
 void core_alloc_unpin(cube_client *c, core_alloc *a);
 
+/* --- ranges (range.c) --- */
+/* Ends the ranges still open on `c` (in the trace) and frees its stacks;
+ * cube_client_close, once no call is in flight. */
+void core_ranges_close(cube_client *c);
+
 /* --- streams (stream.c) --- */
+/* The calling thread's own stream id (the one it uses unless
+ * cube_stream_use chose another): its track in the trace. */
+cube_stream_id core_stream_own(void);
 /* The calling thread's stream (created on first use), not locked.
  * Errors: CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_RESOURCE_LIMIT (more than
  * CUBE_MAX_STREAMS streams), what the backend's stream_open returns. */

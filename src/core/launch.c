@@ -85,6 +85,38 @@ static core_cache_entry *push_entry(core_device *c, cube_kernel *k,
  * compiling the same kernel again. A failed compile leaves its entry marked
  * failed, and the next launch of the kernel compiles into that same entry: a
  * kernel that keeps failing holds one entry, not one per launch. */
+/* The trace's record of a compile request, on the calling thread's lane:
+ * a hit in the device's cache is an instant (a span when the thread waited
+ * for another thread's compile of the kernel); a compile, or a load from
+ * the disk cache, a span with the backend and how it went. */
+static void trace_compile(cube_client *client, const cube_kernel *k,
+                          uint32_t cmode, const char *outcome, uint64_t t0,
+                          const cube_compiled *cc, const cube_error *err)
+{
+    char args[256];
+    int n = snprintf(args, sizeof args,
+                     "{\"outcome\":\"%s\",\"backend\":\"%s\",\"checked\":%s",
+                     outcome, client->dev->backend->name,
+                     cmode & CUBE_LAUNCH_CHECKED ? "true" : "false");
+    if (cc && cc->barrier_pass && n > 0 && (size_t)n < sizeof args)
+        n += snprintf(args + n, sizeof args - (size_t)n,
+                      ",\"barrier_pass\":\"%s\"", cc->barrier_pass);
+    if (err && n > 0 && (size_t)n < sizeof args)
+        n += snprintf(args + n, sizeof args - (size_t)n, ",\"error\":\"%s\"",
+                      cube_code_name(cube_error_code(err)));
+    if (n > 0 && (size_t)n < sizeof args - 1)
+        snprintf(args + n, sizeof args - (size_t)n, "}");
+    else
+        snprintf(args, sizeof args, "{\"outcome\":\"%s\"}", outcome);
+    cube_stream_id lane = cube_stream_current(client);
+    if (t0)
+        core_trace_span("compile", cube_kernel_name(k), lane, t0,
+                        core_clock_ns(), args);
+    else
+        core_trace_instant("compile", cube_kernel_name(k), lane,
+                           core_clock_ns(), args);
+}
+
 static cube_error *get_compiled(cube_client *client, cube_kernel *k,
                                 uint32_t mode, const cube_compiled **out)
 {
@@ -94,8 +126,12 @@ static cube_error *get_compiled(cube_client *client, cube_kernel *k,
     core_cache_entry *hit = find_entry(c, k, key, cmode, 0);
     if (hit && atomic_load_explicit(&hit->state, memory_order_acquire) == 1) {
         *out = &hit->compiled;
+        if (core_trace_on())
+            trace_compile(client, k, cmode, "memory hit", 0, *out, NULL);
         return NULL;
     }
+    uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
+    int waited = 0;
     cube_mutex_lock(&c->cache_lock);
     for (;;) {
         core_cache_entry *e = find_entry(c, k, key, cmode, 0);
@@ -104,11 +140,15 @@ static cube_error *get_compiled(cube_client *client, cube_kernel *k,
         if (atomic_load_explicit(&e->state, memory_order_acquire) == 1) {
             *out = &e->compiled;
             cube_mutex_unlock(&c->cache_lock);
+            if (core_trace_on())
+                trace_compile(client, k, cmode, "memory hit", waited ? t0 : 0,
+                              *out, NULL);
             return NULL;
         }
         /* Another thread compiles it; if that fails, the entry is marked
          * failed and this thread tries itself. */
         cube_cond_wait(&c->cache_cv, &c->cache_lock);
+        waited = 1;
     }
     /* Only a failed entry, or none. A failed one goes back to compiling
      * (readers without the lock skip it either way, and its key, mode
@@ -128,8 +168,18 @@ static cube_error *get_compiled(cube_client *client, cube_kernel *k,
         memset(&entry->compiled, 0, sizeof entry->compiled);
     }
 
+    if (core_trace_on() && !t0)
+        t0 = core_clock_ns();
     cube_error *err =
         client->vt->compile(client->server, k, cmode, &entry->compiled);
+    /* Read before the entry is published: from then on another thread may
+     * compile into it again (after a failure). */
+    if (t0 && core_trace_on())
+        trace_compile(client, k, cmode,
+                      err                               ? "failed"
+                      : entry->compiled.from_disk_cache ? "disk hit"
+                                                        : "compiled",
+                      t0, err ? NULL : &entry->compiled, err);
 
     cube_mutex_lock(&c->cache_lock);
     atomic_store_explicit(&entry->state, err ? -1 : 1, memory_order_release);

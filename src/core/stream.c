@@ -51,6 +51,11 @@ static cube_stream_id own_stream(void)
     return thread_stream;
 }
 
+cube_stream_id core_stream_own(void)
+{
+    return own_stream();
+}
+
 cube_stream_id cube_stream_current(cube_client *c)
 {
     if (!c)

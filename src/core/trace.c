@@ -44,7 +44,8 @@
 
 typedef struct stream_slot {
     cube_stream_id id;
-    uint32_t tid; /* 0: empty */
+    uint32_t tid;  /* 0: empty */
+    uint32_t open; /* "B" events not yet ended by an "E" */
 } stream_slot;
 
 static atomic_int trace_active;
@@ -239,6 +240,8 @@ static uint32_t hash_stream(cube_stream_id id)
 static void streams_clear(void) CUBE_REQUIRES(trace_lock);
 static int streams_grow(void) CUBE_REQUIRES(trace_lock);
 static void note_write(int rc) CUBE_REQUIRES(trace_lock);
+static stream_slot *stream_find(cube_stream_id stream)
+    CUBE_REQUIRES(trace_lock);
 static uint32_t stream_tid(cube_stream_id stream) CUBE_REQUIRES(trace_lock);
 static double trace_us(uint64_t ns) CUBE_REQUIRES(trace_lock);
 
@@ -277,18 +280,27 @@ static void note_write(int rc)
         trace_failed = 1;
 }
 
-/* The tid of `stream`, assigning one (and writing its thread_name event)
- * on first sight. 0 when memory ran out. */
-static uint32_t stream_tid(cube_stream_id stream)
+/* The slot of `stream`, or NULL when it has none yet. */
+static stream_slot *stream_find(cube_stream_id stream)
 {
     if (stream_cap) {
         size_t j = hash_stream(stream) & (stream_cap - 1);
         while (streams[j].tid) {
             if (streams[j].id == stream)
-                return streams[j].tid;
+                return &streams[j];
             j = (j + 1) & (stream_cap - 1);
         }
     }
+    return NULL;
+}
+
+/* The tid of `stream`, assigning one (and writing its thread_name event)
+ * on first sight. 0 when memory ran out. */
+static uint32_t stream_tid(cube_stream_id stream)
+{
+    stream_slot *known = stream_find(stream);
+    if (known)
+        return known->tid;
     if ((stream_count + 1) * 2 > stream_cap && streams_grow() != 0)
         return 0;
     size_t j = hash_stream(stream) & (stream_cap - 1);
@@ -345,9 +357,40 @@ static void report_failure(int failed_now, const char *path)
                        path);
 }
 
+/* Writes an event built by event_parts on lane `tid`. */
+static void trace_write(const char *ph, const char *head, const char *tail,
+                        uint32_t tid, uint64_t at_ns, uint64_t end_ns)
+    CUBE_REQUIRES(trace_lock);
+static void trace_write(const char *ph, const char *head, const char *tail,
+                        uint32_t tid, uint64_t at_ns, uint64_t end_ns)
+{
+    int now = ph[0] == 'C' || ph[0] == 'B' || ph[0] == 'E';
+    if (now)
+        at_ns = core_clock_ns(); /* ordered by the lock */
+    double ts = trace_us(at_ns);
+    if (now)
+        note_write(fprintf(
+            trace_file, ",\n%s,\"pid\":%ld,\"tid\":%" PRIu32 ",\"ts\":%.3f%s",
+            head, trace_pid, tid, ts, tail));
+    else if (ph[0] == 'X')
+        note_write(fprintf(
+            trace_file,
+            ",\n%s,\"pid\":%ld,\"tid\":%" PRIu32 ",\"ts\":%.3f,\"dur\":%.3f%s",
+            head, trace_pid, tid, ts, trace_us(end_ns) - ts, tail));
+    else
+        note_write(fprintf(trace_file,
+                           ",\n%s,\"s\":\"t\",\"pid\":%ld,\"tid\":%" PRIu32
+                           ",\"ts\":%.3f%s",
+                           head, trace_pid, tid, ts, tail));
+    if (ferror(trace_file))
+        trace_failed = 1;
+}
+
 /* Writes one event: `ph` "X" spans [at_ns, end_ns), "i" is an instant at
- * at_ns (end_ns unused), "C" a counter sample at the time of writing
- * (at_ns and end_ns unused). */
+ * at_ns (end_ns unused); "C" a counter sample, "B" and "E" a range's
+ * begin and end, at the time of writing (at_ns and end_ns unused). An "E"
+ * on a lane without an open "B" is dropped: its "B" went to an earlier
+ * trace. */
 static void trace_emit(const char *ph, const char *cat, const char *name,
                        cube_stream_id stream, uint64_t at_ns, uint64_t end_ns,
                        const char *args_json)
@@ -360,32 +403,24 @@ static void trace_emit(const char *ph, const char *cat, const char *name,
     char path[256] = "";
     cube_mutex_lock(&trace_lock);
     if (trace_file) {
-        if (head.oom || tail.oom) {
+        /* A range's end needs its begin open on the lane in this trace. */
+        stream_slot *slot = ph[0] == 'E' ? stream_find(stream) : NULL;
+        int range = ph[0] == 'B' || ph[0] == 'E';
+        if (ph[0] == 'E' && (!slot || !slot->open)) {
+            /* its begin went to an earlier trace */
+        } else if (head.oom || tail.oom) {
             trace_lost++;
         } else {
             uint32_t tid = stream_tid(stream);
-            if (ph[0] == 'C')
-                at_ns = core_clock_ns(); /* ordered by the lock */
-            double ts = trace_us(at_ns);
-            if (ph[0] == 'C')
-                note_write(fprintf(trace_file,
-                                   ",\n%s,\"pid\":%ld,\"tid\":%" PRIu32
-                                   ",\"ts\":%.3f%s",
-                                   head.p, trace_pid, tid, ts, tail.p));
-            else if (ph[0] == 'X')
-                note_write(fprintf(trace_file,
-                                   ",\n%s,\"pid\":%ld,\"tid\":%" PRIu32
-                                   ",\"ts\":%.3f,\"dur\":%.3f%s",
-                                   head.p, trace_pid, tid, ts,
-                                   trace_us(end_ns) - ts, tail.p));
-            else
-                note_write(
-                    fprintf(trace_file,
-                            ",\n%s,\"s\":\"t\",\"pid\":%ld,\"tid\":%" PRIu32
-                            ",\"ts\":%.3f%s",
-                            head.p, trace_pid, tid, ts, tail.p));
-            if (ferror(trace_file))
-                trace_failed = 1;
+            /* The table may have grown: the slot is looked up again. */
+            slot = range && tid ? stream_find(stream) : NULL;
+            if (range && !slot) {
+                trace_lost++; /* a begin without a lane to count it on */
+            } else {
+                if (slot)
+                    slot->open += ph[0] == 'B' ? 1u : (uint32_t)-1;
+                trace_write(ph, head.p, tail.p, tid, at_ns, end_ns);
+            }
         }
         if (trace_failed && !trace_warned) {
             trace_warned = 1;
@@ -423,6 +458,28 @@ void core_trace_counter(const char *name, cube_stream_id stream,
     if (!core_trace_on())
         return;
     trace_emit("C", "memory", name, stream, 0, 0, args_json);
+}
+
+void core_trace_range(int begin, const char *name, cube_stream_id lane)
+{
+    if (!core_trace_on())
+        return;
+    trace_emit(begin ? "B" : "E", "range", name, lane, 0, 0, NULL);
+}
+
+/* Ends every range still open on each lane, at the trace's stop, so that
+ * every "B" of the file has its "E". */
+static void close_open_ranges(FILE *f) CUBE_REQUIRES(trace_lock);
+static void close_open_ranges(FILE *f)
+{
+    double ts = trace_us(core_clock_ns());
+    for (size_t i = 0; i < stream_cap; i++)
+        for (; streams[i].tid && streams[i].open; streams[i].open--)
+            note_write(fprintf(f,
+                               ",\n{\"ph\":\"E\",\"cat\":\"range\","
+                               "\"name\":\"trace stop\",\"pid\":%ld,"
+                               "\"tid\":%" PRIu32 ",\"ts\":%.3f}",
+                               trace_pid, streams[i].tid, ts));
 }
 
 /* --- starting and stopping ------------------------------------------------ */
@@ -557,6 +614,7 @@ cube_error *cube_trace_stop(void)
     atomic_store_explicit(&trace_active, 0, memory_order_release);
     FILE *f = trace_file;
     char *path = trace_path;
+    close_open_ranges(f);
     uint64_t lost = trace_lost;
     int failed = trace_failed;
     trace_file = NULL;

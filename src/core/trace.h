@@ -37,6 +37,14 @@ void core_trace_instant(const char *cat, const char *name,
 void core_trace_counter(const char *name, cube_stream_id stream,
                         const char *args_json);
 
+/* A range's begin ("B", `begin` nonzero) or end ("E") on `lane`, named
+ * `name` (escaped, copied), stamped with the clock when it is written so
+ * that each lane's ranges are in time order. An end on a lane with no
+ * range open in the running trace is dropped (its begin went to an earlier
+ * trace); ranges still open when the trace stops are ended then, so every
+ * begin in a file has its end. */
+void core_trace_range(int begin, const char *name, cube_stream_id lane);
+
 /* Starts tracing to $CUBERT_TRACE if it is set and no trace is running;
  * called once by the first cube_client_open. A failure is logged, not
  * returned. */

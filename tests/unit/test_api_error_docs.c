@@ -372,6 +372,29 @@ static void raw_kernel_errors_are_documented(void **state)
     cube_client_close(c);
 }
 
+/* Range errors, provoked on a CPU client while a trace runs (to
+ * /dev/null). */
+static void range_errors_are_documented(void **state)
+{
+    (void)state;
+    assert_null(cube_trace_start("/dev/null"));
+    cube_client *c = open_client("cpu");
+    assert_non_null(c);
+    EXPECT_RETURNED(cube_range_push(NULL, "x"), CUBE_ERR_INVALID_ARGUMENT,
+                    "profile.h", "cube_range_push");
+    EXPECT_RETURNED(cube_range_push(c, NULL), CUBE_ERR_INVALID_ARGUMENT,
+                    "profile.h", "cube_range_push");
+    EXPECT_RETURNED(cube_range_pop(c), CUBE_ERR_INVALID_ARGUMENT, "profile.h",
+                    "cube_range_pop");
+    for (int i = 0; i < CUBE_RANGE_MAX_DEPTH; i++)
+        assert_null(cube_range_push(c, "r"));
+    EXPECT_RETURNED(cube_range_push(c, "r"), CUBE_ERR_RESOURCE_LIMIT,
+                    "profile.h", "cube_range_push");
+    EXPECT_DOCUMENTED("profile.h", "cube_range_push", CUBE_ERR_OUT_OF_MEMORY);
+    cube_client_close(c); /* ends the open ranges */
+    assert_null(cube_trace_stop());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -379,6 +402,7 @@ int main(void)
         cmocka_unit_test(first_use_mapping_failure_is_documented),
         cmocka_unit_test(unknown_graph_is_documented),
         cmocka_unit_test(raw_kernel_errors_are_documented),
+        cmocka_unit_test(range_errors_are_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -224,6 +224,8 @@ typedef enum fi_api {
     API_GRAPH_DESTROY,
     API_PROFILE_START,
     API_PROFILE_END,
+    API_RANGE_PUSH,
+    API_RANGE_POP,
     API_READ_ASYNC,
     API_FUTURE_WAIT,
     API_MEMORY_REPORT,
@@ -272,6 +274,8 @@ static const struct {
     [API_GRAPH_DESTROY] = {"cube_graph_destroy", "graph.h", NULL},
     [API_PROFILE_START] = {"cube_profile_start", "profile.h", NULL},
     [API_PROFILE_END] = {"cube_profile_end", "profile.h", NULL},
+    [API_RANGE_PUSH] = {"cube_range_push", "profile.h", NULL},
+    [API_RANGE_POP] = {"cube_range_pop", "profile.h", NULL},
     [API_READ_ASYNC] = {"cube_read_async", "buffer.h", NULL},
     [API_FUTURE_WAIT] = {"cube_future_wait", "buffer.h", "cube_read"},
     [API_MEMORY_REPORT] = {"cube_memory_report_get", "memory.h", NULL},
@@ -1075,6 +1079,10 @@ static void fi_steps(fi_scene *sc)
     sc->stage = NULL;
     if (!FI_CALL(API_STAGING_FREE, cube_staging_free(sc->c, stage)))
         return;
+    /* A range around the profiled replay: one that a failure below
+     * leaves open is ended by the close. */
+    if (!FI_CALL(API_RANGE_PUSH, cube_range_push(sc->c, "fi profiled")))
+        return;
     if (!FI_CALL(API_PROFILE_START, cube_profile_start(sc->c, &sc->token)))
         return;
     sc->profiling = 1;
@@ -1088,6 +1096,8 @@ static void fi_steps(fi_scene *sc)
     if (pr.method != CUBE_TIMING_HOST_CLOCK || !(pr.seconds >= 0.0))
         fi_wrong(sc, "profile: method %d, %g seconds", (int)pr.method,
                  pr.seconds);
+    if (!FI_CALL(API_RANGE_POP, cube_range_pop(sc->c)))
+        return;
 
     /* Both outputs in one read, the input through an asynchronous one. */
     cube_copy_desc dyz[2] = {cube_copy_desc_contiguous(sc->y, FI_BYTES, 4),

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/client_internal.h"
 #include "core/trace.h"
 #include "cubert/backend/errors.h"
 #include "cubert/cubert.h"
@@ -848,6 +850,348 @@ static void test_end_to_end(void **state)
     json_decref(root);
 }
 
+/* --- compile events ------------------------------------------------------ */
+
+static const char *reverse_source =
+    "CUBE_KERNEL(reverse64, CUBE_INOUT(float, y), CUBE_SHARED(float, t, 64))\n"
+    "{\n"
+    "    uint32_t u = UNIT_POS_X;\n"
+    "    t[u] = CUBE_AT(y, u);\n"
+    "    cube_sync();\n"
+    "    CUBE_AT(y, u) = t[63 - u];\n"
+    "}\n";
+
+static int remove_entry(const char *path, const struct stat *st, int flag,
+                        struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* Opens a CPU client on the cache directory `dir`, launches scale_add and
+ * reverse64 `times` times each, and closes it (the device with it). */
+static void launch_on_fresh_device(const char *dir, int times)
+{
+    cube_client_options opts = cube_client_options_default();
+    opts.cache_dir = dir;
+    cube_client *client;
+    check(cube_client_open("cpu", &opts, &client));
+    cube_kernel *sa, *rev;
+    cube_kernel_desc d1 = {"scale_add", scale_add_source, {64, 1, 1}};
+    cube_kernel_desc d2 = {"reverse64", reverse_source, {64, 1, 1}};
+    check(cube_kernel_create(&d1, &sa));
+    check(cube_kernel_create(&d2, &rev));
+    cube_handle hx, hy;
+    check(cube_empty(client, 64 * sizeof(float), &hx));
+    check(cube_empty(client, 64 * sizeof(float), &hy));
+    for (int i = 0; i < times; i++) {
+        cube_arg a1[] = {cube_arg_buffer(hx), cube_arg_buffer(hy),
+                         cube_arg_f32(2.0f)};
+        check(cube_launch(client, sa, cube_count_static(1, 1, 1), a1, 3,
+                          CUBE_LAUNCH_EXECUTE));
+        cube_arg a2[] = {cube_arg_buffer(hy)};
+        check(cube_launch(client, rev, cube_count_static(1, 1, 1), a2, 1,
+                          CUBE_LAUNCH_EXECUTE));
+    }
+    check(cube_sync(client, NULL, 0));
+    check(cube_handle_release(client, hx));
+    check(cube_handle_release(client, hy));
+    cube_kernel_release(sa);
+    cube_kernel_release(rev);
+    cube_client_close(client);
+}
+
+/* A compile, hits in memory, then (a new device on the same cache
+ * directory) hits on disk: each request is an event of category "compile"
+ * on the launching thread's lane, with its outcome. */
+static void test_compile_events(void **state)
+{
+    (void)state;
+    const char *cache = tmp_path("kernel-cache");
+    assert_int_equal(mkdir(cache, 0700), 0);
+    const char *path = tmp_path("compile.json");
+    assert_null(cube_trace_start(path));
+    launch_on_fresh_device(cache, 3);
+    launch_on_fresh_device(cache, 1);
+    assert_null(cube_trace_stop());
+
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    assert_trace_rules(events);
+    int compiled[2] = {0}, disk[2] = {0}, memory = 0;
+    json_int_t lane = -1, launch_lane = -1;
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        check_event_fields(ev);
+        const char *cat = str_field(ev, "cat");
+        json_int_t tid = json_integer_value(json_object_get(ev, "tid"));
+        if (cat && strcmp(cat, "launch") == 0)
+            launch_lane = tid;
+        if (!cat || strcmp(cat, "compile") != 0)
+            continue;
+        if (lane < 0)
+            lane = tid;
+        assert_int_equal(tid, lane);
+        const char *name = str_field(ev, "name");
+        int k = strcmp(name, "scale_add") == 0 ? 0 : 1;
+        if (k == 1)
+            assert_string_equal(name, "reverse64");
+        json_t *args = json_object_get(ev, "args");
+        const char *outcome = str_field(args, "outcome");
+        const char *ph = str_field(ev, "ph");
+        assert_non_null(outcome);
+        assert_string_equal(str_field(args, "backend"), "cpu");
+        assert_true(json_is_false(json_object_get(args, "checked")));
+        const char *barrier = str_field(args, "barrier_pass");
+        if (strcmp(outcome, "memory hit") == 0) {
+            assert_string_equal(ph, "i");
+            memory++;
+            continue;
+        }
+        assert_string_equal(ph, "X");
+        /* Only reverse64 calls cube_sync(): the barrier pass ran on the
+         * compile (or refused the kernel), its output came from disk on
+         * the disk hit. */
+        if (k == 0)
+            assert_null(barrier);
+        else
+            assert_non_null(barrier);
+        if (strcmp(outcome, "compiled") == 0) {
+            assert_int_equal(disk[k], 0); /* compiled before any disk hit */
+            if (k == 1)
+                assert_true(strcmp(barrier, "ran") == 0 ||
+                            strcmp(barrier, "refused") == 0);
+            compiled[k]++;
+        } else {
+            assert_string_equal(outcome, "disk hit");
+            if (k == 1)
+                assert_true(strcmp(barrier, "disk") == 0 ||
+                            strcmp(barrier, "refused") == 0);
+            disk[k]++;
+        }
+    }
+    assert_int_equal(compiled[0], 1);
+    assert_int_equal(compiled[1], 1);
+    assert_int_equal(disk[0], 1);
+    assert_int_equal(disk[1], 1);
+    assert_int_equal(memory, 4); /* launches 2 and 3 on the first device */
+    assert_int_equal(lane, launch_lane); /* the launching thread's lane */
+    json_decref(root);
+}
+
+/* --- ranges ----------------------------------------------------------------
+ */
+
+enum { RANGE_THREADS = 2, RANGE_STEPS = 20 };
+
+typedef struct range_arg {
+    cube_client *client;
+    int t;
+} range_arg;
+
+/* Nested ranges with names that need escaping, around allocations (whose
+ * events go to the same track). */
+static void *range_thread(void *p)
+{
+    range_arg *a = p;
+    char outer[64];
+    snprintf(outer, sizeof outer, "thread %d \"outer\"", a->t);
+    check(cube_range_push(a->client, outer));
+    for (int i = 0; i < RANGE_STEPS; i++) {
+        char step[64];
+        snprintf(step, sizeof step, "step\t%d\\%d\n", a->t, i);
+        check(cube_range_push(a->client, step));
+        check(cube_range_push(a->client, "inner \xc3\xa9"));
+        cube_handle h;
+        check(cube_empty(a->client, 4096, &h));
+        check(cube_handle_release(a->client, h));
+        check(cube_range_pop(a->client));
+        check(cube_range_pop(a->client));
+    }
+    check(cube_range_pop(a->client));
+    return NULL;
+}
+
+/* Two threads nest ranges at once; the main thread leaves two open, which
+ * the client's close ends. */
+static void test_ranges_two_threads(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("ranges.json");
+    assert_null(cube_trace_start(path));
+    cube_client *c;
+    check(cube_client_open("cpu", NULL, &c));
+    check(cube_range_push(c, "left open"));
+    check(cube_range_push(c, "left open too"));
+    pthread_t th[RANGE_THREADS];
+    range_arg args[RANGE_THREADS];
+    for (int t = 0; t < RANGE_THREADS; t++) {
+        args[t] = (range_arg){c, t};
+        assert_int_equal(pthread_create(&th[t], NULL, range_thread, &args[t]),
+                         0);
+    }
+    for (int t = 0; t < RANGE_THREADS; t++)
+        pthread_join(th[t], NULL);
+    cube_client_close(c);
+    assert_null(cube_trace_stop());
+
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    assert_trace_rules(events);
+    json_int_t outer_tid[RANGE_THREADS] = {-1, -1};
+    int begins = 0, ends = 0, steps = 0, inner = 0, left = 0;
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        const char *ph = str_field(ev, "ph");
+        if (strcmp(ph, "B") != 0 && strcmp(ph, "E") != 0)
+            continue;
+        assert_string_equal(str_field(ev, "cat"), "range");
+        const char *name = str_field(ev, "name");
+        json_int_t tid = json_integer_value(json_object_get(ev, "tid"));
+        if (ph[0] == 'E') {
+            ends++;
+            continue;
+        }
+        begins++;
+        int t;
+        if (sscanf(name, "thread %d", &t) == 1) {
+            char want[64];
+            snprintf(want, sizeof want, "thread %d \"outer\"", t);
+            assert_string_equal(name, want);
+            outer_tid[t] = tid;
+        } else if (strncmp(name, "step\t", 5) == 0) {
+            assert_non_null(strchr(name, '\\'));
+            assert_int_equal(name[strlen(name) - 1], '\n');
+            steps++;
+        } else if (strcmp(name, "inner \xc3\xa9") == 0) {
+            inner++;
+        } else {
+            assert_true(strncmp(name, "left open", 9) == 0);
+            left++;
+        }
+    }
+    assert_int_equal(begins, ends);
+    assert_int_equal(steps, RANGE_THREADS * RANGE_STEPS);
+    assert_int_equal(inner, RANGE_THREADS * RANGE_STEPS);
+    assert_int_equal(left, 2);
+    /* Each thread on a track of its own. */
+    assert_true(outer_tid[0] >= 0 && outer_tid[1] >= 0);
+    assert_true(outer_tid[0] != outer_tid[1]);
+    json_decref(root);
+}
+
+static void expect_code(cube_error *err, cube_code code)
+{
+    assert_non_null(err);
+    assert_int_equal(cube_error_code(err), code);
+    cube_error_free(err);
+}
+
+static cube_client *closing_client;
+static int closing_refused;
+
+static void push_while_closing(void *arg)
+{
+    (void)arg;
+    cube_error *err = cube_range_push(closing_client, "late");
+    closing_refused = cube_error_code(err) == CUBE_ERR_INVALID_ARGUMENT;
+    cube_error_free(err);
+}
+
+/* Bad calls get clear errors and change nothing; without a trace, ranges
+ * are no-ops; a trace restarted in between gets no stray end. */
+static void test_range_errors(void **state)
+{
+    (void)state;
+    cube_client *c;
+    check(cube_client_open("cpu", NULL, &c));
+    /* No trace: nothing recorded, nothing refused but NULL arguments. */
+    expect_code(cube_range_push(NULL, "x"), CUBE_ERR_INVALID_ARGUMENT);
+    expect_code(cube_range_pop(NULL), CUBE_ERR_INVALID_ARGUMENT);
+    expect_code(cube_range_push(c, NULL), CUBE_ERR_INVALID_ARGUMENT);
+    assert_null(cube_range_push(c, "ignored"));
+    assert_null(cube_range_pop(c));
+    assert_null(cube_range_pop(c));
+
+    const char *path = tmp_path("range-errors.json");
+    assert_null(cube_trace_start(path));
+    expect_code(cube_range_push(c, NULL), CUBE_ERR_INVALID_ARGUMENT);
+    expect_code(cube_range_pop(c), CUBE_ERR_INVALID_ARGUMENT);
+    /* The depth limit. */
+    for (int i = 0; i < CUBE_RANGE_MAX_DEPTH; i++)
+        check(cube_range_push(c, "deep"));
+    expect_code(cube_range_push(c, "too deep"), CUBE_ERR_RESOURCE_LIMIT);
+    for (int i = 0; i < CUBE_RANGE_MAX_DEPTH; i++)
+        check(cube_range_pop(c));
+    expect_code(cube_range_pop(c), CUBE_ERR_INVALID_ARGUMENT);
+    /* A long name is cut at a character boundary: "ab" then 2-byte
+     * characters, so byte 255 is the second byte of one. */
+    enum { LONG = 100000 };
+    char *name = malloc(LONG + 1);
+    assert_non_null(name);
+    name[0] = 'a';
+    name[1] = 'b';
+    for (size_t i = 2; i + 1 < LONG; i += 2) {
+        name[i] = (char)0xc3;
+        name[i + 1] = (char)0xa9;
+    }
+    name[LONG - 1] = 'z';
+    name[LONG] = '\0';
+    check(cube_range_push(c, name));
+    free(name);
+    check(cube_range_pop(c));
+    /* Left open when the trace stops: ended in its file. */
+    check(cube_range_push(c, "across the stop"));
+    assert_null(cube_trace_stop());
+    /* The client is still usable. */
+    cube_handle h;
+    check(cube_empty(c, 64, &h));
+    check(cube_handle_release(c, h));
+
+    json_t *root;
+    json_t *events = load_events(path, &root);
+    assert_trace_rules(events);
+    int long_seen = 0, stopped = 0;
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *ev = json_array_get(events, i);
+        const char *ph = str_field(ev, "ph");
+        const char *n = str_field(ev, "name");
+        if (strcmp(ph, "B") == 0 && strncmp(n, "ab", 2) == 0) {
+            assert_int_equal(strlen(n), 254); /* "ab" + 126 characters */
+            assert_int_equal((unsigned char)n[strlen(n) - 1], 0xa9);
+            long_seen++;
+        }
+        if (strcmp(ph, "E") == 0 && strcmp(n, "trace stop") == 0)
+            stopped++;
+        assert_string_not_equal(n, "ignored");
+        assert_string_not_equal(n, "too deep");
+    }
+    assert_int_equal(long_seen, 1);
+    assert_int_equal(stopped, 1);
+    json_decref(root);
+
+    /* A new trace: the old range's pop writes no end into it, and the
+     * close's check refuses pushes once closing has begun. */
+    const char *again = tmp_path("range-again.json");
+    assert_null(cube_trace_start(again));
+    check(cube_range_pop(c));
+    expect_code(cube_range_pop(c), CUBE_ERR_INVALID_ARGUMENT);
+    check(cube_range_push(c, "closed by the close"));
+    closing_client = c;
+    closing_refused = 0;
+    c->closing_hook = push_while_closing;
+    cube_client_close(c);
+    assert_true(closing_refused);
+    assert_null(cube_trace_stop());
+    events = load_events(again, &root);
+    assert_trace_rules(events);
+    assert_int_equal(count_phase(events, "B"), 1);
+    assert_int_equal(count_phase(events, "E"), 1);
+    json_decref(root);
+}
+
 int main(void)
 {
     /* No configuration file from the user's home, and a CUBERT_TRACE that
@@ -879,15 +1223,18 @@ int main(void)
         cmocka_unit_test(test_write_failure),
         cmocka_unit_test(test_start_stop_while_emitting),
         cmocka_unit_test(test_end_to_end),
+        cmocka_unit_test(test_compile_events),
+        cmocka_unit_test(test_ranges_two_threads),
+        cmocka_unit_test(test_range_errors),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
 
     static const char *const files[] = {
-        "twice.json",         "empty.json",    "threads.json", "utf8.json",
-        "after-failure.json", "race-0.json",   "race-1.json",  "client.json",
-        "after-fifo.json",    "truncated.json"};
+        "twice.json",         "empty.json",     "threads.json", "utf8.json",
+        "after-failure.json", "race-0.json",    "race-1.json",  "client.json",
+        "after-fifo.json",    "truncated.json", "compile.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         unlink(tmp_path(files[i]));
-    rmdir(tmp_dir);
+    nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return failed;
 }

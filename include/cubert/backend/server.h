@@ -183,6 +183,11 @@ typedef struct cube_compiled {
     int uses_cube_sync;
     double compile_ms; /* time spent compiling (0 for a cache hit) */
     int from_disk_cache;
+    /* CPU cube C kernels that call cube_sync(): what the barrier pass did,
+     * a static string the trace shows ("ran", "disk": its output came from
+     * the disk cache, "refused": the units run as fibers, "off": switched
+     * off by cpu_barriers). NULL where no such pass applies. */
+    const char *barrier_pass;
     void *impl;
 } cube_compiled;
 

@@ -312,12 +312,15 @@ static cube_error *cpu_compile_unit_loops(cpu_server *s, const char *name,
                                           const char *source, const char *flags,
                                           const uint32_t dim[3],
                                           cpu_module **out,
-                                          cpu_jit_origin *origin)
+                                          cpu_jit_origin *origin,
+                                          const char **what)
 {
     *out = NULL;
+    *what = "refused";
     cube_config_value v;
     if (cube_config_lookup("cpu_barriers", &v) == 0 &&
         v.origin != CUBE_CONFIG_UNSET && v.number == CPU_BARRIERS_FIBERS) {
+        *what = "off";
         cube_log_write(CUBE_LOG_INFO, "compile",
                        "kernel '%s' runs its units as fibers: cpu_barriers "
                        "is fibers",
@@ -361,6 +364,7 @@ static cube_error *cpu_compile_unit_loops(cpu_server *s, const char *name,
         cpu_module_close(m);
         return NULL;
     }
+    *what = pass.ran ? "ran" : "disk";
     if (pass.ran)
         cube_log_write(CUBE_LOG_INFO, "compile",
                        "kernel '%s' runs its units as loops between barriers "
@@ -410,11 +414,13 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     cube_kernel_cube_dim(kernel, dim);
     uint64_t units = (uint64_t)dim[0] * dim[1] * dim[2];
     cube_error *err = NULL;
+    const char *barrier_pass = NULL;
     /* A validating compile keeps the fibers: the barrier pass would have
      * to carry the parameters' hidden positions across its loops. */
     if (mentions_cube_sync(user) && units > 1 && units <= CPU_MAX_UNITS &&
         !(mode & CUBE_LAUNCH_VALIDATE))
-        err = cpu_compile_unit_loops(s, name, source, flags, dim, &m, &origin);
+        err = cpu_compile_unit_loops(s, name, source, flags, dim, &m, &origin,
+                                     &barrier_pass);
     if (!err && !m)
         err = cpu_jit_load(s->jit, source, flags, &m, &origin);
     free(source);
@@ -473,6 +479,7 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     out->uses_cube_sync = mentions_cube_sync(user);
     out->compile_ms = now_ms() - t0;
     out->from_disk_cache = origin == CPU_JIT_DISK;
+    out->barrier_pass = barrier_pass;
     out->impl = impl;
     return NULL;
 }
