@@ -37,7 +37,9 @@
  * otherwise add up: a request that needs new pages while free mapped
  * pages sit elsewhere made the peak mapped bytes 1.145x the peak live on
  * a PyTorch GPT-2 training trace. So a request that would take the pool
- * past the most pages it has ever had mapped (vm_high) first unmaps that
+ * past the most pages it has had mapped since the last release of its free
+ * pages (vm_high: cleanup and the out-of-memory retry restart it) first
+ * unmaps that
  * many free pages elsewhere, the range's highest first, and picks the
  * free block that needs the fewest new pages (refit): the mapped bytes
  * stay at the high-water mark of the pages live blocks touch, and a step
@@ -422,6 +424,10 @@ uint64_t mem_expandable_release(mem_manager *m, mem_pool *p)
         if (lo < hi)
             released += unmap_pages(m, p, lo, hi);
     }
+    /* The mark restarts from what is still mapped: a caller who gave
+     * memory back wants the next phase held to its own high-water mark,
+     * not to that of a larger phase before it. */
+    p->vm_high = p->st.pages;
     return released;
 }
 

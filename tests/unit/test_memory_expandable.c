@@ -578,35 +578,32 @@ static void test_refused_second_run(void **state)
 }
 
 /* A refused map with cached pages elsewhere: they are unmapped, the map
- * is retried once and succeeds. The request stays under the most pages
- * the pool has had mapped, so unmap before map leaves the cached pages
- * alone and the refusal is what releases them. */
+ * is retried once and succeeds. Unmap before map sheds only as many
+ * pages as would take the pool past its mark, so one cached page is left
+ * for the refusal to release. */
 static void test_refused_map_retries_after_releasing(void **state)
 {
     (void)state;
     model *md = model_new(9);
     cube_memory_layout l = one_pool(0);
     mem_manager *m = make(md, &l);
-    assert_int_equal(step_alloc(m, md, 4 * PAGE), CUBE_OK); /* pages 0-3 */
-    assert_int_equal(step_alloc(m, md, PAGE), CUBE_OK);     /* page 4 */
-    assert_int_equal(step_alloc(m, md, 6 * PAGE), CUBE_OK); /* pages 5-10 */
+    uint64_t sizes[4] = {2 * PAGE, PAGE, 2 * PAGE, PAGE}; /* 0-1 2 3-4 5 */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(step_alloc(m, md, sizes[i]), CUBE_OK);
     step_free(m, md, 2);
-    step_free(m, md, 0);
-    mem_cleanup(m); /* 11 pages were mapped; only page 4 is now */
+    step_free(m, md, 0); /* holes of 2 cached pages: 0-1 and 3-4 */
     check_invariants(m, md);
-    assert_int_equal(md->mapped, PAGE);
-    assert_int_equal(step_alloc(m, md, 4 * PAGE), CUBE_OK); /* pages 0-3 */
-    step_free(m, md, 1); /* 4 pages cached at the start */
-    check_invariants(m, md);
-    assert_int_equal(md->mapped, 5 * PAGE);
+    assert_int_equal(md->mapped, 6 * PAGE); /* the mark */
     uint64_t unmaps = md->unmaps;
     md->map_fail_at = (long)md->maps + 1;
-    /* 6 pages fit only after the live page: refused once, the 4 cached
-     * pages unmapped, retried. */
-    assert_int_equal(step_alloc(m, md, 6 * PAGE), CUBE_OK);
+    /* 3 pages fit in no hole: pages 6-8. Unmap before map sheds 3 of the
+     * 4 cached pages; the map is refused once, the last cached page is
+     * released, and the retry succeeds. */
+    assert_int_equal(step_alloc(m, md, 3 * PAGE), CUBE_OK);
     check_invariants(m, md);
-    assert_true(md->unmaps > unmaps);
-    assert_int_equal(md->mapped, 7 * PAGE);
+    /* Unmap calls: pages 3-4, page 1, then page 0 for the retry. */
+    assert_int_equal(md->unmaps, unmaps + 3);
+    assert_int_equal(md->mapped, 5 * PAGE);
     model_end(m, md);
 }
 
@@ -701,6 +698,32 @@ static void test_refused_map_after_unmapping(void **state)
     assert_int_equal(step_alloc(m, md, 6 * PAGE), CUBE_OK);
     check_invariants(m, md);
     assert_int_equal(md->mapped, 7 * PAGE);
+    model_end(m, md);
+}
+
+/* A cleanup restarts the mark from what is still mapped: after a large
+ * phase is given back, a smaller one is held to its own high-water mark
+ * (unmap before map runs again) instead of the large phase's. */
+static void test_cleanup_restarts_the_mark(void **state)
+{
+    (void)state;
+    model *md = model_new(15);
+    cube_memory_layout l = one_pool(0);
+    mem_manager *m = make(md, &l);
+    assert_int_equal(step_alloc(m, md, 8 * PAGE), CUBE_OK);
+    step_free(m, md, 0);
+    mem_cleanup(m);
+    check_invariants(m, md);
+    assert_int_equal(md->mapped, 0);
+    assert_int_equal(step_alloc(m, md, PAGE), CUBE_OK); /* page 0 */
+    assert_int_equal(step_alloc(m, md, PAGE), CUBE_OK); /* page 1 */
+    step_free(m, md, 0); /* page 0 cached; 2 mapped, the mark */
+    uint64_t unmaps = md->unmaps;
+    /* 2 pages more would take the pool to 4: page 0 goes first. */
+    assert_int_equal(step_alloc(m, md, 2 * PAGE), CUBE_OK);
+    check_invariants(m, md);
+    assert_true(md->unmaps > unmaps);
+    assert_int_equal(md->mapped, 3 * PAGE);
     model_end(m, md);
 }
 
@@ -948,6 +971,7 @@ int main(void)
         cmocka_unit_test(test_unmap_before_map_holds_the_high_mark),
         cmocka_unit_test(test_request_at_the_mark_prefers_mapped_pages),
         cmocka_unit_test(test_refused_map_after_unmapping),
+        cmocka_unit_test(test_cleanup_restarts_the_mark),
         cmocka_unit_test(test_cleanup_unmaps_free_pages_only),
         cmocka_unit_test(test_hot_pair_makes_no_storage_call),
         cmocka_unit_test(test_capped_pool_spills_over_and_caps_mapping),
