@@ -6,8 +6,9 @@
  *      pool. cubert: cube_empty on a stream whose pool holds no mapped
  *      page (the miss maps the block's pages: cuMemCreate + cuMemMap +
  *      cuMemSetAccess per page), then cube_handle_release +
- *      cube_memory_cleanup (the unmap path: a stream synchronization and
- *      cuMemUnmap per page). Driver: the same calls on a range reserved
+ *      cube_memory_cleanup (the unmap path: an event recorded on the
+ *      stream; the pages' cuMemUnmap runs at the stream's next map, in
+ *      the next round's map). Driver: the same calls on a range reserved
  *      once, one allocation per page as cubert makes them, with the same
  *      access list (this device and every device that can reach it);
  *      also one allocation for the whole 64 MiB. Host µs, medians.
@@ -26,7 +27,8 @@
  *      cube_sync; a cold pass (the pools empty) and a warm one (the pools
  *      as the cold pass left them), per operation and in all; the maps and
  *      unmaps of the pass (cube_memory_stats: device_allocations and
- *      device_frees; on CUDA each unmap synchronizes the stream first) and
+ *      device_frees; on CUDA an unmap records an event, never a stream
+ *      synchronization) and
  *      peak reserved ÷ peak live. The two presets alternate round by round.
  *
  * Checks: (a) a kernel writes each fresh block whole and its last word is
@@ -394,8 +396,9 @@ static void phase_map(void)
                d / e);
     }
     CK(cuMemAddressFree(base, 64ull << 20));
-    printf("\ncubert's unmap includes the stream synchronization (an idle "
-           "stream here) and the cleanup's walk of the pools.\n\n");
+    printf("\ncubert's unmap is the cleanup's walk of the pools and an "
+           "event recorded on the stream; the pages' cuMemUnmap runs at the "
+           "next map, in its time.\n\n");
 }
 
 /* --- (b) pool hits --- */
@@ -622,8 +625,9 @@ static void phase_trace(char **paths, int n)
     }
     printf("\nMaps and unmaps are cube_memory_stats' device_allocations and "
            "device_frees over the pass (for the default preset: device "
-           "allocations and frees); on CUDA each unmap of the expandable "
-           "pool synchronizes the stream first. Peak live is the trace's "
+           "allocations and frees); on CUDA an unmap of the expandable "
+           "pool records an event and synchronizes nothing. Peak live is the "
+           "trace's "
            "requested bytes.\n");
 }
 

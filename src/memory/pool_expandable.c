@@ -44,8 +44,9 @@
  * free block that needs the fewest new pages (refit): the mapped bytes
  * stay at the high-water mark of the pages live blocks touch, and a step
  * that repeats finds its pages mapped. This costs an unmap and a map on a
- * path that maps anyway (on a GPU the unmap synchronizes the stream, as a
- * cleanup does); a pool hit never unmaps.
+ * path that maps anyway (on a GPU the unmap records an event and the
+ * pages go once the queued work has passed it: no wait); a pool hit
+ * never unmaps.
  *
  * Out of memory: a map the storage refuses releases what every pool holds
  * unused and retries once (mem_storage_map); if that fails too the block

@@ -106,6 +106,9 @@ typedef struct cube_server_stream {
  *    mapped by several map calls, or part of what one call mapped: a
  *    storage keeps its memory per page of `granularity` bytes. Never
  *    fails (memory that cannot be given back is the storage's to log).
+ *    The storage may give the memory back later, once work queued before
+ *    the unmap has run (CUDA does), provided a map of the range right
+ *    after is served (taking such pages back as they are).
  *  - release: gives a reservation back, whole (the base and size reserve
  *    returned), once nothing in it is mapped.
  * The manager calls map and unmap under its lock, never on the path of a

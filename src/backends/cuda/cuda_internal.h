@@ -61,6 +61,7 @@
 
 #include "base/mutex.h"
 #include "backends/common/disk_cache.h"
+#include "backends/common/vm_defer.h"
 #include "backends/cuda/cuda_api.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
@@ -109,12 +110,12 @@ typedef struct cuda_inflight {
 } cuda_inflight;
 
 /* A reservation of device address space: an expandable pool's range
- * (cuda_vmm.c). `deferred` marks the pages the manager unmapped while a
- * capture ran: still mapped, unmapped later. */
+ * (cuda_vmm.c). `defer` holds the pages the manager unmapped that are
+ * still mapped: behind an event on the owner stream, or (no event) while
+ * a capture ran. */
 typedef struct cuda_vm_range {
     uint64_t base, size;
-    uint64_t *deferred; /* one bit per page */
-    uint64_t deferred_count;
+    vm_defer defer;      /* markers are CUevents of the server's pool */
     cuda_stream *stream; /* the owner */
     struct cuda_vm_range *next;
 } cuda_vm_range;

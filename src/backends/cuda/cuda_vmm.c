@@ -14,22 +14,33 @@
  * cuda_peer_access is 0), granted at map: peer access enabled on a
  * context does not cover memory mapped this way.
  *
- * Unmapping never races queued work: the owner stream is synchronized
- * first, as a device free is (every other stream's use was ordered before
- * the owner's current point when the block went back to the manager, see
- * cuda_memory.c). A live graph's memory is never unmapped: a graph pins
- * every buffer it names, so its blocks stay live, and the manager unmaps
- * only pages no live block touches.
+ * Unmapping never races queued work, and never waits on the unmap's
+ * path. An unmap defers its pages (vm_defer.h): they stay mapped and one
+ * event from the server's pool is recorded on the owner stream after
+ * their last use (every other stream's use was ordered before the owner's
+ * current point when the block went back to the manager, see
+ * cuda_memory.c). The stream's next map, unmap or release unmaps the
+ * deferred pages whose event has completed (cuEventQuery); only a map the
+ * driver refuses for want of memory (the manager's out-of-memory retry
+ * comes through there) and a range released wait (cuEventSynchronize).
+ * A map of a deferred page takes it back as it is: no second mapping.
+ * The manager counts deferred pages as unmapped (they are out of its
+ * bytes_reserved from its unmap on); the driver holds them until their
+ * event completes and the stream next maps, unmaps or releases. Without
+ * an event (the pool has none and cannot create one) or room to note the
+ * batch, an unmap synchronizes the owner stream and unmaps at once. A
+ * live graph's memory is never unmapped: a graph pins every buffer it
+ * names, so its blocks stay live, and the manager unmaps only pages no
+ * live block touches.
  *
- * Captures. Synchronizing, or an unmap (which may synchronize), could
- * break a capture running on another thread, so while one runs an unmap
- * only notes the pages (deferred): they stay mapped, out of the manager's
- * accounting, and a later map of them takes them back as they are. The
- * stream's next unmap or release with no capture running unmaps them (the
- * manager's cleanup and out-of-memory retry both unmap), and so does a map
- * the driver refuses for want of memory. A release while a capture runs
- * hands the whole range to the server (vm_later), freed when the last
- * capture ends (cuda_free_deferred) or at the first stream close.
+ * Captures. Recording an event on the owner stream (which may be the one
+ * capturing), synchronizing or an unmap could break a capture running on
+ * another thread, so while one runs an unmap only notes its pages, with
+ * no event; the first map, unmap or release with no capture running
+ * records one for them, and unmaps them once it has completed. A release
+ * while a capture runs hands the whole range to the server (vm_later),
+ * freed when the last capture ends (cuda_free_deferred) or at the first
+ * stream close.
  *
  * Locks: the manager calls the storage's virtual-memory functions under
  * its lock, so a stream's ranges need no lock of their own; deferred_lock
@@ -135,19 +146,6 @@ void cuda_vm_setup(cuda_server *s)
 
 /* --- pages --- */
 
-static int bit_get(const uint64_t *bits, uint64_t i)
-{
-    return (int)((bits[i / 64u] >> (i % 64u)) & 1u);
-}
-
-static void bit_set(uint64_t *bits, uint64_t i, int on)
-{
-    if (on)
-        bits[i / 64u] |= 1ull << (i % 64u);
-    else
-        bits[i / 64u] &= ~(1ull << (i % 64u));
-}
-
 static cuda_vm_range *range_of(cuda_stream *st, uint64_t address)
 {
     for (cuda_vm_range *r = st->vm_ranges; r; r = r->next)
@@ -168,41 +166,89 @@ static void page_unmap(cuda_server *s, uint64_t address)
                        (ull)address, cuda_result_text(s->api, r));
 }
 
-/* Unmaps the deferred pages of `r` but those of [keep, keep + kept) (the
- * owner stream synchronized). */
-static uint64_t range_flush(cuda_server *s, cuda_vm_range *r, uint64_t keep,
-                            uint64_t kept)
+/* --- deferred unmaps: vm_defer's markers are pooled events --- */
+
+static int marker_done(void *self, void *marker, int wait)
 {
-    uint64_t n = 0, pages = r->size / s->vm_granularity;
-    for (uint64_t i = 0; i < pages && r->deferred_count > n; i++) {
-        if (!bit_get(r->deferred, i) || (i >= keep && i - keep < kept))
-            continue;
-        page_unmap(s, r->base + i * s->vm_granularity);
-        bit_set(r->deferred, i, 0);
-        n++;
+    cuda_vm_range *r = self;
+    cuda_server *s = r->stream->server;
+    if (!marker) {
+        /* Noted while a capture ran; no event could be recorded since. */
+        if (wait)
+            s->api->cuStreamSynchronize(r->stream->cu);
+        return wait;
     }
-    r->deferred_count -= n;
+    CUresult res = wait ? s->api->cuEventSynchronize(marker)
+                        : s->api->cuEventQuery(marker);
+    /* A failed wait means a failed device: no queued work runs any more. */
+    return res == CUDA_SUCCESS || wait;
+}
+
+static void marker_put(void *self, void *marker)
+{
+    cuda_vm_range *r = self;
+    cuda_event_put(r->stream->server, marker);
+}
+
+static void pages_unmap(void *self, uint64_t first, uint64_t count)
+{
+    cuda_vm_range *r = self;
+    cuda_server *s = r->stream->server;
+    for (uint64_t i = first; i < first + count; i++)
+        page_unmap(s, r->base + i * s->vm_granularity);
+}
+
+/* An event recorded on the owner stream now: after every use queued. */
+static void *marker_record(void *self)
+{
+    cuda_stream *st = self;
+    cuda_server *s = st->server;
+    CUevent ev = NULL;
+    cube_error *err = cuda_event_get(s, &ev);
+    if (err) {
+        cube_error_free(err);
+        return NULL;
+    }
+    if (s->api->cuEventRecord(ev, st->cu) != CUDA_SUCCESS) {
+        cuda_event_put(s, ev);
+        return NULL;
+    }
+    return ev;
+}
+
+/* Unmaps the stream's deferred pages whose event has completed (`wait`:
+ * all of them, waiting), but pages [keep, keep + kept) of `kr` (about to
+ * be taken back); events first for the pages noted during a capture.
+ * Call with no capture running (cuda_free_begin) and the capture mode
+ * relaxed. Returns the pages unmapped. */
+static uint64_t stream_reap(cuda_stream *st, int wait, const cuda_vm_range *kr,
+                            uint64_t keep, uint64_t kept)
+{
+    uint64_t n = 0;
+    for (cuda_vm_range *r = st->vm_ranges; r; r = r->next) {
+        if (!r->defer.batch_count)
+            continue;
+        vm_defer_mark(&r->defer, marker_record, st);
+        vm_defer_ops o = {r, marker_done, marker_put, pages_unmap};
+        n += vm_defer_reap(&r->defer, &o, wait, r == kr ? keep : 0,
+                           r == kr ? kept : 0);
+    }
     return n;
 }
 
-/* The stream's deferred pages, unmapped now when no capture runs, but
- * pages [keep, keep + kept) of `kr` (about to be taken back); returns how
- * many. */
-static uint64_t stream_flush(cuda_server *s, cuda_stream *st,
-                             const cuda_vm_range *kr, uint64_t keep,
-                             uint64_t kept)
+/* stream_reap behind the capture gate; 0 while a capture runs. */
+static uint64_t stream_reap_gated(cuda_server *s, cuda_stream *st, int wait,
+                                  const cuda_vm_range *kr, uint64_t keep,
+                                  uint64_t kept)
 {
     int any = 0;
     for (cuda_vm_range *r = st->vm_ranges; r && !any; r = r->next)
-        any = r->deferred_count != 0;
+        any = r->defer.batch_count != 0;
     if (!any || !cuda_free_begin(s))
         return 0;
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
-    s->api->cuStreamSynchronize(st->cu);
-    uint64_t n = 0;
-    for (cuda_vm_range *r = st->vm_ranges; r; r = r->next)
-        n += range_flush(s, r, r == kr ? keep : 0, r == kr ? kept : 0);
+    uint64_t n = stream_reap(st, wait, kr, keep, kept);
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
     cuda_free_end(s);
     return n;
@@ -240,14 +286,14 @@ cube_error *cuda_vm_reserve(void *self, uint64_t size, uint64_t align,
     cube_error *err = cuda_enter(s);
     if (err)
         return err;
-    uint64_t pages = size / s->vm_granularity;
     cuda_vm_range *r = calloc(1, sizeof *r);
-    uint64_t *bits =
-        r ? calloc((size_t)((pages + 63u) / 64u), sizeof *bits) : NULL;
-    if (!bits) {
-        free(r);
+    if (!r)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "no host memory for a reservation's record");
+    err = vm_defer_init(&r->defer, size / s->vm_granularity);
+    if (err) {
+        free(r);
+        return err;
     }
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
@@ -256,7 +302,7 @@ cube_error *cuda_vm_reserve(void *self, uint64_t size, uint64_t align,
         s->api->cuMemAddressReserve(&p, (size_t)size, (size_t)align, 0, 0);
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
     if (res != CUDA_SUCCESS) {
-        free(bits);
+        vm_defer_fini(&r->defer);
         free(r);
         return cuda_fail_alloc(s, res,
                                "cuMemAddressReserve of %llu bytes aligned to "
@@ -265,7 +311,6 @@ cube_error *cuda_vm_reserve(void *self, uint64_t size, uint64_t align,
     }
     r->base = p;
     r->size = size;
-    r->deferred = bits;
     r->stream = st;
     r->next = st->vm_ranges;
     st->vm_ranges = r;
@@ -288,6 +333,8 @@ cube_error *cuda_vm_map(void *self, uint64_t address, uint64_t size)
                               "of a reservation of this stream",
                               (ull)size, (ull)address);
     uint64_t first = (address - r->base) / g, n = size / g;
+    /* What completed goes first, but the pages this map takes back. */
+    stream_reap_gated(s, st, 0, r, first, n);
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
     /* Pages still mapped from a deferred unmap are taken back as they
@@ -297,14 +344,15 @@ cube_error *cuda_vm_map(void *self, uint64_t address, uint64_t size)
     uint64_t i = 0;
     int flushed = 0;
     for (; i < n; i++) {
-        if (bit_get(r->deferred, first + i))
+        if (vm_defer_is(&r->defer, first + i))
             continue;
         res = page_map(s, address + i * g);
         if (res == CUDA_ERROR_OUT_OF_MEMORY && !flushed) {
-            /* Deferred pages hold memory the manager does not count. */
+            /* Deferred pages hold memory the manager does not count:
+             * wait for their last uses and unmap them. */
             flushed = 1;
             s->api->cuThreadExchangeStreamCaptureMode(&mode);
-            uint64_t freed = stream_flush(s, st, r, first, n);
+            uint64_t freed = stream_reap_gated(s, st, 1, r, first, n);
             s->api->cuThreadExchangeStreamCaptureMode(&mode);
             if (freed) {
                 i--;
@@ -317,7 +365,7 @@ cube_error *cuda_vm_map(void *self, uint64_t address, uint64_t size)
     if (res != CUDA_SUCCESS) {
         /* The pages mapped here are new: no work has used them. */
         for (uint64_t k = 0; k < i; k++)
-            if (!bit_get(r->deferred, first + k))
+            if (!vm_defer_is(&r->defer, first + k))
                 s->api->cuMemUnmap((CUdeviceptr)(address + k * g), g);
         s->api->cuThreadExchangeStreamCaptureMode(&mode);
         return cuda_fail_alloc(s, res,
@@ -326,11 +374,7 @@ cube_error *cuda_vm_map(void *self, uint64_t address, uint64_t size)
                                (ull)size, (ull)address, (ull)(first + i));
     }
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
-    for (i = 0; i < n && r->deferred_count; i++)
-        if (bit_get(r->deferred, first + i)) {
-            bit_set(r->deferred, first + i, 0);
-            r->deferred_count--;
-        }
+    vm_defer_take(&r->defer, first, n);
     return NULL;
 }
 
@@ -345,35 +389,57 @@ void cuda_vm_unmap(void *self, uint64_t address, uint64_t size)
         return;
     uint64_t first = (address - r->base) / g, n = size / g;
     if (!cuda_free_begin(s)) {
-        for (uint64_t i = 0; i < n; i++)
-            if (!bit_get(r->deferred, first + i)) {
-                bit_set(r->deferred, first + i, 1);
-                r->deferred_count++;
-            }
+        cube_error *err = vm_defer_add(&r->defer, first, n, NULL);
+        if (err) {
+            /* No room to note them: they stay mapped, given back with
+             * the range. */
+            cube_log_write(CUBE_LOG_WARN, "memory",
+                           "%s; %llu bytes at 0x%llx stay mapped until "
+                           "their pool is released",
+                           cube_error_message(err), (ull)size, (ull)address);
+            cube_error_free(err);
+        }
         return;
     }
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
+    stream_reap(st, 0, NULL, 0, 0);
     /* Work queued before the blocks of these pages went back may still
-     * run. */
-    s->api->cuStreamSynchronize(st->cu);
-    for (cuda_vm_range *o = st->vm_ranges; o; o = o->next)
-        range_flush(s, o, 0, 0);
-    for (uint64_t i = 0; i < n; i++)
-        page_unmap(s, address + i * g);
+     * run: the pages go once the owner stream has passed this point. */
+    void *ev = marker_record(st);
+    cube_error *err = ev ? vm_defer_add(&r->defer, first, n, ev) : NULL;
+    if (!ev || err) {
+        cube_error_free(err);
+        if (ev)
+            cuda_event_put(s, ev);
+        s->api->cuStreamSynchronize(st->cu);
+        for (uint64_t i = 0; i < n; i++)
+            page_unmap(s, address + i * g);
+    }
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
     cuda_free_end(s);
 }
 
-/* Unmaps what `r` still has deferred and gives its address space back;
- * call as a running free (cuda_free_begin). */
+/* Unmaps what `r` still has deferred, once its last uses have run, and
+ * gives its address space back; call as a running free
+ * (cuda_free_begin). */
 static void range_free(cuda_server *s, cuda_vm_range *r)
 {
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
-    if (r->deferred_count) {
+    if (r->defer.batch_count) {
+        vm_defer_mark(&r->defer, marker_record, r->stream);
+        vm_defer_ops o = {r, marker_done, marker_put, pages_unmap};
+        vm_defer_reap(&r->defer, &o, 1, 0, 0);
+    }
+    if (r->defer.count) {
+        /* Noted with no batch (no host memory then). */
         s->api->cuStreamSynchronize(r->stream->cu);
-        range_flush(s, r, 0, 0);
+        for (uint64_t i = 0; i < r->defer.pages; i++)
+            if (vm_defer_is(&r->defer, i)) {
+                page_unmap(s, r->base + i * s->vm_granularity);
+                vm_defer_take(&r->defer, i, 1);
+            }
     }
     CUresult res = s->api->cuMemAddressFree((CUdeviceptr)r->base, r->size);
     s->api->cuThreadExchangeStreamCaptureMode(&mode);
@@ -382,7 +448,7 @@ static void range_free(cuda_server *s, cuda_vm_range *r)
                        "cuMemAddressFree of %llu bytes at 0x%llx: %s",
                        (ull)r->size, (ull)r->base,
                        cuda_result_text(s->api, res));
-    free(r->deferred);
+    vm_defer_fini(&r->defer);
     free(r);
 }
 
