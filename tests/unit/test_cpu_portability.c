@@ -52,6 +52,18 @@ static const char clean_src[] =
     "        CUBE_AT(x, i) = 2.0f * sqrtf(CUBE_AT(x, i) * CUBE_AT(x, i));\n"
     "}\n";
 
+/* A CPU-only atomic (docs/kernels.md, "Atomics"); x doubled all the
+ * same. */
+static const char atomic_src[] =
+    "CUBE_KERNEL(port_atomic, CUBE_INOUT(float, x))\n"
+    "{\n"
+    "    int64_t seen = 0;\n"
+    "    cube_atomic_max_i64(&seen, 1);\n"
+    "    uint32_t i = ABSOLUTE_POS_X;\n"
+    "    if (i < CUBE_LEN(x) && seen == 1)\n"
+    "        CUBE_AT(x, i) = 2.0f * CUBE_AT(x, i);\n"
+    "}\n";
+
 /* --------------------------------------------------------------- the log */
 
 static char warn_lines[16384];  /* warnings about portability */
@@ -158,6 +170,57 @@ static void void_conversion_warns_once(void **state)
     /* The compiler's first error, pointing into the kernel's source. */
     assert_non_null(strstr(warn_lines, "port_void.cube.c:4"));
     assert_non_null(strstr(warn_lines, "error"));
+}
+
+static void cpu_only_atomic_warns(void **state)
+{
+    (void)state;
+    run("port_atomic", atomic_src, "", three_modes, 1);
+    assert_int_equal(count_of(warn_lines, "would not compile"), 1);
+    assert_non_null(strstr(warn_lines, "cube_atomic_max_i64"));
+}
+
+/* What the check says is what NVRTC does: on a machine with a CUDA
+ * device, the kernels it warns about fail to compile there and the clean
+ * one compiles. Skipped without one. */
+static void cuda_agrees(void **state)
+{
+    (void)state;
+    cube_client *c = NULL;
+    cube_error *err = cube_client_open("cuda", NULL, &c);
+    if (err) {
+        print_message("skipped: no CUDA device (%s)\n",
+                      cube_error_message(err));
+        cube_error_free(err);
+        skip();
+    }
+    static const struct {
+        const char *name, *src;
+        int compiles;
+    } cases[] = {{"port_void", void_src, 0},
+                 {"port_atomic", atomic_src, 0},
+                 {"port_clean", clean_src, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cube_kernel_desc d = {cases[i].name, cases[i].src, {64, 1, 1}};
+        cube_kernel *k;
+        OK(cube_kernel_create(&d, &k));
+        cube_handle h;
+        OK(cube_empty(c, 512, &h));
+        cube_arg args[] = {cube_arg_buffer(h)};
+        err = cube_launch(c, k, cube_count_static(2, 1, 1), args, 1,
+                          CUBE_LAUNCH_SKIP);
+        if (cases[i].compiles) {
+            OK(err);
+        } else {
+            if (!err)
+                fail_msg("kernel '%s' compiled for CUDA", cases[i].name);
+            assert_int_equal(cube_error_code(err), CUBE_ERR_COMPILE);
+            cube_error_free(err);
+        }
+        cube_error_free(cube_handle_release(c, h));
+        cube_kernel_release(k);
+    }
+    cube_client_close(c);
 }
 
 static void clean_kernel_is_quiet(void **state)
@@ -511,6 +574,8 @@ int main(void)
         cmocka_unit_test(stand_ins_match_cuda_and_the_docs),
         cmocka_unit_test_setup_teardown(void_conversion_warns_once, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(cpu_only_atomic_warns, setup, teardown),
+        cmocka_unit_test(cuda_agrees),
         cmocka_unit_test_setup_teardown(clean_kernel_is_quiet, setup, teardown),
         cmocka_unit_test_setup_teardown(key_turns_it_off, setup, teardown),
         cmocka_unit_test_setup_teardown(no_cxx_is_an_info_line, setup,
