@@ -33,8 +33,10 @@
  *    LeakSanitizer checks it, and the parent checks its exit status.
  * Most runs load the kernels from a warmed disk cache (a private copy per
  * child); the calls that only a cold cache makes (the compiler, its
- * temporary directories, dlopen of a new object, the cache writes) are
- * failed in a second set of runs, each with an empty cache.
+ * temporary directories, dlopen of a new object, the cache writes, and the
+ * portability check's C++ compiler and temporary file, whose failures the
+ * compile absorbs) are failed in a second set of runs, each with an empty
+ * cache.
  *
  * The mechanism is link-time wrapping (tests/CMakeLists.txt links this
  * executable with -Wl,--wrap=<function> for each function below): the

@@ -757,6 +757,62 @@ done:
     return err;
 }
 
+cube_error *cpu_jit_run_on_source(const cpu_jit *jit, const char *const *argv,
+                                  const char *source, const char *file_name,
+                                  char **output, int *status)
+{
+    if (output)
+        *output = NULL;
+    if (!jit || !argv || !argv[0] || !source || !file_name || !output ||
+        !status || strchr(file_name, '/'))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cpu_jit_run_on_source: %s",
+                              !jit || !argv || !argv[0] ? "no program"
+                              : !source || !file_name   ? "no source"
+                              : !output || !status      ? "no output"
+                                                        : "bad file name");
+    size_t argc = 0;
+    while (argv[argc])
+        argc++;
+    char *dir = NULL;
+    cube_error *err = cpu_jit_make_tmpdir(jit, "check", &dir);
+    if (err)
+        return err;
+    char *path = cpu_jit_join(dir, file_name);
+    const char **args = calloc(argc + 2, sizeof *args);
+    if (!path || !args) {
+        err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                             "cpu_jit_run_on_source: out of memory");
+        goto done;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int rc = fd < 0 ? -1 : file_write_all(fd, source, strlen(source));
+    int e = errno;
+    if (fd >= 0 && close(fd) != 0 && rc == 0) {
+        rc = -1;
+        e = errno;
+    }
+    if (rc != 0) {
+        char eb[128];
+        err = cube_error_new(CUBE_ERR_IO,
+                             "cpu_jit_run_on_source: cannot write '%s': %s",
+                             path, file_strerror(e, eb, sizeof eb));
+        goto done;
+    }
+    memcpy(args, argv, argc * sizeof *args);
+    args[argc] = path;
+    args[argc + 1] = NULL;
+    err = cpu_jit_run(args, output, status);
+done:
+    if (path)
+        unlink(path);
+    cpu_jit_remove_dir(dir);
+    free(args);
+    free(path);
+    free(dir);
+    return err;
+}
+
 /* Loads the disk cache's entry for `key`, when there is a verified one
  * that is the kernel it is filed under. Returns true with *out set, or
  * false (no entry, or a bad one, removed with a warning) to build. */
@@ -990,6 +1046,19 @@ const cube_config_key cpu_config_keys[] = {
      .max_len = CUBE_CONFIG_TEXT_MAX,
      .default_text = "cc",
      .doc = "the C compiler the CPU backend runs: a program name or a path"},
+    {.name = "cpu_cxx",
+     .type = CUBE_CONFIG_TEXT,
+     .max_len = CUBE_CONFIG_TEXT_MAX,
+     .default_text = "c++, else g++",
+     .doc = "the C++ compiler of the CPU backend's portability check: a "
+            "program name or a path"},
+    {.name = "cpu_portability_check",
+     .type = CUBE_CONFIG_UINT,
+     .min = 0,
+     .max = 1,
+     .default_text = "1",
+     .doc = "1: check each newly compiled cube C kernel as CUDA C++ with the "
+            "C++ compiler and warn when it would not compile there; 0: off"},
     {.name = "cpu_cflags",
      .type = CUBE_CONFIG_TEXT,
      .max_len = CUBE_CONFIG_TEXT_MAX,

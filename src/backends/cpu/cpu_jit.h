@@ -103,6 +103,20 @@ cube_error *cpu_jit_load_derived(cpu_jit *jit, const char *source,
 cube_error *cpu_jit_load_object(cpu_jit *jit, const void *bytes, size_t len,
                                 cpu_module **out);
 
+/* Runs `argv` (a NULL-terminated list; argv[0] is found through PATH, no
+ * shell) with one more argument: the path of a file named `file_name` (no
+ * '/') holding `source`, in a private temporary directory that is removed
+ * before the call returns. stdin is /dev/null; stdout and stderr are
+ * captured into *output (malloc'd, NUL terminated; the caller frees it) and
+ * *status is the raw wait status. For checks that only read the source
+ * (a syntax-only pass of another compiler); nothing is cached.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT, CUBE_ERR_IO (the directory or file
+ * cannot be made or written; the program cannot be run or waited for),
+ * CUBE_ERR_OUT_OF_MEMORY; *output is then NULL. */
+cube_error *cpu_jit_run_on_source(const cpu_jit *jit, const char *const *argv,
+                                  const char *source, const char *file_name,
+                                  char **output, int *status);
+
 /* The address of the exported symbol `name`, or NULL. */
 void *cpu_module_symbol(const cpu_module *module, const char *name);
 

@@ -15,6 +15,7 @@
 #include "backends/common/host_memory.h"
 #include "backends/cpu/cpu_jit.h"
 #include "backends/cpu/cpu_mpi.h"
+#include "backends/cpu/cpu_portability.h"
 #include "backends/cpu/cpu_unitloop.h"
 #include "backends/cpu/cpu_workers.h"
 #include "cubert/backend/errors.h"
@@ -78,6 +79,7 @@ typedef struct cpu_kernel_impl {
 typedef struct cpu_server {
     cube_server base;
     cpu_jit *jit;
+    cpu_portability *port; /* NULL: no memory for it, nothing checked */
     cpu_workers *workers;
     cube_properties props;
 } cpu_server;
@@ -426,6 +428,11 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     free(source);
     if (err)
         return cube_error_prefix(err, "compiling kernel '%s'", name);
+    /* Only a real compile: a kernel loaded from a cache was checked when
+     * it was built. */
+    if (origin == CPU_JIT_COMPILED)
+        cpu_portability_check(s->port, s->jit, cube_kernel_id(kernel), name,
+                              user, flags);
 
     const unsigned *abi = cpu_module_symbol(m, "cube__abi_version");
     const cube_param_kind *sig = symbol(m, "cube__sig_", name);
@@ -770,6 +777,7 @@ static void cpu_destroy(cube_server *server)
 {
     cpu_server *s = (cpu_server *)server;
     cpu_workers_destroy(s->workers);
+    cpu_portability_destroy(s->port);
     cpu_jit_destroy(s->jit);
     free(s);
 }
@@ -862,6 +870,8 @@ static cube_error *cpu_open(uint32_t index, const cube_client_options *options,
         free(s);
         return err;
     }
+    /* Without memory for it the device works, unchecked. */
+    s->port = cpu_portability_create();
     fill_properties(&s->props, cpu_workers_threads(s->workers));
     *out = &s->base;
     return NULL;
