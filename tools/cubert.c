@@ -4,8 +4,9 @@
  *                                       and the configuration
  *   cubert demo [--device D] [--size N] a tiled matrix product, a reduction
  *                                       and a softmax, checked against C
- *   cubert memory [--device D] [--json] [--demo]
+ *   cubert memory [--device D] [--json] [--demo] [--buffers]
  *                                       the calling stream's memory report
+ *                                       (and the client's live buffers)
  *
  * The demo is a small real workload: every kernel result is compared with a
  * plain C reference, and the exit status is 0 only when every check passes.
@@ -55,7 +56,7 @@ void cubert_usage(FILE *f)
         "                            cpu), check each against plain C and\n"
         "                            time them; exit status 0 only if every\n"
         "                            check passes\n"
-        "  memory [--device D] [--json] [--demo]\n"
+        "  memory [--device D] [--json] [--demo] [--buffers]\n"
         "                            open device D and print the memory\n"
         "                            report of the calling stream for the\n"
         "                            default layout: each pool's page and\n"
@@ -74,7 +75,11 @@ void cubert_usage(FILE *f)
         "                            object per line); --demo allocates\n"
         "                            buffers of varied sizes, prints the\n"
         "                            report, releases them, resets the\n"
-        "                            high-water marks and prints it again\n"
+        "                            high-water marks and prints it again;\n"
+        "                            --buffers lists the live buffers after\n"
+        "                            each report, largest first: handle,\n"
+        "                            size, stream, pool, label (with --json\n"
+        "                            a {\"buffers\": [...]} line)\n"
         "  help, --help, -h          this text (also COMMAND --help)\n"
         "  --version, version        the library version\n"
         "\n"
@@ -1005,10 +1010,112 @@ static int print_memory_stats(cube_client *c, int json)
     return 0;
 }
 
-/* Prints the calling stream's report, then the counters; `title` heads
- * the table form (the JSON form is one object per line, nothing else).
- * Returns 1 on error. */
-static int print_memory_report(cube_client *c, int json, const char *title)
+static const char *pool_kind_name(cube_pool_kind kind)
+{
+    switch (kind) {
+    case CUBE_POOL_SLICED: return "sliced";
+    case CUBE_POOL_EXCLUSIVE: return "exclusive";
+    case CUBE_POOL_PERSISTENT: return "persistent";
+    case CUBE_POOL_EXPANDABLE: return "expandable";
+    }
+    return "?";
+}
+
+static int larger_first(const void *a, const void *b)
+{
+    const cube_buffer_info *x = a, *y = b;
+    if (x->size != y->size)
+        return x->size < y->size ? 1 : -1;
+    return x->handle.bits < y->handle.bits ? -1
+                                           : x->handle.bits > y->handle.bits;
+}
+
+/* The client's live buffers (every stream), largest first: a table, or
+ * one JSON object on a line of its own. Returns 1 on error. */
+static int print_buffers(cube_client *c, int json)
+{
+    cube_buffer_info *list = NULL;
+    size_t count = 0, cap = 0;
+    /* Buffers made meanwhile on other threads: ask until the list fits. */
+    for (;;) {
+        if (count > 0) {
+            cap = count + 16;
+            cube_buffer_info *grown = realloc(list, cap * sizeof *list);
+            if (!grown) {
+                free(list);
+                fprintf(stderr, "cubert memory: out of host memory\n");
+                return 1;
+            }
+            list = grown;
+            list[0].struct_size = sizeof *list;
+        }
+        if (report(
+                cube_memory_snapshot(c, CUBE_MEMORY_DEVICE, list, cap, &count),
+                "cube_memory_snapshot")) {
+            free(list);
+            return 1;
+        }
+        if (count <= cap)
+            break;
+    }
+    if (count > 0)
+        qsort(list, count, sizeof *list, larger_first);
+    if (json) {
+        printf("{\"buffers\":[");
+        for (size_t i = 0; i < count; i++) {
+            const cube_buffer_info *b = &list[i];
+            char pool[16];
+            if (b->pool == CUBE_BUFFER_NO_POOL)
+                snprintf(pool, sizeof pool, "null");
+            else
+                snprintf(pool, sizeof pool, "%u", b->pool);
+            /* Labels hold no byte JSON would need escaped. */
+            printf(
+                "%s{\"handle\":\"0x%016llx\",\"size\":%llu,"
+                "\"stream\":%llu,\"pool\":%s,\"kind\":%s%s%s,"
+                "\"foreign\":%s,\"deferred\":%s,\"label\":\"%s\"}",
+                i ? "," : "", (unsigned long long)b->handle.bits,
+                (unsigned long long)b->size, (unsigned long long)b->stream,
+                pool, b->pool == CUBE_BUFFER_NO_POOL ? "" : "\"",
+                b->pool == CUBE_BUFFER_NO_POOL ? "null"
+                                               : pool_kind_name(b->pool_kind),
+                b->pool == CUBE_BUFFER_NO_POOL ? "" : "\"",
+                b->flags & CUBE_BUFFER_FOREIGN ? "true" : "false",
+                b->flags & CUBE_BUFFER_DEFERRED ? "true" : "false", b->label);
+        }
+        printf("]}\n");
+        free(list);
+        return 0;
+    }
+    printf("\nlive buffers (cube_memory_snapshot): %zu, largest first\n",
+           count);
+    if (count > 0)
+        printf("  %-18s %10s %18s %-16s %s\n", "handle", "size", "stream",
+               "pool", "label");
+    for (size_t i = 0; i < count; i++) {
+        const cube_buffer_info *b = &list[i];
+        char size[32], pool[32];
+        format_bytes(b->size, size, sizeof size);
+        if (b->flags & CUBE_BUFFER_FOREIGN)
+            snprintf(pool, sizeof pool, "(wrapped)");
+        else if (b->flags & CUBE_BUFFER_DEFERRED)
+            snprintf(pool, sizeof pool, "(not backed)");
+        else
+            snprintf(pool, sizeof pool, "%u %s", b->pool,
+                     pool_kind_name(b->pool_kind));
+        printf("  0x%016llx %10s 0x%016llx %-16s %s\n",
+               (unsigned long long)b->handle.bits, size,
+               (unsigned long long)b->stream, pool, b->label);
+    }
+    free(list);
+    return 0;
+}
+
+/* Prints the calling stream's report, then the counters, then with
+ * `buffers` the live buffers; `title` heads the table form (the JSON form
+ * is one object per line, nothing else). Returns 1 on error. */
+static int print_memory_report(cube_client *c, int json, int buffers,
+                               const char *title)
 {
     cube_memory_report r;
     if (report(cube_memory_report_get(c, &r), "cube_memory_report_get"))
@@ -1024,14 +1131,17 @@ static int print_memory_report(cube_client *c, int json, const char *title)
         printf("\n%s\n", title);
     fputs(text, stdout);
     free(text);
-    return print_memory_stats(c, json);
+    if (print_memory_stats(c, json))
+        return 1;
+    return buffers ? print_buffers(c, json) : 0;
 }
 
 /* Allocates buffers of varied sizes up to an eighth of the device (one in
  * a persistent window, one in the large tail when that fits in the same
  * budget), prints the report, releases them, resets the high-water marks
  * and prints it again. */
-static int memory_demo(cube_client *c, const cube_properties *p, int json)
+static int memory_demo(cube_client *c, const cube_properties *p, int json,
+                       int buffers)
 {
     enum { MAX_BUFFERS = 16 };
     uint64_t sizes[MAX_BUFFERS];
@@ -1075,6 +1185,15 @@ static int memory_demo(cube_client *c, const cube_properties *p, int json)
         if (!errors) {
             errors += report(cube_empty(c, sizes[i], &h[made]), "cube_empty");
             if (!errors) {
+                /* Named, so the buffer list shows what each one is. */
+                char label[32];
+                snprintf(label, sizeof label, "demo %llu bytes%s",
+                         (unsigned long long)sizes[i],
+                         persistent[i] ? ", persistent" : "");
+                errors += report(cube_handle_set_label(c, h[made], label),
+                                 "cube_handle_set_label");
+            }
+            if (!errors) {
                 total += sizes[i];
                 made++;
             }
@@ -1090,14 +1209,14 @@ static int memory_demo(cube_client *c, const cube_properties *p, int json)
              made, amount, (unsigned long long)sizes[0],
              tail ? ", one above every pool, in the large tail" : "");
     if (!errors)
-        errors += print_memory_report(c, json, title);
+        errors += print_memory_report(c, json, buffers, title);
     for (size_t i = 0; i < made; i++)
         errors += report(cube_handle_release(c, h[i]), "cube_handle_release");
     errors += report(cube_sync(c, NULL, 0), "cube_sync");
     errors += report(cube_memory_reset_peaks(c), "cube_memory_reset_peaks");
     if (!errors)
         errors += print_memory_report(
-            c, json,
+            c, json, buffers,
             "after releasing them and resetting the high-water marks "
             "(released memory may stay reserved in its pool until "
             "cube_memory_cleanup)");
@@ -1110,17 +1229,20 @@ static int cmd_memory(int argc, char **argv)
         {"device", required_argument, NULL, 'd'},
         {"json", no_argument, NULL, 'j'},
         {"demo", no_argument, NULL, 'D'},
+        {"buffers", no_argument, NULL, 'b'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     cubert_args args = {
         .command = "memory", .argc = argc, .argv = argv, .options = options};
     const char *device = NULL;
-    int json = 0, demo_mode = 0, opt;
+    int json = 0, demo_mode = 0, buffers = 0, opt;
     while ((opt = cubert_args_next(&args)) > 0) {
         if (opt == 'd')
             device = args.value;
         else if (opt == 'j')
             json = 1;
+        else if (opt == 'b')
+            buffers = 1;
         else
             demo_mode = 1;
     }
@@ -1144,9 +1266,9 @@ static int cmd_memory(int argc, char **argv)
     }
     int rc;
     if (demo_mode)
-        rc = memory_demo(c, &p, json);
+        rc = memory_demo(c, &p, json, buffers);
     else
-        rc = print_memory_report(c, json,
+        rc = print_memory_report(c, json, buffers,
                                  "default layout, nothing allocated "
                                  "(the calling thread's stream)");
     cube_client_close(c);

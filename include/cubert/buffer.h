@@ -73,8 +73,10 @@ cube_handle_slice(cube_client *client, cube_handle handle, uint64_t offset,
 #define CUBE_LABEL_MAX 63
 
 /* Names the buffer `handle` belongs to (every handle and slice of it
- * shares the label): memory reports, the trace's release events and error
- * messages that name the buffer show it beside the handle's hex bits. The
+ * shares the label): the list of live buffers (cube_memory_snapshot in
+ * cubert/memory.h, `cubert memory --buffers`) shows it, and the trace's
+ * release events and error messages that name the buffer show it beside
+ * the handle's hex bits. The
  * label is copied. It is 1 to CUBE_LABEL_MAX bytes of printable ASCII
  * (0x20-0x7e) other than '"' and '\\'; a longer or other label is
  * refused, not truncated, and the old label stays. NULL or "" clears it.

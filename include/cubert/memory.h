@@ -227,6 +227,67 @@ CUBE_API CUBE_MUST_USE cube_error *
 cube_memory_stats_get(cube_client *client, cube_memory_scope scope,
                       cube_memory_stats *out);
 
+/* --- live buffers --- */
+
+/* cube_buffer_info.pool of a buffer no pool holds: wrapped memory, or a
+ * buffer made in a dry run that has no memory yet. */
+#define CUBE_BUFFER_NO_POOL UINT32_MAX
+
+/* cube_buffer_info.flags */
+#define CUBE_BUFFER_FOREIGN 1u  /* wrapped memory (cube_wrap_memory) */
+#define CUBE_BUFFER_DEFERRED 2u /* made in a dry run, not backed yet */
+
+/* One live buffer. A buffer and its slices are one entry: the buffer's
+ * whole range, named by the first handle made for it. */
+typedef struct cube_buffer_info {
+    /* As cube_memory_stats.struct_size, for every element of the array:
+     * the caller sets out[0].struct_size to sizeof(cube_buffer_info), which
+     * is also the array's stride; the library fills that many bytes of
+     * each element at most and sets each element's struct_size to the
+     * bytes it filled. */
+    uint32_t struct_size;
+    uint32_t flags;        /* CUBE_BUFFER_FOREIGN, CUBE_BUFFER_DEFERRED */
+    cube_handle handle;    /* the first handle (cube_empty's or
+                              cube_wrap_memory's), even once released while
+                              slices keep the buffer alive */
+    uint64_t size;         /* bytes asked for */
+    cube_stream_id stream; /* the stream whose memory manager holds it */
+    /* The pool's position in that stream's cube_memory_report.pools
+     * (the layout's pools, then the large tail, then the persistent pool),
+     * or CUBE_BUFFER_NO_POOL. */
+    uint32_t pool;
+    cube_pool_kind pool_kind;       /* that pool's kind (the large tail:
+                                       EXCLUSIVE); unset with CUBE_BUFFER_NO_POOL */
+    char label[CUBE_LABEL_MAX + 1]; /* cube_handle_set_label's, or "" */
+} cube_buffer_info;
+
+/* The size of the first version of cube_buffer_info: the least
+ * struct_size accepted. */
+#define CUBE_BUFFER_INFO_V1_SIZE 104u
+
+/* Lists the client's live buffers: with CUBE_MEMORY_STREAM those whose
+ * memory the calling thread's stream holds; with CUBE_MEMORY_DEVICE every
+ * buffer of this client, on any stream. Buffers belong to the client that
+ * made them, so other clients' buffers on the same device are not listed
+ * (each client lists its own).
+ *
+ * *count receives how many buffers there are; the first min(cap, *count)
+ * of them are written to out, in no particular order. A caller sizes the
+ * array with cap 0 and out NULL, then asks again: a count above cap means
+ * the list did not fit (not an error). Buffers made or released by other
+ * threads meanwhile may or may not be listed; a buffer is never listed
+ * twice, and one listed was live during the call.
+ *
+ * Cost: a walk of the client's handle table, without the locks the
+ * allocation path takes, so allocations on other threads go on meanwhile;
+ * two snapshots of one client take turns. Thread safety: any thread.
+ * Errors: CUBE_ERR_INVALID_ARGUMENT (client or count NULL, out NULL with
+ * cap above 0, out[0].struct_size below CUBE_BUFFER_INFO_V1_SIZE when cap
+ * is above 0, an unknown scope, the client is closing). */
+CUBE_API CUBE_MUST_USE cube_error *
+cube_memory_snapshot(cube_client *client, cube_memory_scope scope,
+                     cube_buffer_info *out, size_t cap, size_t *count);
+
 typedef enum cube_report_format {
     CUBE_REPORT_TABLE = 0, /* aligned text, one line per pool */
     CUBE_REPORT_JSON = 1

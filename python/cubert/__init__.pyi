@@ -118,6 +118,16 @@ class _MemoryStats(TypedDict):
     free_bytes: int
     free_bytes_peak: int
 
+class _BufferInfo(TypedDict):
+    handle: int  # the first handle's bits
+    size: int
+    stream: int
+    pool: int | None  # position in the stream's memory report
+    kind: Literal["sliced", "exclusive", "persistent", "expandable"] | None
+    foreign: bool  # wrapped memory
+    deferred: bool  # made in a dry run, not backed yet
+    label: str
+
 class _DeviceInfo(TypedDict):
     device: str
     index: int
@@ -245,6 +255,7 @@ class Client:
     def range(self, name: str) -> AbstractContextManager[Client]: ...
     def memory_usage(self, *, device: bool = False) -> _MemoryUsage: ...
     def memory_stats(self, *, device: bool = False) -> _MemoryStats: ...
+    def memory_snapshot(self, *, device: bool = False) -> list[_BufferInfo]: ...
     def memory_report(self, format: Literal["table", "json"] = "table") -> str: ...
     def memory_cleanup(self) -> None: ...
     def reset_peaks(self) -> None: ...

@@ -348,6 +348,69 @@ static PyObject *client_memory_stats(pyc_client *self, PyObject *args,
     return d;
 }
 
+static const char *const pool_kinds[] = {"sliced", "exclusive", "persistent",
+                                         "expandable"};
+
+/* One cube_buffer_info as a dict; pool and kind None outside the pools. */
+static PyObject *buffer_info_dict(const cube_buffer_info *b)
+{
+    int pooled = b->pool != CUBE_BUFFER_NO_POOL;
+    const char *kind =
+        pooled && (unsigned)b->pool_kind < 4 ? pool_kinds[b->pool_kind] : NULL;
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:N,s:N,s:O,s:O,s:s}", "handle",
+        (unsigned long long)b->handle.bits, "size", (unsigned long long)b->size,
+        "stream", (unsigned long long)b->stream, "pool",
+        pooled ? PyLong_FromUnsignedLong(b->pool) : Py_NewRef(Py_None), "kind",
+        kind ? PyUnicode_FromString(kind) : Py_NewRef(Py_None), "foreign",
+        (b->flags & CUBE_BUFFER_FOREIGN) ? Py_True : Py_False, "deferred",
+        (b->flags & CUBE_BUFFER_DEFERRED) ? Py_True : Py_False, "label",
+        b->label);
+}
+
+static PyObject *client_memory_snapshot(pyc_client *self, PyObject *args,
+                                        PyObject *kw)
+{
+    static char *names[] = {"device", NULL};
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p", names, &device))
+        return NULL;
+    cube_client *c = pyc_client_get(self);
+    if (!c)
+        return NULL;
+    cube_memory_scope scope = device ? CUBE_MEMORY_DEVICE : CUBE_MEMORY_STREAM;
+    cube_buffer_info *list = NULL;
+    size_t count = 0, cap = 0;
+    /* Other threads may allocate meanwhile: ask until the list fits. */
+    for (;;) {
+        if (count > 0) {
+            cap = count + 16;
+            PyMem_Free(list);
+            list = PyMem_Malloc(cap * sizeof *list);
+            if (!list)
+                return PyErr_NoMemory();
+            list[0].struct_size = sizeof *list;
+        }
+        cube_error *err = cube_memory_snapshot(c, scope, list, cap, &count);
+        if (err) {
+            PyMem_Free(list);
+            return pyc_raise(err);
+        }
+        if (count <= cap)
+            break;
+    }
+    PyObject *out = PyList_New((Py_ssize_t)count);
+    for (size_t i = 0; out && i < count; i++) {
+        PyObject *d = buffer_info_dict(&list[i]);
+        if (!d)
+            Py_CLEAR(out);
+        else
+            PyList_SetItem(out, (Py_ssize_t)i, d);
+    }
+    PyMem_Free(list);
+    return out;
+}
+
 static PyObject *client_memory_report(pyc_client *self, PyObject *args,
                                       PyObject *kw)
 {
@@ -599,6 +662,12 @@ static PyMethodDef client_methods[] = {
      "device allocations and frees, out-of-memory events and retries, "
      "bytes allocated, reserved and free with their peaks) for the calling "
      "thread's stream, or with device=True summed over every stream."},
+    {"memory_snapshot", (PyCFunction)(void (*)(void))client_memory_snapshot,
+     METH_VARARGS | METH_KEYWORDS,
+     "memory_snapshot(*, device=False) -> list[dict]: the live buffers "
+     "(cube_memory_snapshot) whose memory the calling thread's stream holds, "
+     "or with device=True every buffer of this client; each a dict of "
+     "handle, size, stream, pool, kind, foreign, deferred, label."},
     {"memory_report", (PyCFunction)(void (*)(void))client_memory_report,
      METH_VARARGS | METH_KEYWORDS, "memory_report(format='table') -> str"},
     {"memory_cleanup", (PyCFunction)client_memory_cleanup, METH_NOARGS, NULL},

@@ -168,6 +168,26 @@ def test_memory_stats(client):
     assert everything["allocations"] >= after["allocations"]
 
 
+def test_memory_snapshot(client):
+    before = client.memory_snapshot()
+    buf = client.empty(3000)
+    buf.label = "activations"
+    part = buf.slice(0, 100)
+    listed = [b for b in client.memory_snapshot() if b["label"] == "activations"]
+    assert len(listed) == 1  # a slice is not listed again
+    info = listed[0]
+    assert info["size"] == 3000
+    assert info["stream"] == client.stream
+    assert info["kind"] in ("sliced", "exclusive", "persistent", "expandable")
+    assert isinstance(info["pool"], int)
+    assert info["foreign"] is False and info["deferred"] is False
+    assert len(client.memory_snapshot(device=True)) >= len(before) + 1
+    buf.release()
+    part.release()
+    assert not [b for b in client.memory_snapshot()
+                if b["label"] == "activations"]
+
+
 def test_memory_report(client):
     buf = client.empty(1 << 20)
     table = client.memory_report()

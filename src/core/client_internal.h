@@ -30,9 +30,13 @@ typedef struct core_alloc {
     uint64_t trace_id;
     void (*release)(void *user);
     void *release_user;
-    /* The first handle's bits: the trace's alloc and release events name
-     * the buffer by it, so the two pair up. Set only while tracing. */
+    /* The first handle's bits: the trace's alloc and release events and
+     * cube_memory_snapshot name the buffer by it. Set before the first
+     * handle is published; never changes. */
     uint64_t first_handle;
+    /* The cube_memory_snapshot that listed it last (snapshot.c), so a
+     * buffer and its slices are listed once; under snapshot_lock. */
+    uint64_t listed;
     /* cube_handle_set_label's copy, or NULL. Written under the labels'
      * lock (handles.c), read through core_buffer_name. */
     char *label;
@@ -235,6 +239,11 @@ struct cube_client {
 
     cube_mutex defer_lock; /* backs deferred allocations, once */
 
+    /* Serializes cube_memory_snapshot (its walk marks each buffer it
+     * lists with the walk's number); taken before defer_lock. */
+    cube_mutex snapshot_lock;
+    uint64_t snapshot_serial CUBE_GUARDED_FIELD(snapshot_lock);
+
     /* Wrapped memory alive (cube_wrap_memory), for cube_memory_usage. */
     atomic_uint_fast64_t foreign_buffers, foreign_bytes;
 
@@ -315,6 +324,14 @@ int core_dry_run_active(const cube_client *c);
 cube_error *core_resolve(cube_client *c, cube_handle h, const char *what,
                          core_resolved *out);
 void core_resolved_drop(cube_client *c, core_resolved *r);
+/* Calls `visit` once per live slot of `c`'s table, in slot order, with
+ * the slot pinned (pin_slot's compare-and-swap) so a release on another
+ * thread cannot free the allocation meanwhile; a slot being released is
+ * passed over. Slices make several slots of one allocation. Takes no
+ * lock; the last unpin may give memory back. */
+void core_handles_walk(cube_client *c,
+                       void (*visit)(cube_client *c, core_alloc *a, void *user),
+                       void *user);
 cube_binding core_binding(const core_resolved *r);
 /* Backs `size` bytes for stream `st`: the backend's initialize_memory, or
  * the stream's manager. */

@@ -15,7 +15,8 @@
  *
  * Locks (docs/threading.md): defer_lock, then the backend's memory locks
  * (backing a dry-run buffer); handles_lock alone, never held while
- * memory is given back; tags_lock (process-wide) alone.
+ * memory is given back; tags_lock (process-wide) alone. snapshot_lock is
+ * snapshot.c's (above defer_lock).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,6 +178,7 @@ cube_error *core_handles_init(cube_client *c)
 {
     cube_mutex_init(&c->handles_lock);
     cube_mutex_init(&c->defer_lock);
+    cube_mutex_init(&c->snapshot_lock);
     c->free_head = c->free_tail = NO_SLOT;
     atomic_init(&c->hot_slot, NO_SLOT);
     atomic_init(&c->slot_count, 0);
@@ -193,6 +195,7 @@ cube_error *core_handles_init(cube_client *c)
         c->chunks = NULL;
         cube_mutex_destroy(&c->handles_lock);
         cube_mutex_destroy(&c->defer_lock);
+        cube_mutex_destroy(&c->snapshot_lock);
     }
     return err;
 }
@@ -358,6 +361,7 @@ void core_handles_destroy(cube_client *c)
     tag_give_back(c);
     cube_mutex_destroy(&c->handles_lock);
     cube_mutex_destroy(&c->defer_lock);
+    cube_mutex_destroy(&c->snapshot_lock);
 }
 
 /* A free slot index, under handles_lock. A new slot starts at the first
@@ -491,6 +495,33 @@ static void unpin_slot(cube_client *c, uint32_t i, core_slot *s)
     }
 }
 
+void core_handles_walk(cube_client *c,
+                       void (*visit)(cube_client *c, core_alloc *a, void *user),
+                       void *user)
+{
+    uint32_t count = atomic_load_explicit(&c->slot_count, memory_order_acquire);
+    for (uint32_t i = 0; i < count; i++) {
+        core_slot *s = slot_at(c, i);
+        if (!s)
+            continue;
+        /* pin_slot's compare-and-swap, for whichever generation is live:
+         * a slot being released (count 0) is passed over. */
+        uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+        int pinned = 0;
+        while (!pinned) {
+            if (state_refs(st) == 0 || state_refs(st) == UINT32_MAX)
+                break;
+            pinned = atomic_compare_exchange_weak_explicit(
+                &s->state, &st, st + 1, memory_order_acq_rel,
+                memory_order_acquire);
+        }
+        if (!pinned)
+            continue;
+        visit(c, s->alloc, user);
+        unpin_slot(c, i, s);
+    }
+}
+
 static cube_error *not_found(const cube_client *c, cube_handle h,
                              const char *what)
 {
@@ -588,9 +619,11 @@ cube_binding core_binding(const core_resolved *r)
 }
 
 /* Publishes a new slot naming `a` [offset, offset+size), holding one
- * reference on `a`. Takes handles_lock unless the hot slot is free. */
+ * reference on `a`. Takes handles_lock unless the hot slot is free.
+ * `first`: the buffer's first handle, which names it from then on (set
+ * before the slot is visible, so a concurrent snapshot reads it whole). */
 static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
-                           uint64_t size, cube_handle *out)
+                           uint64_t size, cube_handle *out, int first)
 {
     /* The slot released last, without the lock, when there is one. */
     uint32_t i =
@@ -608,9 +641,11 @@ static cube_error *publish(cube_client *c, core_alloc *a, uint64_t offset,
     alloc_ref(a);
     uint64_t gen =
         state_gen(atomic_load_explicit(&s->state, memory_order_relaxed));
+    *out = make_handle(c, i, (uint32_t)gen);
+    if (first)
+        a->first_handle = out->bits;
     /* The fields above become visible with the count of one. */
     atomic_store_explicit(&s->state, (gen << 32) | 1, memory_order_release);
-    *out = make_handle(c, i, (uint32_t)gen);
     return NULL;
 }
 
@@ -627,7 +662,7 @@ cube_error *core_publish_foreign(cube_client *c, core_stream *s,
     a->foreign = 1;
     a->release = release;
     a->release_user = user;
-    cube_error *err = publish(c, a, 0, st->size, out);
+    cube_error *err = publish(c, a, 0, st->size, out, 1);
     if (err) {
         free_record(a);
         return err;
@@ -682,16 +717,12 @@ static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
         return cube_error_prefix(err, "cube_empty(%llu bytes)",
                                  (unsigned long long)size);
     }
-    err = publish(c, a, 0, size, out);
+    err = publish(c, a, 0, size, out, 1);
     if (err) {
         release_storage(c, a);
         return err;
     }
     if (core_trace_on()) {
-        /* Written only when traced: a release without an alloc event has
-         * nothing to pair with anyway, and the untraced pair stays one
-         * store shorter. */
-        a->first_handle = out->bits;
         char args[96];
         snprintf(args, sizeof args, "{\"bytes\":%llu,\"buffer\":\"0x%016llx\"}",
                  (unsigned long long)size, (unsigned long long)out->bits);
@@ -823,7 +854,7 @@ static cube_error *handle_slice_call(cube_client *c, cube_handle h,
                            (unsigned long long)offset, (unsigned long long)size,
                            (unsigned long long)s->size);
     else
-        err = publish(c, s->alloc, s->offset + offset, size, out);
+        err = publish(c, s->alloc, s->offset + offset, size, out, 0);
     unpin_slot(c, i, s);
     return err;
 }

@@ -579,6 +579,7 @@ cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out)
     out->address = b->address;
     out->size = size;
     out->cookie = b;
+    out->pool = b->pool->index;
     return NULL;
 }
 
@@ -615,6 +616,24 @@ void mem_free(mem_manager *m, cube_storage *storage)
     m->tot.frees++;
     mem_unlock(m);
     storage->cookie = NULL;
+}
+
+int mem_pool_kind(mem_manager *m, uint32_t pool, cube_pool_kind *kind)
+{
+    if (!m || !kind)
+        return 0;
+    int found = 1;
+    cube_mutex_lock(&m->lock);
+    if (pool < m->count)
+        *kind = m->pools[pool].config.kind;
+    else if (pool == m->count)
+        *kind = m->pools[MEM_TAIL].config.kind;
+    else if (pool == m->count + 1)
+        *kind = m->pools[MEM_PERSISTENT].config.kind;
+    else
+        found = 0;
+    mem_unlock(m);
+    return found;
 }
 
 void mem_usage(mem_manager *m, cube_memory_usage *out)

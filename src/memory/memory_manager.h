@@ -60,13 +60,19 @@ void mem_manager_destroy(mem_manager *m);
 const mem_storage_ops *mem_storage_of(const mem_manager *m);
 
 /* A block of at least `size` bytes, aligned. storage->size is `size`;
- * storage->cookie is the manager's record, needed by mem_free.
+ * storage->cookie is the manager's record, needed by mem_free;
+ * storage->pool is the serving pool's position in mem_report.
  * Errors: CUBE_ERR_INVALID_ARGUMENT (size 0), CUBE_ERR_BUFFER_TOO_BIG,
  * CUBE_ERR_POOL_CAPACITY_EXCEEDED, CUBE_ERR_OUT_OF_MEMORY,
  * CUBE_ERR_DEVICE_FAULT (the storage's, as it said it). */
 cube_error *mem_alloc(mem_manager *m, uint64_t size, cube_storage *out);
 /* Gives a block back to its pool. */
 void mem_free(mem_manager *m, cube_storage *storage);
+
+/* The kind of the pool at report position `pool` (the large tail:
+ * CUBE_POOL_EXCLUSIVE, as mem_report shows it); 0 when there is no such
+ * position. */
+int mem_pool_kind(mem_manager *m, uint32_t pool, cube_pool_kind *kind);
 
 void mem_usage(mem_manager *m, cube_memory_usage *out);
 void mem_report(mem_manager *m, cube_memory_report *out);

@@ -422,6 +422,11 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(memory_dry_run_buffer_that_cannot_be_backed_fails_its_launch_as_mapping) \
     X(memory_usage_device_counts_every_thread_s_stream)                        \
     X(memory_stats_count_a_known_sequence)                                     \
+    /* the list of live buffers (test_snapshot.c) */                           \
+    X(snapshot_lists_each_buffer_once_with_size_pool_and_label)                \
+    X(snapshot_fills_at_most_cap_and_counts_all)                               \
+    X(snapshot_marks_wrapped_and_dry_run_buffers)                              \
+    X(snapshot_refuses_bad_input_and_the_client_still_answers)                 \
     /* stress: threads, streams, handoffs, failures (test_stress.c) */         \
     X(stress_mixed_operations_from_eight_threads_on_several_streams)           \
     X(stress_producer_consumer_across_streams_with_in_place_rewrites)          \

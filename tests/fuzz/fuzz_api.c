@@ -1658,6 +1658,23 @@ static void op_observe(reader *r)
         st.struct_size = 8;
         expect(cube_memory_stats_get(g_client, scope, &st),
                CUBE_ERR_INVALID_ARGUMENT);
+        /* The live buffers: a cap from the input, each listed once, every
+         * label one this program sets. */
+        cube_buffer_info list[4];
+        size_t cap = (size_t)(which >> 4) % 5, count = 0;
+        list[0].struct_size = sizeof list[0];
+        expect(cube_memory_snapshot(g_client, scope, list, cap, &count),
+               CUBE_OK);
+        size_t n = count < cap ? count : cap;
+        for (size_t i = 0; i < n; i++) {
+            if (list[i].label[0] && strncmp(list[i].label, "fz ", 3) != 0)
+                fail_model("memory snapshot: a label never set", NULL);
+            for (size_t j = 0; j < i; j++)
+                if (list[j].handle.bits == list[i].handle.bits)
+                    fail_model("memory snapshot: a buffer listed twice", NULL);
+        }
+        expect(cube_memory_snapshot(g_client, scope, NULL, 1, &count),
+               CUBE_ERR_INVALID_ARGUMENT);
         break;
     }
     case 1: {

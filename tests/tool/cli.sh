@@ -59,6 +59,13 @@ expect 0 out "cubert memory on cpu" -- memory --device=cpu
 # The counters follow the report, in both forms.
 expect 0 out "pool hits" -- memory --device cpu --demo
 expect 0 out '{"stats":{"stream":{"allocations":' -- memory --json --demo
+# The live buffers follow the counters: largest first, labelled.
+expect 0 out "live buffers (cube_memory_snapshot): 0" -- memory --buffers
+expect 0 out '{"buffers":[]}' -- memory --json --buffers
+expect 0 out "demo 1000 bytes" -- memory --device cpu --demo --buffers
+expect 0 out '{"buffers":[{"handle":"0x' -- memory --json --demo --buffers
+expect 0 out ',"label":"demo 64 bytes"}]}' -- memory --json --demo --buffers
+expect 2 err "cubert memory: --buffers takes no value" -- memory --buffers=1
 # A unique prefix of a long option is that option.
 expect 0 out '"usage"' -- memory --dev cpu --js
 expect 1 err "cube_client_open failed" -- memory --device=nosuchbackend

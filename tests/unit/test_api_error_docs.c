@@ -395,6 +395,38 @@ static void range_errors_are_documented(void **state)
     assert_null(cube_trace_stop());
 }
 
+/* cube_memory_snapshot's bad input, on a CPU client and without one. */
+static void snapshot_errors_are_documented(void **state)
+{
+    (void)state;
+    cube_client *c = open_client("cpu");
+    assert_non_null(c);
+    cube_buffer_info list[2];
+    memset(list, 0, sizeof list);
+    list[0].struct_size = sizeof list[0];
+    size_t count = 0;
+    EXPECT_RETURNED(
+        cube_memory_snapshot(NULL, CUBE_MEMORY_STREAM, list, 2, &count),
+        CUBE_ERR_INVALID_ARGUMENT, "memory.h", "cube_memory_snapshot");
+    EXPECT_RETURNED(cube_memory_snapshot(c, CUBE_MEMORY_STREAM, list, 2, NULL),
+                    CUBE_ERR_INVALID_ARGUMENT, "memory.h",
+                    "cube_memory_snapshot");
+    EXPECT_RETURNED(
+        cube_memory_snapshot(c, CUBE_MEMORY_STREAM, NULL, 2, &count),
+        CUBE_ERR_INVALID_ARGUMENT, "memory.h", "cube_memory_snapshot");
+    list[0].struct_size = CUBE_BUFFER_INFO_V1_SIZE - 1;
+    EXPECT_RETURNED(
+        cube_memory_snapshot(c, CUBE_MEMORY_STREAM, list, 2, &count),
+        CUBE_ERR_INVALID_ARGUMENT, "memory.h", "cube_memory_snapshot");
+    list[0].struct_size = sizeof list[0];
+    EXPECT_RETURNED(
+        cube_memory_snapshot(c, (cube_memory_scope)9, list, 2, &count),
+        CUBE_ERR_INVALID_ARGUMENT, "memory.h", "cube_memory_snapshot");
+    assert_null(cube_memory_snapshot(c, CUBE_MEMORY_DEVICE, list, 2, &count));
+    assert_int_equal(count, 0);
+    cube_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -403,6 +435,7 @@ int main(void)
         cmocka_unit_test(unknown_graph_is_documented),
         cmocka_unit_test(raw_kernel_errors_are_documented),
         cmocka_unit_test(range_errors_are_documented),
+        cmocka_unit_test(snapshot_errors_are_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

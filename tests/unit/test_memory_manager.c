@@ -1576,7 +1576,7 @@ static void test_bad_input(void **state)
     expect_error(mem_install(m, NULL), CUBE_ERR_INVALID_ARGUMENT, NULL);
     mem_free(NULL, &st);
     mem_free(m, NULL);
-    cube_storage none = {0, 0, NULL};
+    cube_storage none = {0, 0, NULL, 0};
     mem_free(m, &none);
     mem_usage(NULL, NULL);
     mem_usage(m, NULL);

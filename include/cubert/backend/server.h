@@ -130,11 +130,16 @@ typedef struct cube_storage_ops {
 
 /* Memory handed out by a backend: `address` is what kernels and copies use
  * (a host pointer on the CPU, a device address on GPUs); `cookie` is the
- * backend's own bookkeeping (its pool slot), returned to it on release. */
+ * backend's own bookkeeping (its pool slot), returned to it on release.
+ * `pool` is the position, in the stream's memory report, of the pool that
+ * served it: the memory manager's allocation sets it, and a backend whose
+ * initialize_memory wraps that allocation copies it, so the buffer list
+ * (cube_memory_snapshot) names the pool without a lookup. */
 typedef struct cube_storage {
     uint64_t address;
     uint64_t size;
     void *cookie;
+    uint32_t pool;
 } cube_storage;
 
 /* A byte range of an allocation, resolved by the client from a handle.

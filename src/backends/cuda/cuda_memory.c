@@ -238,6 +238,7 @@ cube_error *cuda_initialize_memory(cube_server *server,
     out->address = blk->inner.address;
     out->size = blk->inner.size;
     out->cookie = blk;
+    out->pool = blk->inner.pool;
     return NULL;
 }
 
