@@ -12,8 +12,10 @@ set -eu
 # Open MPI at run time, and their tests run ranks with mpirun.
 # zlib1g-dev: bench_memory reads the compressed allocation traces.
 # python3-*: the Python package is built against Debian's interpreter and
-# its tests run there with pytest and NumPy.
-PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev libclang-dev zlib1g-dev openmpi-bin python3-dev python3-numpy python3-pytest $*"
+# its tests run there with pytest and NumPy; matplotlib so that the tests
+# draw cubert.memviz's picture rather than skip it (the package itself
+# needs it only to draw).
+PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev libclang-dev zlib1g-dev openmpi-bin python3-dev python3-numpy python3-pytest python3-matplotlib $*"
 
 # Without Debian's package tools, check what the build itself needs and
 # name what is missing (package names differ between systems).
