@@ -446,9 +446,10 @@ def render(trace: Any, out_path: str | os.PathLike, report: Any = None, *,
         verts.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
         faces.append(f"C{k % 10}")
     if verts:
-        ax.add_collection(PolyCollection(verts, facecolors=faces,
-                                         edgecolors="black", linewidths=0.2,
-                                         alpha=0.8))
+        # Outlines only while few: thousands of them would paint it black.
+        ax.add_collection(PolyCollection(
+            verts, facecolors=faces, edgecolors="black",
+            linewidths=0.2 if len(verts) <= 500 else 0.0, alpha=0.8))
     def life(b: BufferSpan) -> float:
         return ((b.end if b.end is not None else tl.t_last) -
                 (b.start if b.start is not None else tl.t_first))
