@@ -12,7 +12,9 @@ set -eu
 # Open MPI at run time, and their tests run ranks with mpirun.
 # zlib1g-dev: bench_memory reads the compressed allocation traces.
 # python3-*: the Python package is built against Debian's interpreter and
-# its tests run there with pytest and NumPy.
+# its tests run there with pytest and NumPy. (python3-matplotlib, for
+# cubert.memviz's drawing tests, is not here: it brings ~330 MB; CI names
+# it as an extra, elsewhere those two tests skip.)
 PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev libclang-dev zlib1g-dev openmpi-bin python3-dev python3-numpy python3-pytest $*"
 
 # Without Debian's package tools, check what the build itself needs and
