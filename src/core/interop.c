@@ -57,6 +57,14 @@ cube_error *cube_native_stream(cube_client *c, void **out)
     CORE_CALL(c, "cube_native_stream", native_stream_call(c, out));
 }
 
+/* The backend's native_written for `r`, the binding on this frame. */
+static cube_error *written_slot(cube_client *c, core_stream *st,
+                                const core_resolved *r)
+{
+    cube_binding b = core_binding(r);
+    return c->vt->native_written(c->server, &st->base, &b);
+}
+
 static cube_error *native_written_call(cube_client *c, cube_handle h)
 {
     CORE_CHECK_CLIENT(c, "cube_native_written");
@@ -71,10 +79,8 @@ static cube_error *native_written_call(cube_client *c, cube_handle h)
     if (!err) {
         core_stream_lock(st);
         err = core_stream_refuse_in_capture(st, "cube_native_written");
-        if (!err && c->vt->native_written) {
-            cube_binding b = core_binding(&r);
-            err = c->vt->native_written(c->server, &st->base, &b);
-        }
+        if (!err && c->vt->native_written)
+            err = written_slot(c, st, &r);
         core_stream_unlock(st);
         core_fault_note(c, err);
     }
