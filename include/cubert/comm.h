@@ -34,6 +34,29 @@
  * its rank's collectives; a call then returns once every rank's call
  * arrived and its own part was issued.
  *
+ * Graphs (cubert/graph.h): on a backend whose graphs are recorded in
+ * software (the CPU), a collective of a communicator made by
+ * cube_comm_init_all is recorded in a capture when every rank makes it
+ * from a capturing stream: the ranks' calls are matched and checked as
+ * usual, then each rank's capture records its call (its buffers pinned)
+ * instead of running it. When some ranks capture and others do not,
+ * every rank answers CUBE_ERR_GRAPH_STATE and nothing moves or is
+ * recorded. A replay issues each recorded collective as a call, which
+ * meets the other ranks' calls (their replays): each rank replays its
+ * graph on a thread of its own (a replay waits for the peers', so one
+ * thread cannot replay every rank's graph), graphs that differ fail on
+ * every rank as calls that differ do, and a rank that does not replay
+ * leaves the others with CUBE_ERR_TIMEOUT, recorded on their graphs'
+ * outputs. A replay that fails before a collective tells the peers, who
+ * answer an error rather than wait. Still refused in a capture
+ * (CUBE_ERR_GRAPH_STATE on the capturing rank, a refusal on the others):
+ * communicators between processes (NCCL cannot tell the peers that a
+ * replay was refused, so they would wait), hardware graphs (CUDA: a replay
+ * refused on one rank would leave the peers' kernels waiting on the
+ * device) and calls inside a group. A graph holds its communicator: a
+ * rank's communicator destroyed before its graph makes the graph's
+ * replays fail with CUBE_ERR_NOT_FOUND (and its peers time out).
+ *
  * Element counts are per rank, as in NCCL: all-reduce, broadcast and
  * reduce move `count` elements; all-gather gathers `count` from each rank
  * into count * N; reduce-scatter reduces count * N into `count` per rank.
@@ -208,8 +231,9 @@ CUBE_API uint32_t cube_comm_size(const cube_comm *comm);
  * CUBE_ERR_ABORTED): CUBE_ERR_INVALID_ARGUMENT (comm NULL, count 0, a
  * dtype, op, root or peer out of range, a buffer smaller than the call
  * needs — also refused on the other ranks), CUBE_ERR_NOT_FOUND (a
- * released or foreign handle), CUBE_ERR_GRAPH_STATE (the calling stream
- * is capturing a graph: collectives are not recorded in graphs),
+ * released or foreign handle), CUBE_ERR_GRAPH_STATE (some ranks' streams
+ * are capturing a graph and others' are not, or the calling stream is
+ * capturing where collectives are not recorded: see Graphs above),
  * CUBE_ERR_DEVICE_FAULT, CUBE_ERR_OUT_OF_MEMORY (the call's record, or
  * a dry run's buffer backed at first use: CUBE_ERR_STORAGE_MAPPING_FAILED),
  * CUBE_ERR_RESOURCE_LIMIT (more than 64 buffers that other streams share

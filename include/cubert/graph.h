@@ -31,6 +31,14 @@
  * names. Launches that fail validation inside the window are returned as
  * usual and not recorded.
  *
+ * Collectives: a software capture (the CPU backend) records the
+ * collectives of communicators made by cube_comm_init_all when every
+ * rank's stream captures them (cubert/comm.h, Graphs). Such a graph's
+ * replay waits for the other ranks' replays at each collective, so each
+ * rank replays on a thread of its own; a replay that fails stops and its
+ * remaining collectives are refused on every rank. Destroy the graph
+ * before its communicator.
+ *
  * Failures: a replay checks the graph's inputs first; an input that carries
  * a failure, or a launch that fails while replaying, stops the replay and
  * records the error on every buffer the graph writes, so reads of them fail
@@ -78,8 +86,13 @@ CUBE_API CUBE_MUST_USE cube_error *cube_graph_end(cube_client *client,
  * is also recorded on the graph's outputs). Inside a dry-run scope a
  * replay of a live graph does nothing. Errors: CUBE_ERR_INVALID_ARGUMENT,
  * CUBE_ERR_GRAPH_STATE, CUBE_ERR_NOT_FOUND, CUBE_ERR_SEVERAL (an input
- * cannot be trusted), the error of a failed launch, CUBE_ERR_DEVICE_FAULT.
- */
+ * cannot be trusted), the error of a failed launch, CUBE_ERR_DEVICE_FAULT;
+ * for a recorded collective what a call answers (cubert/comm.h):
+ * CUBE_ERR_TIMEOUT (a rank did not replay), CUBE_ERR_INVALID_ARGUMENT
+ * (the ranks' graphs differ, or a peer's replay failed before it),
+ * CUBE_ERR_SEVERAL, CUBE_ERR_ABORTED, CUBE_ERR_GRAPH_STATE (a peer's
+ * stream is capturing), CUBE_ERR_NOT_FOUND (this rank's communicator was
+ * destroyed). */
 CUBE_API CUBE_MUST_USE cube_error *cube_graph_replay(cube_client *client,
                                                      cube_graph_id graph);
 

@@ -412,6 +412,19 @@ void core_stream_note_failure_now(cube_client *c, const cube_error *err);
 cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
     CUBE_REQUIRES(s->lock);
 
+/* --- comm.c: collectives recorded in graphs --- */
+/* Keeps the communicator's group (and its ranks) alive past their
+ * destroy for a graph that names it; release drops that. */
+void core_comm_hold(cube_comm *comm);
+void core_comm_release(cube_comm *comm);
+/* Re-issues a recorded collective through the rendezvous, as a call: it
+ * meets the peers' calls (their replays), and `refusal` (taken; NULL to
+ * run) is posted as this rank's refusal so that the peers answer an error
+ * rather than wait. The failure store is the caller's. Call without the
+ * stream entered. */
+cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
+                             cube_error *refusal);
+
 /* --- graph.c --- */
 /* Records a validated dispatch into the stream's capture. `written` and
  * `cleared` list the allocations the launch writes (OUT and INOUT) and
@@ -422,6 +435,16 @@ cube_error *core_graph_record(cube_client *c, core_stream *s,
                               size_t nread, core_alloc *const *written,
                               size_t nwritten, core_alloc *const *cleared,
                               size_t ncleared);
+/* Records a collective all ranks agreed on in the stream's capture: the
+ * call as the backend gets it (bindings resolved), its source and
+ * destination (either may be NULL), and whether the destination is the
+ * whole buffer. Holds the communicator until the graph goes. Call with
+ * the stream entered. */
+cube_error *core_graph_record_collective(cube_client *c, core_stream *s,
+                                         cube_comm *comm,
+                                         const cube_collective *call,
+                                         core_alloc *src, core_alloc *dst,
+                                         int dst_whole) CUBE_REQUIRES(s->lock);
 /* Frees a capture that never ended (stream teardown). */
 void core_graph_abort(cube_client *c, core_graph *g);
 void core_graphs_destroy(cube_client *c);

@@ -47,6 +47,7 @@ typedef struct comm_call {
     cube_collective *calls; /* by rank, or [send, receive] */
     cube_error **refused;   /* per call: why its rank refused it */
     cube_error **failed;    /* per call: its source's failure */
+    unsigned char *capturing; /* per call: made on a capturing stream */
     struct comm_call *next;
 } comm_call;
 
@@ -55,7 +56,10 @@ typedef struct comm_group {
     cube_mutex lock;
     pthread_cond_t changed; /* a call arrived, was judged or cancelled */
     uint32_t n;
-    uint32_t alive CUBE_GUARDED_FIELD(lock);      /* ranks not destroyed */
+    uint32_t alive CUBE_GUARDED_FIELD(lock); /* ranks not destroyed */
+    /* Recorded collectives in live graphs: the group (and the ranks'
+     * array) outlives the ranks' destroy until their graphs go. */
+    uint32_t holds CUBE_GUARDED_FIELD(lock);
     unsigned char *gone CUBE_GUARDED_FIELD(lock); /* per rank: destroyed */
     uint64_t timeout_ns;
     int aborted CUBE_GUARDED_FIELD(lock);
@@ -93,6 +97,9 @@ typedef struct pending {
     uint64_t deadline_ns; /* set when the call first has to wait */
     cube_error *result;   /* the answer, once run */
     int noted;            /* the stream counted the failure for its windows */
+    /* Made on a capturing stream: once the ranks agree it is recorded in
+     * the capture, not run, and the failure store is the graph's. */
+    int capturing;
     /* A call of a communicator between processes: its arguments and its
      * source's failure, handed to the backend with it. */
     cube_collective mine;
@@ -350,7 +357,7 @@ void cube_comm_destroy(cube_comm *comm)
     cube_mutex_lock(&g->lock);
     if (g->gone)
         g->gone[comm->rank] = 1;
-    int last = --g->alive == 0;
+    int last = --g->alive == 0 && g->holds == 0;
     /* Peers waiting for this rank will not see it come. */
     pthread_cond_broadcast(&g->changed);
     cube_mutex_unlock(&g->lock);
@@ -592,7 +599,7 @@ static comm_call *call_find(comm_group *g, int p2p, uint32_t from, uint32_t to,
     uint32_t expected = p2p ? 2 : g->n;
     /* One block: the record, then its per-call arrays. */
     size_t size = sizeof(comm_call) + expected * (sizeof(cube_collective) +
-                                                  2 * sizeof(cube_error *));
+                                                  2 * sizeof(cube_error *) + 1);
     comm_call *k = g->spare[p2p];
     if (k)
         g->spare[p2p] = NULL;
@@ -602,6 +609,7 @@ static comm_call *call_find(comm_group *g, int p2p, uint32_t from, uint32_t to,
     k->calls = (cube_collective *)(k + 1);
     k->refused = (cube_error **)(k->calls + expected);
     k->failed = k->refused + expected;
+    k->capturing = (unsigned char *)(k->failed + expected);
     k->seq = seq;
     k->p2p = p2p;
     k->from = from;
@@ -650,6 +658,20 @@ static int agree(const cube_collective *a, const cube_collective *b, int p2p)
 /* Decides, once every call arrived, why none of them may run (or NULL). */
 static cube_error *judge(const comm_call *k)
 {
+    /* A capture records the call and the others would run it: the graphs
+     * and the buffers would part ways, so no rank does either. */
+    for (uint32_t i = 1; i < k->expected; i++)
+        if (k->capturing[i] != k->capturing[0]) {
+            uint32_t in = k->capturing[0] ? 0 : i,
+                     out = k->capturing[0] ? i : 0;
+            return cube_error_new(CUBE_ERR_GRAPH_STATE,
+                                  "%s: rank %u's stream is capturing a graph "
+                                  "and rank %u's is not; every rank captures "
+                                  "a collective or none does, so no rank "
+                                  "runs or records it",
+                                  kind_name(k->calls[0].kind),
+                                  k->calls[in].rank, k->calls[out].rank);
+        }
     for (uint32_t i = 0; i < k->expected; i++)
         if (k->refused[i])
             return cube_error_wrap(
@@ -738,6 +760,7 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
     k->calls[p->index] = *mine;
     k->refused[p->index] = p->local ? cube_error_clone(p->local) : NULL;
     k->failed[p->index] = failure;
+    k->capturing[p->index] = (unsigned char)p->capturing;
     if (++k->arrived == k->expected && !k->cancelled) {
         k->verdict = judge(k);
         k->ready = 1;
@@ -907,8 +930,13 @@ static void settle(pending *p, const cube_error *err)
         /* A refused call (this rank's own, or a peer's, or calls that
          * differ) is the request's; anything else should have written
          * the destination and did not. */
-        if (err && !p->local &&
-            cube_error_code(err) != CUBE_ERR_INVALID_ARGUMENT) {
+        /* A recorded call wrote nothing yet; a capture on one rank and
+         * not another is refused like a mismatch. */
+        if (p->capturing) {
+            /* the graph's failure store, at each replay */
+        } else if (err && !p->local &&
+                   cube_error_code(err) != CUBE_ERR_INVALID_ARGUMENT &&
+                   cube_error_code(err) != CUBE_ERR_GRAPH_STATE) {
             core_failure_record(c, p->dst.alloc, err);
             /* A failed collective counts in the stream's windows, as a
              * failed launch does. */
@@ -925,6 +953,35 @@ static void settle(pending *p, const cube_error *err)
     p->local = NULL;
     cube_error_free(p->failure);
     p->failure = NULL;
+}
+
+/* Records this rank's part, agreed by every rank, in the capture of its
+ * stream instead of running it. */
+static cube_error *record(pending *p)
+{
+    cube_client *c = p->comm->client;
+    if (!p->call)
+        return cube_error_new(CUBE_ERR_INTERNAL,
+                              "a collective call was not posted");
+    core_stream *st = NULL;
+    cube_error *err = core_stream_get(c, &st);
+    if (err)
+        return err;
+    const cube_collective *mine = &p->call->calls[p->index];
+    int whole = p->has_dst && p->dst.offset == 0 &&
+                p->dst_bytes == p->dst.alloc->storage.size;
+    core_stream_lock(st);
+    if (!st->capture || st->capture_client != c)
+        err = cube_error_new(CUBE_ERR_GRAPH_STATE,
+                             "%s: the capture ended before the call was "
+                             "recorded",
+                             kind_name(mine->kind));
+    else
+        err = core_graph_record_collective(
+            c, st, p->comm, mine, p->has_src ? p->src.alloc : NULL,
+            p->has_dst ? p->dst.alloc : NULL, whole);
+    core_stream_unlock(st);
+    return err;
 }
 
 /* Issues a call of a communicator between processes: the backend's
@@ -997,8 +1054,9 @@ static cube_error *run_pending(pending *a, size_t n)
         vt->group_begin();
     for (size_t i = 0; i < n; i++)
         if (!a[i].result)
-            a[i].result =
-                a[i].comm->group->remote ? issue_remote(&a[i]) : issue(&a[i]);
+            a[i].result = a[i].comm->group->remote ? issue_remote(&a[i])
+                          : a[i].capturing         ? record(&a[i])
+                                                   : issue(&a[i]);
     if (grouped) {
         cube_error *e = vt->group_end();
         for (size_t i = 0; e && i < n; i++)
@@ -1180,12 +1238,23 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
         return NULL;
     }
     if (!p.local) {
-        /* A capture cannot record it: refused before the peers wait. */
+        /* In one process a software capture records the call once every
+         * rank's call agreed (each capturing). A communicator between
+         * processes cannot tell its peers that a replay was refused, a
+         * hardware replay would leave the peers' kernels waiting, and a
+         * group's calls run together: those are refused before the peers
+         * wait. */
         core_stream *st = NULL;
         p.local = core_stream_get(comm->client, &st);
         if (!p.local) {
             core_stream_lock(st);
-            p.local = core_stream_refuse_in_capture(st, kind_name(mine.kind));
+            if (st->capture && !comm->group->remote &&
+                !comm->client->vt->begin_capture && group_depth == 0 &&
+                st->capture_client == comm->client)
+                p.capturing = 1;
+            else
+                p.local =
+                    core_stream_refuse_in_capture(st, kind_name(mine.kind));
             core_stream_unlock(st);
         }
     }
@@ -1330,4 +1399,52 @@ cube_error *cube_group_end(void)
     cube_error *err = run_pending(a, n);
     free(a);
     return err;
+}
+
+/* --- collectives recorded in graphs (graph.c) --- */
+
+void core_comm_hold(cube_comm *comm)
+{
+    comm_group *g = comm->group;
+    cube_mutex_lock(&g->lock);
+    g->holds++;
+    cube_mutex_unlock(&g->lock);
+}
+
+void core_comm_release(cube_comm *comm)
+{
+    comm_group *g = comm->group;
+    cube_mutex_lock(&g->lock);
+    int last = --g->holds == 0 && g->alive == 0;
+    cube_mutex_unlock(&g->lock);
+    if (last) {
+        cube_comm *first = comm - comm->rank;
+        group_free(g);
+        free(first);
+    }
+}
+
+cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
+                             cube_error *refusal)
+{
+    comm_group *g = comm->group;
+    cube_mutex_lock(&g->lock);
+    int gone = g->gone[comm->rank];
+    cube_mutex_unlock(&g->lock);
+    if (gone) {
+        /* No rank of it can meet this one: the peers' replays time out
+         * (or see it gone). */
+        cube_error_free(refusal);
+        return cube_error_new(CUBE_ERR_NOT_FOUND,
+                              "%s: rank %u's communicator was destroyed "
+                              "after the graph recorded it",
+                              kind_name(call->kind), comm->rank);
+    }
+    pending p;
+    memset(&p, 0, sizeof p);
+    p.comm = comm;
+    p.local = refusal;
+    cube_collective mine = *call;
+    post(&p, &mine, NULL);
+    return run_pending(&p, 1);
 }

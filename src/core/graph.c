@@ -3,7 +3,13 @@
  * backend with begin_capture records a hardware graph at the same time
  * (CUDA stream capture) and replays that; otherwise a replay hands the
  * recorded dispatches to the backend again without the launch path. The
- * graph pins every allocation it names until it is destroyed. */
+ * graph pins every allocation it names until it is destroyed.
+ *
+ * A software capture also records collectives of communicators in one
+ * process (comm.c records them once every rank's call agreed). A replay
+ * re-issues each through the rendezvous, as a call: it meets the peers'
+ * replays, and once a replay fails, its remaining collectives are posted
+ * as refusals so that the peers answer the error instead of waiting. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,9 +17,15 @@
 #include "core/client_internal.h"
 #include "core/trace.h"
 
+typedef enum entry_kind { ENTRY_LAUNCH, ENTRY_COLLECTIVE } entry_kind;
+
 typedef struct graph_entry {
+    entry_kind kind;
     cube_dispatch dispatch;
     cube_binding count_binding; /* dispatch.count_buffer points here */
+    /* ENTRY_COLLECTIVE: the rank's call, held until the graph goes */
+    cube_comm *comm;
+    cube_collective call;
 } graph_entry;
 
 /* A set of allocations, each named once. */
@@ -37,6 +49,7 @@ struct core_graph {
     /* OUT of launches with a dynamic count: trusted again when a replay
      * lands and every such launch ran (a zero count rewrites nothing). */
     alloc_set dynamic_clears;
+    size_t collectives; /* entries of ENTRY_COLLECTIVE */
     core_graph *next;
 };
 
@@ -67,6 +80,9 @@ static void graph_free(cube_client *c, core_graph *g)
         c->vt->graph_destroy(c->server, &g->hardware_stream->base, g->hardware);
     for (size_t i = 0; i < g->pinned.count; i++)
         core_alloc_unpin(c, g->pinned.items[i]);
+    for (size_t i = 0; i < g->count; i++)
+        if (g->entries[i].kind == ENTRY_COLLECTIVE)
+            core_comm_release(g->entries[i].comm);
     free(g->pinned.items);
     free(g->reads.items);
     free(g->writes.items);
@@ -93,13 +109,13 @@ static cube_error *pin(cube_client *c, core_graph *g, core_alloc *a)
     return NULL;
 }
 
-cube_error *core_graph_record(cube_client *c, core_stream *s,
-                              const cube_dispatch *d, core_alloc *const *read,
-                              size_t nread, core_alloc *const *written,
-                              size_t nwritten, core_alloc *const *cleared,
-                              size_t ncleared)
+/* Makes room for one more entry and files the allocations it reads,
+ * writes and fully rewrites (`dynamic`: only when it ran). */
+static cube_error *note(cube_client *c, core_graph *g, core_alloc *const *read,
+                        size_t nread, core_alloc *const *written,
+                        size_t nwritten, core_alloc *const *cleared,
+                        size_t ncleared, int dynamic)
 {
-    core_graph *g = s->capture;
     if (g->count == g->cap) {
         size_t cap = g->cap ? g->cap * 2 : 16;
         graph_entry *grown = realloc(g->entries, cap * sizeof *grown);
@@ -128,19 +144,56 @@ cube_error *core_graph_record(cube_client *c, core_stream *s,
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
     /* A dynamic count may name zero cubes at a replay, which then
      * rewrites nothing: its outputs are not the graph's own. */
-    alloc_set *clears = d->count_buffer ? &g->dynamic_clears : &g->clears;
+    alloc_set *clears = dynamic ? &g->dynamic_clears : &g->clears;
     for (size_t i = 0; i < ncleared && !err; i++)
         if (set_add(clears, cleared[i]) < 0)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    return err;
+}
+
+cube_error *core_graph_record(cube_client *c, core_stream *s,
+                              const cube_dispatch *d, core_alloc *const *read,
+                              size_t nread, core_alloc *const *written,
+                              size_t nwritten, core_alloc *const *cleared,
+                              size_t ncleared)
+{
+    core_graph *g = s->capture;
+    cube_error *err = note(c, g, read, nread, written, nwritten, cleared,
+                           ncleared, d->count_buffer != NULL);
     if (err)
         return err;
     graph_entry *e = &g->entries[g->count++];
+    memset(e, 0, sizeof *e);
+    e->kind = ENTRY_LAUNCH;
     e->dispatch = *d;
     e->dispatch.ran_nothing = NULL; /* the launch's: set at each replay */
     if (d->count_buffer) {
         e->count_binding = *d->count_buffer;
         e->dispatch.count_buffer = &e->count_binding;
     }
+    return NULL;
+}
+
+cube_error *core_graph_record_collective(cube_client *c, core_stream *s,
+                                         cube_comm *comm,
+                                         const cube_collective *call,
+                                         core_alloc *src, core_alloc *dst,
+                                         int dst_whole)
+{
+    core_graph *g = s->capture;
+    /* Like a launch: the source read, the destination written, and
+     * trusted again when a replay lands if the call rewrites all of it. */
+    cube_error *err = note(c, g, &src, src ? 1 : 0, &dst, dst ? 1 : 0, &dst,
+                           dst && dst_whole ? 1 : 0, 0);
+    if (err)
+        return err;
+    graph_entry *e = &g->entries[g->count++];
+    memset(e, 0, sizeof *e);
+    e->kind = ENTRY_COLLECTIVE;
+    e->comm = comm;
+    e->call = *call;
+    core_comm_hold(comm);
+    g->collectives++;
     return NULL;
 }
 
@@ -310,10 +363,19 @@ static cube_error *not_found(const char *fn, cube_graph_id id)
 
 /* Hands one recorded dispatch to the backend again. One with a dynamic
  * count goes as a copy that answers into *ran_nothing (replays of one
- * graph may run on several streams at once: the entry is not written). */
+ * graph may run on several streams at once: the entry is not written).
+ * A collective meets the peers' replays without the stream entered (the
+ * wait may be long, and the call enters it itself). */
 static cube_error *replay_entry(cube_client *c, core_stream *s,
                                 const graph_entry *e, int *ran_nothing)
+    CUBE_REQUIRES(s->lock)
 {
+    if (e->kind == ENTRY_COLLECTIVE) {
+        core_stream_unlock(s);
+        cube_error *err = core_comm_replay(e->comm, &e->call, NULL);
+        core_stream_lock(s);
+        return err;
+    }
     if (!e->dispatch.count_buffer)
         return c->vt->launch(c->server, &s->base, &e->dispatch);
     cube_dispatch d = e->dispatch;
@@ -357,6 +419,7 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
                                   (unsigned long long)id);
     }
     int ran_nothing = 0; /* a dynamic count of zero cubes, at least one */
+    size_t reached = 0;  /* entries handed on, the failing one included */
     if (!err) {
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         size_t done = 0;
@@ -366,6 +429,7 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
         }
         for (; !g->hardware && done < g->count && !err; done++)
             err = replay_entry(c, s, &g->entries[done], &ran_nothing);
+        reached = done;
         if (!err)
             s->launches += g->count;
         if (t0) {
@@ -376,8 +440,23 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
                             core_clock_ns(), args);
         }
     }
-    /* A refusal from the backend ran nothing and failed nothing. */
-    int failed = err && cube_error_code(err) != CUBE_ERR_GRAPH_STATE;
+    /* The peers wait for the collectives this replay will not reach: each
+     * is posted as a refusal, so every rank answers the error. */
+    if (err && g->collectives && !g->hardware) {
+        core_stream_unlock(s);
+        for (size_t i = 0; i < g->count; i++) {
+            const graph_entry *e = &g->entries[i];
+            if (e->kind == ENTRY_COLLECTIVE && i >= reached)
+                cube_error_free(
+                    core_comm_replay(e->comm, &e->call, cube_error_clone(err)));
+        }
+        core_stream_lock(s);
+    }
+    /* A refusal from the backend ran nothing and failed nothing (a
+     * collective's GRAPH_STATE, a peer capturing, came after the launches
+     * before it ran). */
+    int failed =
+        err && (cube_error_code(err) != CUBE_ERR_GRAPH_STATE || g->collectives);
     if (failed)
         core_stream_note_failure(s, err);
     core_stream_unlock(s);

@@ -955,6 +955,243 @@ CONF_TEST_NEEDS(comm_kernel_on_another_stream_sees_the_reduced_buffer,
     close_ranks(c, n);
 }
 
+/* ---------------------------------------- collectives in graph captures */
+
+/* A step: a = 2x (kernel), b = the all-reduce of a, y = 3b (kernel). Each
+ * rank captures it on its own thread and replays it there. */
+enum { G_REPLAY, G_MIXED, G_SKIP, G_MISMATCH };
+#define G_COUNT 1000u
+static int graph_mode;
+static pthread_barrier_t graph_barrier;
+
+static cube_error *g_scale(cube_client *c, cube_handle x, cube_handle y,
+                           float a)
+{
+    cube_arg args[3] = {cube_arg_buffer(x), cube_arg_buffer(y),
+                        cube_arg_f32(a)};
+    return cube_launch(c, conf.k.scale,
+                       cube_count_static(conf_div_up(G_COUNT, 64), 1, 1), args,
+                       3, 0);
+}
+
+static cube_error *g_step(rank_job *job, const cube_handle *h, uint64_t count)
+{
+    cube_error *err = g_scale(job->client, h[0], h[1], 2.0f);
+    if (!err)
+        err = cube_all_reduce(job->comm, h[1], h[2], count, CUBE_DTYPE_F32,
+                              CUBE_REDUCE_SUM);
+    if (!err)
+        err = g_scale(job->client, h[2], h[3], 3.0f);
+    return err;
+}
+
+/* Rank r's input in round k, and y's expected element i. */
+static float g_x(uint32_t k, uint32_t r, uint64_t i)
+{
+    return (float)(k * 100 + r * 10 + i % 7);
+}
+
+static int g_write_x(rank_job *job, cube_handle x, uint32_t k)
+{
+    float host[G_COUNT];
+    for (uint64_t i = 0; i < G_COUNT; i++)
+        host[i] = g_x(k, job->rank, i);
+    cube_copy_desc d = cube_copy_desc_contiguous(x, sizeof host, 1);
+    const void *src[1] = {host};
+    uint64_t size[1] = {sizeof host};
+    return job_ok(job, cube_write(job->client, &d, src, size, 1), "write x");
+}
+
+/* y after a step of round k over `count` elements (the rest as round
+ * `rest_k` left them). */
+static void g_expect_y(rank_job *job, cube_handle y, uint32_t k, uint64_t count,
+                       uint32_t rest_k, const char *what)
+{
+    float want[G_COUNT];
+    for (uint64_t i = 0; i < G_COUNT; i++) {
+        float s = 0;
+        for (uint32_t q = 0; q < job->n; q++)
+            s += 2.0f * g_x(i < count ? k : rest_k, q, i);
+        want[i] = 3.0f * s;
+    }
+    job_expect(job, y, sizeof want, want, what);
+}
+
+static void g_expect_code(rank_job *job, cube_error *err, cube_code code,
+                          const char *what)
+{
+    JOB_CHECK(job, cube_error_code(err) == code,
+              "rank %u: %s: code %d, expected %d (%s)", job->rank, what,
+              (int)cube_error_code(err), (int)code,
+              err ? cube_error_message(err) : "no error");
+    cube_error_free(err);
+}
+
+/* Prepares, warms up with the step once, and captures it. */
+static int g_capture(rank_job *job, const cube_handle *h, uint64_t count,
+                     cube_graph_id *id)
+{
+    cube_client *c = job->client;
+    return job_ok(job, cube_graph_prepare(c), "prepare") &&
+           job_ok(job, g_step(job, h, count), "warm-up") &&
+           job_ok(job, cube_graph_begin(c), "begin") &&
+           job_ok(job, g_step(job, h, count), "captured step") &&
+           job_ok(job, cube_graph_end(c, id), "end");
+}
+
+static void *graph_body(void *arg)
+{
+    rank_job *job = arg;
+    cube_client *c = job->client;
+    uint32_t r = job->rank;
+    cube_handle h[4] = {{0}};
+    cube_graph_id id = 0, other = 0;
+    for (int i = 0; i < 4; i++)
+        if (!job_ok(job, cube_empty(c, G_COUNT * 4, &h[i]), "empty"))
+            goto out;
+    if (!g_write_x(job, h[0], 0))
+        goto out;
+    switch (graph_mode) {
+    case G_REPLAY:
+        if (!g_capture(job, h, G_COUNT, &id))
+            break;
+        for (uint32_t k = 1; k <= 3; k++) {
+            /* New inputs; the replay reads them and rewrites y. */
+            if (!g_write_x(job, h[0], k) ||
+                !job_ok(job, cube_graph_replay(c, id), "replay"))
+                break;
+            g_expect_y(job, h[3], k, G_COUNT, k, "y after a replay");
+        }
+        break;
+    case G_MIXED: {
+        /* Rank 0 captures, the others call: every rank is refused before
+         * a byte moves, and the communicator goes on. */
+        job_ok(job, g_step(job, h, G_COUNT), "step");
+        float junk[G_COUNT];
+        for (uint64_t i = 0; i < G_COUNT; i++)
+            junk[i] = -1.0f;
+        cube_copy_desc d = cube_copy_desc_contiguous(h[2], sizeof junk, 1);
+        const void *src[1] = {junk};
+        uint64_t size[1] = {sizeof junk};
+        job_ok(job, cube_write(c, &d, src, size, 1), "write b");
+        if (r == 0) {
+            job_ok(job, cube_graph_prepare(c), "prepare");
+            job_ok(job, cube_graph_begin(c), "begin");
+        }
+        g_expect_code(job,
+                      cube_all_reduce(job->comm, h[1], h[2], G_COUNT,
+                                      CUBE_DTYPE_F32, CUBE_REDUCE_SUM),
+                      CUBE_ERR_GRAPH_STATE, "all-reduce, one rank capturing");
+        if (r == 0 && job_ok(job, cube_graph_end(c, &id), "end"))
+            job_ok(job, cube_graph_destroy(c, id), "destroy");
+        id = 0;
+        job_ok(job, cube_check(c, &h[2], 1), "b after the refusal");
+        job_expect(job, h[2], sizeof junk, junk, "b untouched");
+        if (job_ok(job, g_step(job, h, G_COUNT), "step after the refusal"))
+            g_expect_y(job, h[3], 0, G_COUNT, 0, "y after the refusal");
+        break;
+    }
+    case G_SKIP:
+        /* Rank 1 destroys its graph without replaying it: rank 0's
+         * replay times out and its outputs carry the failure. */
+        if (!g_capture(job, h, G_COUNT, &id))
+            break;
+        if (r == 1) {
+            job_ok(job, cube_graph_destroy(c, id), "destroy");
+            id = 0;
+        } else {
+            g_expect_code(job, cube_graph_replay(c, id), CUBE_ERR_TIMEOUT,
+                          "replay without the peer");
+            g_expect_code(job, cube_check(c, &h[3], 1), CUBE_ERR_SEVERAL,
+                          "y after the timeout");
+        }
+        pthread_barrier_wait(&graph_barrier);
+        /* The late rank's call meets the timed-out one's answer. */
+        if (r == 1)
+            g_expect_code(job,
+                          cube_all_reduce(job->comm, h[1], h[2], G_COUNT,
+                                          CUBE_DTYPE_F32, CUBE_REDUCE_SUM),
+                          CUBE_ERR_TIMEOUT, "the late call");
+        pthread_barrier_wait(&graph_barrier);
+        if (job_ok(job, g_step(job, h, G_COUNT), "step after the timeout"))
+            g_expect_y(job, h[3], 0, G_COUNT, 0, "y after the timeout");
+        break;
+    case G_MISMATCH:
+        /* Two graphs with all-reduces of different counts: rank 0
+         * replays one and the others the other; every rank is refused. */
+        if (!g_capture(job, h, G_COUNT, &id) ||
+            !g_capture(job, h, G_COUNT / 2, &other))
+            break;
+        g_expect_code(job, cube_graph_replay(c, r == 0 ? id : other),
+                      CUBE_ERR_INVALID_ARGUMENT, "mismatched replays");
+        for (uint32_t k = 1; k <= 2; k++) {
+            if (!g_write_x(job, h[0], k) ||
+                !job_ok(job, cube_graph_replay(c, k == 1 ? id : other),
+                        "replay after the mismatch"))
+                break;
+            /* The short graph leaves the rest of y as the last long one
+             * made it. */
+            g_expect_y(job, h[3], k, k == 1 ? G_COUNT : G_COUNT / 2, 1,
+                       "y after a replay");
+        }
+        break;
+    }
+out:
+    if (id)
+        job_ok(job, cube_graph_destroy(c, id), "destroy");
+    if (other)
+        job_ok(job, cube_graph_destroy(c, other), "destroy");
+    for (int i = 0; i < 4; i++)
+        if (h[i].bits)
+            job_ok(job, cube_handle_release(c, h[i]), "release");
+    return NULL;
+}
+
+static void graph_run(int mode, uint32_t want, uint32_t timeout_ms)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(want, c);
+    if (n < want && mode != G_REPLAY) {
+        close_ranks(c, n);
+        print_message("skipped: fewer devices than ranks\n");
+        skip();
+    }
+    cube_comm *comm[MAX_TEST_RANKS];
+    cube_comm_options o = quick(timeout_ms);
+    CONF_OK(cube_comm_init_all(c, n, &o, comm));
+    graph_mode = mode;
+    pthread_barrier_init(&graph_barrier, NULL, n);
+    run_rank_threads(comm, c, n, graph_body);
+    pthread_barrier_destroy(&graph_barrier);
+    for (uint32_t r = 0; r < n; r++)
+        cube_comm_destroy(comm[r]);
+    close_ranks(c, n);
+}
+
+CONF_TEST_NEEDS(comm_graph_step_with_all_reduce_replays_like_the_host,
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+{
+    graph_run(G_REPLAY, 3, 60000);
+}
+
+CONF_TEST_NEEDS(comm_graph_capture_on_one_rank_only_is_refused_on_every_rank,
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+{
+    graph_run(G_MIXED, 2, 60000);
+}
+
+CONF_TEST_NEEDS(comm_graph_replay_without_the_peer_times_out_and_marks_outputs,
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+{
+    graph_run(G_SKIP, 2, 200);
+}
+
+CONF_TEST_NEEDS(comm_graph_mismatched_replays_are_refused_on_every_rank,
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+{
+    graph_run(G_MISMATCH, 2, 60000);
+}
+
 /* ------------------------------------------------ ids between processes */
 
 CONF_TEST(comm_ids_round_trip_and_bad_ids_and_ranks_are_refused)
