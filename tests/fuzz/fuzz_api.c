@@ -67,8 +67,9 @@ static cube_kernel *g_axpy, *g_fill;
 /* A communicator of one rank over the client. */
 static cube_comm *g_comm;
 
-/* A launch a capture recorded: a replay applies it again. */
-enum { REC_FILL, REC_AXPY };
+/* A launch (or, on software graphs, an all-reduce: REC_COPY) a capture
+ * recorded: a replay applies it again. */
+enum { REC_FILL, REC_AXPY, REC_COPY };
 typedef struct model_rec {
     int kind;
     int ya, xa; /* allocs: y always, x for axpy */
@@ -523,6 +524,22 @@ static void apply_fill(const model_rec *rc)
     memset(a->known + rc->yoff, 1, rc->ysize);
 }
 
+/* A recorded all-reduce: the source's bytes copied to the destination
+ * (one rank's sum). */
+static void apply_copy(const model_rec *rc)
+{
+    model_alloc *ax = &allocs[rc->xa], *ay = &allocs[rc->ya];
+    memmove(ay->bytes + rc->yoff, ax->bytes + rc->xoff, rc->ysize);
+    memmove(ay->known + rc->yoff, ax->known + rc->xoff, rc->ysize);
+}
+
+/* A recorded all-reduce that covers its destination's whole buffer. */
+static int rec_whole_copy(const model_rec *rc)
+{
+    return rc->kind == REC_COPY && rc->yoff == 0 &&
+           rc->ysize == allocs[rc->ya].size;
+}
+
 static model_rec make_rec(int kind, int y, int x, uint32_t scalar)
 {
     model_rec rc;
@@ -547,7 +564,7 @@ static void record_launch(const model_rec *rc)
     model_stream *st = cs();
     st->rec[st->nrec++] = *rc;
     allocs[rc->ya].pins++;
-    if (rc->kind == REC_AXPY)
+    if (rc->kind != REC_FILL)
         allocs[rc->xa].pins++;
 }
 
@@ -555,7 +572,7 @@ static void unpin_recs(const model_rec *rec, int n)
 {
     for (int i = 0; i < n; i++) {
         allocs[rec[i].ya].pins--;
-        if (rec[i].kind == REC_AXPY)
+        if (rec[i].kind != REC_FILL)
             allocs[rec[i].xa].pins--;
     }
 }
@@ -1195,14 +1212,17 @@ static void replay_live(model_graph *g)
             cleared[ncleared++] = rc->ya;
             continue;
         }
+        /* An all-reduce reads its source only; axpy reads x and y. */
         int reads[2] = {rc->xa, rc->ya};
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < (rc->kind == REC_COPY ? 1 : 2); k++) {
             int own = 0;
             for (int c = 0; c < ncleared; c++)
                 own |= cleared[c] == reads[k];
             if (!own && allocs[reads[k]].failed)
                 failed = 1;
         }
+        if (rec_whole_copy(rc))
+            cleared[ncleared++] = rc->ya;
     }
     if (failed) {
         expect(err, CUBE_ERR_SEVERAL);
@@ -1215,11 +1235,13 @@ static void replay_live(model_graph *g)
     for (int i = 0; i < g->nrec; i++) {
         if (g->rec[i].kind == REC_FILL)
             apply_fill(&g->rec[i]);
+        else if (g->rec[i].kind == REC_COPY)
+            apply_copy(&g->rec[i]);
         else
             apply_axpy(&g->rec[i]);
     }
     for (int i = 0; i < g->nrec; i++)
-        if (g->rec[i].kind == REC_FILL)
+        if (g->rec[i].kind == REC_FILL || rec_whole_copy(&g->rec[i]))
             allocs[g->rec[i].ya].failed = 0;
     cs()->launches += (uint64_t)g->nrec;
     if (g->nrec)
@@ -1593,6 +1615,9 @@ static void op_comm(reader *r)
     uint32_t count = rd16(r) % (MAX_SIZE + 8);
     if (slots[s].h.bits == 0 || slots[d].h.bits == 0)
         return;
+    /* Software graphs record it: the model's capture must have room. */
+    if (!g_hw_graphs && capture_full())
+        return;
     cube_error *err = cube_all_reduce(g_comm, slots[s].h, slots[d].h, count,
                                       CUBE_DTYPE_U8, CUBE_REDUCE_SUM);
     if (g_trace)
@@ -1619,8 +1644,26 @@ static void op_comm(reader *r)
         return expect(err, CUBE_ERR_INVALID_ARGUMENT);
     if (dry_depth)
         return expect(err, CUBE_OK);
-    if (capturing())
+    /* Hardware graphs refuse it; software graphs record it once the (one)
+     * rank agrees, a failed source refusing it before anything is
+     * recorded, and the destination's failure store left to the replays. */
+    if (capturing() && g_hw_graphs)
         return expect(err, CUBE_ERR_GRAPH_STATE);
+    if (capturing()) {
+        if (sa->failed)
+            return expect(err, CUBE_ERR_SEVERAL);
+        expect(err, CUBE_OK);
+        model_rec rc;
+        memset(&rc, 0, sizeof rc);
+        rc.kind = REC_COPY;
+        rc.ya = slots[d].alloc;
+        rc.yoff = slots[d].offset;
+        rc.ysize = count;
+        rc.xa = slots[s].alloc;
+        rc.xoff = slots[s].offset;
+        rc.xsize = count;
+        return record_launch(&rc);
+    }
     if (sa->failed) {
         expect(err, CUBE_ERR_SEVERAL);
         da->failed = 1;
