@@ -174,8 +174,8 @@ CONF_TEST_NEEDS(validate_launch_is_refused_while_capturing,
      * refusal. */
     CONF_OK(conf_launch(conf.k.oob_write, cube_count_static(4, 1, 1), args, 2,
                         VALIDATE));
-    CONF_OK(conf_launch(conf.k.oob_write, cube_count_static(4, 1, 1), args, 2,
-                        0));
+    CONF_OK(
+        conf_launch(conf.k.oob_write, cube_count_static(4, 1, 1), args, 2, 0));
     CONF_OK(cube_graph_begin(conf.client));
     cube_code refused = conf_code(conf_launch(
         conf.k.oob_write, cube_count_static(4, 1, 1), args, 2, VALIDATE));
