@@ -198,6 +198,25 @@ static void cpu_jit_remove_dir(const char *path)
                        "cannot remove temporary directory '%s'", path);
 }
 
+/* Writes `text` to a new private file at `path` (it must not exist); a
+ * failed write or close is CUBE_ERR_IO naming `fn` and the path. */
+static cube_error *cpu_jit_write_new(const char *path, const char *text,
+                                     const char *fn)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int rc = fd < 0 ? -1 : file_write_all(fd, text, strlen(text));
+    int e = errno;
+    if (fd >= 0 && close(fd) != 0 && rc == 0) {
+        rc = -1;
+        e = errno;
+    }
+    if (rc == 0)
+        return NULL;
+    char eb[128];
+    return cube_error_new(CUBE_ERR_IO, "%s: cannot write '%s': %s", fn, path,
+                          file_strerror(e, eb, sizeof eb));
+}
+
 /* A fresh private (0700) directory under the temporary base. */
 static cube_error *cpu_jit_make_tmpdir(const cpu_jit *jit, const char *what,
                                        char **out)
@@ -695,19 +714,9 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
         goto done;
     }
 
-    int fd = open(src_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    int rc = fd < 0 ? -1 : file_write_all(fd, stamped, strlen(stamped));
-    int e = errno;
-    if (fd >= 0 && close(fd) != 0 && rc == 0) {
-        rc = -1;
-        e = errno;
-    }
-    if (rc != 0) {
-        char eb[128];
-        err = cube_error_new(CUBE_ERR_IO, "cpu_jit_load: cannot write '%s': %s",
-                             src_path, file_strerror(e, eb, sizeof eb));
+    err = cpu_jit_write_new(src_path, stamped, "cpu_jit_load");
+    if (err)
         goto done;
-    }
 
     err = cpu_jit_compile(jit, flags, key->hex, src_path, so_path);
     if (err)
@@ -731,7 +740,7 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
          * is written to the cache. */
         unsigned char *bytes = NULL;
         size_t len = 0;
-        e = cpu_jit_read_object(so_path, CPU_JIT_MAX_OBJECT, &bytes, &len);
+        int e = cpu_jit_read_object(so_path, CPU_JIT_MAX_OBJECT, &bytes, &len);
         if (e == 0) {
             disk_cache_put(jit->cache, key, bytes, len);
             free(bytes);
@@ -785,20 +794,9 @@ cube_error *cpu_jit_run_on_source(const cpu_jit *jit, const char *const *argv,
                              "cpu_jit_run_on_source: out of memory");
         goto done;
     }
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    int rc = fd < 0 ? -1 : file_write_all(fd, source, strlen(source));
-    int e = errno;
-    if (fd >= 0 && close(fd) != 0 && rc == 0) {
-        rc = -1;
-        e = errno;
-    }
-    if (rc != 0) {
-        char eb[128];
-        err = cube_error_new(CUBE_ERR_IO,
-                             "cpu_jit_run_on_source: cannot write '%s': %s",
-                             path, file_strerror(e, eb, sizeof eb));
+    err = cpu_jit_write_new(path, source, "cpu_jit_run_on_source");
+    if (err)
         goto done;
-    }
     memcpy(args, argv, argc * sizeof *args);
     args[argc] = path;
     args[argc + 1] = NULL;
