@@ -34,28 +34,33 @@
  * its rank's collectives; a call then returns once every rank's call
  * arrived and its own part was issued.
  *
- * Graphs (cubert/graph.h): on a backend whose graphs are recorded in
- * software (the CPU), a collective of a communicator made by
+ * Graphs (cubert/graph.h): a collective of a communicator made by
  * cube_comm_init_all is recorded in a capture when every rank makes it
  * from a capturing stream: the ranks' calls are matched and checked as
- * usual, then each rank's capture records its call (its buffers pinned)
- * instead of running it. When some ranks capture and others do not,
- * every rank answers CUBE_ERR_GRAPH_STATE and nothing moves or is
- * recorded. A replay issues each recorded collective as a call, which
- * meets the other ranks' calls (their replays): each rank replays its
- * graph on a thread of its own (a replay waits for the peers', so one
- * thread cannot replay every rank's graph), graphs that differ fail on
- * every rank as calls that differ do, and a rank that does not replay
- * leaves the others with CUBE_ERR_TIMEOUT, recorded on their graphs'
- * outputs. A replay that fails before a collective tells the peers, who
- * answer an error rather than wait. Still refused in a capture
+ * usual, then each rank's capture records its call (its buffers pinned).
+ * On a backend whose graphs are recorded in software (the CPU) the call
+ * is recorded instead of run; on one with hardware graphs (CUDA) the
+ * backend captures its own part (NCCL's kernels) into the graph. When
+ * some ranks capture and others do not, every rank answers
+ * CUBE_ERR_GRAPH_STATE and nothing moves or is recorded. A replay meets
+ * the other ranks' replays at each recorded collective, as a call does:
+ * a software replay issues it then; a hardware replay meets the peers at
+ * every collective of the graph before it launches anything, so no
+ * rank's device work waits for a peer whose replay was refused. Each rank
+ * replays its graph on a thread of its own (a replay waits for the
+ * peers', so one thread cannot replay every rank's graph), graphs that
+ * differ fail on every rank as calls that differ do, and a rank that does
+ * not replay leaves the others with CUBE_ERR_TIMEOUT, recorded on their
+ * graphs' outputs. A replay that fails before a collective tells the
+ * peers, who answer an error rather than wait. Still refused in a capture
  * (CUBE_ERR_GRAPH_STATE on the capturing rank, a refusal on the others):
  * communicators between processes (NCCL cannot tell the peers that a
- * replay was refused, so they would wait), hardware graphs (CUDA: a replay
- * refused on one rank would leave the peers' kernels waiting on the
- * device) and calls inside a group. A graph holds its communicator: a
- * rank's communicator destroyed before its graph makes the graph's
- * replays fail with CUBE_ERR_NOT_FOUND (and its peers time out).
+ * replay was refused, so they would wait) and calls inside a group. A
+ * graph holds its communicator: a rank's communicator destroyed (or
+ * aborted) before its graph makes the graph's replays fail with
+ * CUBE_ERR_NOT_FOUND (CUBE_ERR_ABORTED), its outputs marked, and its
+ * peers time out; on CUDA the rank's NCCL communicator is destroyed when
+ * the last graph that captured its calls goes.
  *
  * Element counts are per rank, as in NCCL: all-reduce, broadcast and
  * reduce move `count` elements; all-gather gathers `count` from each rank

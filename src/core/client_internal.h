@@ -414,9 +414,12 @@ cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
 
 /* --- comm.c: collectives recorded in graphs --- */
 /* Keeps the communicator's group (and its ranks) alive past their
- * destroy for a graph that names it; release drops that. */
-void core_comm_hold(cube_comm *comm);
-void core_comm_release(cube_comm *comm);
+ * destroy for a graph that names it; release drops that. `hardware`: the
+ * backend's graph holds the rank's own device work (NCCL kernels), so the
+ * backend's communicator of that rank outlives its destroy too, until
+ * the last such graph goes. */
+void core_comm_hold(cube_comm *comm, int hardware);
+void core_comm_release(cube_comm *comm, int hardware);
 /* Re-issues a recorded collective through the rendezvous, as a call: it
  * meets the peers' calls (their replays), and `refusal` (taken; NULL to
  * run) is posted as this rank's refusal so that the peers answer an error
@@ -424,6 +427,11 @@ void core_comm_release(cube_comm *comm);
  * stream entered. */
 cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
                              cube_error *refusal);
+/* The same, for a collective inside a hardware graph: meets the peers'
+ * replays and answers whether every rank agreed, issuing nothing (the
+ * backend's graph holds the call). */
+cube_error *core_comm_agree(cube_comm *comm, const cube_collective *call,
+                            cube_error *refusal);
 
 /* --- graph.c --- */
 /* Records a validated dispatch into the stream's capture. `written` and
@@ -438,13 +446,15 @@ cube_error *core_graph_record(cube_client *c, core_stream *s,
 /* Records a collective all ranks agreed on in the stream's capture: the
  * call as the backend gets it (bindings resolved), its source and
  * destination (either may be NULL), and whether the destination is the
- * whole buffer. Holds the communicator until the graph goes. Call with
- * the stream entered. */
-cube_error *core_graph_record_collective(cube_client *c, core_stream *s,
-                                         cube_comm *comm,
-                                         const cube_collective *call,
-                                         core_alloc *src, core_alloc *dst,
-                                         int dst_whole) CUBE_REQUIRES(s->lock);
+ * whole buffer. `hardware`: the backend captured the call itself (its
+ * replay runs it; the entry is for the rendezvous and the failure
+ * store). Holds the communicator until the graph goes. Call with the
+ * stream entered. */
+cube_error *
+core_graph_record_collective(cube_client *c, core_stream *s, cube_comm *comm,
+                             const cube_collective *call, core_alloc *src,
+                             core_alloc *dst, int dst_whole, int hardware)
+    CUBE_REQUIRES(s->lock);
 /* Frees a capture that never ended (stream teardown). */
 void core_graph_abort(cube_client *c, core_graph *g);
 void core_graphs_destroy(cube_client *c);

@@ -82,6 +82,12 @@ struct cube_comm {
     uint32_t rank;
     cube_client *client;
     void *impl; /* the backend's */
+    /* Hardware graphs holding this rank's captured device work: its
+     * backend communicator is destroyed when the last of them goes, if
+     * cube_comm_destroy came first (destroy_deferred). Under the group's
+     * lock. */
+    uint32_t hw_holds;
+    int destroy_deferred;
 };
 
 /* A call this thread posted and has yet to run (right away, or at the
@@ -100,6 +106,12 @@ typedef struct pending {
     /* Made on a capturing stream: once the ranks agree it is recorded in
      * the capture, not run, and the failure store is the graph's. */
     int capturing;
+    /* The capture is the backend's (a hardware graph): the backend
+     * captures the call itself when it is recorded. */
+    int hardware;
+    /* A hardware graph's replay: the ranks only agree; the graph runs the
+     * call. */
+    int agree_only;
     /* A call of a communicator between processes: its arguments and its
      * source's failure, handed to the backend with it. */
     cube_collective mine;
@@ -351,9 +363,18 @@ void cube_comm_destroy(cube_comm *comm)
     if (!comm)
         return;
     comm_group *g = comm->group;
-    if (g->vt->comm_destroy)
-        g->vt->comm_destroy(comm->client->server, comm->impl);
-    comm->impl = NULL;
+    /* A hardware graph that captured this rank's calls still names the
+     * backend's communicator: its destroy waits for the last such graph
+     * (core_comm_release); replays are refused from now on. */
+    cube_mutex_lock(&g->lock);
+    int deferred = comm->hw_holds > 0;
+    comm->destroy_deferred = deferred;
+    cube_mutex_unlock(&g->lock);
+    if (!deferred) {
+        if (g->vt->comm_destroy)
+            g->vt->comm_destroy(comm->client->server, comm->impl);
+        comm->impl = NULL;
+    }
     cube_mutex_lock(&g->lock);
     if (g->gone)
         g->gone[comm->rank] = 1;
@@ -971,16 +992,26 @@ static cube_error *record(pending *p)
     int whole = p->has_dst && p->dst.offset == 0 &&
                 p->dst_bytes == p->dst.alloc->storage.size;
     core_stream_lock(st);
-    if (!st->capture || st->capture_client != c)
+    if (!st->capture || st->capture_client != c) {
         err = cube_error_new(CUBE_ERR_GRAPH_STATE,
                              "%s: the capture ended before the call was "
                              "recorded",
                              kind_name(mine->kind));
-    else
+    } else if (p->hardware) {
+        /* The backend captures its part into the stream's graph; the
+         * entry keeps it in the rendezvous and the failure store. */
+        cube_collective_set set = {p->call->calls, p->call->expected, p->index,
+                                   p->call->shared};
+        err = c->vt->collective(c->server, &st->base, p->comm->impl, &set);
+        p->noted = err != NULL;
+        core_stream_note_failure(st, err);
+    }
+    if (!err)
         err = core_graph_record_collective(
             c, st, p->comm, mine, p->has_src ? p->src.alloc : NULL,
-            p->has_dst ? p->dst.alloc : NULL, whole);
+            p->has_dst ? p->dst.alloc : NULL, whole, p->hardware);
     core_stream_unlock(st);
+    core_fault_note(c, err);
     return err;
 }
 
@@ -1049,11 +1080,11 @@ static cube_error *run_pending(pending *a, size_t n)
             vt = a[i].comm->group->vt;
             runnable++;
         }
-    int grouped = runnable > 1 && vt->group_begin;
+    int grouped = runnable > 1 && vt->group_begin && !a[0].agree_only;
     if (grouped)
         vt->group_begin();
     for (size_t i = 0; i < n; i++)
-        if (!a[i].result)
+        if (!a[i].result && !a[i].agree_only)
             a[i].result = a[i].comm->group->remote ? issue_remote(&a[i])
                           : a[i].capturing         ? record(&a[i])
                                                    : issue(&a[i]);
@@ -1238,21 +1269,25 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
         return NULL;
     }
     if (!p.local) {
-        /* In one process a software capture records the call once every
-         * rank's call agreed (each capturing). A communicator between
-         * processes cannot tell its peers that a replay was refused, a
-         * hardware replay would leave the peers' kernels waiting, and a
-         * group's calls run together: those are refused before the peers
-         * wait. */
+        /* In one process a capture records the call once every rank's
+         * call agreed (each capturing): a software graph re-issues it at
+         * each replay, a hardware graph (CUDA) holds the backend's own
+         * captured call, and its replays first meet the peers' so that
+         * no rank launches device work its peers will not match. A
+         * communicator between processes cannot tell its peers that a
+         * replay was refused, and a group's calls run together: those are
+         * refused before the peers wait. */
         core_stream *st = NULL;
         p.local = core_stream_get(comm->client, &st);
         if (!p.local) {
             core_stream_lock(st);
-            if (st->capture && !comm->group->remote &&
-                !comm->client->vt->begin_capture && group_depth == 0 &&
-                st->capture_client == comm->client)
+            if (!st->capture) {
+                /* a call */
+            } else if (!comm->group->remote && group_depth == 0 &&
+                       st->capture_client == comm->client) {
                 p.capturing = 1;
-            else
+                p.hardware = comm->client->vt->begin_capture != NULL;
+            } else
                 p.local =
                     core_stream_refuse_in_capture(st, kind_name(mine.kind));
             core_stream_unlock(st);
@@ -1403,17 +1438,32 @@ cube_error *cube_group_end(void)
 
 /* --- collectives recorded in graphs (graph.c) --- */
 
-void core_comm_hold(cube_comm *comm)
+void core_comm_hold(cube_comm *comm, int hardware)
 {
     comm_group *g = comm->group;
     cube_mutex_lock(&g->lock);
     g->holds++;
+    if (hardware)
+        comm->hw_holds++;
     cube_mutex_unlock(&g->lock);
 }
 
-void core_comm_release(cube_comm *comm)
+void core_comm_release(cube_comm *comm, int hardware)
 {
     comm_group *g = comm->group;
+    cube_mutex_lock(&g->lock);
+    int destroy_now = 0;
+    if (hardware && --comm->hw_holds == 0 && comm->destroy_deferred) {
+        comm->destroy_deferred = 0;
+        destroy_now = 1;
+    }
+    cube_mutex_unlock(&g->lock);
+    /* The last graph holding this rank's device work is gone (the backend
+     * waited for its replays): the rank's destroy can finish. */
+    if (destroy_now && g->vt->comm_destroy && comm->impl)
+        g->vt->comm_destroy(comm->client->server, comm->impl);
+    if (destroy_now)
+        comm->impl = NULL;
     cube_mutex_lock(&g->lock);
     int last = --g->holds == 0 && g->alive == 0;
     cube_mutex_unlock(&g->lock);
@@ -1424,8 +1474,10 @@ void core_comm_release(cube_comm *comm)
     }
 }
 
-cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
-                             cube_error *refusal)
+/* Meets the peers' replays of a recorded call: issued when `agree_only`
+ * is 0. */
+static cube_error *replay(cube_comm *comm, const cube_collective *call,
+                          cube_error *refusal, int agree_only)
 {
     comm_group *g = comm->group;
     cube_mutex_lock(&g->lock);
@@ -1444,7 +1496,20 @@ cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
     memset(&p, 0, sizeof p);
     p.comm = comm;
     p.local = refusal;
+    p.agree_only = agree_only;
     cube_collective mine = *call;
     post(&p, &mine, NULL);
     return run_pending(&p, 1);
+}
+
+cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
+                             cube_error *refusal)
+{
+    return replay(comm, call, refusal, 0);
+}
+
+cube_error *core_comm_agree(cube_comm *comm, const cube_collective *call,
+                            cube_error *refusal)
+{
+    return replay(comm, call, refusal, 1);
 }

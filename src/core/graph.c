@@ -5,17 +5,22 @@
  * recorded dispatches to the backend again without the launch path. The
  * graph pins every allocation it names until it is destroyed.
  *
- * A software capture also records collectives of communicators in one
- * process (comm.c records them once every rank's call agreed). A replay
+ * A capture also records collectives of communicators in one process
+ * (comm.c records them once every rank's call agreed). A software replay
  * re-issues each through the rendezvous, as a call: it meets the peers'
  * replays, and once a replay fails, its remaining collectives are posted
- * as refusals so that the peers answer the error instead of waiting. */
+ * as refusals so that the peers answer the error instead of waiting. A
+ * hardware graph holds the backend's captured call (NCCL's kernels); its
+ * replay meets the peers' at each collective first and launches only
+ * when every one agreed, so no rank's device work waits for a peer's
+ * replay that was refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/client_internal.h"
 #include "core/trace.h"
+#include "cubert/comm.h"
 
 typedef enum entry_kind { ENTRY_LAUNCH, ENTRY_COLLECTIVE } entry_kind;
 
@@ -50,6 +55,9 @@ struct core_graph {
      * lands and every such launch ran (a zero count rewrites nothing). */
     alloc_set dynamic_clears;
     size_t collectives; /* entries of ENTRY_COLLECTIVE */
+    /* The backend captured them (a hardware graph runs them); set by the
+     * capture's first collective. */
+    int hardware_collectives;
     core_graph *next;
 };
 
@@ -82,7 +90,7 @@ static void graph_free(cube_client *c, core_graph *g)
         core_alloc_unpin(c, g->pinned.items[i]);
     for (size_t i = 0; i < g->count; i++)
         if (g->entries[i].kind == ENTRY_COLLECTIVE)
-            core_comm_release(g->entries[i].comm);
+            core_comm_release(g->entries[i].comm, g->hardware_collectives);
     free(g->pinned.items);
     free(g->reads.items);
     free(g->writes.items);
@@ -178,7 +186,7 @@ cube_error *core_graph_record_collective(cube_client *c, core_stream *s,
                                          cube_comm *comm,
                                          const cube_collective *call,
                                          core_alloc *src, core_alloc *dst,
-                                         int dst_whole)
+                                         int dst_whole, int hardware)
 {
     core_graph *g = s->capture;
     /* Like a launch: the source read, the destination written, and
@@ -192,7 +200,8 @@ cube_error *core_graph_record_collective(cube_client *c, core_stream *s,
     e->kind = ENTRY_COLLECTIVE;
     e->comm = comm;
     e->call = *call;
-    core_comm_hold(comm);
+    core_comm_hold(comm, hardware);
+    g->hardware_collectives = hardware;
     g->collectives++;
     return NULL;
 }
@@ -361,6 +370,42 @@ static cube_error *not_found(const char *fn, cube_graph_id id)
                           fn, (unsigned long long)id);
 }
 
+/* A hardware graph's collectives, in order: each meets the peers'
+ * replays without issuing. On a refusal the ones after it are posted as
+ * refusals too, so that the peers answer it rather than wait; *reached
+ * is the entries judged. */
+static cube_error *agree_all(core_graph *g, size_t *reached)
+{
+    cube_error *err = NULL;
+    size_t i = 0;
+    for (; i < g->count && !err; i++)
+        if (g->entries[i].kind == ENTRY_COLLECTIVE)
+            err =
+                core_comm_agree(g->entries[i].comm, &g->entries[i].call, NULL);
+    for (size_t k = i; err && k < g->count; k++)
+        if (g->entries[k].kind == ENTRY_COLLECTIVE)
+            cube_error_free(core_comm_agree(g->entries[k].comm,
+                                            &g->entries[k].call,
+                                            cube_error_clone(err)));
+    *reached = g->count;
+    return err;
+}
+
+/* Aborts each communicator the graph's collectives use (once each). */
+static void abort_comms(core_graph *g)
+{
+    for (size_t i = 0; i < g->count; i++) {
+        if (g->entries[i].kind != ENTRY_COLLECTIVE)
+            continue;
+        int seen = 0;
+        for (size_t k = 0; k < i && !seen; k++)
+            seen = g->entries[k].kind == ENTRY_COLLECTIVE &&
+                   g->entries[k].comm == g->entries[i].comm;
+        if (!seen)
+            cube_error_free(cube_comm_abort(g->entries[i].comm));
+    }
+}
+
 /* Hands one recorded dispatch to the backend again. One with a dynamic
  * count goes as a copy that answers into *ran_nothing (replays of one
  * graph may run on several streams at once: the entry is not written).
@@ -420,19 +465,38 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
     }
     int ran_nothing = 0; /* a dynamic count of zero cubes, at least one */
     size_t reached = 0;  /* entries handed on, the failing one included */
+    int agreed = 0;      /* a hardware graph's collectives met the peers' */
     if (!err) {
         uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
         size_t done = 0;
-        if (g->hardware) {
+        if (g->hardware && g->collectives) {
+            /* The graph's device work waits for the peers' matching
+             * kernels: launch it only once every rank's replay reached
+             * each of its collectives, in order. */
+            core_stream_unlock(s);
+            err = agree_all(g, &reached);
+            agreed = 1;
+            core_stream_lock(s);
+        }
+        if (g->hardware && !err) {
             err = c->vt->replay(c->server, &s->base, g->hardware);
             done = err ? 0 : g->count;
+            if (err && g->collectives) {
+                /* Every peer agreed and launches its part, which would
+                 * wait for this rank's forever: abort their
+                 * communicators so that their work ends (with errors). */
+                core_stream_unlock(s);
+                abort_comms(g);
+                core_stream_lock(s);
+            }
         }
         for (; !g->hardware && done < g->count && !err; done++)
             err = replay_entry(c, s, &g->entries[done], &ran_nothing);
         reached = done;
-        /* A replayed collective counts itself, as the call it is. */
+        /* A replayed collective counts itself, as the call it is; a
+         * hardware graph's run as part of it. */
         if (!err)
-            s->launches += g->count - g->collectives;
+            s->launches += g->hardware ? g->count : g->count - g->collectives;
         if (t0) {
             char args[64];
             snprintf(args, sizeof args, "{\"graph\":%llu,\"launches\":%zu}",
@@ -443,7 +507,7 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
     }
     /* The peers wait for the collectives this replay will not reach: each
      * is posted as a refusal, so every rank answers the error. */
-    if (err && g->collectives && !g->hardware) {
+    if (err && g->collectives && !agreed) {
         core_stream_unlock(s);
         for (size_t i = 0; i < g->count; i++) {
             const graph_entry *e = &g->entries[i];

@@ -463,6 +463,8 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(comm_graph_capture_on_one_rank_only_is_refused_on_every_rank)            \
     X(comm_graph_replay_without_the_peer_times_out_and_marks_outputs)          \
     X(comm_graph_mismatched_replays_are_refused_on_every_rank)                 \
+    X(comm_graph_replay_after_the_comm_is_destroyed_is_refused)                \
+    X(comm_graph_replay_after_an_abort_is_refused)                             \
     X(comm_ids_round_trip_and_bad_ids_and_ranks_are_refused)                   \
     /* sharing memory and streams (test_interop.c) */                          \
     X(interop_native_buffer_and_stream)                                        \

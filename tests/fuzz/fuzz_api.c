@@ -1644,11 +1644,10 @@ static void op_comm(reader *r)
         return expect(err, CUBE_ERR_INVALID_ARGUMENT);
     if (dry_depth)
         return expect(err, CUBE_OK);
-    /* Hardware graphs refuse it; software graphs record it once the (one)
-     * rank agrees, a failed source refusing it before anything is
-     * recorded, and the destination's failure store left to the replays. */
-    if (capturing() && g_hw_graphs)
-        return expect(err, CUBE_ERR_GRAPH_STATE);
+    /* A capture records it once the (one) rank agrees (a hardware graph
+     * holds NCCL's kernels, a software one the call), a failed source
+     * refusing it before anything is recorded, and the destination's
+     * failure store left to the replays. */
     if (capturing()) {
         if (sa->failed)
             return expect(err, CUBE_ERR_SEVERAL);

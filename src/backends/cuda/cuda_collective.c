@@ -6,9 +6,10 @@
  * The core has matched and checked every rank's call before a part comes
  * here, so NCCL only ever sees calls that pair up: every rank of a
  * communicator lives in this process and its calls all arrive before any
- * is issued. A call NCCL still answers "in progress" is polled against the
- * communicator's timeout and aborted past it, so a broken peer is an
- * error, never a hang.
+ * is issued. On a capturing stream NCCL's kernels go into the graph (the
+ * core meets the peers' replays before it launches one). A call NCCL still
+ * answers "in progress" is polled against the communicator's timeout and
+ * aborted past it, so a broken peer is an error, never a hang.
  *
  * Locks: none of its own; the core holds the calling streams.
  */
@@ -507,6 +508,8 @@ cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
             rank->aborted = 1;
         return nccl_failure(rank->nccl, r, rank->comm, timed_out, "NCCL");
     }
+    if (st->capturing)
+        return NULL; /* captured, not run: no buffer changes */
     uint64_t seq = cuda_stream_next(st);
     int shared = 0;
     if (src)
