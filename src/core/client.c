@@ -254,7 +254,9 @@ static cube_error *check_call(cube_client *c, const cube_handle *handles,
     cube_error *err = resolve_all(c, handles, n, "cube_check", &r);
     if (err)
         return err;
-    /* Instant: only what is known at enqueue time, no barrier. */
+    /* Instant: only what is known at enqueue time, no barrier (and what
+     * the backend learned since of collectives between processes). */
+    core_comm_reap(c);
     err = core_failure_claim_check(c, r, n, "cube_check");
     if (!err && c->vt->check && n) {
         cube_binding *b = calloc(n, sizeof *b);
@@ -311,9 +313,12 @@ static cube_error *sync_call(cube_client *c, const cube_handle *handles,
         core_stream_unlock(st);
         core_fault_note(c, err);
     }
-    /* ...then the claim check a read would make. */
-    if (!err)
+    /* ...then the claim check a read would make, after what the backend
+     * learned of collectives between processes the barrier waited for. */
+    if (!err) {
+        core_comm_reap(c);
         err = core_failure_claim_check(c, r, n, "cube_sync");
+    }
     free(b);
     drop_all(c, r, n);
     return err;

@@ -258,6 +258,10 @@ struct cube_client {
     cube_mutex graphs_lock;
     core_graph *graphs CUBE_GUARDED_FIELD(graphs_lock); /* live, a list */
 
+    /* Calls of communicators between processes this client's buffers
+     * wait on, which the backend follows on the device (comm.c). */
+    atomic_uint comm_inflight;
+
     /* Futures not yet waited on, a list (transfer.c): close completes
      * and detaches them before it tears anything down. */
     cube_mutex futures_lock;
@@ -427,6 +431,11 @@ void core_comm_release(cube_comm *comm, int hardware);
  * stream entered. */
 cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
                              cube_error *refusal);
+/* Settles what the backend learned of the client's calls between
+ * processes that it follows on the device: a failed one's destination
+ * records the failure. Never blocks on the device; cheap when nothing is
+ * followed. Returns how many failed. Call with no stream entered. */
+size_t core_comm_reap(cube_client *c);
 /* The same, for a collective inside a hardware graph: meets the peers'
  * replays and answers whether every rank agreed, issuing nothing (the
  * backend's graph holds the call). */

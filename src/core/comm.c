@@ -51,6 +51,15 @@ typedef struct comm_call {
     struct comm_call *next;
 } comm_call;
 
+/* A call of a communicator between processes that the backend follows on
+ * the device (its ticket) until collective_poll says how it ended; its
+ * destination pinned so that a failure can be recorded there. */
+typedef struct remote_call {
+    uint64_t ticket;
+    core_alloc *dst; /* or NULL */
+    cube_collective_kind kind;
+} remote_call;
+
 /* What the ranks of one communicator share. */
 typedef struct comm_group {
     cube_mutex lock;
@@ -75,7 +84,22 @@ typedef struct comm_group {
      * one rank, and the backend's engine meets the others
      * (cube_comm_init_rank). */
     int remote;
+    /* remote: its calls still followed on the device (tickets), oldest
+     * first; appended by the rank's thread, removed by a reaper. */
+    remote_call *inflight CUBE_GUARDED_FIELD(lock);
+    size_t inflight_len CUBE_GUARDED_FIELD(lock);
+    size_t inflight_cap CUBE_GUARDED_FIELD(lock);
+    cube_mutex reap_lock;          /* one reaper at a time; taken before lock */
+    struct cube_comm *remote_rank; /* the rank of this process */
+    struct comm_group *remote_next CUBE_GUARDED_FIELD(remote_lock);
 } comm_group;
+
+/* Communicators between processes whose calls the backend follows on the
+ * device, so that a read or a sync of a client can learn how they ended
+ * (core_comm_reap). Taken before a group's reap_lock. */
+static cube_mutex remote_lock = CUBE_MUTEX_INIT;
+static comm_group *remote_groups CUBE_GUARDED_BY(remote_lock);
+static size_t reap_group(comm_group *g);
 
 struct cube_comm {
     comm_group *group;
@@ -224,7 +248,10 @@ static void group_free(comm_group *g)
     free(g->send_seq);
     free(g->recv_seq);
     free(g->gone);
+    free(g->inflight);
     pthread_cond_destroy(&g->changed);
+    if (g->remote)
+        cube_mutex_destroy(&g->reap_lock);
     cube_mutex_destroy(&g->lock);
     free(g);
 }
@@ -358,11 +385,65 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     return NULL;
 }
 
+/* Before a rank between processes goes: waits for its followed calls to
+ * end (the backend's watchdog ends each within the timeout after it
+ * starts on the device) and takes the group off the process's list. */
+static void drain_remote(comm_group *g)
+{
+    if (!g->vt->collective_poll)
+        return;
+    uint64_t give_up = now_ns() + 2 * g->timeout_ns + 1000000000ull;
+    for (;;) {
+        reap_group(g);
+        cube_mutex_lock(&g->lock);
+        size_t left = g->inflight_len;
+        cube_mutex_unlock(&g->lock);
+        if (!left || now_ns() >= give_up)
+            break;
+        struct timespec pause = {0, 1000000}; /* 1 ms */
+        nanosleep(&pause, NULL);
+    }
+    cube_mutex_lock(&remote_lock);
+    for (comm_group **q = &remote_groups; *q; q = &(*q)->remote_next)
+        if (*q == g) {
+            *q = g->remote_next;
+            break;
+        }
+    cube_mutex_unlock(&remote_lock);
+    /* Calls still running past that: their destinations cannot be
+     * trusted once the communicator goes. No reaper runs any more (they
+     * hold remote_lock throughout), so the list is this thread's. */
+    cube_comm *comm = g->remote_rank;
+    cube_client *c = comm->client;
+    cube_mutex_lock(&g->lock);
+    remote_call *left = g->inflight;
+    size_t n = g->inflight_len;
+    g->inflight = NULL;
+    g->inflight_len = g->inflight_cap = 0;
+    cube_mutex_unlock(&g->lock);
+    for (size_t i = 0; i < n; i++) {
+        if (left[i].dst) {
+            cube_error *err = cube_error_new(
+                CUBE_ERR_ABORTED,
+                "%s: the communicator was destroyed before the call "
+                "finished on the device",
+                kind_name(left[i].kind));
+            core_failure_record(c, left[i].dst, err);
+            cube_error_free(err);
+            core_alloc_unpin(c, left[i].dst);
+        }
+        atomic_fetch_sub_explicit(&c->comm_inflight, 1, memory_order_release);
+    }
+    free(left);
+}
+
 void cube_comm_destroy(cube_comm *comm)
 {
     if (!comm)
         return;
     comm_group *g = comm->group;
+    if (g->remote)
+        drain_remote(g);
     /* A hardware graph that captured this rank's calls still names the
      * backend's communicator: its destroy waits for the last such graph
      * (core_comm_release); replays are refused from now on. */
@@ -578,6 +659,7 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
         return cube_error_prefix(err, "cube_comm_init_rank");
     }
     cube_mutex_init(&g->lock);
+    cube_mutex_init(&g->reap_lock);
     pthread_cond_init(&g->changed, NULL);
     g->n = nranks;
     g->alive = 1;
@@ -588,6 +670,13 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
     comm->rank = rank;
     comm->client = c;
     comm->impl = impl;
+    g->remote_rank = comm;
+    if (c->vt->collective_poll) {
+        cube_mutex_lock(&remote_lock);
+        g->remote_next = remote_groups;
+        remote_groups = g;
+        cube_mutex_unlock(&remote_lock);
+    }
     *out = comm;
     cube_log_write(CUBE_LOG_INFO, "comm",
                    "rank %u of %u (between processes) on %s", rank, nranks,
@@ -1015,6 +1104,103 @@ static cube_error *record(pending *p)
     return err;
 }
 
+/* --- calls between processes followed on the device --- */
+
+/* Asks the backend how g's followed calls ended: a finished one is
+ * dropped, a failed one's destination records the failure. Never blocks
+ * on the device. Returns how many failed. */
+static size_t reap_group(comm_group *g)
+{
+    cube_comm *comm = g->remote_rank;
+    cube_client *c = comm->client;
+    size_t failed = 0;
+    cube_mutex_lock(&g->reap_lock);
+    for (size_t i = 0;;) {
+        cube_mutex_lock(&g->lock);
+        if (i >= g->inflight_len || !comm->impl) {
+            cube_mutex_unlock(&g->lock);
+            break;
+        }
+        remote_call rc = g->inflight[i];
+        cube_mutex_unlock(&g->lock);
+        int done = 0;
+        cube_error *err =
+            g->vt->collective_poll(c->server, comm->impl, rc.ticket, &done);
+        if (!done) {
+            cube_error_free(err);
+            i++;
+            continue;
+        }
+        if (err) {
+            err = cube_error_prefix(err, "%s", kind_name(rc.kind));
+            if (rc.dst)
+                core_failure_record(c, rc.dst, err);
+            core_stream_note_failure_now(c, err);
+            cube_error_free(err);
+            failed++;
+        }
+        /* Only the reaper removes, and appends go to the end: entry i is
+         * still rc. */
+        cube_mutex_lock(&g->lock);
+        memmove(&g->inflight[i], &g->inflight[i + 1],
+                (g->inflight_len - i - 1) * sizeof *g->inflight);
+        g->inflight_len--;
+        cube_mutex_unlock(&g->lock);
+        if (rc.dst)
+            core_alloc_unpin(c, rc.dst);
+        atomic_fetch_sub_explicit(&c->comm_inflight, 1, memory_order_release);
+    }
+    cube_mutex_unlock(&g->reap_lock);
+    return failed;
+}
+
+size_t core_comm_reap(cube_client *c)
+{
+    if (!atomic_load_explicit(&c->comm_inflight, memory_order_acquire))
+        return 0;
+    size_t failed = 0;
+    cube_mutex_lock(&remote_lock);
+    for (comm_group *g = remote_groups; g; g = g->remote_next)
+        if (g->remote_rank->client == c)
+            failed += reap_group(g);
+    cube_mutex_unlock(&remote_lock);
+    return failed;
+}
+
+/* Room for one more followed call, made before the call is issued: a call
+ * that could not be followed is refused rather than run blind. */
+static cube_error *reserve_inflight(comm_group *g, const char *fn)
+{
+    cube_mutex_lock(&g->lock);
+    cube_error *err = NULL;
+    if (g->inflight_len == g->inflight_cap) {
+        size_t cap = g->inflight_cap ? g->inflight_cap * 2 : 16;
+        remote_call *grown = realloc(g->inflight, cap * sizeof *grown);
+        if (grown) {
+            g->inflight = grown;
+            g->inflight_cap = cap;
+        } else {
+            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s", fn);
+        }
+    }
+    cube_mutex_unlock(&g->lock);
+    return err;
+}
+
+/* Follows call `ticket` of p (room was reserved). */
+static void follow(pending *p, uint64_t ticket)
+{
+    comm_group *g = p->comm->group;
+    cube_client *c = p->comm->client;
+    core_alloc *dst = p->has_dst ? p->dst.alloc : NULL;
+    if (dst)
+        core_alloc_pin(c, dst);
+    atomic_fetch_add_explicit(&c->comm_inflight, 1, memory_order_release);
+    cube_mutex_lock(&g->lock);
+    g->inflight[g->inflight_len++] = (remote_call){ticket, dst, p->mine.kind};
+    cube_mutex_unlock(&g->lock);
+}
+
 /* Issues a call of a communicator between processes: the backend's
  * engine tells the other processes when this rank refused it or its
  * source failed (or, without a way to, aborts the communicator so that
@@ -1031,11 +1217,25 @@ static cube_error *issue_remote(pending *p)
     }
     _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
     memset(shared, 0, sizeof shared);
-    cube_collective_set set = {&p->mine, 1, 0, shared, 1, p->local, p->failure};
+    comm_group *g = p->comm->group;
+    uint64_t ticket = 0;
+    int followed = c->vt->collective_poll != NULL;
+    if (followed) {
+        /* Earlier calls that ended are settled first, so their failures
+         * are on their destinations before this call reads them. */
+        reap_group(g);
+        if (!p->local)
+            p->local = reserve_inflight(g, kind_name(p->mine.kind));
+    }
+    cube_collective_set set = {
+        &p->mine, 1,        0,          shared,
+        1,        p->local, p->failure, followed ? &ticket : NULL};
     if (!st)
         return cube_error_clone(p->local);
     core_stream_lock(st);
     err = c->vt->collective(c->server, &st->base, p->comm->impl, &set);
+    if (!err && ticket)
+        follow(p, ticket);
     if (!err && !p->local && !p->failure)
         st->launches++;
     core_stream_note_failure(st, err);

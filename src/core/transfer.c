@@ -316,6 +316,15 @@ static void future_complete(cube_client *c, cube_future *f)
             f->result = err;
         else
             cube_error_free(err);
+        /* A collective between processes that wrote these buffers may
+         * have failed on the device while the read waited (its watchdog
+         * aborted it): the bytes read are not its result. */
+        if (!f->result &&
+            atomic_load_explicit(&c->comm_inflight, memory_order_acquire)) {
+            core_comm_reap(c);
+            f->result =
+                core_failure_claim_check(c, f->resolved, f->n, "cube_read");
+        }
     }
     unpin(c, f->resolved, f->n);
     f->resolved = NULL;

@@ -273,6 +273,11 @@ typedef struct cube_collective_set {
     int remote;
     const cube_error *refused;
     const cube_error *failed;
+    /* remote only (else NULL): where a backend whose part finishes on the
+     * device later, and may fail there past the call (a peer process that
+     * never comes: its watchdog aborts the communicator), puts a nonzero
+     * ticket for collective_poll. Left 0: nothing to follow. */
+    uint64_t *ticket;
 } cube_collective_set;
 
 /* A backend's read in flight; the client waits on it with read_wait. */
@@ -438,6 +443,14 @@ struct cube_server_vtable {
      * not run; the core records it on the destination. */
     cube_error *(*collective)(cube_server *server, cube_server_stream *stream,
                               void *impl, const cube_collective_set *set);
+    /* (optional, with tickets) collective_poll: how the call `ticket`
+     * (from set->ticket) of rank `impl` ended on the device. *done 0: it
+     * has not finished yet (NULL returned); 1: it finished (NULL) or
+     * failed (the error: its destination cannot be trusted). A ticket
+     * answered done is forgotten; one never polled is forgotten when its
+     * rank is destroyed. Any thread; never blocks. */
+    cube_error *(*collective_poll)(cube_server *server, void *impl,
+                                   uint64_t ticket, int *done);
     /* (optional) group_begin / group_end: bracket the parts one thread
      * issues for several ranks at once (NCCL's group calls). */
     void (*group_begin)(void);

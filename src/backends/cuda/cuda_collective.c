@@ -170,8 +170,11 @@ typedef struct cuda_rank {
     const nccl_api *nccl;
     ncclComm_t comm;
     uint64_t timeout_ns;
-    int aborted;
-    int remote; /* a communicator between processes (non-blocking) */
+    int aborted; /* in one process; between processes the watch says */
+    int remote;  /* a communicator between processes (non-blocking) */
+    cuda_server *server;
+    cuda_watch *watch; /* remote: shares the communicator with the
+                          watchdog (cuda_watchdog.c) */
 } cuda_rank;
 
 /* Ranks whose parts this thread issues between group_begin and group_end,
@@ -184,6 +187,17 @@ static _Thread_local struct {
     cuda_stream *st;
 } group_records[GROUP_RECORDS];
 static _Thread_local size_t group_record_count;
+/* Calls of ranks between processes in the group: their end is recorded
+ * once NCCL enqueued them (at ncclGroupEnd), and each rank's watch is
+ * held (its NCCL communicator used) until then. */
+static _Thread_local struct {
+    cuda_watch *watch;
+    cuda_stream *st;
+    uint64_t ticket;
+} group_ends[GROUP_RECORDS];
+static _Thread_local size_t group_end_count;
+static _Thread_local struct cuda_rank *group_held[GROUP_RECORDS];
+static _Thread_local size_t group_held_count;
 
 static uint64_t clock_ns(void)
 {
@@ -195,7 +209,7 @@ static uint64_t clock_ns(void)
 /* Polls a non-blocking communicator until NCCL is done with the last
  * call on it; past `deadline` the communicator is aborted. */
 static ncclResult_t settle(const nccl_api *n, ncclComm_t comm,
-                           uint64_t deadline, int *timed_out)
+                           cuda_watch *watch, uint64_t deadline, int *timed_out)
 {
     ncclResult_t state = ncclInProgress;
     for (unsigned spins = 0;; spins++) {
@@ -206,7 +220,10 @@ static ncclResult_t settle(const nccl_api *n, ncclComm_t comm,
             return state;
         if (clock_ns() >= deadline) {
             *timed_out = 1;
-            n->ncclCommAbort(comm);
+            if (watch)
+                cuda_watch_abort_locked(watch); /* held by the caller */
+            else
+                n->ncclCommAbort(comm);
             return ncclInProgress;
         }
         if (spins > 64) {
@@ -273,7 +290,7 @@ cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
     int timed_out = 0;
     for (uint32_t i = 0; i < n && !err && r == ncclSuccess; i++)
         if (ranks[i].comm)
-            r = settle(nccl, ranks[i].comm, deadline, &timed_out);
+            r = settle(nccl, ranks[i].comm, NULL, deadline, &timed_out);
     if (!err && r != ncclSuccess)
         err = nccl_failure(nccl, r, NULL, timed_out,
                            "making the NCCL communicator");
@@ -353,12 +370,20 @@ cube_error *cuda_comm_init_rank(cube_server *server, const unsigned char *id,
                                                   (int)rank, &cfg);
     int timed_out = 0;
     if (r == ncclSuccess || r == ncclInProgress)
-        r = settle(nccl, one->comm, clock_ns() + one->timeout_ns, &timed_out);
+        r = settle(nccl, one->comm, NULL, clock_ns() + one->timeout_ns,
+                   &timed_out);
     if (r != ncclSuccess) {
         err = nccl_failure(nccl, r, one->comm, timed_out,
                            "joining the NCCL communicator");
         if (!timed_out && one->comm)
             nccl->ncclCommAbort(one->comm);
+        free(one);
+        return err;
+    }
+    one->server = s;
+    err = cuda_watch_open(s, nccl, one->comm, one->timeout_ns, &one->watch);
+    if (err) {
+        nccl->ncclCommAbort(one->comm);
         free(one);
         return err;
     }
@@ -376,6 +401,11 @@ void cuda_comm_destroy(cube_server *server, void *impl)
         return;
     cuda_server *s = (cuda_server *)server;
     cube_error_free(cuda_enter(s));
+    /* The watchdog lets go first (it may have aborted the communicator,
+     * which freed it). */
+    if (rank->watch && cuda_watch_close(rank->watch))
+        rank->aborted = 1;
+    rank->watch = NULL;
     if (rank->aborted) {
         free(rank);
         return;
@@ -385,7 +415,7 @@ void cuda_comm_destroy(cube_server *server, void *impl)
     int timed_out = 0;
     ncclResult_t r = rank->nccl->ncclCommFinalize(rank->comm);
     if (r == ncclSuccess || r == ncclInProgress)
-        r = settle(rank->nccl, rank->comm, clock_ns() + rank->timeout_ns,
+        r = settle(rank->nccl, rank->comm, NULL, clock_ns() + rank->timeout_ns,
                    &timed_out);
     if (timed_out)
         free(rank); /* settle aborted it, which frees it */
@@ -404,6 +434,10 @@ void cuda_comm_abort(cube_server *server, void *impl)
     cuda_rank *rank = impl;
     if (!rank || rank->aborted)
         return;
+    if (rank->watch) {
+        cuda_watch_abort(rank->watch);
+        return;
+    }
     rank->aborted = 1;
     rank->nccl->ncclCommAbort(rank->comm);
 }
@@ -470,22 +504,13 @@ static ncclResult_t enqueue(const nccl_api *n, ncclComm_t comm,
     return ncclInvalidArgument;
 }
 
-cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
-                            void *impl, const cube_collective_set *set)
+/* Issues the rank's part on its stream; `watch` (a rank between
+ * processes, held) follows it on the device when the core asks. */
+static cube_error *issue_part(cuda_server *s, cube_server_stream *stream,
+                              cuda_rank *rank, const cube_collective_set *set,
+                              cuda_watch *watch)
 {
-    cuda_server *s = (cuda_server *)server;
-    cuda_rank *rank = impl;
     const cube_collective *c = &set->calls[set->index];
-    if (rank->aborted)
-        return cube_error_new(CUBE_ERR_ABORTED,
-                              "the NCCL communicator was aborted");
-    if (set->remote && (set->refused || set->failed)) {
-        /* NCCL cannot tell the other processes that this rank will not
-         * come: abort, so that their calls fail instead of waiting. */
-        rank->aborted = 1;
-        rank->nccl->ncclCommAbort(rank->comm);
-        return NULL;
-    }
     cuda_stream *st = NULL;
     cube_error *err = cuda_stream_begin(s, stream, &st);
     cuda_block *src = c->src.storage ? c->src.storage->cookie : NULL;
@@ -494,20 +519,43 @@ cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
         err = cuda_block_before_use(s, st, src, 0);
     if (!err && dst)
         err = cuda_block_before_use(s, st, dst, 1);
+    uint64_t ticket = 0;
+    int follow = watch && set->ticket && !st->capturing;
+    if (!err && follow && in_group && group_end_count == GROUP_RECORDS)
+        err = cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                             "more than %d calls between processes in one "
+                             "group",
+                             GROUP_RECORDS);
+    if (!err && follow)
+        err = cuda_watch_begin(watch, st->cu, &ticket);
     if (err)
         return err;
     ncclResult_t r = enqueue(rank->nccl, rank->comm, c, st->cu);
     int timed_out = 0;
     if (r == ncclInProgress && !in_group)
-        r = settle(rank->nccl, rank->comm, clock_ns() + rank->timeout_ns,
+        r = settle(rank->nccl, rank->comm, watch, clock_ns() + rank->timeout_ns,
                    &timed_out);
     else if (r == ncclInProgress)
         r = ncclSuccess; /* enqueued at the group's end */
     if (r != ncclSuccess) {
+        if (ticket)
+            cuda_watch_cancel(watch, ticket);
         if (timed_out)
             rank->aborted = 1;
         return nccl_failure(rank->nccl, r, rank->comm, timed_out, "NCCL");
     }
+    if (ticket && !in_group) {
+        err = cuda_watch_end(watch, st->cu, ticket);
+        if (err)
+            return err;
+    } else if (ticket) {
+        group_ends[group_end_count].watch = watch;
+        group_ends[group_end_count].st = st;
+        group_ends[group_end_count].ticket = ticket;
+        group_end_count++;
+    }
+    if (ticket)
+        *set->ticket = ticket;
     if (st->capturing)
         return NULL; /* captured, not run: no buffer changes */
     uint64_t seq = cuda_stream_next(st);
@@ -532,6 +580,68 @@ cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
     return NULL;
 }
 
+/* Whether this thread's group already holds `w`. */
+static int group_holds(const cuda_rank *rank)
+{
+    for (size_t i = 0; i < group_held_count; i++)
+        if (group_held[i] == rank)
+            return 1;
+    return 0;
+}
+
+cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
+                            void *impl, const cube_collective_set *set)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_rank *rank = impl;
+    cuda_watch *w = rank->watch;
+    if (!w) {
+        if (rank->aborted)
+            return cube_error_new(CUBE_ERR_ABORTED,
+                                  "the NCCL communicator was aborted");
+        return issue_part(s, stream, rank, set, NULL);
+    }
+    /* Between processes the watchdog shares the communicator: it is held
+     * for the call, or in a group until the group's end. */
+    if (!(in_group && group_holds(rank))) {
+        if (cuda_watch_acquire(w))
+            return cube_error_new(CUBE_ERR_ABORTED,
+                                  "the NCCL communicator was aborted");
+        if (in_group) {
+            if (group_held_count == GROUP_RECORDS) {
+                cuda_watch_release(w);
+                return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                                      "more than %d communicators between "
+                                      "processes in one group",
+                                      GROUP_RECORDS);
+            }
+            group_held[group_held_count++] = rank;
+        }
+    }
+    cube_error *err = NULL;
+    if (set->refused || set->failed)
+        /* NCCL cannot tell the other processes that this rank will not
+         * come: abort, so that their calls fail instead of waiting. */
+        cuda_watch_abort_locked(w);
+    else
+        err = issue_part(s, stream, rank, set, w);
+    if (!in_group)
+        cuda_watch_release(w);
+    return err;
+}
+
+cube_error *cuda_collective_poll(cube_server *server, void *impl,
+                                 uint64_t ticket, int *done)
+{
+    (void)server;
+    cuda_rank *rank = impl;
+    if (!rank->watch) {
+        *done = 1; /* in one process nothing is followed */
+        return NULL;
+    }
+    return cuda_watch_poll(rank->watch, ticket, done);
+}
+
 void cuda_group_begin(void)
 {
     const nccl_api *nccl = NULL;
@@ -543,6 +653,8 @@ void cuda_group_begin(void)
     nccl->ncclGroupStart();
     in_group = 1;
     group_record_count = 0;
+    group_end_count = 0;
+    group_held_count = 0;
 }
 
 cube_error *cuda_group_end(void)
@@ -553,14 +665,31 @@ cube_error *cuda_group_end(void)
         return err;
     in_group = 0;
     ncclResult_t r = nccl->ncclGroupEnd();
-    /* Non-blocking communicators may still be enqueueing: the streams'
-     * records below must come after, so wait for the group to land. */
+    /* Non-blocking communicators (between processes) may still be
+     * enqueueing: the records below must come after, so wait for each
+     * to land (past its timeout it is aborted). */
     if (r == ncclInProgress)
         r = ncclSuccess;
+    int timed_out = 0;
+    for (size_t i = 0; i < group_held_count && r == ncclSuccess; i++)
+        r = settle(nccl, group_held[i]->comm, group_held[i]->watch,
+                   clock_ns() + group_held[i]->timeout_ns, &timed_out);
+    for (size_t i = 0; i < group_end_count; i++) {
+        cuda_stream *st = group_ends[i].st;
+        if (r == ncclSuccess && !err)
+            err = cuda_watch_end(group_ends[i].watch, st->cu,
+                                 group_ends[i].ticket);
+        else
+            cuda_watch_cancel(group_ends[i].watch, group_ends[i].ticket);
+    }
+    group_end_count = 0;
+    for (size_t i = 0; i < group_held_count; i++)
+        cuda_watch_release(group_held[i]->watch);
+    group_held_count = 0;
     for (size_t i = 0; i < group_record_count && !err; i++)
         err = cuda_stream_record(group_records[i].s, group_records[i].st);
     group_record_count = 0;
     if (!err && r != ncclSuccess)
-        err = nccl_failure(nccl, r, NULL, 0, "ncclGroupEnd");
+        err = nccl_failure(nccl, r, NULL, timed_out, "ncclGroupEnd");
     return err;
 }

@@ -43,6 +43,8 @@
  *   cuda_transfer.c  reads and writes, the open read, cuda_stream_begin
  *   cuda_kernels.c   compiling: NVRTC, module loading, the disk cache
  *   cuda_launch.c    launches: arguments, dynamic cube counts
+ *   cuda_watchdog.c  the thread that aborts a stalled NCCL communicator
+ *                    between processes, and how its calls ended
  *   cuda_collective.c  copies between devices, NCCL communicators and
  *                    collectives (NCCL through nccl_api.h)
  *   cuda_graph.c     capture, replay, destroy
@@ -63,6 +65,7 @@
 #include "backends/common/disk_cache.h"
 #include "backends/common/vm_defer.h"
 #include "backends/cuda/cuda_api.h"
+#include "backends/cuda/nccl_api.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
 #include "memory/memory_manager.h"
@@ -496,6 +499,37 @@ void cuda_compiled_release(cube_server *server, cube_compiled *compiled);
 cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,
                         const cube_dispatch *dispatch);
 
+/* --- cuda_watchdog.c --- */
+/* Watches the NCCL communicator `comm` of a rank between processes: a
+ * call that runs on the device past `timeout_ns` without finishing, or an
+ * asynchronous NCCL error, aborts it (one thread per process looks).
+ * Errors: CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_RESOURCE_LIMIT (the thread
+ * could not start). close forgets it (the communicator is the caller's)
+ * and answers whether the communicator was aborted (then it is freed). */
+typedef struct cuda_watch cuda_watch;
+cube_error *cuda_watch_open(cuda_server *s, const nccl_api *nccl,
+                            ncclComm_t comm, uint64_t timeout_ns,
+                            cuda_watch **out);
+int cuda_watch_close(cuda_watch *w);
+/* The rank's NCCL calls go between acquire (1: the communicator was
+ * aborted; nothing is held) and release; abort_locked aborts it once,
+ * between them. */
+int cuda_watch_acquire(cuda_watch *w);
+void cuda_watch_release(cuda_watch *w);
+void cuda_watch_abort_locked(cuda_watch *w);
+/* Aborts it from any thread without waiting for the rank's thread (the
+ * watchdog finishes the abort when that thread is inside NCCL). */
+void cuda_watch_abort(cuda_watch *w);
+int cuda_watch_aborted(cuda_watch *w);
+/* A call: begin records its start on `cu` before NCCL enqueues it and
+ * names it (*ticket); end records its end after; cancel forgets one NCCL
+ * refused. Errors: CUBE_ERR_OUT_OF_MEMORY, a driver error. */
+cube_error *cuda_watch_begin(cuda_watch *w, CUstream cu, uint64_t *ticket);
+cube_error *cuda_watch_end(cuda_watch *w, CUstream cu, uint64_t ticket);
+void cuda_watch_cancel(cuda_watch *w, uint64_t ticket);
+/* How call `ticket` ended (the collective_poll slot's contract). */
+cube_error *cuda_watch_poll(cuda_watch *w, uint64_t ticket, int *done);
+
 /* --- cuda_collective.c --- */
 /* ServerCommunication slots of the vtable. */
 cube_error *cuda_copy_to_peer(cube_server *server, cube_server_stream *stream,
@@ -514,6 +548,8 @@ void cuda_comm_destroy(cube_server *server, void *impl);
 void cuda_comm_abort(cube_server *server, void *impl);
 cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
                             void *impl, const cube_collective_set *set);
+cube_error *cuda_collective_poll(cube_server *server, void *impl,
+                                 uint64_t ticket, int *done);
 void cuda_group_begin(void);
 cube_error *cuda_group_end(void);
 

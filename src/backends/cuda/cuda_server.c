@@ -132,6 +132,7 @@ static const cube_server_vtable cuda_vtable = {
     .comm_destroy = cuda_comm_destroy,
     .comm_abort = cuda_comm_abort,
     .collective = cuda_collective,
+    .collective_poll = cuda_collective_poll,
     .group_begin = cuda_group_begin,
     .group_end = cuda_group_end,
     .native_stream = cuda_native_stream,
