@@ -261,7 +261,8 @@ enum {
     FUTURE_ATTACHED = 0, /* on the client's list, its read outstanding */
     FUTURE_WAITING = 1,  /* cube_future_wait is completing it */
     FUTURE_CLOSING = 2,  /* cube_client_close is completing it */
-    FUTURE_DETACHED = 3  /* completed by close: the client may be gone */
+    FUTURE_DETACHED = 3, /* completed by close: the client may be gone */
+    FUTURE_POLLING = 4   /* cube_future_ready is asking the backend */
 };
 
 struct cube_future {
@@ -434,9 +435,15 @@ cube_error *cube_future_wait(cube_future *f)
     if (f->done)
         return NULL;
     int state = FUTURE_ATTACHED;
-    if (atomic_compare_exchange_strong_explicit(
-            &f->state, &state, FUTURE_WAITING, memory_order_acquire,
-            memory_order_acquire)) {
+    /* A look by cube_future_ready lets go at once. */
+    while (!atomic_compare_exchange_weak_explicit(
+               &f->state, &state, FUTURE_WAITING, memory_order_acquire,
+               memory_order_acquire) &&
+           (state == FUTURE_POLLING || state == FUTURE_ATTACHED)) {
+        state = FUTURE_ATTACHED;
+        sched_yield();
+    }
+    if (state == FUTURE_ATTACHED) {
         /* The caller's: close waits until it leaves the list. */
         cube_client *c = f->client;
         future_complete(c, f);
@@ -477,7 +484,23 @@ int cube_future_ready(const cube_future *f)
         return 1;
     /* Close may be completing it (and reads, never writes, f->pending
      * until DETACHED). */
-    return state != FUTURE_CLOSING && !f->pending;
+    if (state == FUTURE_CLOSING)
+        return 0;
+    if (!f->pending)
+        return 1;
+    /* Ask the backend whether the device is done, holding the read as a
+     * wait does so that close cannot free it meanwhile (close waits for
+     * it to be let go). The future is the caller's, not const. */
+    cube_future *mine = (cube_future *)(uintptr_t)f;
+    int expected = FUTURE_ATTACHED;
+    if (!atomic_compare_exchange_strong_explicit(
+            &mine->state, &expected, FUTURE_POLLING, memory_order_acquire,
+            memory_order_acquire))
+        return 0;
+    cube_client *c = mine->client;
+    int ready = c->vt->read_poll && c->vt->read_poll(c->server, mine->pending);
+    atomic_store_explicit(&mine->state, FUTURE_ATTACHED, memory_order_release);
+    return ready;
 }
 
 void cube_future_free(cube_future *f)

@@ -335,6 +335,10 @@ struct cube_server_vtable {
                         cube_pending **pending);
     /* (optional) Waits for a pending read and frees it. */
     cube_error *(*read_wait)(cube_server *server, cube_pending *pending);
+    /* (optional) 1 when read_wait would not wait for the device (the
+     * read's copies have finished, or failed); never blocks. Without it a
+     * pending read counts as not ready until it is waited on. */
+    int (*read_poll)(cube_server *server, cube_pending *pending);
 
     /* write: copies packed host data into each op's binding, in stream
      * order. The host memory may be reused when this returns. */

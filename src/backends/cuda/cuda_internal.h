@@ -417,6 +417,7 @@ cube_error *cuda_read(cube_server *server, cube_server_stream *stream,
                       const cube_copy_op *ops, size_t n, void *const *dst,
                       cube_pending **pending);
 cube_error *cuda_read_wait(cube_server *server, cube_pending *pending);
+int cuda_read_poll(cube_server *server, cube_pending *pending);
 cube_error *cuda_write(cube_server *server, cube_server_stream *stream,
                        const cube_copy_op *ops, size_t n,
                        const void *const *src);

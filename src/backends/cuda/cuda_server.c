@@ -111,6 +111,7 @@ static const cube_server_vtable cuda_vtable = {
     .memory_reclaim = cuda_memory_reclaim,
     .read = cuda_read,
     .read_wait = cuda_read_wait,
+    .read_poll = cuda_read_poll,
     .write = cuda_write,
     .sync = cuda_sync,
     .compile = cuda_compile,

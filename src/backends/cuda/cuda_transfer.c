@@ -383,6 +383,23 @@ cube_error *cuda_stream_begin(cuda_server *s, cube_server_stream *stream,
     return err;
 }
 
+int cuda_read_poll(cube_server *server, cube_pending *p)
+{
+    cuda_server *s = (cuda_server *)server;
+    cube_error *err = cuda_enter(s);
+    if (err) {
+        cube_error_free(err);
+        return 1; /* the wait answers at once */
+    }
+    cuda_stream *st = p->stream;
+    /* As read_wait: without an event the stream's end is the read's. */
+    cube_mutex_lock(&st->lock);
+    CUresult r = p->event ? s->api->cuEventQuery(p->event)
+                          : s->api->cuStreamQuery(st->cu);
+    cube_mutex_unlock(&st->lock);
+    return r != CUDA_ERROR_NOT_READY;
+}
+
 cube_error *cuda_read_wait(cube_server *server, cube_pending *p)
 {
     cuda_server *s = (cuda_server *)server;
