@@ -1283,6 +1283,9 @@ static void op_graph(reader *r)
     model_graph *g = &graphs[arg % GRAPHS];
     cube_graph_id id = 0;
     cube_error *err;
+    if (g_trace)
+        fprintf(stderr, "  graph step %u, graph %u, capturing %d\n",
+                which % 10, arg % GRAPHS, st->capturing);
     switch (which % 10) {
     case 0:
     case 1:

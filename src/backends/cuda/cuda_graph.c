@@ -16,6 +16,11 @@
 
 #include "backends/cuda/cuda_internal.h"
 
+/* Captures this thread began and has not ended, and its capture mode
+ * before the first of them. */
+static _Thread_local unsigned captures_open;
+static _Thread_local int mode_before;
+
 typedef struct cuda_graph {
     CUgraph graph;
     CUgraphExec exec;
@@ -67,11 +72,16 @@ cube_error *cuda_begin_capture(cube_server *server, cube_server_stream *stream)
         return cuda_fail(s, r, CUBE_ERR_GRAPH_STATE, "cuStreamBeginCapture");
     /* The capture is thread-local, so other threads cannot break it; this
      * thread may still work on other streams meanwhile (allocate, copy,
-     * wait), which the thread-local mode would forbid: it goes relaxed
-     * until the capture ends. The capturing stream itself is protected by
-     * the client, which refuses reads, writes and syncs on it. */
-    st->capture_thread_mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    s->api->cuThreadExchangeStreamCaptureMode(&st->capture_thread_mode);
+     * wait, end another stream's capture and instantiate its graph),
+     * which the thread-local mode would forbid: it goes relaxed while any
+     * capture it began is open. Counted, not saved per stream: captures
+     * on two streams may end in either order. The capturing stream itself
+     * is protected by the client, which refuses reads, writes and syncs
+     * on it. */
+    if (captures_open++ == 0) {
+        mode_before = CU_STREAM_CAPTURE_MODE_RELAXED;
+        s->api->cuThreadExchangeStreamCaptureMode(&mode_before);
+    }
     return NULL;
 }
 
@@ -94,7 +104,11 @@ cube_error *cuda_end_capture(cube_server *server, cube_server_stream *stream,
     CUresult r = s->api->cuStreamEndCapture(st->cu, &g);
     st->capturing = 0;
     cube_mutex_unlock(&st->lock);
-    s->api->cuThreadExchangeStreamCaptureMode(&st->capture_thread_mode);
+    /* The thread's mode comes back once its last open capture ended (a
+     * capture ended by another thread than began it leaves this one's
+     * count alone). */
+    if (captures_open && --captures_open == 0)
+        s->api->cuThreadExchangeStreamCaptureMode(&mode_before);
     cube_mutex_lock(&s->deferred_lock);
     int last = atomic_fetch_sub(&s->captures, 1) == 1;
     cube_mutex_unlock(&s->deferred_lock);

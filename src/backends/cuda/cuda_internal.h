@@ -154,7 +154,6 @@ struct cuda_stream {
     cuda_block **captured;
     size_t captured_count, captured_cap;
     int capture_failed;      /* a launch was refused inside the capture */
-    int capture_thread_mode; /* the capturing thread's mode before it */
     /* Released blocks waiting for other streams' uses (under
      * pending_lock: releases come from any thread). */
     cube_mutex pending_lock;
