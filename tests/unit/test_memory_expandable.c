@@ -32,6 +32,7 @@
 #include "backends/common/host_memory.h"
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
+#include "memory/mem_internal.h"
 #include "memory/memory_manager.h"
 
 #define KIB (1ull << 10)
@@ -45,7 +46,7 @@
 
 typedef struct range {
     uint64_t base, size;
-    uint8_t *mapped; /* per page */
+    uint8_t *mapped; /* per page: 0 no, 1 yes, 2 the first of a map call's */
 } range;
 
 typedef struct region {
@@ -63,6 +64,7 @@ typedef struct model {
     size_t nregions;
     uint64_t allocated, mapped; /* bytes */
     uint64_t maps, unmaps;      /* calls */
+    uint64_t chunks;            /* map calls' ranges mapped now */
     uint64_t rng;
     unsigned map_fail_percent;
     long map_fail_at; /* fail the map call with this number (1, 2, ...) */
@@ -175,12 +177,17 @@ static cube_error *m_map(void *self, uint64_t address, uint64_t size)
     if (md->map_fail_always || (long)md->maps == md->map_fail_at ||
         (md->map_fail_percent && next_random(md) % 100 < md->map_fail_percent))
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "map refused");
+    uint64_t first = (address - r->base) / PAGE, n = size / PAGE;
+    if (first / MEM_VM_CHUNK_PAGES != (first + n - 1) / MEM_VM_CHUNK_PAGES)
+        misuse(md, "a map (chunk) across a multiple of MEM_VM_CHUNK_PAGES",
+               address);
     for (uint64_t a = address; a < address + size; a += PAGE) {
         if (r->mapped[(a - r->base) / PAGE])
             misuse(md, "map of a page already mapped", a);
-        r->mapped[(a - r->base) / PAGE] = 1;
+        r->mapped[(a - r->base) / PAGE] = a == address ? 2 : 1;
     }
     md->mapped += size;
+    md->chunks++;
     return host_storage_map(NULL, address, size);
 }
 
@@ -193,11 +200,19 @@ static void m_unmap(void *self, uint64_t address, uint64_t size)
         misuse(md, "unmap outside a reservation or not in pages", address);
         return;
     }
+    /* Exactly what one map call mapped: a GPU unmaps whole mappings. */
+    uint64_t first = (address - r->base) / PAGE, end = first + size / PAGE;
+    if (r->mapped[first] != 2 || (end < r->size / PAGE && r->mapped[end] == 1))
+        misuse(md, "unmap of a range that is not one map call's", address);
     for (uint64_t a = address; a < address + size; a += PAGE) {
-        if (!r->mapped[(a - r->base) / PAGE])
+        uint8_t was = r->mapped[(a - r->base) / PAGE];
+        if (!was)
             misuse(md, "unmap of a page not mapped", a);
+        else if (was == 2 && a != address)
+            misuse(md, "unmap of two map calls' ranges at once", a);
         r->mapped[(a - r->base) / PAGE] = 0;
     }
+    md->chunks--;
     for (size_t i = 0; i < md->nlive; i++) {
         const cube_storage *s = &md->live[i].st;
         if (s->address < address + size && address < s->address + s->size)
@@ -587,22 +602,24 @@ static void test_refused_map_retries_after_releasing(void **state)
     model *md = model_new(9);
     cube_memory_layout l = one_pool(0);
     mem_manager *m = make(md, &l);
-    uint64_t sizes[4] = {2 * PAGE, PAGE, 2 * PAGE, PAGE}; /* 0-1 2 3-4 5 */
-    for (int i = 0; i < 4; i++)
+    /* 0-1 2 3-4 5 6: the live bytes' mark is 7 pages. */
+    uint64_t sizes[5] = {2 * PAGE, PAGE, 2 * PAGE, PAGE, PAGE};
+    for (int i = 0; i < 5; i++)
         assert_int_equal(step_alloc(m, md, sizes[i]), CUBE_OK);
+    step_free(m, md, 4); /* page 6, at the front of the free tail */
     step_free(m, md, 2);
     step_free(m, md, 0); /* holes of 2 cached pages: 0-1 and 3-4 */
     check_invariants(m, md);
-    assert_int_equal(md->mapped, 6 * PAGE); /* the mark */
+    assert_int_equal(md->mapped, 7 * PAGE); /* the mark */
     uint64_t unmaps = md->unmaps;
     md->map_fail_at = (long)md->maps + 1;
-    /* 3 pages fit in no hole: pages 6-8. Unmap before map sheds 3 of the
-     * 4 cached pages; the map is refused once, the last cached page is
-     * released, and the retry succeeds. */
+    /* 3 pages fit in no hole: pages 6-8, of which 7-8 are new. Unmap
+     * before map sheds the highest cached chunk (pages 3-4); the map is
+     * refused once, the other cached chunk (pages 0-1) is released, and
+     * the retry succeeds. */
     assert_int_equal(step_alloc(m, md, 3 * PAGE), CUBE_OK);
     check_invariants(m, md);
-    /* Unmap calls: pages 3-4, page 1, then page 0 for the retry. */
-    assert_int_equal(md->unmaps, unmaps + 3);
+    assert_int_equal(md->unmaps, unmaps + 2);
     assert_int_equal(md->mapped, 5 * PAGE);
     model_end(m, md);
 }
