@@ -151,8 +151,8 @@ struct mem_pool {
     mem_block *blocks; /* exclusive, tail, persistent: all blocks */
     /* Expandable (pool_expandable.c): the reserved range (vm_size 0 until
      * the first request), its page (the storage's granularity, at least
-     * the alignment), the most bytes its live blocks have held at a map
-     * since the last release (vm_mark), the block at its start (never
+     * the alignment), the most pages its live blocks have touched at a
+     * map since the last release (vm_mark), the block at its start (never
      * merged away), a bitmap of its mapped pages and one of the first
      * pages of its chunks (one storage map each; vm_heads shares
      * vm_mapped's allocation). */

@@ -37,17 +37,18 @@
  *
  * Unmap before map. Cached chunks left in holes between live blocks would
  * otherwise add up (1.145x the peak live on a PyTorch GPT-2 training
- * trace). So the pool keeps a mark, the most bytes its live blocks have
- * held at a map since its free chunks were last released (cleanup and the
- * out-of-memory retry restart it), and a request that would take the
+ * trace). So the pool keeps a mark, the most pages its live blocks have
+ * touched at a map since its free chunks were last released (cleanup and
+ * the out-of-memory retry restart it), and a request that would take the
  * mapped pages past the mark plus 1/MEM_VM_SLACK first unmaps as many
  * pages of free chunks elsewhere, the range's highest first. A request
  * whose bins' choice needs new pages takes the free block that needs the
  * fewest (refit). The slack is what lets a step that repeats with its
  * blocks placed a little differently find its pages mapped: a mark at the
  * most pages ever mapped (with no slack) made GPT-2 training shed and map
- * again 28.7 GiB per pass of four steps. The slack is over the live
- * bytes, not over the pages mapped, so it does not ratchet up. An unmap
+ * again 28.7 GiB per pass of four steps. The slack is over the pages
+ * live blocks touch, not over the pages mapped (cached chunks included),
+ * so it does not ratchet up. An unmap
  * costs a storage call on a path that maps anyway (on a GPU the unmap
  * records an event and the memory goes once the queued work has passed
  * it: no wait); a pool hit never unmaps.
@@ -214,23 +215,31 @@ static uint64_t unmap_inside(mem_manager *m, mem_pool *p, uint64_t lo,
 }
 
 /* The mapped pages the pool may hold when it maps: its mark (the most
- * bytes its live blocks have held at a map since its free pages were
- * last released, in pages) and a slack of 1/MEM_VM_SLACK of it, so that
- * a step that repeats with its blocks placed a little differently finds
- * its pages still mapped instead of shedding and mapping again. */
+ * pages its live blocks have touched at a map since its free chunks were
+ * last released) and a slack of 1/MEM_VM_SLACK of it, so that a step
+ * that repeats with its blocks placed a little differently finds its
+ * pages still mapped instead of shedding and mapping again. */
 #define MEM_VM_SLACK 28u
 
-static uint64_t vm_limit(const mem_pool *p, uint64_t mark)
+static uint64_t vm_limit(const mem_pool *p)
 {
-    uint64_t pages = (mark + p->vm_page - 1) / p->vm_page;
-    return pages + pages / MEM_VM_SLACK;
+    return p->vm_mark + p->vm_mark / MEM_VM_SLACK;
 }
 
-/* The mark once a block of `extent` bytes is live. */
-static uint64_t mark_with(const mem_pool *p, uint64_t extent)
+/* Mapped pages lying wholly inside free blocks: the rest are touched by
+ * live blocks (or by one being mapped, already marked live). */
+static uint64_t free_mapped(const mem_pool *p)
 {
-    uint64_t live = p->st.in_use + p->st.padding + extent;
-    return live > p->vm_mark ? live : p->vm_mark;
+    uint64_t g = p->vm_page, n = 0;
+    for (const mem_block *b = p->vm_first; b; b = b->next) {
+        if (b->requested)
+            continue;
+        uint64_t lo = (b->address - p->vm_base + g - 1) / g;
+        uint64_t hi = (b->address + b->size - p->vm_base) / g;
+        if (lo < hi)
+            n += (hi - lo) - count_unmapped(p->vm_mapped, lo, hi);
+    }
+    return n;
 }
 
 /* Unmaps whole chunks lying inside free blocks until `want` pages went
@@ -273,9 +282,11 @@ static cube_error *map_block(mem_manager *m, mem_pool *p, const mem_block *b)
     uint64_t i = find_page(p->vm_mapped, first, end, 0);
     if (i >= end)
         return NULL;
-    p->vm_mark = mark_with(p, b->size);
     uint64_t need = count_unmapped(p->vm_mapped, i, end);
-    uint64_t limit = vm_limit(p, p->vm_mark);
+    uint64_t touched = p->st.pages - free_mapped(p) + need;
+    if (touched > p->vm_mark)
+        p->vm_mark = touched;
+    uint64_t limit = vm_limit(p);
     if (p->st.pages + need > limit)
         shed(m, p, p->st.pages + need - limit);
     while (i < end) {
@@ -471,10 +482,10 @@ uint64_t mem_expandable_release(mem_manager *m, mem_pool *p)
         uint64_t hi = (b->address + b->size - p->vm_base) / g;
         released += unmap_inside(m, p, lo, hi, UINT64_MAX) * g;
     }
-    /* The mark restarts from what is live: a caller who gave memory back
-     * wants the next phase held to its own high-water mark, not to that
-     * of a larger phase before it. */
-    p->vm_mark = p->st.in_use + p->st.padding;
+    /* The mark restarts from what live blocks touch: a caller who gave
+     * memory back wants the next phase held to its own high-water mark,
+     * not to that of a larger phase before it. */
+    p->vm_mark = p->st.pages - free_mapped(p);
     return released;
 }
 

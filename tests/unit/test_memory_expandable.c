@@ -839,6 +839,51 @@ static void test_unmap_before_map_sheds_whole_chunks(void **state)
     model_end(m, md);
 }
 
+/* The mark counts the pages live blocks touch, not their bytes: half
+ * pages scattered over many pages (each page half live) hold twice their
+ * bytes in pages, and a map beside them must not shed a cached chunk the
+ * slack has room for (a mark of live bytes would put the limit at half
+ * the pages those blocks pin, and every map would shed). A cleanup
+ * restarts the mark at those pages too. */
+static void test_the_mark_counts_pages_live_blocks_touch(void **state)
+{
+    (void)state;
+    model *md = model_new(25);
+    const uint64_t memory = 256 * MIB;
+    cube_memory_layout l;
+    memset(&l, 0, sizeof l);
+    l.count = 1;
+    l.pools[0] = pool(CUBE_POOL_EXPANDABLE, memory, 1, memory, 0);
+    mem_storage_ops ops = model_ops(md);
+    mem_device dev = {ALIGN, memory};
+    mem_manager *m = NULL;
+    assert_null(mem_manager_create(&ops, &dev, &l, &m));
+    for (int i = 0; i < 64; i++) /* pages 0-31, two halves each */
+        assert_int_equal(step_alloc(m, md, PAGE / 2), CUBE_OK);
+    /* Free every second half but on the last page (slots from the top:
+     * step_free moves the last into the freed slot, which is then passed);
+     * each page keeps a live half. */
+    for (size_t i = 62; i-- > 0;)
+        if (i % 2)
+            step_free(m, md, i);
+    assert_int_equal(md->nlive, 33);
+    assert_int_equal(step_alloc(m, md, PAGE), CUBE_OK); /* P: page 32 */
+    mem_cleanup(m); /* nothing to unmap: the mark restarts at 33 pages */
+    check_invariants(m, md);
+    assert_int_equal(md->mapped, 33 * PAGE);
+    assert_int_equal(step_alloc(m, md, PAGE), CUBE_OK); /* Q: page 33 */
+    assert_int_equal(step_alloc(m, md, PAGE), CUBE_OK); /* S: page 34 */
+    step_free(m, md, md->nlive - 2);                    /* Q, cached */
+    uint64_t unmaps = md->unmaps;
+    /* R: 3 pages at 35-37; live blocks then touch 37 pages, the limit is
+     * 38 and 38 are mapped with Q's: nothing is shed. */
+    assert_int_equal(step_alloc(m, md, 3 * PAGE), CUBE_OK);
+    check_invariants(m, md);
+    assert_int_equal(md->unmaps, unmaps);
+    assert_int_equal(md->mapped, 38 * PAGE);
+    model_end(m, md);
+}
+
 /* A block of two chunks whose second map is refused: the first chunk is
  * unmapped again, the pool is as it was, and the same request succeeds
  * next time. */
@@ -1182,6 +1227,7 @@ int main(void)
         cmocka_unit_test(test_a_run_maps_in_chunks),
         cmocka_unit_test(test_a_chunk_a_live_block_touches_stays),
         cmocka_unit_test(test_unmap_before_map_sheds_whole_chunks),
+        cmocka_unit_test(test_the_mark_counts_pages_live_blocks_touch),
         cmocka_unit_test(test_refused_second_chunk),
         cmocka_unit_test(test_a_repeated_step_makes_no_storage_call),
         cmocka_unit_test(test_cleanup_unmaps_free_pages_only),
