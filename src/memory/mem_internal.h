@@ -171,10 +171,11 @@ struct mem_pool {
 
 /* Expandable pools map a block's run of unmapped pages in chunks, one
  * storage map each, cut at multiples of MEM_VM_CHUNK_PAGES pages of the
- * range: on a GPU one physical allocation backs a chunk (a map of 32 MiB
- * costs about what one of 2 MiB does, while pages mapped one by one cost
- * per page), and a chunk is unmapped whole, so larger chunks would pin
- * more free memory behind one live byte (see pool_expandable.c). */
+ * range (and around the pages the block covers only in part): on a GPU one
+ * physical allocation backs a chunk (a map of 32 MiB costs about what one of 2
+ * MiB does, while pages mapped one by one cost per page), and a chunk is
+ * unmapped whole, so larger chunks would pin more free memory behind one live
+ * byte (see pool_expandable.c). */
 #define MEM_VM_CHUNK_PAGES 16u
 
 /* Pools live in a fixed array: the layout's pools from index 0, the large

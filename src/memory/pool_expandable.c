@@ -18,10 +18,11 @@
  * Pages and chunks. A page is the storage's granularity (2 MiB on the
  * host and on GPUs), or the alignment when that is larger. A request maps
  * the pages of its block that are not mapped yet, each run of them cut at
- * multiples of MEM_VM_CHUNK_PAGES pages into chunks: one storage map per
- * chunk (on a GPU one physical allocation, cuda_vmm.c), and a chunk is
- * unmapped whole, with one storage call. Two bitmaps say which pages are
- * mapped and which start a chunk (a chunk runs to the next start or the
+ * multiples of MEM_VM_CHUNK_PAGES pages, and around the block's first and
+ * last pages where it covers them only in part, into chunks: one storage
+ * map per chunk (on a GPU one physical allocation, cuda_vmm.c), and a
+ * chunk is unmapped whole, with one storage call. Two bitmaps say which pages
+ * are mapped and which start a chunk (a chunk runs to the next start or the
  * next page not mapped). The chunks of a freed block stay mapped (cached:
  * counted in bytes_reserved) until a cleanup or an out-of-memory retry
  * unmaps every chunk that lies wholly inside a free block. So:
@@ -289,11 +290,20 @@ static cube_error *map_block(mem_manager *m, mem_pool *p, const mem_block *b)
     uint64_t limit = vm_limit(p);
     if (p->st.pages + need > limit)
         shed(m, p, p->st.pages + need - limit);
+    /* A page the block shares only in part (its first or last) is a
+     * chunk of its own: a neighbour placed there later would otherwise
+     * pin the block's whole chunk once the block is freed. */
+    uint64_t head_cut = (b->address - p->vm_base) % g ? first + 1 : first;
+    uint64_t tail_cut = (b->address + b->size - p->vm_base) % g ? end - 1 : end;
     while (i < end) {
         uint64_t j = find_page(p->vm_mapped, i, end, 1);
         uint64_t cell = (i / MEM_VM_CHUNK_PAGES + 1) * MEM_VM_CHUNK_PAGES;
         if (j > cell)
             j = cell;
+        if (i < head_cut && j > head_cut)
+            j = head_cut;
+        if (i < tail_cut && j > tail_cut)
+            j = tail_cut;
         cube_error *err = mem_storage_map(m, p->vm_base + i * g, (j - i) * g);
         if (err)
             return err;
