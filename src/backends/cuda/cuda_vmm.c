@@ -32,7 +32,8 @@
  * a deferred chunk that only overlaps it (the manager cut its chunks
  * differently since) is unmapped first, waiting for the stream's
  * deferred work (cuEventSynchronize): rare, as the manager sheds chunks
- * only to map past its mark.
+ * only to map past its mark. While a capture runs that wait cannot
+ * happen, and such a map is CUBE_ERR_OUT_OF_MEMORY.
  * The manager counts deferred pages as unmapped (they are out of its
  * bytes_reserved from its unmap on); the driver holds them until their
  * event completes and the stream next maps, unmaps or releases. Without
@@ -413,6 +414,15 @@ cube_error *cuda_vm_map(void *self, uint64_t address, uint64_t size)
         /* A deferred chunk reaches out of the range: it goes whole, after
          * its last uses, with every other deferred one. */
         stream_reap_gated(s, st, 1, NULL, 0, 0);
+    if (straddles(r, first, n, pages))
+        /* Still there: a capture runs (no wait may break it), or the pages
+         * could not be noted at their unmap. Taking part of a mapping
+         * back would leave the rest unmapped with it later. */
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "mapping %llu bytes at 0x%llx: an earlier "
+                              "mapping overlapping it is not unmapped yet "
+                              "(a graph capture is running)",
+                              (ull)size, (ull)address);
     /* What completed goes first, but the chunks this map takes back. */
     stream_reap_gated(s, st, 0, r, first, n);
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
