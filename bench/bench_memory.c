@@ -54,7 +54,13 @@
  *      CHECK_EVERY operations, that live blocks are aligned and disjoint
  *      and that the manager's usage agrees with the trace.
  *
- *  (d) a summary: one row per trace and preset, peak reserved ÷ peak live.
+ *  (d) a summary: one row per trace and preset, peak reserved ÷ peak live,
+ *      and the storage work of a warm pass: the trace replayed a second
+ *      time on the same manager (what the first pass left live freed
+ *      first, no cleanup in between, as in a training loop), counting the
+ *      storage calls (allocations, frees, maps, unmaps) and the bytes they
+ *      moved. A step that repeats should find its memory held: on a GPU
+ *      each of these calls is a driver call.
  *
  * `--fragmentation` runs (c) and (d) only; `--check TRACE...` only loads
  * each trace and checks that its events pair up (bench/trace_file.h).
@@ -203,6 +209,9 @@ typedef struct count_storage {
     uint64_t limit; /* the device's size */
     uint64_t reserved, reserved_peak;
     uint64_t allocs, frees; /* allocs count maps too, frees unmaps */
+    /* Storage calls and bytes moved, for the warm pass: allocations and
+     * frees, maps and unmaps, each counted with its bytes. */
+    uint64_t maps, unmaps, bytes_in, bytes_out;
 } count_storage;
 
 #define REPLAY_GRANULARITY (2ull << 20)
@@ -224,6 +233,7 @@ static cube_error *count_alloc(void *self, uint64_t size, uint64_t align,
     if (s->reserved > s->reserved_peak)
         s->reserved_peak = s->reserved;
     s->allocs++;
+    s->bytes_in += size;
     return NULL;
 }
 
@@ -233,6 +243,14 @@ static void count_free(void *self, uint64_t address, uint64_t size)
     (void)address;
     s->reserved -= size;
     s->frees++;
+    s->bytes_out += size;
+}
+
+static void count_unmap(void *self, uint64_t address, uint64_t size)
+{
+    count_storage *s = self;
+    count_free(self, address, size);
+    s->unmaps++;
 }
 
 static cube_error *count_reserve(void *self, uint64_t size, uint64_t align,
@@ -259,6 +277,8 @@ static cube_error *count_map(void *self, uint64_t address, uint64_t size)
     if (s->reserved > s->reserved_peak)
         s->reserved_peak = s->reserved;
     s->allocs++;
+    s->maps++;
+    s->bytes_in += size;
     return NULL;
 }
 
@@ -674,38 +694,38 @@ static int check_blocks(mem_manager *m, const cube_storage *st,
     return 0;
 }
 
+/* What a pass of the trace asked of the storage: calls (allocations,
+ * frees, maps, unmaps) and the bytes they moved (allocated or mapped, and
+ * freed or unmapped). */
+typedef struct storage_work {
+    uint64_t calls, maps, unmaps, bytes;
+} storage_work;
+
 typedef struct replay_result {
     uint64_t peak_live, peak_reserved;
     uint64_t storage_allocs, storage_frees; /* frees count unmaps */
     double ns_per_op;
     cube_memory_report at_peak; /* mem_report when reserved peaked */
+    /* The warm pass: the trace replayed again on the same manager, after
+     * the first pass and the release of what it left live. */
+    storage_work warm;
+    uint64_t warm_peak_reserved; /* over both passes */
 } replay_result;
 
-static int replay_manager(const trace *t, cube_layout_preset preset,
-                          replay_result *res)
+static storage_work work_of(const count_storage *cs)
 {
-    memset(res, 0, sizeof *res);
-    mem_device dev = {REPLAY_ALIGNMENT, REPLAY_MEMORY};
-    count_storage cs = {1ull << 40, REPLAY_MEMORY, 0, 0, 0, 0};
-    mem_storage_ops ops = {
-        &cs,           count_alloc, count_free, REPLAY_GRANULARITY,
-        count_reserve, count_map,   count_free, count_release};
-    cube_memory_layout layout;
-    mem_manager *m = NULL;
-    cube_storage *st = calloc((size_t)t->max_id + 1, sizeof *st);
-    uint8_t *live = calloc((size_t)t->max_id + 1, 1);
-    block *scratch = calloc((size_t)t->max_id + 1, sizeof *scratch);
-    int rc = 1;
-    if (!st || !live || !scratch) {
-        fprintf(stderr, "bench_memory: out of host memory\n");
-        goto done;
-    }
-    if (failed(mem_layout_preset(preset, &dev, &layout), "mem_layout_preset") ||
-        failed(mem_manager_create(&ops, &dev, &layout, &m),
-               "mem_manager_create"))
-        goto done;
+    storage_work w = {cs->allocs + cs->frees, cs->maps, cs->unmaps,
+                      cs->bytes_in + cs->bytes_out};
+    return w;
+}
+
+/* One pass of the trace over `m`; live[] and st[] start empty and end as
+ * the trace leaves them. */
+static int replay_pass(const trace *t, mem_manager *m, count_storage *cs,
+                       cube_storage *st, uint8_t *live, block *scratch,
+                       replay_result *res, double *elapsed)
+{
     uint64_t live_bytes = 0, best = 0;
-    double elapsed = 0.0;
     for (size_t i = 0; i < t->count; i++) {
         const trace_op *op = &t->ops[i];
         double t0 = now_ns();
@@ -715,10 +735,10 @@ static int replay_manager(const trace *t, cube_layout_preset preset,
                         "bench_memory: trace op %zu frees %u, which is not "
                         "live\n",
                         i, op->id);
-                goto done;
+                return 1;
             }
             mem_free(m, &st[op->id]);
-            elapsed += now_ns() - t0;
+            *elapsed += now_ns() - t0;
             live[op->id] = 0;
             live_bytes -= st[op->id].size;
         } else {
@@ -726,17 +746,17 @@ static int replay_manager(const trace *t, cube_layout_preset preset,
                 fprintf(stderr,
                         "bench_memory: trace op %zu allocates %u twice\n", i,
                         op->id);
-                goto done;
+                return 1;
             }
             cube_error *err = mem_alloc(m, op->size, &st[op->id]);
-            elapsed += now_ns() - t0;
+            *elapsed += now_ns() - t0;
             if (err) {
                 char what[96];
                 snprintf(what, sizeof what,
                          "mem_alloc of %llu bytes at trace op %zu",
                          (unsigned long long)op->size, i);
                 failed(err, what);
-                goto done;
+                return 1;
             }
             if (st[op->id].size != op->size) {
                 fprintf(stderr,
@@ -744,35 +764,82 @@ static int replay_manager(const trace *t, cube_layout_preset preset,
                         "size %llu\n",
                         (unsigned long long)op->size,
                         (unsigned long long)st[op->id].size);
-                goto done;
+                return 1;
             }
             live[op->id] = 1;
             live_bytes += op->size;
             if (live_bytes > res->peak_live)
                 res->peak_live = live_bytes;
         }
-        if (cs.reserved > best) {
-            best = cs.reserved;
+        if (cs->reserved > best) {
+            best = cs->reserved;
             mem_report(m, &res->at_peak);
         }
         if ((i + 1) % CHECK_EVERY == 0 &&
             check_blocks(m, st, live, t->max_id, live_bytes, i, scratch))
-            goto done;
+            return 1;
     }
     if (check_blocks(m, st, live, t->max_id, live_bytes, t->count, scratch))
-        goto done;
-    if (res->at_peak.usage.bytes_reserved != best) {
+        return 1;
+    if (best && res->at_peak.usage.bytes_reserved != best) {
         fprintf(stderr,
                 "bench_memory: at the peak the manager reports %llu bytes "
                 "reserved; its storage holds %llu\n",
                 (unsigned long long)res->at_peak.usage.bytes_reserved,
                 (unsigned long long)best);
+        return 1;
+    }
+    return 0;
+}
+
+static int replay_manager(const trace *t, cube_layout_preset preset,
+                          replay_result *res)
+{
+    memset(res, 0, sizeof *res);
+    mem_device dev = {REPLAY_ALIGNMENT, REPLAY_MEMORY};
+    count_storage cs = {1ull << 40, REPLAY_MEMORY, 0, 0, 0, 0, 0, 0, 0, 0};
+    mem_storage_ops ops = {
+        &cs,           count_alloc, count_free,  REPLAY_GRANULARITY,
+        count_reserve, count_map,   count_unmap, count_release};
+    cube_memory_layout layout;
+    mem_manager *m = NULL;
+    cube_storage *st = calloc((size_t)t->max_id + 1, sizeof *st);
+    uint8_t *live = calloc((size_t)t->max_id + 1, 1);
+    block *scratch = calloc((size_t)t->max_id + 1, sizeof *scratch);
+    replay_result *warm = calloc(1, sizeof *warm);
+    int rc = 1;
+    if (!st || !live || !scratch || !warm) {
+        fprintf(stderr, "bench_memory: out of host memory\n");
         goto done;
     }
+    if (failed(mem_layout_preset(preset, &dev, &layout), "mem_layout_preset") ||
+        failed(mem_manager_create(&ops, &dev, &layout, &m),
+               "mem_manager_create"))
+        goto done;
+    double elapsed = 0.0, warm_elapsed = 0.0;
+    if (replay_pass(t, m, &cs, st, live, scratch, res, &elapsed))
+        goto done;
     res->peak_reserved = cs.reserved_peak;
     res->storage_allocs = cs.allocs;
     res->storage_frees = cs.frees;
     res->ns_per_op = elapsed / (double)(t->count ? t->count : 1);
+    /* The warm pass: what the first left live goes first (a step's
+     * end), then the same operations again; no cleanup in between, as in
+     * a training loop. */
+    for (uint32_t id = 1; id <= t->max_id; id++)
+        if (live[id]) {
+            mem_free(m, &st[id]);
+            live[id] = 0;
+        }
+    storage_work before = work_of(&cs);
+    if (replay_pass(t, m, &cs, st, live, scratch, warm, &warm_elapsed))
+        goto done;
+    storage_work after = work_of(&cs);
+    res->warm.calls = after.calls - before.calls;
+    res->warm.maps = after.maps - before.maps;
+    res->warm.unmaps = after.unmaps - before.unmaps;
+    res->warm.bytes = after.bytes - before.bytes;
+    res->warm_peak_reserved = cs.reserved_peak;
     rc = 0;
 done:
     /* What the trace left live goes back before the manager does. */
@@ -790,6 +857,7 @@ done:
     free(st);
     free(live);
     free(scratch);
+    free(warm);
     return rc;
 }
 
@@ -883,7 +951,9 @@ static double gib(uint64_t bytes)
 typedef struct trace_row {
     const char *path;
     uint64_t peak_live;
-    uint64_t reserved[3]; /* subslices, exclusive, expandable */
+    uint64_t reserved[3];      /* subslices, exclusive, expandable */
+    uint64_t reserved_both[3]; /* over the first and the warm pass */
+    storage_work warm[3];
 } trace_row;
 
 static int bench_fragmentation(const char *path, trace_row *summary)
@@ -910,6 +980,11 @@ static int bench_fragmentation(const char *path, trace_row *summary)
     summary->reserved[0] = sub->peak_reserved;
     summary->reserved[1] = exc->peak_reserved;
     summary->reserved[2] = exp->peak_reserved;
+    const replay_result *all[3] = {sub, exc, exp};
+    for (int k = 0; k < 3; k++) {
+        summary->reserved_both[k] = all[k]->warm_peak_reserved;
+        summary->warm[k] = all[k]->warm;
+    }
 
     size_t allocs = 0;
     for (size_t i = 0; i < t.count; i++)
@@ -1035,18 +1110,33 @@ static void print_summary(const trace_row *rows, size_t n)
 {
     static const char *const names[3] = {"subslices (default)", "exclusive",
                                          "expandable"};
-    printf("## (d) Every trace: peak reserved ÷ peak live per preset\n\n");
+    printf("## (d) Every trace: peak reserved ÷ peak live per preset, and "
+           "the storage work of a warm pass\n\n");
+    printf("The warm pass replays the trace a second time on the same "
+           "manager (what the first pass left live freed first, no "
+           "cleanup): storage calls are allocations, frees, maps and "
+           "unmaps; bytes are those allocated or mapped plus those freed "
+           "or unmapped. Ratio (both passes): the peak reserved over the "
+           "two passes ÷ peak live.\n\n");
     printf("| Trace | Preset | Peak live (GiB) | Peak reserved (GiB) | "
-           "Ratio |\n|---|---|---:|---:|---:|\n");
+           "Ratio | Ratio (both passes) | Warm calls | Warm maps / unmaps | "
+           "Warm bytes (GiB) |\n"
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (size_t i = 0; i < n; i++) {
         const char *base = strrchr(rows[i].path, '/');
         base = base ? base + 1 : rows[i].path;
+        double live = (double)rows[i].peak_live;
         for (int k = 0; k < 3; k++)
-            printf("| %s | %s | %.3f | %.3f | %.3f |\n", base, names[k],
-                   gib(rows[i].peak_live), gib(rows[i].reserved[k]),
-                   rows[i].peak_live
-                       ? (double)rows[i].reserved[k] / (double)rows[i].peak_live
-                       : 0.0);
+            printf("| %s | %s | %.3f | %.3f | %.3f | %.3f | %llu | %llu / "
+                   "%llu | %.3f |\n",
+                   base, names[k], gib(rows[i].peak_live),
+                   gib(rows[i].reserved[k]),
+                   live ? (double)rows[i].reserved[k] / live : 0.0,
+                   live ? (double)rows[i].reserved_both[k] / live : 0.0,
+                   (unsigned long long)rows[i].warm[k].calls,
+                   (unsigned long long)rows[i].warm[k].maps,
+                   (unsigned long long)rows[i].warm[k].unmaps,
+                   gib(rows[i].warm[k].bytes));
     }
     printf("\n");
 }

@@ -5,11 +5,13 @@
  *  (a) map + unmap: a fresh 2 MiB and 64 MiB block of the expandable
  *      pool. cubert: cube_empty on a stream whose pool holds no mapped
  *      page (the miss maps the block's pages: cuMemCreate + cuMemMap +
- *      cuMemSetAccess per page), then cube_handle_release +
+ *      cuMemSetAccess per chunk, a run of up to MEM_VM_CHUNK_PAGES = 16
+ *      pages: one for 2 MiB, two for 64 MiB), then cube_handle_release +
  *      cube_memory_cleanup (the unmap path: an event recorded on the
  *      stream; the pages' cuMemUnmap runs at the stream's next map, in
  *      the next round's map). Driver: the same calls on a range reserved
- *      once, one allocation per page as cubert makes them, with the same
+ *      once, one allocation per page (as cubert made them before chunks),
+ *      with the same
  *      access list (this device and every device that can reach it);
  *      also one allocation for the whole 64 MiB. Host µs, medians.
  *  (b) the pool-hit pair: cube_empty + cube_handle_release on a stream
@@ -293,8 +295,8 @@ static void setup_streams(void)
 
 /* --- (a) map + unmap --- */
 
-/* Maps `bytes` at `base` one allocation per `chunk` bytes, as page_map in
- * cuda_vmm.c does per page. */
+/* Maps `bytes` at `base` one allocation per `chunk` bytes (per page: the
+ * expandable pool's maps before chunks; the whole block: one chunk). */
 static void raw_map(CUdeviceptr base, uint64_t bytes, uint64_t chunk)
 {
     for (uint64_t o = 0; o < bytes; o += chunk) {

@@ -151,12 +151,14 @@ struct mem_pool {
     mem_block *blocks; /* exclusive, tail, persistent: all blocks */
     /* Expandable (pool_expandable.c): the reserved range (vm_size 0 until
      * the first request), its page (the storage's granularity, at least
-     * the alignment), the most pages it has had mapped at once (vm_high),
-     * the block at its start (never merged away), and a bitmap of its
-     * mapped pages. */
-    uint64_t vm_base, vm_size, vm_page, vm_high;
+     * the alignment), the most pages its live blocks have touched at a
+     * map since the last release (vm_mark), the block at its start (never
+     * merged away), a bitmap of its mapped pages and one of the first
+     * pages of its chunks (one storage map each; vm_heads shares
+     * vm_mapped's allocation). */
+    uint64_t vm_base, vm_size, vm_page, vm_mark;
     mem_block *vm_first;
-    uint64_t *vm_mapped;
+    uint64_t *vm_mapped, *vm_heads;
     mem_block *lru_first, *lru_last; /* exclusive: free pages */
     mem_size_table sizes;            /* persistent */
     /* Sliced: the smallest new page and the granule new pages are rounded
@@ -166,6 +168,15 @@ struct mem_pool {
     mem_stats st;
     int cap_warned;
 };
+
+/* Expandable pools map a block's run of unmapped pages in chunks, one
+ * storage map each, cut at multiples of MEM_VM_CHUNK_PAGES pages of the
+ * range (and around the pages the block covers only in part): on a GPU one
+ * physical allocation backs a chunk (a map of 32 MiB costs about what one of 2
+ * MiB does, while pages mapped one by one cost per page), and a chunk is
+ * unmapped whole, so larger chunks would pin more free memory behind one live
+ * byte (see pool_expandable.c). */
+#define MEM_VM_CHUNK_PAGES 16u
 
 /* Pools live in a fixed array: the layout's pools from index 0, the large
  * tail and the persistent pool at fixed places after the largest layout. */

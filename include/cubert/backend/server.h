@@ -98,17 +98,21 @@ typedef struct cube_server_stream {
  *    faults. CUBE_ERR_OUT_OF_MEMORY when no address space is left.
  *  - map: backs [address, address + size), inside a reservation and not
  *    mapped now, with memory readable and writable by the device (and by
- *    the host for host memory). CUBE_ERR_OUT_OF_MEMORY when the memory
- *    cannot be had (the range is then left unmapped, whole);
- *    CUBE_ERR_DEVICE_FAULT for a broken device.
- *  - unmap: gives the memory behind [address, address + size), mapped now,
- *    back; the range is address space only again. A range may cover pages
- *    mapped by several map calls, or part of what one call mapped: a
- *    storage keeps its memory per page of `granularity` bytes. Never
- *    fails (memory that cannot be given back is the storage's to log).
- *    The storage may give the memory back later, once work queued before
- *    the unmap has run (CUDA does), provided a map of the range right
- *    after is served (taking such pages back as they are).
+ *    the host for host memory). What one call maps is a chunk: the
+ *    storage may back it with one physical allocation (CUDA does), and
+ *    the manager unmaps it whole, never part of it (expandable pools cut
+ *    their runs of pages into chunks, see memory/pool_expandable.c).
+ *    CUBE_ERR_OUT_OF_MEMORY when the memory cannot be had (the range is
+ *    then left unmapped, whole); CUBE_ERR_DEVICE_FAULT for a broken
+ *    device.
+ *  - unmap: gives the memory behind [address, address + size) back,
+ *    exactly the range one earlier map call mapped (one chunk); the range
+ *    is address space only again. Never fails (memory that cannot be
+ *    given back is the storage's to log). The storage may give the memory
+ *    back later, once work queued before the unmap has run (CUDA does),
+ *    provided a map right after is served: a later chunk lying over such
+ *    a chunk whole may take it back as it is; one that overlaps it only
+ *    in part waits for it to go.
  *  - release: gives a reservation back, whole (the base and size reserve
  *    returned), once nothing in it is mapped.
  * The manager calls map and unmap under its lock, never on the path of a

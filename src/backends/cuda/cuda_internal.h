@@ -114,10 +114,14 @@ typedef struct cuda_inflight {
 
 /* A reservation of device address space: an expandable pool's range
  * (cuda_vmm.c). `defer` holds the pages the manager unmapped that are
- * still mapped: behind an event on the owner stream, or (no event) while
- * a capture ran. */
+ * still mapped (whole chunks): behind an event on the owner stream, or (no
+ * event) while a capture ran. */
 typedef struct cuda_vm_range {
     uint64_t base, size;
+    /* One bit per page: mapped by the driver (deferred pages included),
+     * and first page of a chunk (one cuMemCreate + cuMemMap, unmapped
+     * whole); `heads` shares `mapped`'s allocation. */
+    uint64_t *mapped, *heads;
     vm_defer defer;      /* markers are CUevents of the server's pool */
     cuda_stream *stream; /* the owner */
     struct cuda_vm_range *next;
