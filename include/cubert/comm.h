@@ -126,7 +126,9 @@ typedef struct cube_comm_options {
     /* sizeof(cube_comm_options): lets the struct grow compatibly. */
     uint32_t struct_size;
     /* How long a rank waits for the others to join a call before it
-     * answers CUBE_ERR_TIMEOUT, in milliseconds; 0: 300000 (5 minutes). */
+     * answers CUBE_ERR_TIMEOUT, in milliseconds; 0: 300000 (5 minutes).
+     * Between processes on CUDA also how long a call may run on the
+     * device before the communicator is aborted. */
     uint32_t timeout_ms;
 } cube_comm_options;
 
@@ -197,8 +199,20 @@ CUBE_API CUBE_MUST_USE cube_error *cube_comm_id_parse(const char *text,
  * and the others learn of it — through MPI on the CPU (they answer
  * CUBE_ERR_INVALID_ARGUMENT or CUBE_ERR_SEVERAL); on CUDA, NCCL cannot
  * tell them, so the refusing rank aborts the communicator and the others
- * answer CUBE_ERR_ABORTED or CUBE_ERR_TIMEOUT, never a hang. The caller
- * frees the communicator with cube_comm_destroy.
+ * answer CUBE_ERR_ABORTED or CUBE_ERR_TIMEOUT, never a hang. On CUDA a
+ * call returns once NCCL queued it on the device, where a peer that
+ * never makes the matching call (a crashed process, a send without its
+ * receive) would leave it waiting: a watchdog thread aborts the
+ * communicator once a call has run on the device for the timeout (timed
+ * from when the call starts there, not from when it was queued behind
+ * other work) or NCCL reports an error (a peer aborted). That call's
+ * destination, and those of the calls of the rank still running, then
+ * carry CUBE_ERR_TIMEOUT (or CUBE_ERR_ABORTED): a read or a cube_sync
+ * naming one answers CUBE_ERR_SEVERAL with it as the cause once the
+ * stream got past the call, and later calls on the communicator answer
+ * CUBE_ERR_ABORTED; the client works on. The caller frees the
+ * communicator with cube_comm_destroy (it first waits, at most about
+ * twice the timeout, for calls still running on the device).
  * Errors: CUBE_ERR_INVALID_ARGUMENT (NULL client, id or out, rank not
  * below nranks, nranks out of range, an id not made by cube_comm_id_new
  * or made for another backend, malformed options), CUBE_ERR_UNSUPPORTED
