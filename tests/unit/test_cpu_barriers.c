@@ -71,6 +71,24 @@ static const char sum_src[] =
     "        cube_atomic_add_f32(&CUBE_AT(total, 0), partial[0]);\n"
     "}\n";
 
+/* Grid-stride loops whose step is made of positions (i += count * dim)
+ * or is 1, reading the buffer at the counter more than once: the pass
+ * prefetches them, and the result is the fibers' one. */
+static const char strided_src[] =
+    "CUBE_KERNEL(strided, CUBE_IN(uint32_t, x), CUBE_OUT(uint32_t, y),\n"
+    "            CUBE_SHARED(uint32_t, s, 32))\n"
+    "{\n"
+    "    uint32_t acc = 0, near = 0;\n"
+    "    for (uint32_t i = ABSOLUTE_POS_X; i < CUBE_LEN(x);\n"
+    "         i += CUBE_COUNT_X * CUBE_DIM_X)\n"
+    "        acc += CUBE_AT(x, i) * 3u + (CUBE_AT(x, i) ^ i);\n"
+    "    for (uint32_t j = UNIT_POS_X; j < 40u; j++)\n"
+    "        near += CUBE_AT(x, j);\n"
+    "    s[UNIT_POS_X] = acc + near;\n"
+    "    cube_sync();\n"
+    "    CUBE_AT(y, ABSOLUTE_POS_X) = s[CUBE_DIM_X - 1 - UNIT_POS_X];\n"
+    "}\n";
+
 /* docs/kernels.md, "A 2-D stencil with a halo in shared memory": halo loads
  * under conditions on the unit, then a barrier, then the 5-point sum. */
 static const char stencil_src[] =
@@ -459,6 +477,77 @@ static void disk_hit_skips_the_pass(void **state)
     rm_tree(dir);
 }
 
+extern const char cube_prelude_common[];
+extern const char cube_prelude_cpu[];
+
+/* The pass's output for `user` (the kernel `name`) in a cube of `dim`, or NULL
+ * when it refuses. Freed by the caller. */
+static char *transformed(const char *user, const char *name,
+                         const unsigned dim[3])
+{
+    size_t cap = strlen(cube_prelude_cpu) + strlen(cube_prelude_common) +
+                 strlen(user) + 64;
+    char *source = malloc(cap);
+    assert_non_null(source);
+    snprintf(source, cap, "%s\n%s\n#line 1 \"k.cube.c\"\n%s\n",
+             cube_prelude_cpu, cube_prelude_common, user);
+    char *out = NULL;
+    char why[256];
+    cpu_unitloop_status st =
+        cpu_unitloop_transform(source, name, dim, &out, why, sizeof why);
+    free(source);
+    if (st != CPU_UNITLOOP_DONE) {
+        free(out);
+        return NULL;
+    }
+    if (getenv("CUBE_TEST_PRINT_PASS"))
+        printf("%s\n", out);
+    return out;
+}
+
+/* A grid-stride loop that reads a buffer at its counter prefetches that
+ * buffer some steps ahead (into L2: the hardware prefetchers do not follow
+ * runs of a few lines far apart); one that reads at another index, or only
+ * shared memory, does not. */
+static void stride_loop_prefetches(void **state)
+{
+    (void)state;
+    if (!have_libclang())
+        skip();
+    unsigned dim[3] = {256, 1, 1};
+    char *out = transformed(sum_src, "sum_all", dim);
+    assert_non_null(out);
+    assert_non_null(strstr(out, "__builtin_prefetch"));
+    free(out);
+    static const char scaled[] =
+        "CUBE_KERNEL(k, CUBE_IN(float, x), CUBE_OUT(float, y),\n"
+        "            CUBE_SHARED(float, s, 256))\n"
+        "{\n"
+        "    uint64_t stride = (uint64_t)CUBE_COUNT_X * CUBE_DIM_X;\n"
+        "    float acc = 0.0f;\n"
+        "    for (uint64_t i = ABSOLUTE_POS_X; i < CUBE_LEN(x) / 2; i += "
+        "stride)\n"
+        "        acc += CUBE_AT(x, 2 * i);\n"
+        "    s[UNIT_POS_X] = acc;\n"
+        "    cube_sync();\n"
+        "    CUBE_AT(y, ABSOLUTE_POS_X) = s[255 - UNIT_POS_X];\n"
+        "}\n";
+    out = transformed(scaled, "k", dim);
+    assert_non_null(out);
+    assert_null(strstr(out, "__builtin_prefetch"));
+    free(out);
+    dim[0] = 32;
+    out = transformed(strided_src, "strided", dim);
+    assert_non_null(out);
+    const char *first = strstr(out, "__builtin_prefetch");
+    assert_non_null(first);
+    assert_non_null(strstr(first + 1, "__builtin_prefetch"));
+    free(out);
+    run_spec sp = {"strided", strided_src, {32, 1, 1}, {3, 1, 1}, 4u * 1000,
+                   4u * 96,   0,           {{0}},      0,         0};
+    assert_true(same_both_ways(&sp));
+}
+
 static void sum_both_ways(void **state)
 {
     (void)state;
@@ -555,8 +644,6 @@ static void refusals_name_the_reason(void **state)
     (void)state;
     if (!have_libclang())
         skip();
-    extern const char cube_prelude_common[];
-    extern const char cube_prelude_cpu[];
     static const struct {
         const char *body, *why;
     } cases[] = {
@@ -613,6 +700,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matmul_both_ways),
         cmocka_unit_test(sum_both_ways),
+        cmocka_unit_test(stride_loop_prefetches),
         cmocka_unit_test(disk_hit_skips_the_pass),
         cmocka_unit_test(stencil_both_ways),
         cmocka_unit_test(mixed_both_ways),

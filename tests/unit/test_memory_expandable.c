@@ -1240,6 +1240,66 @@ static void test_host_storage_virtual_memory(void **state)
     assert_non_null(ops.release);
 }
 
+/* Whether the mapping holding `addr` asks for transparent huge pages
+ * (VmFlags "hg" in /proc/self/smaps); -1 when that cannot be read. */
+static int maps_huge(uint64_t addr)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int inside = 0, found = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi;
+        char dash;
+        if (sscanf(line, "%llx%c%llx ", &lo, &dash, &hi) == 3 && dash == '-') {
+            inside = lo <= addr && addr < hi;
+            continue;
+        }
+        if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            found = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* Whether this system gives huge pages to ranges that ask (THP in
+ * "always" or "madvise" mode). */
+static int thp_on_request(void)
+{
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f)
+        return 0;
+    char mode[128] = "";
+    int ok = fgets(mode, sizeof mode, f) != NULL &&
+             (strstr(mode, "[always]") || strstr(mode, "[madvise]"));
+    fclose(f);
+    return ok;
+}
+
+/* Large host buffers start on a 2 MiB page and ask for transparent huge
+ * pages, as do reserved ranges; small ones are left alone. */
+static void test_host_storage_huge_pages(void **state)
+{
+    (void)state;
+    uint64_t a = 0, small = 0, base = 0;
+    assert_null(host_storage_alloc(NULL, 2 * PAGE + 100, 256, &a));
+    assert_int_equal(a % PAGE, 0);
+    memset((void *)(uintptr_t)a, 1, 2 * PAGE + 100);
+    assert_null(host_storage_alloc(NULL, 4096, 256, &small));
+    assert_int_equal(small % 256, 0);
+    assert_null(host_storage_reserve(NULL, 4 * PAGE, PAGE, &base));
+    if (thp_on_request() && maps_huge(a) >= 0) {
+        assert_int_equal(maps_huge(a), 1);
+        assert_int_equal(maps_huge(base), 1);
+    }
+    host_storage_release(NULL, base, 4 * PAGE);
+    host_storage_free(NULL, small, 4096);
+    host_storage_free(NULL, a, 2 * PAGE + 100);
+}
+
 int main(void)
 {
     cube_log_set_level(CUBE_LOG_OFF);
@@ -1266,6 +1326,7 @@ int main(void)
         cmocka_unit_test(test_storage_without_vm_is_unsupported),
         cmocka_unit_test(test_preset_and_validation),
         cmocka_unit_test(test_host_storage_virtual_memory),
+        cmocka_unit_test(test_host_storage_huge_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

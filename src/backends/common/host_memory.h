@@ -16,7 +16,10 @@
 #include "cubert/backend/server.h"
 
 /* cube_storage_ops.alloc over aligned_alloc: `size` bytes rounded up to
- * `align` (a power of two). `self` is unused. Errors:
+ * `align` (a power of two). A request of HOST_VM_GRANULARITY (2 MiB) or
+ * more is aligned and rounded to 2 MiB at least, and its whole 2 MiB pages
+ * ask for transparent huge pages (madvise(MADV_HUGEPAGE), a hint the
+ * system may ignore). `self` is unused. Errors:
  * CUBE_ERR_OUT_OF_MEMORY (the host refused, or the rounded size does not
  * fit the address space), its message naming `self_name`'s backend is
  * left to the caller's prefix. */
@@ -29,7 +32,8 @@ void host_storage_free(void *self, uint64_t address, uint64_t size);
  * expandable pools: reserve is an mmap of PROT_NONE, MAP_NORESERVE
  * address space aligned to at least HOST_VM_GRANULARITY; map is an
  * mprotect to read and write (the kernel backs each page at its first
- * touch); unmap is madvise(MADV_DONTNEED), which gives the pages back at
+ * touch; the range asks for transparent huge pages, as large allocations
+ * do); unmap is madvise(MADV_DONTNEED), which gives the pages back at
  * once, then an mprotect back to PROT_NONE; release is munmap. Errors
  * (reserve, map): CUBE_ERR_OUT_OF_MEMORY with the system's reason (ENOMEM
  * when the address space or, under strict overcommit, the commit limit

@@ -1524,6 +1524,40 @@ static void ul_emit_region(ul *u, int r, unsigned char *need)
     ul_close_units(u);
 }
 
+/* How far ahead of a grid-stride loop's step its buffers are prefetched,
+ * in bytes of the steps' runs: far enough to cover the memory's latency
+ * when each step reads one short run (a cube's units) of a distant window. */
+#define UL_PREFETCH_AHEAD 16384u
+
+/* The buffer parameters the body of grid-stride loop `s` indexes with its
+ * counter itself (CUBE_AT(buf, i)), at most `cap` of them, into `out`
+ * (node indices of the names); returns how many. Each unit's counter is
+ * the first unit's plus its x position, so a step reads one contiguous run
+ * of dim[0] elements of each. */
+static int ul_stride_reads(const ul *u, int s, int *out, int cap)
+{
+    ul_for f;
+    ul_split_for(u, s, &f);
+    int var = u->n[u->n[f.init].first].var, count = 0;
+    for (int i = 0; i < u->nn && count < cap; i++) {
+        if (u->n[i].kind != CXCursor_ArraySubscriptExpr || u->n[i].nkids != 2 ||
+            !ul_within(u, i, f.body))
+            continue;
+        int base = ul_strip_parens(u, u->n[i].first);
+        int index = ul_strip_parens(u, u->n[u->n[i].first].next);
+        if (base < 0 || index < 0 || u->n[base].kind != CXCursor_DeclRefExpr ||
+            u->n[base].ref != R_PARAM_PTR ||
+            u->n[index].kind != CXCursor_DeclRefExpr || u->n[index].var != var)
+            continue;
+        int seen = 0;
+        for (int k = 0; k < count; k++)
+            seen |= strcmp(u->n[out[k]].name, u->n[base].name) == 0;
+        if (!seen)
+            out[count++] = base;
+    }
+    return count;
+}
+
 /* A grid-stride loop, step-major: each step runs every unit (all in range:
  * no test; near the end: each unit tested, until every unit is done). */
 static void ul_emit_stride(ul *u, int r, unsigned char *need)
@@ -1556,13 +1590,12 @@ static void ul_emit_stride(ul *u, int r, unsigned char *need)
     }
     unsigned cs = u->n[f.cond].start, ce = u->n[f.cond].end;
     unsigned bs = u->n[f.body].start, be = ul_stmt_end(u, f.body);
-    ul_printf(
-        u,
-        "{\nunsigned char cube__done[%u] = {0};\nint cube__ended = 0;\n"
-        "for (unsigned long long cube__k = 0;; cube__k++) {\n"
-        "int cube__all = 0;\nif (!cube__ended) {\n"
-        "%s cube__i0 = 0, cube__i1 = 0;\nint cube__c0 = 0, cube__c1 = 0;\n",
-        u->dim[0], v->type);
+    ul_printf(u,
+              "{\nunsigned char cube__done[%u] = {0};\nint cube__ended = 0;\n"
+              "for (unsigned long long cube__k = 0;; cube__k++) {\n"
+              "int cube__all = 0;\n%s cube__i0 = 0, cube__i1 = 0;\n"
+              "if (!cube__ended) {\nint cube__c0 = 0, cube__c1 = 0;\n",
+              u->dim[0], v->type);
     for (int side = 0; side < 2; side++) {
         ul_open_units(u, side ? (int)u->dim[0] - 1 : 0);
         ul_put(&u->out, ik.data, ik.len);
@@ -1573,6 +1606,35 @@ static void ul_emit_stride(ul *u, int r, unsigned char *need)
     }
     ul_printf(u, "cube__all = cube__c0 && cube__c1 && cube__i0 <= cube__i1 "
                  "&& !(cube__i0 < 0);\n}\nif (cube__all) {\n");
+    /* The runs of later steps, into L2 (a prefetch never faults; the
+     * address is computed as an integer, past the buffer's end too). */
+    int reads[4];
+    int nreads = ul_stride_reads(u, s, reads, 4);
+    for (int k = 0; k < nreads; k++) {
+        const char *b = u->n[reads[k]].name;
+        ul_printf(u,
+                  "{\nconst unsigned long long cube__run = %uull * "
+                  "sizeof((%s)[0]);\n"
+                  "const unsigned long long cube__ahead = cube__run * 2 >= "
+                  "%uu ? 2 : %uu / cube__run;\n"
+                  "const unsigned long long cube__at = "
+                  "(unsigned long long)(__UINTPTR_TYPE__)(%s) + "
+                  "((unsigned long long)cube__i0 + cube__ahead * "
+                  "(unsigned long long)(",
+                  u->dim[0], b, UL_PREFETCH_AHEAD, UL_PREFETCH_AHEAD, b);
+        if (in->kind == CXCursor_UnaryOperator)
+            ul_printf(u, "1");
+        else
+            ul_text(u, u->n[u->n[in->first].next].start,
+                    u->n[u->n[in->first].next].end);
+        ul_printf(u,
+                  ")) * sizeof((%s)[0]);\n"
+                  "for (unsigned long long cube__l = 0; cube__l < cube__run; "
+                  "cube__l += 64)\n"
+                  "__builtin_prefetch((const void *)(__UINTPTR_TYPE__)"
+                  "(cube__at + cube__l), 0, 1);\n}\n",
+                  b);
+    }
     ul_open_units(u, -1);
     ul_prologue(u, r, need);
     ul_printf(u, "{\n");
