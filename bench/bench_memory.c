@@ -409,6 +409,17 @@ static int pair_medians_two(mem_manager *a, mem_manager *b, uint64_t size,
     return 0;
 }
 
+/* The kind of the layout's pool that takes `size`, for the rows' labels. */
+static const char *pool_kind_for(const cube_memory_layout *l, uint64_t size)
+{
+    for (uint32_t i = 0; i < l->count; i++)
+        if (size >= l->pools[i].min_size && size <= l->pools[i].max_size)
+            return l->pools[i].kind == CUBE_POOL_EXPANDABLE ? "expandable"
+                   : l->pools[i].kind == CUBE_POOL_SLICED   ? "sliced"
+                                                            : "exclusive";
+    return "large";
+}
+
 static int bench_hot_path_expandable(const mem_device *dev)
 {
     mem_storage_ops ops;
@@ -436,7 +447,7 @@ static int bench_hot_path_expandable(const mem_device *dev)
         size_name(vm_pair_sizes[i], sz, sizeof sz);
         snprintf(what, sizeof what,
                  "mem_alloc + mem_free, %s, expandable preset (%s pool)", sz,
-                 vm_pair_sizes[i] > (1u << 20) ? "expandable" : "sliced");
+                 pool_kind_for(&le, vm_pair_sizes[i]));
         snprintf(ours, sizeof ours, "%.1f ns", te[i]);
         snprintf(peer, sizeof peer, "same pair, subslices preset (default)");
         snprintf(theirs, sizeof theirs, "%.1f ns", td[i]);

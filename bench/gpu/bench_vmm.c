@@ -17,8 +17,9 @@
  *  (b) the pool-hit pair: cube_empty + cube_handle_release on a stream
  *      with the default preset (CUBE_PRESET_SUBSLICES) and on one with the
  *      expandable preset, beside cuMemAllocAsync + cuMemFreeAsync (the
- *      device's default memory pool); 256 B to 32 MiB (above 1 MiB the
- *      presets differ: exclusive pages against the expandable pool).
+ *      device's default memory pool); 256 B to 32 MiB (above 128 KiB the
+ *      presets differ: the default's sliced 16 MiB pages up to 1 MiB and
+ *      exclusive pages above, against the expandable pool).
  *      Host ns per pair, medians. Aim: at most 0.15x of the async pair.
  *  (c) the committed PyTorch traces (bench/traces/torch_*.trace.gz)
  *      replayed through the public API, each preset on its own stream:

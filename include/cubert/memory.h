@@ -96,9 +96,10 @@ typedef enum cube_layout_preset {
     CUBE_PRESET_SUBSLICES = 0,
     /* Exclusive pages only: one buffer per page. */
     CUBE_PRESET_EXCLUSIVE = 1,
-    /* The subslices preset's sliced pools up to 1 MiB, then one
-     * expandable pool for every larger size (a device whose storage has
-     * no virtual memory refuses it at install: CUBE_ERR_UNSUPPORTED). */
+    /* The subslices preset's first sliced pool (buffers up to 128 KiB on
+     * large devices), then one expandable pool for every larger size (a
+     * device whose storage has no virtual memory refuses it at install:
+     * CUBE_ERR_UNSUPPORTED). */
     CUBE_PRESET_EXPANDABLE = 2
 } cube_layout_preset;
 

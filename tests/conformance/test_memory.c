@@ -1327,7 +1327,15 @@ CONF_TEST(memory_cleanup_releases_what_nothing_uses_and_never_a_live_buffer)
 
 static void m_expect_json_u64(json_t *obj, const char *key, uint64_t want);
 
-/* The expandable preset: sliced pools for small sizes, then one pool over
+/* A size the expandable preset's last pool takes, over 1 MiB (its own
+ * least size where that is larger). */
+static uint64_t m_expandable_least(const cube_memory_layout *l)
+{
+    uint64_t least = l->pools[l->count - 1].min_size;
+    return least > (1ull << 20) ? least : (1ull << 20) + 1;
+}
+
+/* The expandable preset: a sliced pool for small sizes, then one pool over
  * a reserved address range whose pages are mapped as buffers need them.
  * The host backends (cpu, null) have the virtual memory it needs; a
  * backend without it refuses the layout with CUBE_ERR_UNSUPPORTED and
@@ -1354,8 +1362,10 @@ CONF_TEST(
     }
     CONF_OK(err);
 
-    /* Three buffers in the expandable pool, one in a sliced pool. */
-    uint64_t lo = l.pools[e].min_size;
+    /* Three buffers in the expandable pool, one in a sliced pool; the
+     * smallest over 1 MiB, so that they span pages (2 MiB on the host and
+     * on GPUs) and the middle one's inside can be unmapped alone. */
+    uint64_t lo = m_expandable_least(&l);
     const uint64_t sizes[4] = {lo + 5, 3 * lo + 1000, 8 * lo, 100};
     cube_handle h[4];
     unsigned char *keep[4];
@@ -1452,7 +1462,7 @@ CONF_TEST_NEEDS(
     }
     CONF_OK(err);
     /* Three buffers of the expandable pool, over several pages each. */
-    const uint64_t n = (2 * l.pools[e].min_size + 4096) / 4;
+    const uint64_t n = (2 * m_expandable_least(&l) + 4096) / 4;
     const uint64_t bytes = n * 4;
     float *x0 = malloc(bytes), *got = malloc(bytes);
     assert_non_null(x0);

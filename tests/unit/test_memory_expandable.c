@@ -1165,7 +1165,7 @@ static void test_preset_and_validation(void **state)
             assert_null(mem_layout_preset(CUBE_PRESET_EXPANDABLE, &dev, &l));
             assert_null(mem_layout_validate(&l, &dev));
             /* The last pool is expandable and takes every size up to the
-             * device's memory; the ones before are sliced. */
+             * device's memory; the one before is sliced. */
             const cube_pool_config *last = &l.pools[l.count - 1];
             assert_int_equal(last->kind, CUBE_POOL_EXPANDABLE);
             assert_int_equal(last->max_size, memories[i] & ~(aligns[j] - 1));
@@ -1178,13 +1178,15 @@ static void test_preset_and_validation(void **state)
             }
         }
     /* 80 GiB, 512-byte alignment (the bench's device): 2 MiB pages up to
-     * 128 KiB, 16 MiB pages up to 1 MiB, then expandable. */
+     * 128 KiB, then expandable (buffers of 128 KiB to 1 MiB fill the holes
+     * between large ones there instead of holding 16 MiB sliced pages). */
     mem_device h = {512, 80ull << 30};
     cube_memory_layout l;
     assert_null(mem_layout_preset(CUBE_PRESET_EXPANDABLE, &h, &l));
-    assert_int_equal(l.count, 3);
-    assert_int_equal(l.pools[1].max_size, MIB);
-    assert_int_equal(l.pools[2].min_size, MIB + 1);
+    assert_int_equal(l.count, 2);
+    assert_int_equal(l.pools[0].page_size, 2 * MIB);
+    assert_int_equal(l.pools[0].max_size, 128 * KIB);
+    assert_int_equal(l.pools[1].min_size, 128 * KIB + 1);
     /* Validation: a cap below the largest request is refused as for the
      * other kinds; an unknown kind names the three. */
     mem_device dev = {ALIGN, MEMORY};
