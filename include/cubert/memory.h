@@ -92,7 +92,9 @@ typedef struct cube_memory_layout {
 
 typedef enum cube_layout_preset {
     /* Sliced pools of growing page sizes for small and medium buffers,
-     * exclusive pages above: the default. */
+     * exclusive pages above: the default, except on CUDA devices with
+     * virtual memory management, whose streams start with the expandable
+     * preset (configuration key cuda_memory_preset). */
     CUBE_PRESET_SUBSLICES = 0,
     /* Exclusive pages only: one buffer per page. */
     CUBE_PRESET_EXCLUSIVE = 1,

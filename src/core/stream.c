@@ -195,8 +195,20 @@ static cube_error *stream_create(core_device *d, cube_stream_id id,
         return err;
     }
     mem_device dev = {d->props.memory_alignment, d->props.memory_total};
-    err = mem_manager_create(&ops, &dev, d->has_layout ? &d->layout : NULL,
-                             &s->base.memory);
+    /* An installed layout wins; else the storage's preset (CUDA's
+     * expandable pools), else the manager's default. */
+    cube_memory_layout start;
+    const cube_memory_layout *layout = d->has_layout ? &d->layout : NULL;
+    if (!layout && ops.preset &&
+        (ops.preset != CUBE_PRESET_EXPANDABLE || ops.map)) {
+        err = mem_layout_preset((cube_layout_preset)ops.preset, &dev, &start);
+        if (err) {
+            stream_free(d, s);
+            return err;
+        }
+        layout = &start;
+    }
+    err = mem_manager_create(&ops, &dev, layout, &s->base.memory);
     if (err) {
         stream_free(d, s);
         return err;

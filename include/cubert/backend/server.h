@@ -130,6 +130,11 @@ typedef struct cube_storage_ops {
     cube_error *(*map)(void *self, uint64_t address, uint64_t size);
     void (*unmap)(void *self, uint64_t address, uint64_t size);
     void (*release)(void *self, uint64_t base, uint64_t size);
+    /* The layout preset (a cube_layout_preset, cubert/memory.h) the
+     * stream's pools start with while the client installed no layout;
+     * 0, the subslices preset, when left alone. CUBE_PRESET_EXPANDABLE
+     * needs the virtual-memory functions above. */
+    uint32_t preset;
 } cube_storage_ops;
 
 /* Memory handed out by a backend: `address` is what kernels and copies use

@@ -9,10 +9,17 @@
 #include <string.h>
 
 #include "cubert/backend/errors.h"
+#include "cubert/memory.h"
 
 static cuda_api api;
 static char load_failure[512]; /* empty: loaded */
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+
+static const cube_config_word cuda_preset_words[] = {
+    {"subslices", CUBE_PRESET_SUBSLICES, 0},
+    {"exclusive", CUBE_PRESET_EXCLUSIVE, 0},
+    {"expandable", CUBE_PRESET_EXPANDABLE, 0},
+    {NULL, 0, 0}};
 
 const cube_config_key cuda_config_keys[] = {
     {.name = "cuda_library",
@@ -34,6 +41,13 @@ const cube_config_key cuda_config_keys[] = {
      .default_text = "libnccl.so.2, else libnccl.so",
      .doc = "the NCCL library CUDA collectives load: a path or a name the "
             "dynamic loader finds"},
+    {.name = "cuda_memory_preset",
+     .type = CUBE_CONFIG_WORD,
+     .words = cuda_preset_words,
+     .default_text = "expandable (subslices without virtual memory "
+                     "management)",
+     .doc = "the pools a stream starts with while the client installed "
+            "none: expandable, subslices or exclusive"},
     {.name = "cuda_peer_access",
      .type = CUBE_CONFIG_UINT,
      .min = 0,

@@ -376,6 +376,9 @@ cube_error *cuda_stage(cuda_server *s, cuda_stream *st, uint64_t bytes,
 
 /* --- cuda_stream.c --- */
 /* The stream slots of the vtable. */
+/* The preset a new stream's pools start with (cuda_memory_preset:
+ * expandable unless set otherwise, subslices without virtual memory). */
+uint32_t cuda_memory_preset(const cuda_server *s);
 cube_error *cuda_stream_open(cube_server *server, cube_server_stream *stream,
                              cube_storage_ops *storage);
 void cuda_stream_close(cube_server *server, cube_server_stream *stream);

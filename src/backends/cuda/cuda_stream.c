@@ -6,7 +6,9 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "cubert/backend/config.h"
 #include "cubert/log.h"
+#include "cubert/memory.h"
 
 /* --- open and close --- */
 
@@ -73,8 +75,22 @@ cube_error *cuda_stream_open(cube_server *server, cube_server_stream *stream,
         storage->unmap = cuda_vm_unmap;
         storage->release = cuda_vm_release;
     }
+    storage->preset = cuda_memory_preset(s);
     stream->impl = st;
     return NULL;
+}
+
+uint32_t cuda_memory_preset(const cuda_server *s)
+{
+    cube_config_value v;
+    int set = cube_config_lookup("cuda_memory_preset", &v) == 0 &&
+              v.origin != CUBE_CONFIG_UNSET;
+    uint32_t preset = set ? v.number : CUBE_PRESET_EXPANDABLE;
+    /* Expandable pools need virtual memory management: without it the
+     * streams start as every other device's do. */
+    if (preset == CUBE_PRESET_EXPANDABLE && !s->vm_granularity)
+        preset = CUBE_PRESET_SUBSLICES;
+    return preset;
 }
 
 void cuda_stream_close(cube_server *server, cube_server_stream *stream)
