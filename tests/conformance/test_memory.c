@@ -456,10 +456,20 @@ CONF_TEST(memory_preset_layouts_validate_and_install_on_an_empty_stream)
         assert_true(m_same_config(&again.pools[i], &sub.pools[i]));
 
     /* The main thread's stream, built before any install, has the default
-     * layout: the subslices preset. */
+     * layout: the subslices preset, except on CUDA with virtual memory
+     * management, where it is the expandable preset (cuda_memory_preset;
+     * a device without it falls back to subslices). */
     CONF_OK(cube_stream_use(conf.client, 0));
     cube_memory_report r = m_report();
-    M_EXPECT_LAYOUT(&r, &sub);
+    cube_memory_layout start = sub;
+    int expandable = 0;
+    for (uint32_t i = 0; i < r.count; i++)
+        expandable |= r.pools[i].config.kind == CUBE_POOL_EXPANDABLE;
+    if (strcmp(conf.props.backend, "cuda") == 0 && expandable)
+        start = m_preset(CUBE_PRESET_EXPANDABLE);
+    else
+        assert_false(expandable);
+    M_EXPECT_LAYOUT(&r, &start);
     CONF_OK(cube_stream_use(conf.client, m_last_stream));
 
     const cube_memory_layout *presets[2] = {&sub, &exc};
