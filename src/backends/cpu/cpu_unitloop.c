@@ -1409,7 +1409,6 @@ static void ul_open_units(ul *u, int only)
         ul_printf(u,
                   "for (unsigned int cube__z = 0; cube__z < %uu; cube__z++)\n"
                   "for (unsigned int cube__y = 0; cube__y < %uu; cube__y++)\n"
-                  "_Pragma(\"omp simd\")\n"
                   "for (unsigned int cube__x = 0; cube__x < %uu; cube__x++) "
                   "{\n"
                   "const size_t cube__i = (size_t)cube__x + (size_t)%uu * "
