@@ -1065,6 +1065,17 @@ static void settle(pending *p, const cube_error *err)
     p->failure = NULL;
 }
 
+/* Hands this rank's part to the backend on a stream it is capturing. */
+static cube_error *capture_part(cube_client *c, core_stream *st,
+                                const pending *p) CUBE_REQUIRES(st->lock)
+{
+    cube_collective_set set = {p->call->calls, p->call->expected, p->index,
+                               p->call->shared};
+    /* A fresh error, not derived from set. */
+    // cppcheck-suppress returnDanglingLifetime
+    return c->vt->collective(c->server, &st->base, p->comm->impl, &set);
+}
+
 /* Records this rank's part, agreed by every rank, in the capture of its
  * stream instead of running it. */
 static cube_error *record(pending *p)
@@ -1089,9 +1100,7 @@ static cube_error *record(pending *p)
     } else if (p->hardware) {
         /* The backend captures its part into the stream's graph; the
          * entry keeps it in the rendezvous and the failure store. */
-        cube_collective_set set = {p->call->calls, p->call->expected, p->index,
-                                   p->call->shared};
-        err = c->vt->collective(c->server, &st->base, p->comm->impl, &set);
+        err = capture_part(c, st, p);
         p->noted = err != NULL;
         core_stream_note_failure(st, err);
     }

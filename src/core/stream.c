@@ -192,6 +192,8 @@ static cube_error *stream_create(core_device *d, cube_stream_id id,
     if (err) {
         cube_mutex_destroy(&s->lock);
         free(s);
+        /* A fresh error, not derived from ops. */
+        // cppcheck-suppress returnDanglingLifetime
         return err;
     }
     mem_device dev = {d->props.memory_alignment, d->props.memory_total};

@@ -1284,8 +1284,8 @@ static void op_graph(reader *r)
     cube_graph_id id = 0;
     cube_error *err;
     if (g_trace)
-        fprintf(stderr, "  graph step %u, graph %u, capturing %d\n",
-                which % 10, arg % GRAPHS, st->capturing);
+        fprintf(stderr, "  graph step %u, graph %u, capturing %d\n", which % 10,
+                arg % GRAPHS, st->capturing);
     switch (which % 10) {
     case 0:
     case 1:

@@ -1303,7 +1303,9 @@ static void ul_check_names(ul *u, int i)
         int same = 0;
         for (int j = 0; j < u->nv; j++)
             same += strcmp(u->v[j].name, n->name) == 0;
-        if (same > (n->ref == R_LOCAL))
+        /* A local is declared once; a parameter's name, never. */
+        int allowed = n->ref == R_LOCAL ? 1 : 0;
+        if (same > allowed)
             ul_refuse(u, "the name '%s' is declared twice", n->name);
     }
     for (int c = n->first; c >= 0; c = u->n[c].next)

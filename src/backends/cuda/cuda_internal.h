@@ -157,7 +157,7 @@ struct cuda_stream {
     uint64_t reserved_at_begin;
     cuda_block **captured;
     size_t captured_count, captured_cap;
-    int capture_failed;      /* a launch was refused inside the capture */
+    int capture_failed; /* a launch was refused inside the capture */
     /* Released blocks waiting for other streams' uses (under
      * pending_lock: releases come from any thread). */
     cube_mutex pending_lock;
