@@ -408,9 +408,13 @@ cube_error *cuda_flush(cube_server *server, cube_server_stream *stream);
 cube_error *cuda_block_before_use(cuda_server *s, cuda_stream *st,
                                   cuda_block *blk, int write);
 /* Notes that the operation `seq` just submitted on `st` used `blk` (wrote
- * it, when `written`). Returns whether other streams share the block: a
- * writer then records its event once for all its outputs, so later waits
- * are for this write. Sequences come from cuda_stream_next. */
+ * it, when `written`). Returns whether the operation wrote a block other
+ * streams share: the caller then records its event once for all its
+ * outputs, so later waits are for this write. A read is not recorded
+ * (an event record per launch or copy costs the device a step): a writer
+ * elsewhere, or the block's release, records the reading stream's event
+ * when it needs it (cuda_stream_wait_for, use_done), covering the read
+ * and maybe later work. Sequences come from cuda_stream_next. */
 int cuda_block_used(cuda_stream *st, cuda_block *blk, uint64_t seq,
                     int written);
 

@@ -242,18 +242,22 @@ cube_error *cuda_initialize_memory(cube_server *server,
     return NULL;
 }
 
-/* Whether stream `index` has completed its operation `seq`. Every use of
- * a shared block records the stream's event right after it, so the event
- * covers `seq`; a later record covers more, which only delays the reuse.
- * Nothing is enqueued on the other stream: its thread may be capturing. */
+/* Whether stream `index` has completed its operation `seq`. A write of a
+ * shared block records the stream's event right after it; a read does
+ * not, so the event is recorded here when it does not cover `seq` yet (a
+ * later record covers more, which only delays the reuse). A capturing
+ * stream is left alone: its event was recorded when the capture began,
+ * after every use that ran before it, and nothing captured runs. */
 static int use_done(cuda_server *s, uint32_t index, uint64_t seq, int wait)
 {
     cuda_stream *o = cuda_stream_at(s, index);
     cube_mutex_lock(&o->lock);
+    if (o->event_seq < seq && !o->capturing)
+        cuda_stream_record_locked(s, o);
     int covered = o->event_seq >= seq;
     cube_mutex_unlock(&o->lock);
     if (!covered)
-        return 0; /* its thread records it with its next shared use */
+        return 0;
     CUresult r = wait ? s->api->cuEventSynchronize(o->event)
                       : s->api->cuEventQuery(o->event);
     /* Any other answer is a broken context: the memory is moot. */
@@ -324,13 +328,13 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
     memset(&p, 0, sizeof p);
     p.blk = blk;
     if (atomic_load(&blk->many)) {
-        /* More users than the slots remember: every stream's latest
-         * record (each user recorded its event after its use). */
+        /* More users than the slots remember: every other stream's work
+         * so far (use_done records its event when it must). */
         uint32_t n = cuda_stream_count(s);
         for (uint32_t i = 0; i < n && p.count < CUDA_USE_SLOTS + 1; i++)
             if (i != owner->index) {
                 p.waits[p.count].index = i;
-                p.waits[p.count].seq = 0;
+                p.waits[p.count].seq = atomic_load(&cuda_stream_at(s, i)->seq);
                 p.count++;
             }
         if (n > CUDA_USE_SLOTS + 2) {
@@ -338,7 +342,7 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
             cube_error_free(cuda_enter(s));
             for (uint32_t i = 0; i < n; i++)
                 if (i != owner->index)
-                    use_done(s, i, 0, 1);
+                    use_done(s, i, atomic_load(&cuda_stream_at(s, i)->seq), 1);
             p.count = 0;
         }
     } else {

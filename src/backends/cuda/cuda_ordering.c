@@ -83,8 +83,9 @@ int cuda_block_used(cuda_stream *st, cuda_block *blk, uint64_t seq, int written)
     /* Only blocks two streams touch need their uses remembered. */
     if (atomic_load_explicit(&blk->shared, memory_order_relaxed))
         note_use(st, blk, seq);
-    if (written)
-        atomic_store_explicit(&blk->writer, CUDA_TAG(st->index, seq),
-                              memory_order_release);
+    if (!written)
+        return 0; /* a read's event is recorded when someone waits for it */
+    atomic_store_explicit(&blk->writer, CUDA_TAG(st->index, seq),
+                          memory_order_release);
     return atomic_load_explicit(&blk->shared, memory_order_relaxed);
 }
