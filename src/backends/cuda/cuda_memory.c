@@ -252,8 +252,12 @@ static int use_done(cuda_server *s, uint32_t index, uint64_t seq, int wait)
 {
     cuda_stream *o = cuda_stream_at(s, index);
     cube_mutex_lock(&o->lock);
-    if (o->event_seq < seq && !o->capturing)
-        cuda_stream_record_locked(s, o);
+    if (o->event_seq < seq && !o->capturing) {
+        /* As cuda_stream_record_locked (a layer above) records it. */
+        uint64_t now = atomic_load(&o->seq);
+        if (s->api->cuEventRecord(o->event, o->cu) == CUDA_SUCCESS)
+            o->event_seq = now;
+    }
     int covered = o->event_seq >= seq;
     cube_mutex_unlock(&o->lock);
     if (!covered)
