@@ -78,10 +78,10 @@ test-thread-safety:
 FUZZ_TIME ?= 60
 FUZZ_BACKEND ?= cpu
 FUZZ_RUN = mkdir -p $(BUILD)-fuzz/corpus && cd $(BUILD)-fuzz && \
-	  CUBERT_FUZZ_BACKEND=$(FUZZ_BACKEND) CUBERT_CACHE_DIR=$(CURDIR)/$(BUILD)-fuzz/cache \
+	  CUBERT_FUZZ_BACKEND=$(FUZZ_BACKEND) CUBERT_CACHE_DIR=$(abspath $(BUILD)-fuzz)/cache \
 	  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ./tests/fuzz_api -print_final_stats=1 -max_len=512 -timeout=30 \
-	  -artifact_prefix=$(CURDIR)/$(BUILD)-fuzz/ \
+	  -artifact_prefix=$(abspath $(BUILD)-fuzz)/ \
 	  -dict=$(CURDIR)/tests/fuzz/fuzz_api.dict corpus $(CURDIR)/tests/fuzz/corpus
 
 $(BUILD)-fuzz/tests/fuzz_api: FORCE
