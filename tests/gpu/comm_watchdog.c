@@ -35,31 +35,8 @@
 #define TIMEOUT_MS 1500u
 #define N 4096
 
-static int failures;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "line %d: ", __LINE__);                            \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-            failures++;                                                        \
-        }                                                                      \
-    } while (0)
-
-static void ok(cube_error *err, const char *what)
-{
-    CHECK(!err, "%s: %s", what, err ? cube_error_message(err) : "");
-    cube_error_free(err);
-}
-
-static void expect(cube_error *err, cube_code code, const char *what)
-{
-    CHECK(cube_error_code(err) == code, "%s: expected code %d, got %d (%s)",
-          what, (int)code, (int)cube_error_code(err),
-          err ? cube_error_message(err) : "success");
-    cube_error_free(err);
-}
+#define CHECK_WHO() fprintf(stderr, "comm_watchdog: ")
+#include "program_checks.h"
 
 /* Where the run is, on stderr: a run that stops shows where. */
 static void phase(const char *what)
@@ -68,57 +45,11 @@ static void phase(const char *what)
     fflush(stderr);
 }
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static cube_handle make(cube_client *c, const float *v)
 {
     cube_handle h = {0};
     ok(cube_create(c, v, N * sizeof(float), &h), "create");
     return h;
-}
-
-/* The code of `err`, or of its first cause for CUBE_ERR_SEVERAL. */
-static cube_code code_or_cause(const cube_error *err)
-{
-    if (cube_error_code(err) == CUBE_ERR_SEVERAL &&
-        cube_error_cause_count(err) > 0)
-        return cube_error_code(cube_error_cause(err, 0));
-    return cube_error_code(err);
-}
-
-/* Reads `h` into `out`, waiting at most `limit_ms`: past it the wait would
- * never end, which is the failure being tested for; the process exits (its
- * stream cannot be drained). */
-static cube_error *read_bounded(cube_client *c, cube_handle h, float *out,
-                                uint64_t limit_ms)
-{
-    cube_copy_desc d = cube_copy_desc_contiguous(h, N * sizeof(float), 4);
-    void *dst[1] = {out};
-    uint64_t size[1] = {N * sizeof(float)};
-    cube_future *f = NULL;
-    cube_error *err = cube_read_async(c, &d, dst, size, 1, &f);
-    if (err)
-        return err;
-    uint64_t start = now_ms();
-    while (!cube_future_ready(f)) {
-        if (now_ms() - start >= limit_ms) {
-            fprintf(stderr,
-                    "comm_watchdog: FAILED: hang (the read was still waiting "
-                    "%llu ms after it was issued)\n",
-                    (unsigned long long)(now_ms() - start));
-            _exit(1);
-        }
-        struct timespec pause = {0, 10 * 1000 * 1000};
-        nanosleep(&pause, NULL);
-    }
-    err = cube_future_wait(f);
-    cube_future_free(f);
-    return err;
 }
 
 static void on_alarm(int sig)
@@ -224,7 +155,8 @@ int main(int argc, char **argv)
     phase("a. an all-reduce that completes");
     ok(cube_all_reduce(comm, src, dst, N, CUBE_DTYPE_F32, CUBE_REDUCE_SUM),
        "all_reduce");
-    ok(read_bounded(c, dst, got, TIMEOUT_MS + 15000), "read after all_reduce");
+    ok(read_bounded(c, dst, got, sizeof got, TIMEOUT_MS + 15000),
+       "read after all_reduce");
     CHECK(memcmp(got, mine, sizeof got) == 0, "all_reduce: dst != src");
     ok(cube_check(c, &dst, 1), "dst after all_reduce");
 
@@ -235,7 +167,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < 3; i++)
         ok(cube_broadcast(comm, src, bdst, N, CUBE_DTYPE_F32, 0), "broadcast");
     memset(got, 0, sizeof got);
-    ok(read_bounded(c, bdst, got, 3 * spin + 15000), "read after broadcasts");
+    ok(read_bounded(c, bdst, got, sizeof got, 3 * spin + 15000),
+       "read after broadcasts");
     uint64_t took = now_ms() - t0;
     CHECK(memcmp(got, mine, sizeof got) == 0, "broadcast: dst != src");
     /* The fake spun three times in a row: the last started ~2 spins after
@@ -256,7 +189,7 @@ int main(int argc, char **argv)
     CHECK(!err, "recv: expected success (enqueued), got %d (%s)",
           (int)cube_error_code(err), err ? cube_error_message(err) : "");
     cube_error_free(err);
-    err = read_bounded(c, rdst, got, TIMEOUT_MS + 15000);
+    err = read_bounded(c, rdst, got, sizeof got, TIMEOUT_MS + 15000);
     took = now_ms() - t0;
     CHECK(code_or_cause(err) == CUBE_ERR_TIMEOUT,
           "read after the receive: expected CUBE_ERR_TIMEOUT, got %d (%s)",
@@ -278,7 +211,7 @@ int main(int argc, char **argv)
            CUBE_ERR_ABORTED, "a collective after the timeout");
     cube_handle again = make(c, mine);
     memset(got, 0, sizeof got);
-    ok(read_bounded(c, again, got, 15000), "read of a new buffer");
+    ok(read_bounded(c, again, got, sizeof got, 15000), "read of a new buffer");
     CHECK(memcmp(got, mine, sizeof got) == 0, "the client after the timeout");
     ok(cube_sync(c, NULL, 0), "cube_sync after the timeout");
 

@@ -22,31 +22,8 @@
 
 static int rank_, size_;
 static const char *backend_ = "cpu";
-static int failures;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "rank %d: line %d: ", rank_, __LINE__);            \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-            failures++;                                                        \
-        }                                                                      \
-    } while (0)
-
-static void ok(cube_error *err, const char *what)
-{
-    CHECK(!err, "%s: %s", what, err ? cube_error_message(err) : "");
-    cube_error_free(err);
-}
-
-static void expect(cube_error *err, cube_code code, const char *what)
-{
-    CHECK(cube_error_code(err) == code, "%s: expected code %d, got %d (%s)",
-          what, (int)code, (int)cube_error_code(err),
-          err ? cube_error_message(err) : "success");
-    cube_error_free(err);
-}
+#define CHECK_WHO() fprintf(stderr, "rank %d: ", rank_)
+#include "program_checks.h"
 
 static cube_handle make(cube_client *c, const float *v, uint64_t n)
 {
@@ -68,46 +45,6 @@ static void phase(const char *what)
 {
     fprintf(stderr, "rank %d: %s\n", rank_, what);
     fflush(stderr);
-}
-
-/* The code of `err`, or of its first cause for CUBE_ERR_SEVERAL (a read
- * of a buffer that carries a failure). */
-static cube_code code_or_cause(const cube_error *err)
-{
-    if (cube_error_code(err) == CUBE_ERR_SEVERAL &&
-        cube_error_cause_count(err) > 0)
-        return cube_error_code(cube_error_cause(err, 0));
-    return cube_error_code(err);
-}
-
-/* Reads `h` waiting at most `limit_ms`: a wait that would never end is
- * the failure being checked for, reported before the process exits (its
- * stream cannot be drained). */
-static cube_error *wait_bounded(cube_client *c, cube_handle h, float *out,
-                                uint64_t n, uint64_t limit_ms)
-{
-    cube_copy_desc d = cube_copy_desc_contiguous(h, n * 4, 4);
-    void *dst[1] = {out};
-    uint64_t size[1] = {n * 4};
-    cube_future *f = NULL;
-    cube_error *err = cube_read_async(c, &d, dst, size, 1, &f);
-    if (err)
-        return err;
-    for (uint64_t waited = 0; !cube_future_ready(f); waited += 10) {
-        if (waited >= limit_ms) {
-            fprintf(stderr,
-                    "rank %d: FAILED: the read after the receive was still "
-                    "waiting %llu ms after it was issued\n",
-                    rank_, (unsigned long long)waited);
-            fflush(stderr);
-            _exit(1);
-        }
-        struct timespec pause = {0, 10 * 1000 * 1000};
-        nanosleep(&pause, NULL);
-    }
-    err = cube_future_wait(f);
-    cube_future_free(f);
-    return err;
 }
 
 /* Rank 0 writes the id; the others wait for it (at most 60 s). */
@@ -305,7 +242,8 @@ int main(int argc, char **argv)
             phase("an unmatched receive");
             cube_error *rerr = cube_recv(comm, dst, N, CUBE_DTYPE_F32, 0);
             if (!rerr)
-                rerr = wait_bounded(c, dst, got, N, co.timeout_ms + 10000);
+                rerr = read_bounded(c, dst, got, N * sizeof(float),
+                                    co.timeout_ms + 10000);
             cube_code code = code_or_cause(rerr);
             CHECK(code == CUBE_ERR_TIMEOUT || code == CUBE_ERR_ABORTED,
                   "unmatched receive: expected a timeout, got %d (%s)",
