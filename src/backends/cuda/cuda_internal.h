@@ -531,7 +531,6 @@ void cuda_watch_abort_locked(cuda_watch *w);
 /* Aborts it from any thread without waiting for the rank's thread (the
  * watchdog finishes the abort when that thread is inside NCCL). */
 void cuda_watch_abort(cuda_watch *w);
-int cuda_watch_aborted(cuda_watch *w);
 /* A call: begin records its start on `cu` before NCCL enqueues it and
  * names it (*ticket); end records its end after; cancel forgets one NCCL
  * refused. Errors: CUBE_ERR_OUT_OF_MEMORY, a driver error. */

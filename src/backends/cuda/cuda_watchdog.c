@@ -373,11 +373,6 @@ void cuda_watch_abort(cuda_watch *w)
     busy_wake(first);
 }
 
-int cuda_watch_aborted(cuda_watch *w)
-{
-    return atomic_load(&w->aborted);
-}
-
 void cuda_watch_abort_locked(cuda_watch *w)
 {
     abort_now(w);
