@@ -427,10 +427,12 @@ void core_comm_release(cube_comm *comm, int hardware);
 /* Re-issues a recorded collective through the rendezvous, as a call: it
  * meets the peers' calls (their replays), and `refusal` (taken; NULL to
  * run) is posted as this rank's refusal so that the peers answer an error
- * rather than wait. The failure store is the caller's. Call without the
+ * rather than wait. The failure store is the caller's, except that a call
+ * between processes the backend follows on the device marks `dst` (its
+ * destination, or NULL) should it fail there later. Call without the
  * stream entered. */
 cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
-                             cube_error *refusal);
+                             core_alloc *dst, cube_error *refusal);
 /* Settles what the backend learned of the client's calls between
  * processes that it follows on the device: a failed one's destination
  * records the failure. Never blocks on the device; cheap when nothing is
@@ -441,6 +443,24 @@ size_t core_comm_reap(cube_client *c);
  * backend's graph holds the call). */
 cube_error *core_comm_agree(cube_comm *comm, const cube_collective *call,
                             cube_error *refusal);
+/* Whether the communicator is between processes (cube_comm_init_rank). */
+int core_comm_remote(const cube_comm *comm);
+/* A hardware graph holding calls of a communicator between processes:
+ * its replays are followed on the device as a call is. Begin (before the
+ * launch) refuses a destroyed communicator (CUBE_ERR_NOT_FOUND) or an
+ * aborted one (CUBE_ERR_ABORTED), holds it in the backend and starts
+ * following; `writes` (copied) are the buffers a failure marks. End
+ * (after the launch, `launched` 0 when it did not happen) lets it go and
+ * follows the replay until it ends: a failure there (the timeout, an
+ * abort) is recorded on every buffer of `writes`. Call both with the
+ * stream entered; end frees the watch, also when it fails. */
+typedef struct core_replay_watch core_replay_watch;
+cube_error *core_comm_replay_begin(cube_comm *comm, core_stream *st,
+                                   core_alloc *const *writes, size_t nwrites,
+                                   core_replay_watch **out)
+    CUBE_REQUIRES(st->lock);
+cube_error *core_comm_replay_end(core_replay_watch *w, core_stream *st,
+                                 int launched) CUBE_REQUIRES(st->lock);
 
 /* --- graph.c --- */
 /* Records a validated dispatch into the stream's capture. `written` and

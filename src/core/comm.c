@@ -58,6 +58,10 @@ typedef struct remote_call {
     uint64_t ticket;
     core_alloc *dst; /* or NULL */
     cube_collective_kind kind;
+    /* A hardware graph's replay instead (kind unused): every buffer the
+     * graph writes, pinned; the array is the entry's. */
+    core_alloc **writes;
+    size_t nwrites;
 } remote_call;
 
 /* What the ranks of one communicator share. */
@@ -140,6 +144,9 @@ typedef struct pending {
      * source's failure, handed to the backend with it. */
     cube_collective mine;
     cube_error *failure;
+    /* A software graph's replay of such a call: its destination (the
+     * graph pins it), marked when the call fails on the device later. */
+    core_alloc *replay_dst;
 } pending;
 
 static _Thread_local int group_depth;
@@ -422,16 +429,21 @@ static void drain_remote(comm_group *g)
     g->inflight_len = g->inflight_cap = 0;
     cube_mutex_unlock(&g->lock);
     for (size_t i = 0; i < n; i++) {
+        cube_error *err = cube_error_new(
+            CUBE_ERR_ABORTED,
+            "%s: the communicator was destroyed before the call finished "
+            "on the device",
+            left[i].writes ? "cube_graph_replay" : kind_name(left[i].kind));
         if (left[i].dst) {
-            cube_error *err = cube_error_new(
-                CUBE_ERR_ABORTED,
-                "%s: the communicator was destroyed before the call "
-                "finished on the device",
-                kind_name(left[i].kind));
             core_failure_record(c, left[i].dst, err);
-            cube_error_free(err);
             core_alloc_unpin(c, left[i].dst);
         }
+        for (size_t w = 0; w < left[i].nwrites; w++) {
+            core_failure_record(c, left[i].writes[w], err);
+            core_alloc_unpin(c, left[i].writes[w]);
+        }
+        free(left[i].writes);
+        cube_error_free(err);
         atomic_fetch_sub_explicit(&c->comm_inflight, 1, memory_order_release);
     }
     free(left);
@@ -1141,9 +1153,13 @@ static size_t reap_group(comm_group *g)
             continue;
         }
         if (err) {
-            err = cube_error_prefix(err, "%s", kind_name(rc.kind));
+            err = cube_error_prefix(err, "%s",
+                                    rc.writes ? "cube_graph_replay"
+                                              : kind_name(rc.kind));
             if (rc.dst)
                 core_failure_record(c, rc.dst, err);
+            for (size_t w = 0; w < rc.nwrites; w++)
+                core_failure_record(c, rc.writes[w], err);
             core_stream_note_failure_now(c, err);
             cube_error_free(err);
             failed++;
@@ -1157,6 +1173,9 @@ static size_t reap_group(comm_group *g)
         cube_mutex_unlock(&g->lock);
         if (rc.dst)
             core_alloc_unpin(c, rc.dst);
+        for (size_t w = 0; w < rc.nwrites; w++)
+            core_alloc_unpin(c, rc.writes[w]);
+        free(rc.writes);
         atomic_fetch_sub_explicit(&c->comm_inflight, 1, memory_order_release);
     }
     cube_mutex_unlock(&g->reap_lock);
@@ -1196,25 +1215,65 @@ static cube_error *reserve_inflight(comm_group *g, const char *fn)
     return err;
 }
 
+/* Appends a followed call (room was reserved; grown here should another
+ * thread have taken it). 0 when it could not be. */
+static int inflight_push(comm_group *g, remote_call rc)
+{
+    cube_mutex_lock(&g->lock);
+    if (g->inflight_len == g->inflight_cap) {
+        size_t cap = g->inflight_cap ? g->inflight_cap * 2 : 16;
+        remote_call *grown = realloc(g->inflight, cap * sizeof *grown);
+        if (!grown) {
+            cube_mutex_unlock(&g->lock);
+            return 0;
+        }
+        g->inflight = grown;
+        g->inflight_cap = cap;
+    }
+    g->inflight[g->inflight_len++] = rc;
+    cube_mutex_unlock(&g->lock);
+    return 1;
+}
+
+/* What cannot be followed is not trusted. */
+static void unfollowed(cube_client *c, core_alloc *const *a, size_t n,
+                       const char *fn)
+{
+    cube_error *err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                                     "%s: no memory to follow the call on "
+                                     "the device",
+                                     fn);
+    for (size_t i = 0; i < n; i++)
+        if (a[i])
+            core_failure_record(c, a[i], err);
+    cube_error_free(err);
+}
+
 /* Follows call `ticket` of p (room was reserved). */
 static void follow(pending *p, uint64_t ticket)
 {
     comm_group *g = p->comm->group;
     cube_client *c = p->comm->client;
-    core_alloc *dst = p->has_dst ? p->dst.alloc : NULL;
+    core_alloc *dst = p->has_dst ? p->dst.alloc : p->replay_dst;
     if (dst)
         core_alloc_pin(c, dst);
     atomic_fetch_add_explicit(&c->comm_inflight, 1, memory_order_release);
-    cube_mutex_lock(&g->lock);
-    g->inflight[g->inflight_len++] = (remote_call){ticket, dst, p->mine.kind};
-    cube_mutex_unlock(&g->lock);
+    if (!inflight_push(g, (remote_call){ticket, dst, p->mine.kind, NULL, 0})) {
+        unfollowed(c, &dst, 1, kind_name(p->mine.kind));
+        if (dst)
+            core_alloc_unpin(c, dst);
+        atomic_fetch_sub_explicit(&c->comm_inflight, 1, memory_order_release);
+    }
 }
 
 /* Issues a call of a communicator between processes: the backend's
  * engine tells the other processes when this rank refused it or its
  * source failed (or, without a way to, aborts the communicator so that
  * they do not wait), and answers for theirs. The rank's own refusal is
- * its answer; a failed source refuses with CUBE_ERR_SEVERAL. */
+ * its answer; a failed source refuses with CUBE_ERR_SEVERAL. On a
+ * capturing stream the backend checks the call with the peers (software
+ * graphs) or captures its part (hardware graphs), and the call is then
+ * recorded in the capture. */
 static cube_error *issue_remote(pending *p)
 {
     cube_client *c = p->comm->client;
@@ -1228,7 +1287,7 @@ static cube_error *issue_remote(pending *p)
     memset(shared, 0, sizeof shared);
     comm_group *g = p->comm->group;
     uint64_t ticket = 0;
-    int followed = c->vt->collective_poll != NULL;
+    int followed = c->vt->collective_poll != NULL && !p->capturing;
     if (followed) {
         /* Earlier calls that ended are settled first, so their failures
          * are on their destinations before this call reads them. */
@@ -1237,16 +1296,34 @@ static cube_error *issue_remote(pending *p)
             p->local = reserve_inflight(g, kind_name(p->mine.kind));
     }
     cube_collective_set set = {
-        &p->mine, 1,        0,          shared,
-        1,        p->local, p->failure, followed ? &ticket : NULL};
+        &p->mine,    1,        0,          shared,
+        1,           p->local, p->failure, followed ? &ticket : NULL,
+        p->capturing};
     if (!st)
         return cube_error_clone(p->local);
     core_stream_lock(st);
     err = c->vt->collective(c->server, &st->base, p->comm->impl, &set);
     if (!err && ticket)
         follow(p, ticket);
-    if (!err && !p->local && !p->failure)
+    int ran = !err && !p->local && !p->failure;
+    if (ran && p->capturing) {
+        /* Every rank captures it (or the backend captured its part): the
+         * capture holds it from here. */
+        if (!st->capture || st->capture_client != c)
+            err = cube_error_new(CUBE_ERR_GRAPH_STATE,
+                                 "%s: the capture ended before the call was "
+                                 "recorded",
+                                 kind_name(p->mine.kind));
+        else
+            err = core_graph_record_collective(
+                c, st, p->comm, &p->mine, p->has_src ? p->src.alloc : NULL,
+                p->has_dst ? p->dst.alloc : NULL,
+                p->has_dst && p->dst.offset == 0 &&
+                    p->dst_bytes == p->dst.alloc->storage.size,
+                p->hardware);
+    } else if (ran) {
         st->launches++;
+    }
     core_stream_note_failure(st, err);
     p->noted = err != NULL;
     core_stream_unlock(st);
@@ -1482,20 +1559,24 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
          * call agreed (each capturing): a software graph re-issues it at
          * each replay, a hardware graph (CUDA) holds the backend's own
          * captured call, and its replays first meet the peers' so that
-         * no rank launches device work its peers will not match. A
-         * communicator between processes cannot tell its peers that a
-         * replay was refused, and a group's calls run together: those are
-         * refused before the peers wait. */
+         * no rank launches device work its peers will not match. Between
+         * processes the backend's engine checks that every rank captures
+         * (software graphs), or captures its part and follows each
+         * replay's device work (hardware graphs, comm_replay_begin). A
+         * group's calls run together: those are refused before the peers
+         * wait. */
+        const cube_server_vtable *vt = comm->client->vt;
         core_stream *st = NULL;
         p.local = core_stream_get(comm->client, &st);
         if (!p.local) {
             core_stream_lock(st);
             if (!st->capture) {
                 /* a call */
-            } else if (!comm->group->remote && group_depth == 0 &&
-                       st->capture_client == comm->client) {
+            } else if (group_depth == 0 && st->capture_client == comm->client &&
+                       (!comm->group->remote || !vt->begin_capture ||
+                        (vt->comm_replay_begin && vt->comm_replay_end))) {
                 p.capturing = 1;
-                p.hardware = comm->client->vt->begin_capture != NULL;
+                p.hardware = vt->begin_capture != NULL;
             } else
                 p.local =
                     core_stream_refuse_in_capture(st, kind_name(mine.kind));
@@ -1677,7 +1758,7 @@ void core_comm_release(cube_comm *comm, int hardware)
     int last = --g->holds == 0 && g->alive == 0;
     cube_mutex_unlock(&g->lock);
     if (last) {
-        cube_comm *first = comm - comm->rank;
+        cube_comm *first = g->remote ? comm : comm - comm->rank;
         group_free(g);
         free(first);
     }
@@ -1686,11 +1767,12 @@ void core_comm_release(cube_comm *comm, int hardware)
 /* Meets the peers' replays of a recorded call: issued when `agree_only`
  * is 0. */
 static cube_error *replay(cube_comm *comm, const cube_collective *call,
-                          cube_error *refusal, int agree_only)
+                          core_alloc *dst, cube_error *refusal, int agree_only)
 {
     comm_group *g = comm->group;
     cube_mutex_lock(&g->lock);
-    int gone = g->gone[comm->rank];
+    /* Between processes the group is this rank alone. */
+    int gone = g->gone ? g->gone[comm->rank] : g->alive == 0;
     cube_mutex_unlock(&g->lock);
     if (gone) {
         /* No rank of it can meet this one: the peers' replays time out
@@ -1705,6 +1787,16 @@ static cube_error *replay(cube_comm *comm, const cube_collective *call,
     memset(&p, 0, sizeof p);
     p.comm = comm;
     p.local = refusal;
+    if (g->remote) {
+        /* The backend's engine meets the other processes: a hardware
+         * graph's replay has nothing to agree (comm_replay_begin follows
+         * its device work), but a refusal is told as a call's is. */
+        if (agree_only && !refusal)
+            return NULL;
+        p.mine = *call;
+        p.replay_dst = dst;
+        return run_pending(&p, 1);
+    }
     p.agree_only = agree_only;
     cube_collective mine = *call;
     post(&p, &mine, NULL);
@@ -1712,13 +1804,109 @@ static cube_error *replay(cube_comm *comm, const cube_collective *call,
 }
 
 cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
-                             cube_error *refusal)
+                             core_alloc *dst, cube_error *refusal)
 {
-    return replay(comm, call, refusal, 0);
+    return replay(comm, call, dst, refusal, 0);
 }
 
 cube_error *core_comm_agree(cube_comm *comm, const cube_collective *call,
                             cube_error *refusal)
 {
-    return replay(comm, call, refusal, 1);
+    return replay(comm, call, NULL, refusal, 1);
+}
+
+int core_comm_remote(const cube_comm *comm)
+{
+    return comm->group->remote;
+}
+
+/* --- hardware graphs holding calls between processes --- */
+
+struct core_replay_watch {
+    cube_comm *comm;
+    uint64_t ticket;
+    core_alloc **writes; /* a copy of the graph's, pinned once followed */
+    size_t nwrites;
+};
+
+cube_error *core_comm_replay_begin(cube_comm *comm, core_stream *st,
+                                   core_alloc *const *writes, size_t nwrites,
+                                   core_replay_watch **out)
+{
+    *out = NULL;
+    comm_group *g = comm->group;
+    cube_client *c = comm->client;
+    cube_mutex_lock(&g->lock);
+    int gone = g->alive == 0, aborted = g->aborted;
+    cube_mutex_unlock(&g->lock);
+    if (gone)
+        return cube_error_new(CUBE_ERR_NOT_FOUND,
+                              "cube_graph_replay: rank %u's communicator was "
+                              "destroyed after the graph recorded it",
+                              comm->rank);
+    if (aborted || !comm->impl)
+        return cube_error_new(CUBE_ERR_ABORTED,
+                              "cube_graph_replay: the communicator of rank "
+                              "%u was aborted",
+                              comm->rank);
+    if (!c->vt->comm_replay_begin || !c->vt->comm_replay_end)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "cube_graph_replay: the %s backend cannot "
+                              "follow a graph's calls between processes",
+                              c->props.backend);
+    core_replay_watch *w = calloc(1, sizeof *w);
+    core_alloc **copy = nwrites ? malloc(nwrites * sizeof *copy) : NULL;
+    cube_error *err = NULL;
+    if (!w || (nwrites && !copy))
+        err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_replay");
+    if (!err)
+        err = reserve_inflight(g, "cube_graph_replay");
+    if (!err)
+        err = c->vt->comm_replay_begin(c->server, &st->base, comm->impl,
+                                       &w->ticket);
+    if (err) {
+        free(copy);
+        free(w);
+        return err;
+    }
+    if (nwrites)
+        memcpy(copy, writes, nwrites * sizeof *copy);
+    w->comm = comm;
+    w->writes = copy;
+    w->nwrites = nwrites;
+    *out = w;
+    return NULL;
+}
+
+cube_error *core_comm_replay_end(core_replay_watch *w, core_stream *st,
+                                 int launched)
+{
+    if (!w)
+        return NULL;
+    cube_comm *comm = w->comm;
+    comm_group *g = comm->group;
+    cube_client *c = comm->client;
+    cube_error *err = c->vt->comm_replay_end(c->server, &st->base, comm->impl,
+                                             w->ticket, launched);
+    if (!err && launched && w->ticket) {
+        /* Followed like a call: its failure goes on every buffer the graph
+         * writes (room was reserved at the beginning). */
+        for (size_t i = 0; i < w->nwrites; i++)
+            core_alloc_pin(c, w->writes[i]);
+        atomic_fetch_add_explicit(&c->comm_inflight, 1, memory_order_release);
+        if (inflight_push(g, (remote_call){w->ticket, NULL,
+                                           CUBE_COLLECTIVE_ALL_REDUCE,
+                                           w->writes, w->nwrites})) {
+            w->writes = NULL;
+        } else {
+            unfollowed(c, w->writes, w->nwrites, "cube_graph_replay");
+            for (size_t i = 0; i < w->nwrites; i++)
+                core_alloc_unpin(c, w->writes[i]);
+            atomic_fetch_sub_explicit(&c->comm_inflight, 1,
+                                      memory_order_release);
+        }
+    }
+    free(w->writes);
+    free(w);
+    return err;
 }

@@ -13,7 +13,15 @@
  * hardware graph holds the backend's captured call (NCCL's kernels); its
  * replay meets the peers' at each collective first and launches only
  * when every one agreed, so no rank's device work waits for a peer's
- * replay that was refused. */
+ * replay that was refused.
+ *
+ * Collectives of communicators between processes are recorded too (the
+ * backend's engine checked that every rank captures them, or captured
+ * its own part). A software replay issues each as a call; a hardware
+ * replay cannot meet peers in other processes, so the backend follows
+ * its device work as it follows a call (its watchdog aborts the
+ * communicator when the replay's work does not end within the timeout
+ * after it started) and the graph's outputs carry that failure. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +39,7 @@ typedef struct graph_entry {
     /* ENTRY_COLLECTIVE: the rank's call, held until the graph goes */
     cube_comm *comm;
     cube_collective call;
+    core_alloc *dst; /* its destination (pinned by the graph), or NULL */
 } graph_entry;
 
 /* A set of allocations, each named once. */
@@ -200,6 +209,7 @@ cube_error *core_graph_record_collective(cube_client *c, core_stream *s,
     e->kind = ENTRY_COLLECTIVE;
     e->comm = comm;
     e->call = *call;
+    e->dst = dst;
     core_comm_hold(comm, hardware);
     g->hardware_collectives = hardware;
     g->collectives++;
@@ -406,6 +416,50 @@ static void abort_comms(core_graph *g)
     }
 }
 
+/* Launches a hardware graph. The calls between processes it holds are
+ * followed on the device as calls are: each communicator's watch starts
+ * before the launch and ends after it, so that a peer that never comes
+ * makes the backend abort the communicator after the timeout, and the
+ * graph's outputs carry the failure. */
+static cube_error *launch_hardware(cube_client *c, core_stream *s,
+                                   const core_graph *g) CUBE_REQUIRES(s->lock)
+{
+    size_t remote = 0;
+    for (size_t i = 0; i < g->count; i++)
+        remote += g->entries[i].kind == ENTRY_COLLECTIVE &&
+                  core_comm_remote(g->entries[i].comm);
+    if (!remote)
+        return c->vt->replay(c->server, &s->base, g->hardware);
+    core_replay_watch **w = calloc(remote, sizeof *w);
+    if (!w)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_replay");
+    cube_error *err = NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < g->count && !err; i++) {
+        const graph_entry *e = &g->entries[i];
+        if (e->kind != ENTRY_COLLECTIVE || !core_comm_remote(e->comm))
+            continue;
+        int seen = 0;
+        for (size_t k = 0; k < i && !seen; k++)
+            seen = g->entries[k].kind == ENTRY_COLLECTIVE &&
+                   g->entries[k].comm == e->comm;
+        if (!seen)
+            err = core_comm_replay_begin(e->comm, s, g->writes.items,
+                                         g->writes.count, &w[n++]);
+    }
+    if (!err)
+        err = c->vt->replay(c->server, &s->base, g->hardware);
+    for (size_t i = 0; i < n; i++) {
+        cube_error *e = core_comm_replay_end(w[i], s, !err);
+        if (!err)
+            err = e;
+        else
+            cube_error_free(e);
+    }
+    free(w);
+    return err;
+}
+
 /* Hands one recorded dispatch to the backend again. One with a dynamic
  * count goes as a copy that answers into *ran_nothing (replays of one
  * graph may run on several streams at once: the entry is not written).
@@ -417,7 +471,7 @@ static cube_error *replay_entry(cube_client *c, core_stream *s,
 {
     if (e->kind == ENTRY_COLLECTIVE) {
         core_stream_unlock(s);
-        cube_error *err = core_comm_replay(e->comm, &e->call, NULL);
+        cube_error *err = core_comm_replay(e->comm, &e->call, e->dst, NULL);
         core_stream_lock(s);
         return err;
     }
@@ -481,7 +535,7 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
             core_stream_lock(s);
         }
         if (g->hardware && !err) {
-            err = c->vt->replay(c->server, &s->base, g->hardware);
+            err = launch_hardware(c, s, g);
             done = err ? 0 : g->count;
             if (err && g->collectives) {
                 /* Every peer agreed and launches its part, which would
@@ -514,8 +568,8 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
         for (size_t i = 0; i < g->count; i++) {
             const graph_entry *e = &g->entries[i];
             if (e->kind == ENTRY_COLLECTIVE && i >= reached)
-                cube_error_free(
-                    core_comm_replay(e->comm, &e->call, cube_error_clone(err)));
+                cube_error_free(core_comm_replay(e->comm, &e->call, e->dst,
+                                                 cube_error_clone(err)));
         }
         core_stream_lock(s);
     }

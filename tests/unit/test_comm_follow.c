@@ -7,6 +7,13 @@
  * the destination; a destroy waits for calls still running, then marks
  * their destinations.
  *
+ * Graphs: such a call made on a capturing stream is checked by the
+ * engine (every rank captures) and recorded; a software replay issues it
+ * as a call, followed the same way and marking its destination; a
+ * hardware replay (scripted begin_capture/replay here) is bracketed by
+ * comm_replay_begin/end and followed as one call whose failure marks
+ * every buffer the graph writes.
+ *
  * The backend here is the null backend with its communication slots
  * replaced by a scripted engine: each ticket's outcome (running,
  * finished, failed) is set by the test. On CUDA the same contract is
@@ -31,6 +38,10 @@ typedef struct engine {
     uint64_t next;
     int outcome[TICKETS];
     unsigned polls, issued, destroyed;
+    unsigned captured, refusals; /* calls checked in a capture; refused */
+    int peer_not_capturing;      /* a capture answers GRAPH_STATE */
+    int aborted;                 /* comm_replay_begin answers ABORTED */
+    unsigned replays, replay_begins, replay_ends, replay_cancels;
 } engine;
 
 static engine eng;
@@ -58,8 +69,18 @@ static cube_error *e_collective(cube_server *server, cube_server_stream *stream,
     (void)server, (void)stream;
     engine *e = impl;
     assert_true(set->remote);
-    if (set->refused || set->failed)
+    if (set->refused || set->failed) {
+        e->refusals++;
         return NULL;
+    }
+    if (set->capturing) {
+        assert_null(set->ticket); /* a capture runs nothing to follow */
+        if (e->peer_not_capturing)
+            return cube_error_new(CUBE_ERR_GRAPH_STATE,
+                                  "another rank does not capture");
+        e->captured++;
+        return NULL;
+    }
     e->issued++;
     assert_non_null(set->ticket);
     assert_true(e->next + 1 < TICKETS);
@@ -82,6 +103,68 @@ static cube_error *e_poll(cube_server *server, void *impl, uint64_t ticket,
                : NULL;
 }
 
+/* A hardware graph, as a backend with stream capture keeps one: only
+ * its replays are counted. */
+static cube_error *h_begin_capture(cube_server *server,
+                                   cube_server_stream *stream)
+{
+    (void)server, (void)stream;
+    return NULL;
+}
+
+static cube_error *h_end_capture(cube_server *server,
+                                 cube_server_stream *stream, uint64_t *graph)
+{
+    (void)server, (void)stream;
+    *graph = 1;
+    return NULL;
+}
+
+static cube_error *h_replay(cube_server *server, cube_server_stream *stream,
+                            uint64_t graph)
+{
+    (void)server, (void)stream;
+    assert_int_equal(graph, 1);
+    eng.replays++;
+    return NULL;
+}
+
+static void h_graph_destroy(cube_server *server, cube_server_stream *stream,
+                            uint64_t graph)
+{
+    (void)server, (void)stream, (void)graph;
+}
+
+static cube_error *h_replay_begin(cube_server *server,
+                                  cube_server_stream *stream, void *impl,
+                                  uint64_t *ticket)
+{
+    (void)server, (void)stream;
+    engine *e = impl;
+    if (e->aborted)
+        return cube_error_new(CUBE_ERR_ABORTED, "aborted");
+    e->replay_begins++;
+    assert_true(e->next + 1 < TICKETS);
+    *ticket = ++e->next;
+    e->outcome[e->next] = RUNNING;
+    return NULL;
+}
+
+static cube_error *h_replay_end(cube_server *server, cube_server_stream *stream,
+                                void *impl, uint64_t ticket, int launched)
+{
+    (void)server, (void)stream;
+    engine *e = impl;
+    assert_int_equal(ticket, e->next);
+    if (launched)
+        e->replay_ends++;
+    else {
+        e->replay_cancels++;
+        e->outcome[ticket] = FINISHED;
+    }
+    return NULL;
+}
+
 typedef struct fixture {
     cube_client *c;
     cube_comm *comm;
@@ -98,7 +181,7 @@ static cube_handle make(cube_client *c, float value)
     return h;
 }
 
-static int setup(void **state)
+static int open_rank(void **state, int hardware_graphs)
 {
     static fixture f;
     memset(&f, 0, sizeof f);
@@ -109,6 +192,14 @@ static int setup(void **state)
     scripted.comm_destroy = e_destroy;
     scripted.collective = e_collective;
     scripted.collective_poll = e_poll;
+    if (hardware_graphs) {
+        scripted.begin_capture = h_begin_capture;
+        scripted.end_capture = h_end_capture;
+        scripted.replay = h_replay;
+        scripted.graph_destroy = h_graph_destroy;
+        scripted.comm_replay_begin = h_replay_begin;
+        scripted.comm_replay_end = h_replay_end;
+    }
     f.c->vt = &scripted;
     /* An id as cube_comm_id_new makes them: magic, backend, payload. */
     cube_comm_id id;
@@ -122,6 +213,16 @@ static int setup(void **state)
     f.dst = make(f.c, 2.0f);
     *state = &f;
     return 0;
+}
+
+static int setup(void **state)
+{
+    return open_rank(state, 0);
+}
+
+static int setup_hardware(void **state)
+{
+    return open_rank(state, 1);
 }
 
 static int teardown(void **state)
@@ -281,6 +382,130 @@ static void test_a_refused_call_is_not_followed(void **state)
     assert_int_equal(atomic_load(&f->c->comm_inflight), 0);
 }
 
+/* Captures the rank's all-reduce of src into dst in a graph. */
+static cube_graph_id capture_reduce(fixture *f)
+{
+    assert_null(cube_graph_prepare(f->c));
+    assert_null(cube_graph_begin(f->c));
+    assert_null(reduce(f));
+    cube_graph_id id = 0;
+    assert_null(cube_graph_end(f->c, &id));
+    return id;
+}
+
+/* A software graph: the capture only checks with the engine (nothing
+ * runs or is followed); each replay issues the call, followed like a
+ * call, its failure marking the destination. */
+static void test_a_software_replay_is_followed(void **state)
+{
+    fixture *f = *state;
+    cube_graph_id id = capture_reduce(f);
+    assert_int_equal(eng.captured, 1);
+    assert_int_equal(eng.issued, 0);
+    assert_int_equal(atomic_load(&f->c->comm_inflight), 0);
+    assert_null(cube_graph_replay(f->c, id));
+    assert_null(cube_graph_replay(f->c, id));
+    assert_int_equal(eng.issued, 2);
+    assert_int_equal(atomic_load(&f->c->comm_inflight), 2);
+    eng.outcome[1] = FINISHED;
+    eng.outcome[2] = FAILED;
+    expect_cause(cube_check(f->c, &f->dst, 1), CUBE_ERR_TIMEOUT,
+                 "cube_all_reduce");
+    assert_int_equal(atomic_load(&f->c->comm_inflight), 0);
+    /* A replay over an input that failed since is refused, and the
+     * engine told (the peers answer an error rather than wait). */
+    cube_handle other = make(f->c, 3.0f);
+    assert_null(cube_all_reduce(f->comm, other, f->src, 64, CUBE_DTYPE_F32,
+                                CUBE_REDUCE_SUM));
+    eng.outcome[3] = FAILED;
+    expect_cause(cube_check(f->c, &f->src, 1), CUBE_ERR_TIMEOUT,
+                 "cube_all_reduce");
+    unsigned refusals = eng.refusals;
+    cube_error *err = cube_graph_replay(f->c, id);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_SEVERAL);
+    cube_error_free(err);
+    assert_int_equal(eng.refusals, refusals + 1);
+    assert_int_equal(eng.issued, 3);
+    assert_null(cube_handle_release(f->c, other));
+    assert_null(cube_graph_destroy(f->c, id));
+}
+
+/* The engine says a peer does not capture: the call answers
+ * CUBE_ERR_GRAPH_STATE, nothing is recorded, and the buffers keep their
+ * trust. */
+static void test_a_capture_some_ranks_do_not_make_is_refused(void **state)
+{
+    fixture *f = *state;
+    eng.peer_not_capturing = 1;
+    assert_null(cube_graph_prepare(f->c));
+    assert_null(cube_graph_begin(f->c));
+    cube_error *err = reduce(f);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_GRAPH_STATE);
+    cube_error_free(err);
+    cube_graph_id id = 0;
+    assert_null(cube_graph_end(f->c, &id));
+    assert_null(cube_graph_replay(f->c, id));
+    assert_int_equal(eng.issued, 0);
+    assert_null(cube_check(f->c, &f->dst, 1));
+    assert_null(cube_graph_destroy(f->c, id));
+}
+
+/* A hardware graph: the backend captured its part; each replay is
+ * bracketed by comm_replay_begin/end and followed as one call, whose
+ * failure marks what the graph writes. */
+static void test_a_hardware_replay_is_followed(void **state)
+{
+    fixture *f = *state;
+    cube_graph_id id = capture_reduce(f);
+    assert_int_equal(eng.captured, 1);
+    assert_null(cube_graph_replay(f->c, id));
+    assert_int_equal(eng.replays, 1);
+    assert_int_equal(eng.replay_begins, 1);
+    assert_int_equal(eng.replay_ends, 1);
+    assert_int_equal(eng.issued, 0); /* the graph runs it */
+    assert_int_equal(atomic_load(&f->c->comm_inflight), 1);
+    assert_null(cube_check(f->c, &f->dst, 1));
+    eng.outcome[1] = FAILED;
+    expect_cause(cube_check(f->c, &f->dst, 1), CUBE_ERR_TIMEOUT,
+                 "cube_graph_replay");
+    assert_null(cube_check(f->c, &f->src, 1));
+    /* A replay that lands later trusts the output again. */
+    assert_null(cube_graph_replay(f->c, id));
+    eng.outcome[2] = FINISHED;
+    assert_null(cube_sync(f->c, NULL, 0));
+    assert_null(cube_check(f->c, &f->dst, 1));
+    /* An aborted communicator: the graph is not launched. */
+    eng.aborted = 1;
+    cube_error *err = cube_graph_replay(f->c, id);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_ABORTED);
+    cube_error_free(err);
+    assert_int_equal(eng.replays, 2);
+    expect_cause(cube_check(f->c, &f->dst, 1), CUBE_ERR_ABORTED, "aborted");
+    eng.aborted = 0;
+    assert_null(cube_graph_destroy(f->c, id));
+    assert_int_equal(atomic_load(&f->c->comm_inflight), 0);
+}
+
+/* The graph holds the rank: a destroy before the graph's waits for the
+ * graph to go before the engine's rank goes, and replays in between
+ * answer CUBE_ERR_NOT_FOUND without launching. */
+static void test_a_hardware_graph_holds_its_rank(void **state)
+{
+    fixture *f = *state;
+    cube_graph_id id = capture_reduce(f);
+    assert_null(cube_graph_replay(f->c, id));
+    eng.outcome[1] = FINISHED;
+    cube_comm_destroy(f->comm);
+    f->comm = NULL;
+    assert_int_equal(eng.destroyed, 0);
+    cube_error *err = cube_graph_replay(f->c, id);
+    assert_int_equal(cube_error_code(err), CUBE_ERR_NOT_FOUND);
+    cube_error_free(err);
+    assert_int_equal(eng.replays, 1);
+    assert_null(cube_graph_destroy(f->c, id));
+    assert_int_equal(eng.destroyed, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -296,6 +521,14 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_refused_call_is_not_followed,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_software_replay_is_followed,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_capture_some_ranks_do_not_make_is_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_hardware_replay_is_followed,
+                                        setup_hardware, teardown),
+        cmocka_unit_test_setup_teardown(test_a_hardware_graph_holds_its_rank,
+                                        setup_hardware, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -287,6 +287,16 @@ typedef struct cube_collective_set {
      * never comes: its watchdog aborts the communicator), puts a nonzero
      * ticket for collective_poll. Left 0: nothing to follow. */
     uint64_t *ticket;
+    /* remote only: the call is made on a capturing stream, to be recorded
+     * in a graph rather than run. A backend with software graphs (no
+     * begin_capture) moves no data: its engine checks that every rank
+     * captures the call too and answers CUBE_ERR_GRAPH_STATE on every
+     * rank when some do not (NULL: the core records it; each replay then
+     * issues it as a call). A backend with hardware graphs captures its
+     * part into the stream's graph as it would issue it; it need not ask
+     * the peers (the graph's replays are followed through
+     * comm_replay_begin). */
+    int capturing;
 } cube_collective_set;
 
 /* A backend's read in flight; the client waits on it with read_wait. */
@@ -464,6 +474,26 @@ struct cube_server_vtable {
      * rank is destroyed. Any thread; never blocks. */
     cube_error *(*collective_poll)(cube_server *server, void *impl,
                                    uint64_t ticket, int *done);
+    /* (optional, with hardware graphs and collective_poll)
+     * comm_replay_begin / comm_replay_end: bracket the launch of a
+     * hardware graph that captured calls of communicator `impl` (between
+     * processes) on `stream`. Begin holds the communicator (the backend
+     * does not abort it until end) and starts following the replay's
+     * device work in *ticket; CUBE_ERR_ABORTED when the communicator was
+     * aborted (the graph holds work of it and must not launch). End, with
+     * `launched` 1, marks the end of the replay's work on the stream (the
+     * ticket then answers through collective_poll, failed when the work
+     * did not end within the timeout after it started, or the
+     * communicator was aborted first); with `launched` 0 forgets the
+     * ticket. End lets the communicator go in either case. Errors of
+     * begin: CUBE_ERR_ABORTED, CUBE_ERR_OUT_OF_MEMORY, a driver error; of
+     * end: a driver error (the ticket is then forgotten). */
+    cube_error *(*comm_replay_begin)(cube_server *server,
+                                     cube_server_stream *stream, void *impl,
+                                     uint64_t *ticket);
+    cube_error *(*comm_replay_end)(cube_server *server,
+                                   cube_server_stream *stream, void *impl,
+                                   uint64_t ticket, int launched);
     /* (optional) group_begin / group_end: bracket the parts one thread
      * issues for several ranks at once (NCCL's group calls). */
     void (*group_begin)(void);

@@ -5,13 +5,14 @@
  * duplicate of MPI_COMM_WORLD. Every call first exchanges a small header
  * with the ranks it involves (all of them for a collective, the peer for a
  * send or a receive): whether this rank refused the call or its source
- * failed, and the call's kind, count, element type, operation and root.
- * Only when every header says yes and they all agree does data move,
- * straight between the ranks' buffers; otherwise every rank answers the
- * same error and nothing moved. Each wait polls MPI against the
- * communicator's timeout: a rank that never comes makes the others answer
- * CUBE_ERR_TIMEOUT (the small header buffers of the abandoned exchange are
- * left to MPI, never the caller's), and the communicator is then aborted,
+ * failed, whether it captures the call in a graph, and the call's kind,
+ * count, element type, operation and root. Only when every header says
+ * yes and they all agree does data move, straight between the ranks'
+ * buffers (a capture moves none: each replay is a call again); otherwise
+ * every rank answers the same error and nothing moved. Each wait polls MPI
+ * against the communicator's timeout: a rank that never comes makes the others
+ * answer CUBE_ERR_TIMEOUT (the small header buffers of the abandoned exchange
+ * are left to MPI, never the caller's), and the communicator is then aborted,
  * since MPI cannot cancel a collective.
  *
  * Locks: mpi_lock (a leaf) around every MPI call; waits poll with it
@@ -334,7 +335,8 @@ static unsigned char *addr(const cube_binding *b)
     return (unsigned char *)(uintptr_t)b->storage->address + b->offset;
 }
 
-/* The header: [refused, failed, kind, count, dtype, op, root, 0], and for
+/* The header: [refused, failed, kind, count, dtype, op, root, capturing],
+ * and for
  * a collective its negation beside it, so that one MAX tells both the
  * largest and the smallest of each word across the ranks. */
 static void header_of(const cube_collective_set *set, int64_t *h)
@@ -356,7 +358,7 @@ static void header_of(const cube_collective_set *set, int64_t *h)
                    c->kind == CUBE_COLLECTIVE_REDUCE
                ? c->root
                : 0;
-    h[7] = 0;
+    h[7] = set->capturing != 0;
 }
 
 /* What the exchanged headers say: NULL when the data may move. */
@@ -365,6 +367,13 @@ static cube_error *verdict(const int64_t *max, const int64_t *min, int self_bad,
 {
     if (self_bad)
         return NULL; /* the core answers this rank's own refusal */
+    if (max[7] != min[7])
+        return cube_error_new(CUBE_ERR_GRAPH_STATE,
+                              "%s: some ranks capture the call in a graph "
+                              "and others do not; every rank captures a "
+                              "collective or none does, so no rank runs or "
+                              "records it",
+                              what);
     if (max[0])
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: another rank's call was refused, so no "
@@ -448,7 +457,8 @@ static cube_error *exchange(cpu_mpi_rank *r, const cube_collective_set *set,
         err = verdict(theirs, min, self_bad, "collective");
     }
     free(buf);
-    *go = !err && !self_bad;
+    /* A capture only checks: the replays move the data. */
+    *go = !err && !self_bad && !set->capturing;
     return err;
 }
 

@@ -642,6 +642,54 @@ cube_error *cuda_collective_poll(cube_server *server, void *impl,
     return cuda_watch_poll(rank->watch, ticket, done);
 }
 
+/* A hardware graph holding this rank's captured calls (between
+ * processes) is launched between these two: the communicator is held
+ * (the watchdog aborts it only after end), and the replay's work is
+ * followed as a call's is, its timeout running from when the graph
+ * starts on the device. */
+cube_error *cuda_comm_replay_begin(cube_server *server,
+                                   cube_server_stream *stream, void *impl,
+                                   uint64_t *ticket)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_rank *rank = impl;
+    *ticket = 0;
+    if (!rank->watch)
+        return cube_error_new(CUBE_ERR_INTERNAL,
+                              "a replay followed on a communicator in one "
+                              "process");
+    if (cuda_watch_acquire(rank->watch))
+        return cube_error_new(CUBE_ERR_ABORTED,
+                              "the NCCL communicator was aborted; the graph "
+                              "holds work of it and is not launched");
+    cuda_stream *st = NULL;
+    cube_error *err = cuda_stream_begin(s, stream, &st);
+    if (!err)
+        err = cuda_watch_begin(rank->watch, st->cu, ticket);
+    if (err)
+        cuda_watch_release(rank->watch);
+    return err;
+}
+
+cube_error *cuda_comm_replay_end(cube_server *server,
+                                 cube_server_stream *stream, void *impl,
+                                 uint64_t ticket, int launched)
+{
+    cuda_server *s = (cuda_server *)server;
+    cuda_rank *rank = impl;
+    cuda_watch *w = rank->watch;
+    if (!w)
+        return NULL;
+    cuda_stream *st = NULL;
+    cube_error *err = launched ? cuda_stream_begin(s, stream, &st) : NULL;
+    if (!err && launched)
+        err = cuda_watch_end(w, st->cu, ticket);
+    else
+        cuda_watch_cancel(w, ticket);
+    cuda_watch_release(w);
+    return err;
+}
+
 void cuda_group_begin(void)
 {
     const nccl_api *nccl = NULL;

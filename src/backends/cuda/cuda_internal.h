@@ -560,6 +560,12 @@ cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
                             void *impl, const cube_collective_set *set);
 cube_error *cuda_collective_poll(cube_server *server, void *impl,
                                  uint64_t ticket, int *done);
+cube_error *cuda_comm_replay_begin(cube_server *server,
+                                   cube_server_stream *stream, void *impl,
+                                   uint64_t *ticket);
+cube_error *cuda_comm_replay_end(cube_server *server,
+                                 cube_server_stream *stream, void *impl,
+                                 uint64_t ticket, int launched);
 void cuda_group_begin(void);
 cube_error *cuda_group_end(void);
 
