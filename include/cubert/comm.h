@@ -52,15 +52,30 @@
  * differ fail on every rank as calls that differ do, and a rank that does
  * not replay leaves the others with CUBE_ERR_TIMEOUT, recorded on their
  * graphs' outputs. A replay that fails before a collective tells the
- * peers, who answer an error rather than wait. Still refused in a capture
+ * peers, who answer an error rather than wait.
+ *
+ * Between processes (cube_comm_init_rank) a capture records the call as
+ * well. On the CPU (MPI) the ranks check, moving no data, that every one
+ * captures it (else CUBE_ERR_GRAPH_STATE on every rank, nothing
+ * recorded), and each replay is then a call, with a call's checks and
+ * answers. On CUDA each rank captures NCCL's kernels without asking the
+ * peers (NCCL has no way to), so every rank must capture the same calls:
+ * a capture on one rank meets whatever the peers issue at that point of
+ * the sequence. A replay cannot meet peers in other processes before it
+ * launches; instead it is watched as a call is: when the graph's work has
+ * not ended the communicator's timeout after the replay started on the
+ * device (a peer that does not replay, or not in time), the communicator
+ * is aborted, and every buffer the graph writes carries CUBE_ERR_TIMEOUT
+ * (seen by the next read, cube_sync or cube_check); later replays answer
+ * CUBE_ERR_ABORTED without launching. A replay refused on one rank (an
+ * input that carries a failure) aborts its communicator, as a refused
+ * call does, and the peers' replays time out. Still refused in a capture
  * (CUBE_ERR_GRAPH_STATE on the capturing rank, a refusal on the others):
- * communicators between processes (NCCL cannot tell the peers that a
- * replay was refused, so they would wait) and calls inside a group. A
- * graph holds its communicator: a rank's communicator destroyed (or
- * aborted) before its graph makes the graph's replays fail with
- * CUBE_ERR_NOT_FOUND (CUBE_ERR_ABORTED), its outputs marked, and its
- * peers time out; on CUDA the rank's NCCL communicator is destroyed when
- * the last graph that captured its calls goes.
+ * calls inside a group. A graph holds its communicator: a rank's
+ * communicator destroyed (or aborted) before its graph makes the graph's
+ * replays fail with CUBE_ERR_NOT_FOUND (CUBE_ERR_ABORTED), its outputs
+ * marked, and its peers time out; on CUDA the rank's NCCL communicator is
+ * destroyed when the last graph that captured its calls goes.
  *
  * Element counts are per rank, as in NCCL: all-reduce, broadcast and
  * reduce move `count` elements; all-gather gathers `count` from each rank

@@ -12,7 +12,14 @@
  *      first cause is) about the timeout after the receive, never a hang;
  *      the destination carries the failure;
  *   d. then the communicator answers CUBE_ERR_ABORTED, the client works
- *      on, and destroying the communicator and closing the client return.
+ *      on;
+ *   e. graphs, on a second communicator: a captured broadcast replayed
+ *      twice in a row (each replay timed from its own start: neither times
+ *      out); a captured receive no one sends to: its replay's output
+ *      answers CUBE_ERR_TIMEOUT, then every graph of the communicator
+ *      answers CUBE_ERR_ABORTED without launching; the communicator
+ *      destroyed before its graphs waits for them;
+ *   f. destroying the communicators and closing the client return.
  *
  * Every wait is bounded: a wait that would not end prints "FAILED: hang"
  * and exits 1. Exit 0: every check passed; 77: skipped (no CUDA device,
@@ -215,7 +222,70 @@ int main(int argc, char **argv)
     CHECK(memcmp(got, mine, sizeof got) == 0, "the client after the timeout");
     ok(cube_sync(c, NULL, 0), "cube_sync after the timeout");
 
-    phase("destroy and close");
+    /* e. graphs of a communicator between processes */
+    phase("e. graphs: a broadcast replayed twice, then a receive");
+    cube_comm_id id2;
+    ok(cube_comm_id_new("cuda", &id2), "cube_comm_id_new");
+    cube_comm *comm2 = NULL;
+    ok(cube_comm_init_rank(c, &id2, 2, 0, &co, &comm2), "second communicator");
+    cube_handle gdst = make(c, zeros);
+    cube_graph_id gb = 0, gr = 0;
+    ok(cube_graph_prepare(c), "graph prepare");
+    ok(cube_graph_begin(c), "graph begin");
+    ok(cube_broadcast(comm2, src, gdst, N, CUBE_DTYPE_F32, 0),
+       "captured broadcast");
+    ok(cube_graph_end(c, &gb), "graph end");
+    t0 = now_ms();
+    ok(cube_graph_replay(c, gb), "replay 1");
+    ok(cube_graph_replay(c, gb), "replay 2");
+    memset(got, 0, sizeof got);
+    ok(read_bounded(c, gdst, got, sizeof got, 2 * spin + 15000),
+       "read after the replays");
+    took = now_ms() - t0;
+    CHECK(memcmp(got, mine, sizeof got) == 0, "replayed broadcast: dst != src");
+    CHECK(took >= 2 * spin - spin / 4,
+          "two replays took %llu ms, fewer than 2 x %llu: did they run?",
+          (unsigned long long)took, (unsigned long long)spin);
+    ok(cube_check(c, &gdst, 1), "dst after the replays");
+    fprintf(stderr, "comm_watchdog: two replays took %llu ms\n",
+            (unsigned long long)took);
+    ok(cube_graph_prepare(c), "graph prepare");
+    ok(cube_graph_begin(c), "graph begin");
+    ok(cube_recv(comm2, gdst, N, CUBE_DTYPE_F32, 1), "captured receive");
+    ok(cube_graph_end(c, &gr), "graph end");
+    t0 = now_ms();
+    ok(cube_graph_replay(c, gr), "replay of the receive (enqueued)");
+    err = read_bounded(c, gdst, got, sizeof got, TIMEOUT_MS + 15000);
+    took = now_ms() - t0;
+    CHECK(code_or_cause(err) == CUBE_ERR_TIMEOUT,
+          "read after the replayed receive: expected CUBE_ERR_TIMEOUT, got "
+          "%d (%s)",
+          (int)cube_error_code(err), err ? cube_error_message(err) : "success");
+    CHECK(err && strstr(cube_error_message(cube_error_cause_count(err)
+                                               ? cube_error_cause(err, 0)
+                                               : err),
+                        "cube_graph_replay"),
+          "the failure names the replay: %s",
+          err ? cube_error_message(err) : "success");
+    cube_error_free(err);
+    CHECK(took >= 1000 && took < 15000,
+          "the replay failed %llu ms after it was issued (expected about %u)",
+          (unsigned long long)took, TIMEOUT_MS);
+    fprintf(stderr, "comm_watchdog: the replayed receive failed after %llu ms\n",
+            (unsigned long long)took);
+    expect(cube_graph_replay(c, gb), CUBE_ERR_ABORTED,
+           "a replay after the abort");
+    expect(cube_graph_replay(c, gr), CUBE_ERR_ABORTED,
+           "a replay after the abort");
+    ok(cube_sync(c, NULL, 0), "cube_sync after the aborted replays");
+    /* The graphs hold the rank: destroyed first, it goes with them. */
+    cube_comm_destroy(comm2);
+    expect(cube_graph_replay(c, gb), CUBE_ERR_NOT_FOUND,
+           "a replay after the destroy");
+    ok(cube_graph_destroy(c, gb), "graph destroy");
+    ok(cube_graph_destroy(c, gr), "graph destroy");
+
+    phase("f. destroy and close");
     signal(SIGALRM, on_alarm);
     alarm(10);
     cube_comm_destroy(comm);

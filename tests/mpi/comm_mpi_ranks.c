@@ -8,9 +8,11 @@
  * other about (a call one rank refuses, calls that differ, a source that
  * carries a failure: every rank's error); on CUDA, where NCCL cannot tell
  * the peers, a receive no rank sends to times out with an error, the
- * communicator is aborted, and the client goes on working. Exit 0 when
- * every check passed on this rank, 77 when the backend cannot make such
- * communicators here (no MPI, no NCCL, no GPU). */
+ * communicator is aborted, and the client goes on working. Every rank
+ * also captures an all-reduce in a graph and replays it (on the CPU also
+ * a capture only one rank makes, and a replay one rank refuses). Exit 0
+ * when every check passed on this rank, 77 when the backend cannot make
+ * such communicators here (no MPI, no NCCL, no GPU). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,6 +234,82 @@ int main(int argc, char **argv)
         read_back(c, dst, got, N);
         for (int i = 0; i < N; i++)
             CHECK(got[i] == (float)(prev * 1000 + i % 997), "recv[%d]", i);
+    }
+    /* Graphs: every rank captures an all-reduce; each replay reduces
+     * what the source holds then. */
+    {
+        float *gv = malloc(N * sizeof(float));
+        for (int i = 0; i < N; i++)
+            gv[i] = (float)rank_;
+        cube_handle gs = make(c, gv, N), gd = make(c, gv, N);
+        ok(cube_graph_prepare(c), "graph prepare");
+        ok(cube_all_reduce(comm, gs, gd, N, CUBE_DTYPE_F32, CUBE_REDUCE_SUM),
+           "warm-up all_reduce");
+        ok(cube_graph_begin(c), "graph begin");
+        ok(cube_all_reduce(comm, gs, gd, N, CUBE_DTYPE_F32, CUBE_REDUCE_SUM),
+           "captured all_reduce");
+        cube_graph_id gid = 0;
+        ok(cube_graph_end(c, &gid), "graph end");
+        for (int round = 1; round <= 3; round++) {
+            for (int i = 0; i < N; i++)
+                gv[i] = (float)(round * 100 + rank_ + i % 7);
+            ok(cube_write_all(c, gs, gv, N * sizeof(float)), "write source");
+            ok(cube_graph_replay(c, gid), "replay");
+            read_back(c, gd, got, N);
+            for (int i = 0; i < N; i++) {
+                float want = 0;
+                for (int q = 0; q < size_; q++)
+                    want += (float)(round * 100 + q + i % 7);
+                CHECK(got[i] == want, "replay %d [%d] %g != %g", round, i,
+                      got[i], want);
+            }
+        }
+        phase("graph replays checked");
+        if (size_ > 1 && cpu) {
+            /* Rank 0 captures, the others call: every rank refuses, and
+             * nothing moved or was recorded. */
+            if (rank_ == 0) {
+                ok(cube_graph_prepare(c), "graph prepare");
+                ok(cube_graph_begin(c), "graph begin");
+            }
+            expect(cube_all_reduce(comm, gs, gd, N, CUBE_DTYPE_F32,
+                                   CUBE_REDUCE_SUM),
+                   CUBE_ERR_GRAPH_STATE, "a capture on one rank only");
+            if (rank_ == 0) {
+                cube_graph_id empty = 0;
+                ok(cube_graph_end(c, &empty), "graph end");
+                ok(cube_graph_destroy(c, empty), "graph destroy");
+            }
+            ok(cube_check(c, &gd, 1), "dst untouched by the refusal");
+            /* Rank 1's input fails: its replay is refused, the others'
+             * answer the refusal, and every rank's output carries it. */
+            if (rank_ == 1) {
+                cube_kernel_desc kd = {"broken_g",
+                                       "CUBE_KERNEL(broken_g, CUBE_OUT(float, "
+                                       "y)) { this does not compile }",
+                                       {1, 1, 1}};
+                cube_kernel *k = NULL;
+                ok(cube_kernel_create(&kd, &k), "kernel");
+                cube_arg a = cube_arg_buffer(gs);
+                expect(cube_launch(c, k, cube_count_static(1, 1, 1), &a, 1, 0),
+                       CUBE_ERR_COMPILE, "broken kernel");
+                cube_kernel_release(k);
+            }
+            expect(cube_graph_replay(c, gid),
+                   rank_ == 1 ? CUBE_ERR_SEVERAL : CUBE_ERR_INVALID_ARGUMENT,
+                   "a replay one rank refuses");
+            cube_error *ferr = cube_check(c, &gd, 1);
+            CHECK(ferr != NULL, "the output of a refused replay is trusted");
+            cube_error_free(ferr);
+            /* and the graph runs again once the input is rewritten */
+            ok(cube_write_all(c, gs, gv, N * sizeof(float)), "rewrite");
+            ok(cube_graph_replay(c, gid), "replay after the refusal");
+            ok(cube_check(c, &gd, 1), "a landed replay trusts its output");
+        }
+        ok(cube_graph_destroy(c, gid), "graph destroy");
+        ok(cube_handle_release(c, gs), "release");
+        ok(cube_handle_release(c, gd), "release");
+        free(gv);
     }
     if (size_ > 1 && !cpu) {
         /* A receive on the last rank that no rank sends to: an error
