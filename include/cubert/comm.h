@@ -69,13 +69,20 @@
  * (seen by the next read, cube_sync or cube_check); later replays answer
  * CUBE_ERR_ABORTED without launching. A replay refused on one rank (an
  * input that carries a failure) aborts its communicator, as a refused
- * call does, and the peers' replays time out. Still refused in a capture
- * (CUBE_ERR_GRAPH_STATE on the capturing rank, a refusal on the others):
- * calls inside a group. A graph holds its communicator: a rank's
- * communicator destroyed (or aborted) before its graph makes the graph's
- * replays fail with CUBE_ERR_NOT_FOUND (CUBE_ERR_ABORTED), its outputs
- * marked, and its peers time out; on CUDA the rank's NCCL communicator is
- * destroyed when the last graph that captured its calls goes.
+ * call does, and the peers' replays time out.
+ *
+ * Calls inside a group are captured when the group ends, as it runs
+ * them, and each rank's graph replays them as one group again (a send
+ * and a receive between two ranks, each in a group, replay without
+ * waiting for each other). One thread may capture a group that drives
+ * every rank, each rank's client capturing on that thread; each rank's
+ * graph is then replayed on a thread of its own.
+ *
+ * A graph holds its communicator: a rank's communicator destroyed (or
+ * aborted) before its graph makes the graph's replays fail with
+ * CUBE_ERR_NOT_FOUND (CUBE_ERR_ABORTED), its outputs marked, and its
+ * peers time out; on CUDA the rank's NCCL communicator is destroyed when
+ * the last graph that captured its calls goes.
  *
  * Element counts are per rank, as in NCCL: all-reduce, broadcast and
  * reduce move `count` elements; all-gather gathers `count` from each rank

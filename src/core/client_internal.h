@@ -417,6 +417,16 @@ cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
     CUBE_REQUIRES(s->lock);
 
 /* --- comm.c: collectives recorded in graphs --- */
+/* A collective recorded in a graph: the rank's call as the backend gets
+ * it, its destination (pinned by the graph; NULL when it has none), and
+ * the group it was issued in (calls of one cube_group_end share a nonzero
+ * tag, and are recorded one after the other; 0: alone). */
+typedef struct core_recorded_call {
+    cube_comm *comm;
+    cube_collective call;
+    core_alloc *dst;
+    uint64_t group;
+} core_recorded_call;
 /* Keeps the communicator's group (and its ranks) alive past their
  * destroy for a graph that names it; release drops that. `hardware`: the
  * backend's graph holds the rank's own device work (NCCL kernels), so the
@@ -433,6 +443,12 @@ void core_comm_release(cube_comm *comm, int hardware);
  * stream entered. */
 cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
                              core_alloc *dst, cube_error *refusal);
+/* The same for the `n` calls of one recorded group, posted together and
+ * run as cube_group_end runs them (calls[i] at `stride` bytes apart:
+ * graph entries); `agree_only` as core_comm_agree. `refusal` taken. */
+cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
+                                   size_t stride, cube_error *refusal,
+                                   int agree_only);
 /* Settles what the backend learned of the client's calls between
  * processes that it follows on the device: a failed one's destination
  * records the failure. Never blocks on the device; cheap when nothing is
@@ -477,13 +493,15 @@ cube_error *core_graph_record(cube_client *c, core_stream *s,
  * destination (either may be NULL), and whether the destination is the
  * whole buffer. `hardware`: the backend captured the call itself (its
  * replay runs it; the entry is for the rendezvous and the failure
- * store). Holds the communicator until the graph goes. Call with the
- * stream entered. */
-cube_error *
-core_graph_record_collective(cube_client *c, core_stream *s, cube_comm *comm,
-                             const cube_collective *call, core_alloc *src,
-                             core_alloc *dst, int dst_whole, int hardware)
-    CUBE_REQUIRES(s->lock);
+ * store). `group`: the tag of the group it was issued in, or 0
+ * (core_recorded_call). Holds the communicator until the graph goes.
+ * Call with the stream entered. */
+cube_error *core_graph_record_collective(cube_client *c, core_stream *s,
+                                         cube_comm *comm,
+                                         const cube_collective *call,
+                                         core_alloc *src, core_alloc *dst,
+                                         int dst_whole, int hardware,
+                                         uint64_t group) CUBE_REQUIRES(s->lock);
 /* Frees a capture that never ended (stream teardown). */
 void core_graph_abort(cube_client *c, core_graph *g);
 void core_graphs_destroy(cube_client *c);

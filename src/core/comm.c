@@ -147,7 +147,12 @@ typedef struct pending {
     /* A software graph's replay of such a call: its destination (the
      * graph pins it), marked when the call fails on the device later. */
     core_alloc *replay_dst;
+    /* Recorded in a capture as part of a group: the group's tag. */
+    uint64_t group;
 } pending;
+
+/* Tags of groups recorded in captures. */
+static atomic_uint_fast64_t next_group_tag = 1;
 
 static _Thread_local int group_depth;
 static _Thread_local pending *queue;
@@ -1119,7 +1124,7 @@ static cube_error *record(pending *p)
     if (!err)
         err = core_graph_record_collective(
             c, st, p->comm, mine, p->has_src ? p->src.alloc : NULL,
-            p->has_dst ? p->dst.alloc : NULL, whole, p->hardware);
+            p->has_dst ? p->dst.alloc : NULL, whole, p->hardware, p->group);
     core_stream_unlock(st);
     core_fault_note(c, err);
     return err;
@@ -1320,7 +1325,7 @@ static cube_error *issue_remote(pending *p)
                 p->has_dst ? p->dst.alloc : NULL,
                 p->has_dst && p->dst.offset == 0 &&
                     p->dst_bytes == p->dst.alloc->storage.size,
-                p->hardware);
+                p->hardware, p->group);
     } else if (ran) {
         st->launches++;
     }
@@ -1367,6 +1372,12 @@ static cube_error *run_pending(pending *a, size_t n)
             runnable++;
         }
     int grouped = runnable > 1 && vt->group_begin && !a[0].agree_only;
+    if (n > 1) {
+        /* Captured calls of one group are replayed as one. */
+        uint64_t tag = atomic_fetch_add(&next_group_tag, 1);
+        for (size_t i = 0; i < n; i++)
+            a[i].group = tag;
+    }
     if (grouped)
         vt->group_begin();
     for (size_t i = 0; i < n; i++)
@@ -1563,8 +1574,8 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
          * processes the backend's engine checks that every rank captures
          * (software graphs), or captures its part and follows each
          * replay's device work (hardware graphs, comm_replay_begin). A
-         * group's calls run together: those are refused before the peers
-         * wait. */
+         * group's calls are recorded together at its end and replayed as
+         * a group. */
         const cube_server_vtable *vt = comm->client->vt;
         core_stream *st = NULL;
         p.local = core_stream_get(comm->client, &st);
@@ -1572,7 +1583,7 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
             core_stream_lock(st);
             if (!st->capture) {
                 /* a call */
-            } else if (group_depth == 0 && st->capture_client == comm->client &&
+            } else if (st->capture_client == comm->client &&
                        (!comm->group->remote || !vt->begin_capture ||
                         (vt->comm_replay_begin && vt->comm_replay_end))) {
                 p.capturing = 1;
@@ -1807,6 +1818,85 @@ cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
                              core_alloc *dst, cube_error *refusal)
 {
     return replay(comm, call, dst, refusal, 0);
+}
+
+static const core_recorded_call *nth(const core_recorded_call *calls,
+                                     size_t stride, size_t i)
+{
+    return (const core_recorded_call *)(const void *)((const char *)calls +
+                                                      i * stride);
+}
+
+cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
+                                   size_t stride, cube_error *refusal,
+                                   int agree_only)
+{
+    if (n == 1)
+        return replay(calls->comm, &calls->call, calls->dst, refusal,
+                      agree_only);
+    /* Every call of the group is posted before any waits (a send and its
+     * receive on each of two ranks would otherwise wait for each other). */
+    pending *a = calloc(n, sizeof *a);
+    if (!a) {
+        cube_error *err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                                         "cube_graph_replay: a group of %zu "
+                                         "calls",
+                                         n);
+        for (size_t i = 0; i < n; i++) {
+            const core_recorded_call *r = nth(calls, stride, i);
+            cube_error_free(replay(r->comm, &r->call, r->dst,
+                                   cube_error_clone(err), agree_only));
+        }
+        cube_error_free(refusal);
+        return err;
+    }
+    /* A rank destroyed since refuses the whole group. */
+    cube_error *gone = NULL;
+    for (size_t i = 0; i < n && !gone; i++) {
+        const core_recorded_call *r = nth(calls, stride, i);
+        comm_group *g = r->comm->group;
+        cube_mutex_lock(&g->lock);
+        int is_gone = g->gone ? g->gone[r->comm->rank] : g->alive == 0;
+        cube_mutex_unlock(&g->lock);
+        if (is_gone)
+            gone = cube_error_new(CUBE_ERR_NOT_FOUND,
+                                  "%s: rank %u's communicator was destroyed "
+                                  "after the graph recorded it",
+                                  kind_name(r->call.kind), r->comm->rank);
+    }
+    if (gone && !refusal)
+        refusal = cube_error_clone(gone);
+    size_t posted = 0;
+    for (size_t i = 0; i < n; i++) {
+        const core_recorded_call *r = nth(calls, stride, i);
+        comm_group *g = r->comm->group;
+        cube_mutex_lock(&g->lock);
+        int is_gone = g->gone ? g->gone[r->comm->rank] : g->alive == 0;
+        cube_mutex_unlock(&g->lock);
+        if (is_gone)
+            continue; /* no peer can meet it */
+        pending *p = &a[posted++];
+        p->comm = r->comm;
+        p->local = refusal ? cube_error_clone(refusal) : NULL;
+        p->mine = r->call;
+        if (g->remote) {
+            /* nothing to agree between processes; a refusal is told */
+            p->agree_only = agree_only && !refusal;
+            p->replay_dst = r->dst;
+        } else {
+            p->agree_only = agree_only;
+            cube_collective mine = r->call;
+            post(p, &mine, NULL);
+        }
+    }
+    cube_error *err = run_pending(a, posted);
+    free(a);
+    cube_error_free(refusal);
+    if (gone) {
+        cube_error_free(err);
+        return gone;
+    }
+    return err;
 }
 
 cube_error *core_comm_agree(cube_comm *comm, const cube_collective *call,

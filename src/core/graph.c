@@ -36,10 +36,9 @@ typedef struct graph_entry {
     entry_kind kind;
     cube_dispatch dispatch;
     cube_binding count_binding; /* dispatch.count_buffer points here */
-    /* ENTRY_COLLECTIVE: the rank's call, held until the graph goes */
-    cube_comm *comm;
-    cube_collective call;
-    core_alloc *dst; /* its destination (pinned by the graph), or NULL */
+    /* ENTRY_COLLECTIVE: the rank's call (its communicator held until the
+     * graph goes) */
+    core_recorded_call coll;
 } graph_entry;
 
 /* A set of allocations, each named once. */
@@ -99,7 +98,7 @@ static void graph_free(cube_client *c, core_graph *g)
         core_alloc_unpin(c, g->pinned.items[i]);
     for (size_t i = 0; i < g->count; i++)
         if (g->entries[i].kind == ENTRY_COLLECTIVE)
-            core_comm_release(g->entries[i].comm, g->hardware_collectives);
+            core_comm_release(g->entries[i].coll.comm, g->hardware_collectives);
     free(g->pinned.items);
     free(g->reads.items);
     free(g->writes.items);
@@ -195,7 +194,8 @@ cube_error *core_graph_record_collective(cube_client *c, core_stream *s,
                                          cube_comm *comm,
                                          const cube_collective *call,
                                          core_alloc *src, core_alloc *dst,
-                                         int dst_whole, int hardware)
+                                         int dst_whole, int hardware,
+                                         uint64_t group)
 {
     core_graph *g = s->capture;
     /* Like a launch: the source read, the destination written, and
@@ -207,9 +207,10 @@ cube_error *core_graph_record_collective(cube_client *c, core_stream *s,
     graph_entry *e = &g->entries[g->count++];
     memset(e, 0, sizeof *e);
     e->kind = ENTRY_COLLECTIVE;
-    e->comm = comm;
-    e->call = *call;
-    e->dst = dst;
+    e->coll.comm = comm;
+    e->coll.call = *call;
+    e->coll.dst = dst;
+    e->coll.group = group;
     core_comm_hold(comm, hardware);
     g->hardware_collectives = hardware;
     g->collectives++;
@@ -380,6 +381,42 @@ static cube_error *not_found(const char *fn, cube_graph_id id)
                           fn, (unsigned long long)id);
 }
 
+/* The end of the run of entries from collective `i` that were recorded
+ * as one group (just i when it was alone): they replay together. */
+static size_t run_end(const core_graph *g, size_t i)
+{
+    size_t j = i + 1;
+    uint64_t tag = g->entries[i].coll.group;
+    while (tag && j < g->count && g->entries[j].kind == ENTRY_COLLECTIVE &&
+           g->entries[j].coll.group == tag)
+        j++;
+    return j;
+}
+
+/* Meets the peers at the collectives of entries [i, j), one run. */
+static cube_error *replay_run(const core_graph *g, size_t i, size_t j,
+                              cube_error *refusal, int agree_only)
+{
+    return core_comm_replay_calls(&g->entries[i].coll, j - i,
+                                  sizeof(graph_entry), refusal, agree_only);
+}
+
+/* Posts the collectives from entry `from` on as refusals of `err`, run by
+ * run, so that the peers answer it rather than wait. */
+static void refuse_from(const core_graph *g, size_t from, const cube_error *err,
+                        int agree_only)
+{
+    for (size_t i = from; i < g->count;) {
+        if (g->entries[i].kind != ENTRY_COLLECTIVE) {
+            i++;
+            continue;
+        }
+        size_t j = run_end(g, i);
+        cube_error_free(replay_run(g, i, j, cube_error_clone(err), agree_only));
+        i = j;
+    }
+}
+
 /* A hardware graph's collectives, in order: each meets the peers'
  * replays without issuing. On a refusal the ones after it are posted as
  * refusals too, so that the peers answer it rather than wait; *reached
@@ -388,15 +425,17 @@ static cube_error *agree_all(core_graph *g, size_t *reached)
 {
     cube_error *err = NULL;
     size_t i = 0;
-    for (; i < g->count && !err; i++)
-        if (g->entries[i].kind == ENTRY_COLLECTIVE)
-            err =
-                core_comm_agree(g->entries[i].comm, &g->entries[i].call, NULL);
-    for (size_t k = i; err && k < g->count; k++)
-        if (g->entries[k].kind == ENTRY_COLLECTIVE)
-            cube_error_free(core_comm_agree(g->entries[k].comm,
-                                            &g->entries[k].call,
-                                            cube_error_clone(err)));
+    while (i < g->count && !err) {
+        if (g->entries[i].kind != ENTRY_COLLECTIVE) {
+            i++;
+            continue;
+        }
+        size_t j = run_end(g, i);
+        err = replay_run(g, i, j, NULL, 1);
+        i = j;
+    }
+    if (err)
+        refuse_from(g, i, err, 1);
     *reached = g->count;
     return err;
 }
@@ -410,9 +449,9 @@ static void abort_comms(core_graph *g)
         int seen = 0;
         for (size_t k = 0; k < i && !seen; k++)
             seen = g->entries[k].kind == ENTRY_COLLECTIVE &&
-                   g->entries[k].comm == g->entries[i].comm;
+                   g->entries[k].coll.comm == g->entries[i].coll.comm;
         if (!seen)
-            cube_error_free(cube_comm_abort(g->entries[i].comm));
+            cube_error_free(cube_comm_abort(g->entries[i].coll.comm));
     }
 }
 
@@ -427,7 +466,7 @@ static cube_error *launch_hardware(cube_client *c, core_stream *s,
     size_t remote = 0;
     for (size_t i = 0; i < g->count; i++)
         remote += g->entries[i].kind == ENTRY_COLLECTIVE &&
-                  core_comm_remote(g->entries[i].comm);
+                  core_comm_remote(g->entries[i].coll.comm);
     if (!remote)
         return c->vt->replay(c->server, &s->base, g->hardware);
     core_replay_watch **w = calloc(remote, sizeof *w);
@@ -437,14 +476,14 @@ static cube_error *launch_hardware(cube_client *c, core_stream *s,
     size_t n = 0;
     for (size_t i = 0; i < g->count && !err; i++) {
         const graph_entry *e = &g->entries[i];
-        if (e->kind != ENTRY_COLLECTIVE || !core_comm_remote(e->comm))
+        if (e->kind != ENTRY_COLLECTIVE || !core_comm_remote(e->coll.comm))
             continue;
         int seen = 0;
         for (size_t k = 0; k < i && !seen; k++)
             seen = g->entries[k].kind == ENTRY_COLLECTIVE &&
-                   g->entries[k].comm == e->comm;
+                   g->entries[k].coll.comm == e->coll.comm;
         if (!seen)
-            err = core_comm_replay_begin(e->comm, s, g->writes.items,
+            err = core_comm_replay_begin(e->coll.comm, s, g->writes.items,
                                          g->writes.count, &w[n++]);
     }
     if (!err)
@@ -460,18 +499,22 @@ static cube_error *launch_hardware(cube_client *c, core_stream *s,
     return err;
 }
 
-/* Hands one recorded dispatch to the backend again. One with a dynamic
- * count goes as a copy that answers into *ran_nothing (replays of one
- * graph may run on several streams at once: the entry is not written).
- * A collective meets the peers' replays without the stream entered (the
- * wait may be long, and the call enters it itself). */
+/* Hands recorded entry `i` to the backend again; *next is the entry
+ * after it. One with a dynamic count goes as a copy that answers into
+ * *ran_nothing (replays of one graph may run on several streams at once:
+ * the entry is not written). A collective (with the rest of its group)
+ * meets the peers' replays without the stream entered (the wait may be
+ * long, and the call enters it itself). */
 static cube_error *replay_entry(cube_client *c, core_stream *s,
-                                const graph_entry *e, int *ran_nothing)
-    CUBE_REQUIRES(s->lock)
+                                const core_graph *g, size_t i, size_t *next,
+                                int *ran_nothing) CUBE_REQUIRES(s->lock)
 {
+    const graph_entry *e = &g->entries[i];
+    *next = i + 1;
     if (e->kind == ENTRY_COLLECTIVE) {
+        *next = run_end(g, i);
         core_stream_unlock(s);
-        cube_error *err = core_comm_replay(e->comm, &e->call, e->dst, NULL);
+        cube_error *err = replay_run(g, i, *next, NULL, 0);
         core_stream_lock(s);
         return err;
     }
@@ -546,8 +589,11 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
                 core_stream_lock(s);
             }
         }
-        for (; !g->hardware && done < g->count && !err; done++)
-            err = replay_entry(c, s, &g->entries[done], &ran_nothing);
+        while (!g->hardware && done < g->count && !err) {
+            size_t next = done + 1;
+            err = replay_entry(c, s, g, done, &next, &ran_nothing);
+            done = next; /* the failing entry (or run) counts as reached */
+        }
         reached = done;
         /* A replayed collective counts itself, as the call it is; a
          * hardware graph's run as part of it. */
@@ -565,12 +611,7 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
      * is posted as a refusal, so every rank answers the error. */
     if (err && g->collectives && !agreed) {
         core_stream_unlock(s);
-        for (size_t i = 0; i < g->count; i++) {
-            const graph_entry *e = &g->entries[i];
-            if (e->kind == ENTRY_COLLECTIVE && i >= reached)
-                cube_error_free(core_comm_replay(e->comm, &e->call, e->dst,
-                                                 cube_error_clone(err)));
-        }
+        refuse_from(g, reached, err, 0);
         core_stream_lock(s);
     }
     /* A refusal from the backend ran nothing and failed nothing (a

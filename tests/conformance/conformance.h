@@ -460,6 +460,8 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(comm_copy_peer_between_clients_devices_and_backends)                     \
     X(comm_kernel_on_another_stream_sees_the_reduced_buffer)                   \
     X(comm_graph_step_with_all_reduce_replays_like_the_host)                   \
+    X(comm_graph_group_of_sends_and_receives_replays_as_a_group)              \
+    X(comm_graph_group_driven_by_one_thread_replays_per_rank)                 \
     X(comm_graph_capture_on_one_rank_only_is_refused_on_every_rank)            \
     X(comm_graph_replay_without_the_peer_times_out_and_marks_outputs)          \
     X(comm_graph_mismatched_replays_are_refused_on_every_rank)                 \

@@ -959,7 +959,7 @@ CONF_TEST_NEEDS(comm_kernel_on_another_stream_sees_the_reduced_buffer,
 
 /* A step: a = 2x (kernel), b = the all-reduce of a, y = 3b (kernel). Each
  * rank captures it on its own thread and replays it there. */
-enum { G_REPLAY, G_MIXED, G_SKIP, G_MISMATCH };
+enum { G_REPLAY, G_MIXED, G_SKIP, G_MISMATCH, G_RING };
 #define G_COUNT 1000u
 static int graph_mode;
 static pthread_barrier_t graph_barrier;
@@ -1025,6 +1025,31 @@ static void g_expect_code(rank_job *job, cube_error *err, cube_code code,
               (int)cube_error_code(err), (int)code,
               err ? cube_error_message(err) : "no error");
     cube_error_free(err);
+}
+
+/* A ring step in one group: each rank sends a = 2x to the next rank and
+ * receives the previous rank's into b; then y = 3b. Without the group
+ * each rank's send would wait for a receive its peer has not made. */
+static cube_error *g_ring(rank_job *job, const cube_handle *h)
+{
+    uint32_t next = (job->rank + 1) % job->n,
+             prev = (job->rank + job->n - 1) % job->n;
+    cube_error *err = g_scale(job->client, h[0], h[1], 2.0f);
+    if (err)
+        return err;
+    CONF_OK(cube_group_begin());
+    cube_error *s = cube_send(job->comm, h[1], G_COUNT, CUBE_DTYPE_F32, next);
+    cube_error *r = cube_recv(job->comm, h[2], G_COUNT, CUBE_DTYPE_F32, prev);
+    err = cube_group_end();
+    if (!err)
+        err = s ? s : r;
+    if (err != s)
+        cube_error_free(s);
+    if (err != r)
+        cube_error_free(r);
+    if (!err)
+        err = g_scale(job->client, h[2], h[3], 3.0f);
+    return err;
 }
 
 /* Prepares, warms up with the step once, and captures it. */
@@ -1116,6 +1141,26 @@ static void *graph_body(void *arg)
         if (job_ok(job, g_step(job, h, G_COUNT), "step after the timeout"))
             g_expect_y(job, h[3], 0, G_COUNT, 0, "y after the timeout");
         break;
+    case G_RING: {
+        /* The ring's group captured on every rank and replayed there. */
+        if (!job_ok(job, cube_graph_prepare(c), "prepare") ||
+            !job_ok(job, g_ring(job, h), "warm-up ring") ||
+            !job_ok(job, cube_graph_begin(c), "begin") ||
+            !job_ok(job, g_ring(job, h), "captured ring") ||
+            !job_ok(job, cube_graph_end(c, &id), "end"))
+            break;
+        uint32_t prev = (r + job->n - 1) % job->n;
+        for (uint32_t k = 1; k <= 3; k++) {
+            if (!g_write_x(job, h[0], k) ||
+                !job_ok(job, cube_graph_replay(c, id), "replay"))
+                break;
+            float want[G_COUNT];
+            for (uint64_t i = 0; i < G_COUNT; i++)
+                want[i] = 3.0f * 2.0f * g_x(k, prev, i);
+            job_expect(job, h[3], sizeof want, want, "y after a ring replay");
+        }
+        break;
+    }
     case G_MISMATCH:
         /* Two graphs with all-reduces of different counts: rank 0
          * replays one and the others the other; every rank is refused. */
@@ -1208,7 +1253,8 @@ static void graph_run(int mode, uint32_t want, uint32_t timeout_ms)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(want, c);
-    if (n < want && mode != G_REPLAY) {
+    /* The ring needs two ranks; the plain replay runs on one too. */
+    if (n < want && mode != G_REPLAY && !(mode == G_RING && n >= 2)) {
         close_ranks(c, n);
         print_message("skipped: fewer devices than ranks\n");
         skip();
@@ -1229,6 +1275,95 @@ CONF_TEST_NEEDS(comm_graph_step_with_all_reduce_replays_like_the_host,
                 CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
 {
     graph_run(G_REPLAY, 3, 60000);
+}
+
+CONF_TEST_NEEDS(comm_graph_group_of_sends_and_receives_replays_as_a_group,
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+{
+    graph_run(G_RING, 3, 60000);
+}
+
+/* One thread captures a group that drives every rank (each rank's client
+ * capturing on that thread); each rank then replays its own graph on a
+ * thread of its own. */
+typedef struct driven {
+    cube_client *c;
+    cube_graph_id id;
+    cube_error *err;
+} driven;
+
+static void *replay_driven(void *arg)
+{
+    driven *d = arg;
+    d->err = cube_graph_replay(d->c, d->id);
+    return NULL;
+}
+
+CONF_TEST_NEEDS(comm_graph_group_driven_by_one_thread_replays_per_rank,
+                CUBE_FEATURE_GRAPHS)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(3, c);
+    cube_comm *comm[MAX_TEST_RANKS];
+    cube_comm_options o = quick(60000);
+    CONF_OK(cube_comm_init_all(c, n, &o, comm));
+    cube_handle x[MAX_TEST_RANKS], y[MAX_TEST_RANKS];
+    float host[G_COUNT];
+    for (uint32_t r = 0; r < n; r++) {
+        CONF_OK(cube_empty(c[r], sizeof host, &x[r]));
+        CONF_OK(cube_empty(c[r], sizeof host, &y[r]));
+        CONF_OK(cube_graph_prepare(c[r]));
+    }
+    /* Warm-up, then the capture: every rank's all-reduce in one group. */
+    driven d[MAX_TEST_RANKS];
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass)
+            for (uint32_t r = 0; r < n; r++)
+                CONF_OK(cube_graph_begin(c[r]));
+        CONF_OK(cube_group_begin());
+        for (uint32_t r = 0; r < n; r++)
+            CONF_OK(cube_all_reduce(comm[r], x[r], y[r], G_COUNT,
+                                    CUBE_DTYPE_F32, CUBE_REDUCE_SUM));
+        CONF_OK(cube_group_end());
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        d[r].c = c[r];
+        CONF_OK(cube_graph_end(c[r], &d[r].id));
+    }
+    for (uint32_t k = 1; k <= 2; k++) {
+        for (uint32_t r = 0; r < n; r++) {
+            for (uint64_t i = 0; i < G_COUNT; i++)
+                host[i] = g_x(k, r, i);
+            CONF_OK(cube_write_all(c[r], x[r], host, sizeof host));
+        }
+        pthread_t t[MAX_TEST_RANKS];
+        for (uint32_t r = 0; r < n; r++)
+            assert_int_equal(pthread_create(&t[r], NULL, replay_driven, &d[r]),
+                             0);
+        for (uint32_t r = 0; r < n; r++) {
+            pthread_join(t[r], NULL);
+            CONF_OK(d[r].err);
+        }
+        for (uint32_t r = 0; r < n; r++) {
+            float got[G_COUNT];
+            CONF_OK(cube_read_all(c[r], y[r], got, sizeof got));
+            for (uint64_t i = 0; i < G_COUNT; i++) {
+                float want = 0;
+                for (uint32_t q = 0; q < n; q++)
+                    want += g_x(k, q, i);
+                if (got[i] != want)
+                    fail_msg("rank %u: y[%llu] is %g, not %g", r,
+                             (unsigned long long)i, got[i], want);
+            }
+        }
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        CONF_OK(cube_graph_destroy(c[r], d[r].id));
+        CONF_OK(cube_handle_release(c[r], x[r]));
+        CONF_OK(cube_handle_release(c[r], y[r]));
+        cube_comm_destroy(comm[r]);
+    }
+    close_ranks(c, n);
 }
 
 CONF_TEST_NEEDS(comm_graph_capture_on_one_rank_only_is_refused_on_every_rank,
