@@ -149,6 +149,11 @@ typedef struct pending {
     core_alloc *replay_dst;
     /* Recorded in a capture as part of a group: the group's tag. */
     uint64_t group;
+    /* The calling thread's stream of the rank's client, once looked up. */
+    core_stream *stream;
+    /* This rank's call was the last to arrive and judged the record: it
+     * knows the verdict without waiting. */
+    int judged;
 } pending;
 
 /* Tags of groups recorded in captures. */
@@ -891,7 +896,10 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
     if (++k->arrived == k->expected && !k->cancelled) {
         k->verdict = judge(k);
         k->ready = 1;
-        pthread_cond_broadcast(&g->changed);
+        p->judged = 1;
+        /* Alone (one rank), no one waits for this record. */
+        if (k->expected > 1)
+            pthread_cond_broadcast(&g->changed);
     }
     p->call = k;
     cube_mutex_unlock(&g->lock);
@@ -940,6 +948,10 @@ static cube_error *await(pending *p)
 {
     comm_group *g = p->comm->group;
     comm_call *k = p->call;
+    if (p->judged)
+        /* This thread wrote the verdict; no one changes it until every
+         * rank left the record. */
+        return k->verdict ? cube_error_clone(k->verdict) : NULL;
     cube_mutex_lock(&g->lock);
     spin_until(g, &k->ready);
     /* The timeout runs from here: a call whose peers are already there
@@ -977,12 +989,18 @@ static cube_error *await(pending *p)
 }
 
 /* This rank's part is issued (or will never be). */
+static void mark_issued_locked(pending *p) CUBE_REQUIRES(p->comm->group->lock)
+{
+    p->call->issued++;
+    if (p->call->expected > 1)
+        pthread_cond_broadcast(&p->comm->group->changed);
+}
+
 static void mark_issued(pending *p)
 {
     comm_group *g = p->comm->group;
     cube_mutex_lock(&g->lock);
-    p->call->issued++;
-    pthread_cond_broadcast(&g->changed);
+    mark_issued_locked(p);
     cube_mutex_unlock(&g->lock);
 }
 
@@ -990,11 +1008,13 @@ static void mark_issued(pending *p)
  * still be writing this rank's destination (a host backend's ranks share
  * the work): wait until every part was issued before the pins go. The
  * last rank to leave frees the record. */
-static void leave(pending *p)
+static void leave(pending *p, int mark)
 {
     comm_group *g = p->comm->group;
     comm_call *k = p->call;
     cube_mutex_lock(&g->lock);
+    if (mark)
+        mark_issued_locked(p);
     if (k->ready && !k->verdict)
         spin_until_count(g, &k->issued, k->expected);
     while (k->ready && !k->verdict && k->issued < k->expected && !g->aborted)
@@ -1010,6 +1030,18 @@ static void leave(pending *p)
     cube_mutex_unlock(&g->lock);
 }
 
+/* The calling thread's stream of p's client (looked up once per call). */
+static cube_error *stream_of(pending *p, core_stream **out)
+{
+    if (!p->stream) {
+        cube_error *err = core_stream_get(p->comm->client, &p->stream);
+        if (err)
+            return err;
+    }
+    *out = p->stream;
+    return NULL;
+}
+
 /* Issues this rank's part on its stream. */
 static cube_error *issue(pending *p)
 {
@@ -1018,7 +1050,7 @@ static cube_error *issue(pending *p)
         return cube_error_new(CUBE_ERR_INTERNAL,
                               "a collective call was not posted");
     core_stream *st = NULL;
-    cube_error *err = core_stream_get(c, &st);
+    cube_error *err = stream_of(p, &st);
     if (err)
         return err;
     cube_collective_set set = {p->call->calls, p->call->expected, p->index,
@@ -1102,7 +1134,7 @@ static cube_error *record(pending *p)
         return cube_error_new(CUBE_ERR_INTERNAL,
                               "a collective call was not posted");
     core_stream *st = NULL;
-    cube_error *err = core_stream_get(c, &st);
+    cube_error *err = stream_of(p, &st);
     if (err)
         return err;
     const cube_collective *mine = &p->call->calls[p->index];
@@ -1283,7 +1315,7 @@ static cube_error *issue_remote(pending *p)
 {
     cube_client *c = p->comm->client;
     core_stream *st = NULL;
-    cube_error *err = core_stream_get(c, &st);
+    cube_error *err = stream_of(p, &st);
     if (err) {
         cube_error_free(p->local);
         p->local = err;
@@ -1392,13 +1424,15 @@ static cube_error *run_pending(pending *a, size_t n)
                 a[i].result = cube_error_clone(e);
         cube_error_free(e);
     }
-    for (size_t i = 0; i < n; i++)
+    /* Every part of this thread is marked issued before any waits for
+     * the peers' (one lock for both when there is one). */
+    for (size_t i = 0; i < n && n > 1; i++)
         if (a[i].call)
             mark_issued(&a[i]);
     cube_error *first = NULL;
     for (size_t i = 0; i < n; i++) {
         if (a[i].call)
-            leave(&a[i]);
+            leave(&a[i], n == 1);
         settle(&a[i], a[i].result);
         if (a[i].result && !first)
             first = a[i].result;
@@ -1578,7 +1612,7 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
          * a group. */
         const cube_server_vtable *vt = comm->client->vt;
         core_stream *st = NULL;
-        p.local = core_stream_get(comm->client, &st);
+        p.local = stream_of(&p, &st);
         if (!p.local) {
             core_stream_lock(st);
             if (!st->capture) {
