@@ -164,10 +164,30 @@ int main(int argc, char **argv)
                    "all-reduce");
             double d1 = now_ns();
             ok(cube_dry_run_end(a), "dry run");
-            printf("  issue only: cubert %.2f us, NCCL %.2f us per call; "
-                   "cubert's checks alone %.2f us\n",
+            /* NCCL's own call on cubert's stream and buffers: what NCCL
+             * costs there, without cubert's layers. */
+            void *cs = NULL;
+            cube_native_buffer nsrc, ndst;
+            ok(cube_native_stream(a, &cs), "native stream");
+            ok(cube_native_buffer_get(a, src, &nsrc), "native src");
+            ok(cube_native_buffer_get(a, dst, &ndst), "native dst");
+            ok(cube_sync(a, NULL, 0), "sync");
+            double e0 = now_ns();
+            for (int i = 0; i < iters; i++)
+                nccl_ok(n,
+                        n->ncclAllReduce((void *)(uintptr_t)nsrc.address,
+                                         (void *)(uintptr_t)ndst.address, count,
+                                         ncclFloat32, ncclSum, rc,
+                                         (nccl_stream)cs),
+                        "ncclAllReduce");
+            double e1 = now_ns();
+            CK(cuStreamSynchronize((CUstream)cs));
+            printf("  issue only: cubert %.2f us, NCCL %.2f us per call "
+                   "(%.2f on cubert's stream and buffers); cubert's checks "
+                   "alone %.2f us\n",
                    (issued_ours - t0) / iters / 1e3,
-                   (issued_theirs - t1) / iters / 1e3, (d1 - d0) / iters / 1e3);
+                   (issued_theirs - t1) / iters / 1e3, (e1 - e0) / iters / 1e3,
+                   (d1 - d0) / iters / 1e3);
         }
         double ours = median(ours_r, ROUNDS), theirs = median(theirs_r, ROUNDS);
         /* In place (source and destination one buffer), as torch's

@@ -787,6 +787,23 @@ static int agree(const cube_collective *a, const cube_collective *b, int p2p)
             a->root == b->root);
 }
 
+/* Adds call `c`'s failed source to the verdict `several` (made first). */
+static cube_error *add_failed_source(cube_error *several,
+                                     const cube_collective *c,
+                                     const cube_error *failed)
+{
+    if (!several)
+        several = cube_error_new(CUBE_ERR_SEVERAL,
+                                 "%s: a source buffer cannot be trusted (the "
+                                 "work that should have written it failed), "
+                                 "so no rank runs it",
+                                 kind_name(c->kind));
+    cube_error_add_cause(several,
+                         cube_error_prefix(cube_error_clone(failed),
+                                           "rank %u's source", c->rank));
+    return several;
+}
+
 /* Decides, once every call arrived, why none of them may run (or NULL). */
 static cube_error *judge(const comm_call *k)
 {
@@ -822,19 +839,9 @@ static cube_error *judge(const comm_call *k)
         }
     }
     cube_error *several = NULL;
-    for (uint32_t i = 0; i < k->expected; i++) {
-        if (!k->failed[i])
-            continue;
-        if (!several)
-            several = cube_error_new(
-                CUBE_ERR_SEVERAL,
-                "%s: a source buffer cannot be trusted (the work that "
-                "should have written it failed), so no rank runs it",
-                kind_name(k->calls[0].kind));
-        cube_error_add_cause(
-            several, cube_error_prefix(cube_error_clone(k->failed[i]),
-                                       "rank %u's source", k->calls[i].rank));
-    }
+    for (uint32_t i = 0; i < k->expected; i++)
+        if (k->failed[i])
+            several = add_failed_source(several, &k->calls[i], k->failed[i]);
     return several;
 }
 
@@ -1042,23 +1049,32 @@ static cube_error *stream_of(pending *p, core_stream **out)
     return NULL;
 }
 
+static cube_error *issue_set(pending *p, const cube_collective_set *set);
+
 /* Issues this rank's part on its stream. */
 static cube_error *issue(pending *p)
 {
-    cube_client *c = p->comm->client;
     if (!p->call)
         return cube_error_new(CUBE_ERR_INTERNAL,
                               "a collective call was not posted");
+    cube_collective_set set = {p->call->calls, p->call->expected, p->index,
+                               p->call->shared};
+    // cppcheck-suppress returnDanglingLifetime
+    return issue_set(p, &set);
+}
+
+/* Issues this rank's part of `set` on its stream. */
+static cube_error *issue_set(pending *p, const cube_collective_set *set)
+{
+    cube_client *c = p->comm->client;
     core_stream *st = NULL;
     cube_error *err = stream_of(p, &st);
     if (err)
         return err;
-    cube_collective_set set = {p->call->calls, p->call->expected, p->index,
-                               p->call->shared};
     core_stream_lock(st);
     err = core_stream_refuse_in_capture(st, "collective");
     if (!err)
-        err = c->vt->collective(c->server, &st->base, p->comm->impl, &set);
+        err = c->vt->collective(c->server, &st->base, p->comm->impl, set);
     if (!err)
         st->launches++;
     core_stream_note_failure(st, err);
@@ -1067,6 +1083,41 @@ static cube_error *issue(pending *p)
     core_fault_note(c, err);
     /* err is a fresh error, not derived from set. */
     // cppcheck-suppress returnDanglingLifetime
+    return err;
+}
+
+static void settle(pending *p, const cube_error *err);
+
+/* A communicator of one rank in this process has no peer to meet: its
+ * call (not captured, not in a group) is judged and issued at once, with
+ * the answers the rendezvous would give (an abort, its own refusal, a
+ * failed source). `failure` is taken. */
+static cube_error *run_alone(pending *p, const cube_collective *mine,
+                             cube_error *failure)
+{
+    comm_group *g = p->comm->group;
+    cube_mutex_lock(&g->lock);
+    int aborted = g->aborted;
+    cube_mutex_unlock(&g->lock);
+    cube_error *err = NULL;
+    if (aborted) {
+        cube_error_free(p->local);
+        p->local = NULL;
+        err =
+            cube_error_new(CUBE_ERR_ABORTED, "%s: the communicator was aborted",
+                           kind_name(mine->kind));
+    } else if (p->local) {
+        err = cube_error_clone(p->local);
+    } else if (failure) {
+        err = add_failed_source(NULL, mine, failure);
+    } else {
+        _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
+        memset(shared, 0, sizeof shared);
+        cube_collective_set set = {mine, 1, 0, shared};
+        err = issue_set(p, &set);
+    }
+    cube_error_free(failure);
+    settle(p, err);
     return err;
 }
 
@@ -1628,6 +1679,9 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
             core_stream_unlock(st);
         }
     }
+    if (comm->group->n == 1 && !comm->group->remote && group_depth == 0 &&
+        !p.capturing)
+        return run_alone(&p, &mine, failure);
     /* This rank's own refusal is its answer; the peers learn of it. */
     if (comm->group->remote) {
         p.mine = mine;

@@ -455,6 +455,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(comm_failed_source_refuses_on_every_rank_and_marks_destinations)         \
     X(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)       \
     X(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on)     \
+    X(comm_one_rank_answers_alone_as_in_a_group)                              \
     X(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls)                 \
     X(comm_hostile_arguments_get_clear_errors_and_change_nothing)              \
     X(comm_copy_peer_between_clients_devices_and_backends)                     \

@@ -718,6 +718,75 @@ static void *abort_later(void *arg)
     return NULL;
 }
 
+/* A communicator of one rank answers as any rank does, whether its call
+ * runs alone or inside a group (which goes through the rendezvous). */
+CONF_TEST(comm_one_rank_answers_alone_as_in_a_group)
+{
+    cube_client *c[MAX_TEST_RANKS];
+    uint32_t n = open_ranks(1, c);
+    cube_comm *comm[MAX_TEST_RANKS];
+    CONF_OK(cube_comm_init_all(c, n, NULL, comm));
+    const uint64_t count = 64;
+    for (int grouped = 0; grouped < 2; grouped++) {
+        cube_handle src = filled(c[0], 0, count, CUBE_DTYPE_F32, 0);
+        cube_handle dst = filled(c[0], 0, count, CUBE_DTYPE_F32, 1);
+        cube_handle gone = filled(c[0], 0, count, CUBE_DTYPE_F32, 0);
+        CONF_OK(cube_handle_release(c[0], gone));
+        cube_error *err = NULL;
+#define ONE(call)                                                              \
+    do {                                                                       \
+        if (grouped) {                                                         \
+            CONF_OK(cube_group_begin());                                       \
+            cube_error_free(call);                                             \
+            err = cube_group_end();                                            \
+        } else {                                                               \
+            err = (call);                                                      \
+        }                                                                      \
+    } while (0)
+        /* a call: the destination is the source */
+        ONE(cube_all_reduce(comm[0], src, dst, count, CUBE_DTYPE_F32,
+                            CUBE_REDUCE_SUM));
+        CONF_OK(err);
+        float a[64], b[64];
+        CONF_OK(cube_read_all(c[0], src, a, sizeof a));
+        CONF_OK(cube_read_all(c[0], dst, b, sizeof b));
+        assert_memory_equal(a, b, sizeof a);
+        /* its own refusal: the handle's error, the destination untouched */
+        ONE(cube_all_reduce(comm[0], gone, dst, count, CUBE_DTYPE_F32,
+                            CUBE_REDUCE_SUM));
+        CONF_CODE(err, CUBE_ERR_NOT_FOUND);
+        cube_error_free(err);
+        CONF_OK(cube_check(c[0], &dst, 1));
+        /* a failed source: named, and the destination carries it */
+        mark_failed(c[0], src);
+        ONE(cube_all_reduce(comm[0], src, dst, count, CUBE_DTYPE_F32,
+                            CUBE_REDUCE_SUM));
+        CONF_CODE(err, CUBE_ERR_SEVERAL);
+        char *text = cube_error_format(err);
+        if (!text || !strstr(text, "rank 0's source"))
+            fail_msg("the error does not name rank 0's source: %s",
+                     text ? text : "?");
+        free(text);
+        cube_error_free(err);
+        CONF_EXPECT(cube_check(c[0], &dst, 1), CUBE_ERR_SEVERAL);
+        CONF_OK(cube_handle_release(c[0], src));
+        CONF_OK(cube_handle_release(c[0], dst));
+    }
+    /* after an abort, alone or grouped */
+    cube_handle h = filled(c[0], 0, 8, CUBE_DTYPE_U32, 0);
+    CONF_OK(cube_comm_abort(comm[0]));
+    for (int grouped = 0; grouped < 2; grouped++) {
+        cube_error *err = NULL;
+        ONE(cube_all_reduce(comm[0], h, h, 8, CUBE_DTYPE_U32, CUBE_REDUCE_SUM));
+        CONF_CODE(err, CUBE_ERR_ABORTED);
+        cube_error_free(err);
+    }
+#undef ONE
+    CONF_OK(cube_handle_release(c[0], h));
+    cube_comm_destroy(comm[0]);
+    close_ranks(c, n);
+}
+
 CONF_TEST(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls)
 {
     cube_client *c[MAX_TEST_RANKS];
