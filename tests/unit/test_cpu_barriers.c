@@ -686,6 +686,9 @@ static void guarded_statements_kept(void **state)
         "uint32_t u = UNIT_POS_X; s[u] = 1u; if (u == CUBE_AT(y, 0)) s[u] = "
         "2u;",
         "uint32_t u = UNIT_POS_X; s[u] = 1u; if (u == 0 || n == 0) s[u] = 2u;",
+        /* an absolute position, not the unit's */
+        "uint64_t g = ABSOLUTE_POS_X; s[UNIT_POS_X] = 1u; if (g == 0) s[0] = "
+        "2u;",
         /* a type that does not hold every position, a float compare */
         "uint8_t u = (uint8_t)UNIT_POS_X; s[UNIT_POS_X] = 1u; if (u == 0) "
         "s[UNIT_POS_X] = 2u;",
