@@ -239,6 +239,44 @@ static const char early_return_src[] =
     "    CUBE_AT(y, ABSOLUTE_POS_X) = s[31 - u];\n"
     "}\n";
 
+/* Statements under conditions that fix a unit position (`if (tx == 0)`,
+ * tx a unit position never changed) in a 3-D cube: equalities written
+ * either way round, joined by &&, with a scalar, with values no unit has,
+ * beside conditions the pass leaves in the loop over all units; the
+ * statements after them read what they wrote. */
+static const char peel_src[] =
+    "CUBE_KERNEL(peel, CUBE_INOUT(uint32_t, y), CUBE_SCALAR(uint32_t, n),\n"
+    "            CUBE_SHARED(uint32_t, s, 64))\n"
+    "{\n"
+    "    uint32_t tx = UNIT_POS_X;\n"
+    "    int ty = UNIT_POS_Y;\n"
+    "    long long tz = (long long)UNIT_POS_Z;\n"
+    "    uint32_t i = tx + 8u * ((uint32_t)ty + 4u * (uint32_t)tz);\n"
+    "    uint64_t a = ABSOLUTE_POS_X + 100u * ABSOLUTE_POS_Y;\n"
+    "    s[i] = (uint32_t)a;\n"
+    "    if (tx == 0)\n"
+    "        s[i] += 1000u;\n"
+    "    if (7u == tx && ty == 3)\n"
+    "        s[i] += 2000u;\n"
+    "    if (UNIT_POS_Z == 1)\n"
+    "        s[i] *= 3u;\n"
+    "    if (tx == n)\n"
+    "        s[i] += 5u;\n"
+    "    if (ty == -1)\n"
+    "        s[i] = 0u;\n"
+    "    if (tx == 40u)\n"
+    "        s[i] = 1u;\n"
+    "    if (tx == 1 && UNIT_POS_Z == 0 && ty == 2) {\n"
+    "        s[i] ^= 0xffu;\n"
+    "        s[i] += (uint32_t)a;\n"
+    "    }\n"
+    "    if (tx < 2)\n"
+    "        s[i] += 7u;\n"
+    "    s[i] += (uint32_t)tz;\n"
+    "    cube_sync();\n"
+    "    CUBE_AT(y, CUBE_POS_X * 64 + i) = s[63 - i] + i;\n"
+    "}\n";
+
 /* ------------------------------------------------------------ helpers */
 
 #define OK(expr)                                                               \
@@ -590,6 +628,111 @@ static void stencil_both_ways(void **state)
     free(plain);
 }
 
+/* How many times `what` occurs in `s`. */
+static int count_of(const char *s, const char *what)
+{
+    int k = 0;
+    for (const char *p = strstr(s, what); p; p = strstr(p + 1, what))
+        k++;
+    return k;
+}
+
+#define PEELED "only the units the condition allows"
+
+/* A statement under `if (<unit position> == <uniform integer>)` runs in a
+ * loop over the units where that can hold; the same bytes as fibers. */
+static void guarded_statements_peeled(void **state)
+{
+    (void)state;
+    if (have_libclang()) {
+        unsigned dim[3] = {32, 8, 1};
+        char *out = transformed(stencil_src, "stencil_shared", dim);
+        assert_non_null(out);
+        assert_int_equal(count_of(out, PEELED), 4);
+        free(out);
+        unsigned pdim[3] = {8, 4, 2};
+        out = transformed(peel_src, "peel", pdim);
+        assert_non_null(out);
+        /* All but `tx < 2`. */
+        assert_int_equal(count_of(out, PEELED), 7);
+        free(out);
+    }
+    for (uint32_t n = 3; n <= 9; n += 6) { /* 9: no unit has x == n */
+        run_spec sp = {"peel", peel_src, {8, 4, 2}, {3, 2, 1},
+                       0,      4u * 192, 1,         {cube_arg_u32(n)}};
+        int loops = same_both_ways(&sp);
+        if (have_libclang())
+            assert_true(loops);
+    }
+}
+
+/* Conditions the pass must leave in the loop over all units, and a barrier
+ * under such a condition (the whole kernel then runs as fibers). */
+static void guarded_statements_kept(void **state)
+{
+    (void)state;
+    if (!have_libclang())
+        skip();
+    static const char *const kept[] = {
+        /* the position's variable changes */
+        "uint32_t u = UNIT_POS_X; s[u] = 1u; u = u + 0u; if (u == 0) s[1] = "
+        "2u;",
+        "uint32_t u = UNIT_POS_X; u++; if (u == 1) s[0] = 2u;",
+        /* not an equality, an else, a value that may differ per unit */
+        "uint32_t u = UNIT_POS_X; s[u] = 1u; if (u < 1) s[0] = 2u;",
+        "uint32_t u = UNIT_POS_X; s[u] = 1u; if (u != 0) s[u] = 2u;",
+        "uint32_t u = UNIT_POS_X; s[u] = 1u; if (u == 0) s[0] = 2u; else s[u] "
+        "= 3u;",
+        "uint32_t u = UNIT_POS_X; s[u] = 1u; if (u == CUBE_AT(y, 0)) s[u] = "
+        "2u;",
+        "uint32_t u = UNIT_POS_X; s[u] = 1u; if (u == 0 || n == 0) s[u] = 2u;",
+        /* an absolute position, not the unit's */
+        "uint64_t g = ABSOLUTE_POS_X; s[UNIT_POS_X] = 1u; if (g == 0) s[0] = "
+        "2u;",
+        /* a type that does not hold every position, a float compare */
+        "uint8_t u = (uint8_t)UNIT_POS_X; s[UNIT_POS_X] = 1u; if (u == 0) "
+        "s[UNIT_POS_X] = 2u;",
+        "float f = UNIT_POS_X; s[UNIT_POS_X] = 1u; if (f == 0.0f) s[0] = 2u;",
+        "uint32_t u = UNIT_POS_X; s[u] = 1u; if (u == 0.5f) s[0] = 2u;",
+        /* a value made for the unit before the condition, used under it */
+        "uint32_t u = UNIT_POS_X; uint32_t v = CUBE_AT(y, u); s[u] = v; if (u "
+        "== 0) s[1] = v;",
+        /* a call whose order between units shows */
+        "uint32_t u = UNIT_POS_X; s[u] = 1u; if (u == 0) "
+        "cube_atomic_add_u32(&s[0], 1u);",
+    };
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
+        char user[1024];
+        snprintf(user, sizeof user,
+                 "CUBE_KERNEL(k, CUBE_INOUT(uint32_t, y), "
+                 "CUBE_SCALAR(uint32_t, n), CUBE_SHARED(uint32_t, s, 512))\n"
+                 "{\n%s\ncube_sync();\nCUBE_AT(y, ABSOLUTE_POS_X) = "
+                 "s[UNIT_POS_X] + n;\n}\n",
+                 kept[i]);
+        unsigned dim[3] = {512, 1, 1};
+        char *out = transformed(user, "k", dim);
+        if (!out)
+            fail_msg("case %zu: refused", i);
+        if (strstr(out, PEELED))
+            fail_msg("case %zu: split", i);
+        free(out);
+    }
+    static const char barrier_src[] =
+        "CUBE_KERNEL(guarded_sync, CUBE_INOUT(uint32_t, y),\n"
+        "            CUBE_SHARED(uint32_t, s, 32))\n"
+        "{\n"
+        "    uint32_t u = UNIT_POS_X;\n"
+        "    s[u] = u;\n"
+        "    if (u == 0) {\n"
+        "        s[0] = 99u;\n"
+        "        cube_sync();\n"
+        "    }\n"
+        "    CUBE_AT(y, ABSOLUTE_POS_X) = s[u];\n"
+        "}\n";
+    unsigned dim[3] = {32, 1, 1};
+    assert_null(transformed(barrier_src, "guarded_sync", dim));
+}
+
 static void mixed_both_ways(void **state)
 {
     (void)state;
@@ -703,6 +846,8 @@ int main(void)
         cmocka_unit_test(stride_loop_prefetches),
         cmocka_unit_test(disk_hit_skips_the_pass),
         cmocka_unit_test(stencil_both_ways),
+        cmocka_unit_test(guarded_statements_peeled),
+        cmocka_unit_test(guarded_statements_kept),
         cmocka_unit_test(mixed_both_ways),
         cmocka_unit_test(shared_atomics_both_ways),
         cmocka_unit_test(refused_kernels_run_as_fibers),

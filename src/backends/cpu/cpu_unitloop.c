@@ -15,7 +15,11 @@
  * the next piece starts. A declaration of uniform variables only is
  * structure too (run once per cube). A for loop in a region whose unit
  * position starts it and whose step is uniform (a grid-stride loop) is a
- * region of its own, run step by step with all units per step.
+ * region of its own, run step by step with all units per step. An `if`
+ * of a region whose condition fixes a unit position (`if (tx == 0)`, tx a
+ * unit position) runs, in the statements' order, in a loop over the units
+ * where it can hold only, so that the loops over all units have no branch
+ * on the unit and vectorize.
  *
  * A local variable used in more than one region is recomputed at the top
  * of each (when its value is made of positions and uniform values only
@@ -82,7 +86,8 @@ typedef struct ul_node {
     int barrier;           /* a barrier in the subtree */
     int list_stmt;         /* a statement of a list of the structure */
     int region;            /* region index, or -1 (run once per cube) */
-    long long tsize;       /* a cast's type size */
+    long long tsize;       /* an expression's type size */
+    int int_type;          /* an expression of an integer type */
     char name[64];
     char op[4]; /* an operator's spelling; "" when not known */
 } ul_node;
@@ -93,7 +98,7 @@ typedef struct ul_var {
     char name[64];
     char type[160];
     long long size;
-    int scalar, is_static, is_volatile, is_array;
+    int scalar, is_int, is_static, is_volatile, is_array;
     int modified, modified_outside_inc, modified_in_expr, addressed;
     int for_stmt;   /* the for loop with a barrier whose init declares it */
     int list_level; /* its declaration is a statement of a list */
@@ -352,6 +357,7 @@ static void ul_add_var(ul *u, CXCursor c, int node)
     v->scalar =
         (canon.kind >= CXType_Bool && canon.kind <= CXType_LongDouble) ||
         canon.kind == CXType_Pointer || canon.kind == CXType_Enum;
+    v->is_int = canon.kind >= CXType_Bool && canon.kind <= CXType_Int128;
     v->is_array = canon.kind == CXType_ConstantArray ||
                   canon.kind == CXType_VariableArray ||
                   canon.kind == CXType_IncompleteArray;
@@ -397,9 +403,11 @@ static int ul_add_node(ul *u, CXCursor c, int parent)
     if (n->kind == CXCursor_DeclRefExpr || n->kind == CXCursor_MemberRefExpr ||
         n->kind == CXCursor_CallExpr || n->kind == CXCursor_VarDecl)
         ul_copy_string(u, u->lc->getCursorSpelling(c), n->name, sizeof n->name);
-    if (n->kind == CXCursor_CStyleCastExpr)
-        n->tsize = u->lc->Type_getSizeOf(
-            u->lc->getCanonicalType(u->lc->getCursorType(c)));
+    if (ul_is_expr(n->kind)) {
+        CXType t = u->lc->getCanonicalType(u->lc->getCursorType(c));
+        n->tsize = u->lc->Type_getSizeOf(t);
+        n->int_type = t.kind >= CXType_Bool && t.kind <= CXType_Int128;
+    }
     if (n->kind == CXCursor_VarDecl) {
         ul_add_var(u, c, i);
         n->var = u->nv - 1;
@@ -1404,18 +1412,31 @@ static void ul_region_text(ul *u, int r, unsigned a, unsigned b)
 }
 
 /* Opens the loops over the units (x innermost), or one unit's block when
- * `only` >= 0, with cube__u the unit's positions and cube__i its index. */
-static void ul_open_units(ul *u, int only)
+ * `only` >= 0, with cube__u the unit's positions and cube__i its index.
+ * An axis a with fixed[a] set runs only the position cube__f<axis> (which
+ * the caller declared and checked). */
+static void ul_open_units_at(ul *u, int only, const int *fixed)
 {
     if (only < 0) {
+        for (int a = 2; a >= 0; a--) {
+            char c = "xyz"[a];
+            if (fixed && fixed[a] >= 0)
+                ul_printf(
+                    u,
+                    "for (unsigned int cube__%c = (unsigned int)cube__f%c;"
+                    " cube__%c < (unsigned int)cube__f%c + 1u; "
+                    "cube__%c++)\n",
+                    c, c, c, c, c);
+            else
+                ul_printf(u,
+                          "for (unsigned int cube__%c = 0; cube__%c < %uu; "
+                          "cube__%c++)\n",
+                          c, c, u->dim[a], c);
+        }
         ul_printf(u,
-                  "for (unsigned int cube__z = 0; cube__z < %uu; cube__z++)\n"
-                  "for (unsigned int cube__y = 0; cube__y < %uu; cube__y++)\n"
-                  "for (unsigned int cube__x = 0; cube__x < %uu; cube__x++) "
-                  "{\n"
-                  "const size_t cube__i = (size_t)cube__x + (size_t)%uu * "
+                  "{\nconst size_t cube__i = (size_t)cube__x + (size_t)%uu * "
                   "((size_t)cube__y + (size_t)%uu * cube__z);\n",
-                  u->dim[2], u->dim[1], u->dim[0], u->dim[0], u->dim[1]);
+                  u->dim[0], u->dim[1]);
     } else {
         ul_printf(u,
                   "{\nconst unsigned int cube__z = 0, cube__y = 0, cube__x = "
@@ -1429,6 +1450,11 @@ static void ul_open_units(ul *u, int only)
                  "cube__w.az = cube__c.az + cube__z;\n"
                  "{\nconst cube__unit cube__u = cube__w;\n(void)cube__u;\n"
                  "(void)cube__i;\n");
+}
+
+static void ul_open_units(ul *u, int only)
+{
+    ul_open_units_at(u, only, NULL);
 }
 
 static void ul_close_units(ul *u)
@@ -1510,9 +1536,256 @@ static void ul_stores(ul *u, int r, const unsigned char *need)
     }
 }
 
+/* ------------------------------------ statements for some units only */
+
+/* A run of a region's statements (first..last, siblings) and the unit
+ * positions it runs for: all, or, on each axis a with fix[a] >= 0, only
+ * the position equal to that (uniform, integer) expression. */
+typedef struct ul_piece {
+    int first, last;
+    int fix[3];
+} ul_piece;
+
+/* The unit axis (0 x, 1 y, 2 z) whose position expression `i` holds
+ * exactly, or -1: the position itself, through parentheses and integer
+ * conversions to 4 bytes or more, or (when `local`) a local of such a
+ * type, never changed, initialised from one. */
+static int ul_unit_axis(const ul *u, int i, int local)
+{
+    for (int guard = 0; i >= 0 && guard < 16; guard++) {
+        const ul_node *n = &u->n[i];
+        if (n->kind == CXCursor_ParenExpr ||
+            n->kind == CXCursor_UnexposedExpr ||
+            n->kind == CXCursor_CStyleCastExpr) {
+            if (!n->int_type || n->tsize < 4)
+                return -1;
+            i = n->last;
+            continue;
+        }
+        if (n->kind == CXCursor_MemberRefExpr) {
+            int base = ul_strip_parens(u, n->first);
+            if (base < 0 || u->n[base].kind != CXCursor_DeclRefExpr ||
+                u->n[base].ref != R_UNIT || n->name[0] != 'u' || !n->name[1] ||
+                !strchr("xyz", n->name[1]) || n->name[2])
+                return -1;
+            return n->name[1] - 'x';
+        }
+        if (n->kind == CXCursor_DeclRefExpr && n->ref == R_LOCAL && local) {
+            const ul_var *v = &u->v[n->var];
+            if (!v->pospure || !v->is_int || v->size < 4 || v->init < 0)
+                return -1;
+            return ul_unit_axis(u, v->init, 0);
+        }
+        return -1;
+    }
+    return -1;
+}
+
+/* The axes condition `c` fixes: each `position == value` of a chain of
+ * `&&` (value uniform, of an integer type) sets fix[axis] to the value's
+ * node. Whenever the condition holds, each such axis's position equals
+ * its value. Returns how many axes it fixed. */
+static int ul_guard_fixes(const ul *u, int c, int fix[3])
+{
+    c = ul_strip_parens(u, c);
+    if (c < 0 || u->n[c].kind != CXCursor_BinaryOperator || u->n[c].nkids != 2)
+        return 0;
+    int l = u->n[c].first, r = u->n[l].next;
+    if (strcmp(u->n[c].op, "&&") == 0)
+        return ul_guard_fixes(u, l, fix) + ul_guard_fixes(u, r, fix);
+    if (strcmp(u->n[c].op, "==") != 0)
+        return 0;
+    int a = ul_unit_axis(u, l, 1), k = r;
+    if (a < 0) {
+        a = ul_unit_axis(u, r, 1);
+        k = l;
+    }
+    if (a < 0 || fix[a] >= 0 || !u->n[k].int_type || !ul_uniform(u, k, 0))
+        return 0;
+    fix[a] = k;
+    return 1;
+}
+
+/* Whether the names expression `i` uses mean the same anywhere in the
+ * body: each local or parameter declared once (ul_check_names, without
+ * refusing). */
+static int ul_names_once(const ul *u, int i)
+{
+    const ul_node *n = &u->n[i];
+    if (n->kind == CXCursor_DeclRefExpr &&
+        (n->ref == R_LOCAL || n->ref == R_PARAM_SCALAR ||
+         n->ref == R_PARAM_LEN)) {
+        int same = 0;
+        for (int j = 0; j < u->nv; j++)
+            same += strcmp(u->v[j].name, n->name) == 0;
+        if (same > (n->ref == R_LOCAL ? 1 : 0))
+            return 0;
+    }
+    for (int c = n->first; c >= 0; c = u->n[c].next)
+        if (!ul_names_once(u, c))
+            return 0;
+    return 1;
+}
+
+/* Marks in `re` the locals piece statements [a, b) use that an earlier
+ * piece of region `r` declares (recomputed at the piece's top), and those
+ * their values are made of. 0 when one of them cannot be recomputed. */
+static int ul_piece_needs(const ul *u, int r, unsigned a, unsigned b,
+                          unsigned char *re)
+{
+    memset(re, 0, (size_t)u->nv);
+    for (int i = 0; i < u->nn; i++) {
+        const ul_node *n = &u->n[i];
+        if (n->kind == CXCursor_DeclRefExpr && n->ref == R_LOCAL &&
+            n->start >= a && n->start < b) {
+            const ul_node *d = &u->n[u->v[n->var].decl];
+            if (d->region == r && d->start < a)
+                re[n->var] = 1;
+        }
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int v = 0; v < u->nv; v++) {
+            if (re[v] != 1)
+                continue;
+            const ul_var *w = &u->v[v];
+            if (!w->pospure || !ul_names_once(u, w->init))
+                return 0;
+            int same = 0;
+            for (int j = 0; j < u->nv; j++)
+                same += strcmp(u->v[j].name, w->name) == 0;
+            if (same != 1)
+                return 0;
+            re[v] = 2;
+            changed = 1;
+            for (int j = 0; j < u->nv; j++)
+                if (!re[j] && u->n[u->v[j].decl].region == r &&
+                    ul_uses(u, w->init, j))
+                    re[j] = 1;
+        }
+    }
+    return 1;
+}
+
+/* Splits region `r` where an `if` without else holds statements for the
+ * units of a row, a column or a single unit (`if (tx == 0)`, tx a unit
+ * position): those run in a loop over those units only, the rest in loops
+ * over all units, in the statements' order. Each unit still runs its
+ * statements in order; only the order between units changes, which no
+ * kernel may depend on between two barriers. Not done (returns 0) when a
+ * value made in one piece would have to be kept for a later one (only
+ * values of positions are recomputed), when a piece would change the
+ * order of calls (atomics, helpers) or of context values, or when the
+ * region returns. Otherwise fills `p` (one per statement at most) and
+ * returns how many pieces. */
+static int ul_split_region(ul *u, int r, ul_piece *p, unsigned char *re)
+{
+    const ul_region *rg = &u->r[r];
+    if (rg->has_return || rg->swap >= 0)
+        return 0;
+    for (int i = 0; i < u->nn; i++)
+        if (u->n[i].region == r && u->n[i].kind == CXCursor_CallExpr &&
+            !ul_math_function(u->n[i].name))
+            return 0;
+    for (int v = 0; v < u->nv; v++)
+        if (u->v[v].cls == CLS_CTX &&
+            (u->n[u->v[v].decl].region == r || ul_region_uses(u, r, v)))
+            return 0;
+    int np = 0, peeled = 0;
+    unsigned prev = 0;
+    for (int s = rg->first; s >= 0; s = s == rg->last ? -1 : u->n[s].next) {
+        const ul_node *n = &u->n[s];
+        if (n->start < prev)
+            return 0; /* statements out of order (macros) */
+        prev = n->end;
+        int fix[3] = {-1, -1, -1};
+        int guarded = n->kind == CXCursor_IfStmt && !n->in_macro &&
+                      n->nkids == 2 && ul_guard_fixes(u, n->first, fix) > 0;
+        if (!guarded && np > 0 && p[np - 1].fix[0] < 0 &&
+            p[np - 1].fix[1] < 0 && p[np - 1].fix[2] < 0) {
+            p[np - 1].last = s;
+            continue;
+        }
+        p[np].first = p[np].last = s;
+        memcpy(p[np].fix, fix, sizeof fix);
+        np++;
+        peeled += guarded;
+    }
+    if (!peeled)
+        return 0;
+    for (int k = 1; k < np; k++) {
+        unsigned a = u->n[p[k].first].start;
+        unsigned b = k + 1 < np ? u->n[p[k + 1].first].start : rg->tend;
+        if (!ul_piece_needs(u, r, a, b, re))
+            return 0;
+    }
+    return np;
+}
+
+/* Region `r` as the pieces of ul_split_region. */
+static void ul_emit_pieces(ul *u, int r, const ul_piece *p, int np,
+                           unsigned char *need, unsigned char *re)
+{
+    const ul_region *rg = &u->r[r];
+    for (int k = 0; k < np; k++) {
+        unsigned a = k ? u->n[p[k].first].start : rg->tstart;
+        unsigned b = k + 1 < np ? u->n[p[k + 1].first].start : rg->tend;
+        int fixed = p[k].fix[0] >= 0 || p[k].fix[1] >= 0 || p[k].fix[2] >= 0;
+        if (fixed) {
+            ul_printf(u, "{\n/* only the units the condition allows */\n");
+            for (int ax = 0; ax < 3; ax++) {
+                int e = p[k].fix[ax];
+                if (e < 0)
+                    continue;
+                ul_printf(u, "const long long cube__f%c = (long long)(",
+                          "xyz"[ax]);
+                ul_text(u, u->n[e].start, u->n[e].end);
+                ul_printf(u, ");\n");
+            }
+            const char *join = "if (";
+            for (int ax = 0; ax < 3; ax++)
+                if (p[k].fix[ax] >= 0) {
+                    ul_printf(u, "%scube__f%c >= 0 && cube__f%c < %uLL", join,
+                              "xyz"[ax], "xyz"[ax], u -> dim[ax]);
+                    join = " && ";
+                }
+            ul_printf(u, ") {\n");
+        }
+        ul_open_units_at(u, -1, p[k].fix);
+        ul_prologue(u, r, need);
+        if (k > 0) {
+            ul_piece_needs(u, r, a, b, re);
+            for (int v = 0; v < u->nv; v++) {
+                if (!re[v])
+                    continue;
+                ul_printf(u, "%s %s = ", u->v[v].type, u->v[v].name);
+                ul_text(u, u->n[u->v[v].init].start, u->n[u->v[v].init].end);
+                ul_printf(u, ";\n");
+            }
+        }
+        ul_printf(u, "{\n");
+        ul_region_text(u, r, a, b);
+        ul_printf(u, "\n}\n");
+        ul_close_units(u);
+        if (fixed)
+            ul_printf(u, "}\n}\n");
+    }
+}
+
 static void ul_emit_region(ul *u, int r, unsigned char *need)
 {
     const ul_region *rg = &u->r[r];
+    ul_piece *p = malloc(sizeof *p * (size_t)(u->nn + 1));
+    unsigned char *re = malloc((size_t)u->nv + 1);
+    int np = p && re ? ul_split_region(u, r, p, re) : 0;
+    if (np > 0)
+        ul_emit_pieces(u, r, p, np, need, re);
+    else if (!p || !re)
+        u->oom = 1;
+    free(p);
+    free(re);
+    if (np > 0 || u->oom)
+        return;
     ul_open_units(u, -1);
     ul_prologue(u, r, need);
     ul_printf(u, "{\n");

@@ -19,7 +19,7 @@
 
 /* The pass's version, part of the disk cache's key of its output: bump it
  * whenever the text the pass writes for a kernel changes. */
-#define CPU_UNITLOOP_VERSION 2
+#define CPU_UNITLOOP_VERSION 4
 
 typedef enum cpu_unitloop_status {
     CPU_UNITLOOP_DONE = 0,    /* *out holds the text to append */

@@ -210,8 +210,17 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
  * parameters. */
 #define CUBE__CUBES(name, ...)                                                 \
     CUBE__CUBES_(name, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__)
+/* gcc sinks what a unit computes for a store under a condition (`v` of
+ * `if (x < w) out[i] = v;`) into that condition; its vectorizer then gives
+ * up on the masked loads of shared memory that result. The loops over the
+ * units are compiled without that sinking. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define CUBE__CUBES_ATTR __attribute__((noinline, optimize("no-tree-sink")))
+#else
+#define CUBE__CUBES_ATTR __attribute__((noinline))
+#endif
 #define CUBE__CUBES_(name, N, ...)                                             \
-    static __attribute__((noinline)) void name##__cubes(                       \
+    static CUBE__CUBES_ATTR void name##__cubes(                                \
         const cube__unit cube__p, CUBE__UNUSED void *cube__sinkp CUBE__EACH(   \
                                       CUBE__PARAM, N, __VA_ARGS__));           \
     CUBE__EXPORT void cube__cubes_##name(                                      \
