@@ -1863,17 +1863,24 @@ void core_comm_release(cube_comm *comm, int hardware)
     }
 }
 
+/* Whether the rank's communicator was destroyed (between processes the
+ * group is this rank alone). */
+static int rank_gone(const cube_comm *comm)
+{
+    comm_group *g = comm->group;
+    cube_mutex_lock(&g->lock);
+    int gone = g->gone ? g->gone[comm->rank] : g->alive == 0;
+    cube_mutex_unlock(&g->lock);
+    return gone;
+}
+
 /* Meets the peers' replays of a recorded call: issued when `agree_only`
  * is 0. */
 static cube_error *replay(cube_comm *comm, const cube_collective *call,
                           core_alloc *dst, cube_error *refusal, int agree_only)
 {
     comm_group *g = comm->group;
-    cube_mutex_lock(&g->lock);
-    /* Between processes the group is this rank alone. */
-    int gone = g->gone ? g->gone[comm->rank] : g->alive == 0;
-    cube_mutex_unlock(&g->lock);
-    if (gone) {
+    if (rank_gone(comm)) {
         /* No rank of it can meet this one: the peers' replays time out
          * (or see it gone). */
         cube_error_free(refusal);
@@ -1942,11 +1949,7 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
     cube_error *gone = NULL;
     for (size_t i = 0; i < n && !gone; i++) {
         const core_recorded_call *r = nth(calls, stride, i);
-        comm_group *g = r->comm->group;
-        cube_mutex_lock(&g->lock);
-        int is_gone = g->gone ? g->gone[r->comm->rank] : g->alive == 0;
-        cube_mutex_unlock(&g->lock);
-        if (is_gone)
+        if (rank_gone(r->comm))
             gone = cube_error_new(CUBE_ERR_NOT_FOUND,
                                   "%s: rank %u's communicator was destroyed "
                                   "after the graph recorded it",
@@ -1957,11 +1960,8 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
     size_t posted = 0;
     for (size_t i = 0; i < n; i++) {
         const core_recorded_call *r = nth(calls, stride, i);
-        comm_group *g = r->comm->group;
-        cube_mutex_lock(&g->lock);
-        int is_gone = g->gone ? g->gone[r->comm->rank] : g->alive == 0;
-        cube_mutex_unlock(&g->lock);
-        if (is_gone)
+        const comm_group *g = r->comm->group;
+        if (rank_gone(r->comm))
             continue; /* no peer can meet it */
         pending *p = &a[posted++];
         p->comm = r->comm;

@@ -1300,9 +1300,10 @@ static void ul_mark_deps(ul *u, int i)
         ul_mark_deps(u, c);
 }
 
-/* The names an expression recomputed elsewhere uses must mean the same
- * there: a parameter no local hides, or a local declared once. */
-static void ul_check_names(ul *u, int i)
+/* The first name expression `i` uses that is declared more often than
+ * once (a local) or at all (a parameter's name hidden by a local): the
+ * node, or -1 when every name means the same anywhere in the body. */
+static int ul_name_declared_twice(const ul *u, int i)
 {
     const ul_node *n = &u->n[i];
     if (n->kind == CXCursor_DeclRefExpr &&
@@ -1311,13 +1312,24 @@ static void ul_check_names(ul *u, int i)
         int same = 0;
         for (int j = 0; j < u->nv; j++)
             same += strcmp(u->v[j].name, n->name) == 0;
-        /* A local is declared once; a parameter's name, never. */
-        int allowed = n->ref == R_LOCAL ? 1 : 0;
-        if (same > allowed)
-            ul_refuse(u, "the name '%s' is declared twice", n->name);
+        if (same > (n->ref == R_LOCAL ? 1 : 0))
+            return i;
     }
-    for (int c = n->first; c >= 0; c = u->n[c].next)
-        ul_check_names(u, c);
+    for (int c = n->first; c >= 0; c = u->n[c].next) {
+        int k = ul_name_declared_twice(u, c);
+        if (k >= 0)
+            return k;
+    }
+    return -1;
+}
+
+/* The names an expression recomputed elsewhere uses must mean the same
+ * there: a parameter no local hides, or a local declared once. */
+static void ul_check_names(ul *u, int i)
+{
+    int k = ul_name_declared_twice(u, i);
+    if (k >= 0)
+        ul_refuse(u, "the name '%s' is declared twice", u->n[k].name);
 }
 
 /* Pass D: variables used across regions. */
@@ -1606,27 +1618,6 @@ static int ul_guard_fixes(const ul *u, int c, int fix[3])
     return 1;
 }
 
-/* Whether the names expression `i` uses mean the same anywhere in the
- * body: each local or parameter declared once (ul_check_names, without
- * refusing). */
-static int ul_names_once(const ul *u, int i)
-{
-    const ul_node *n = &u->n[i];
-    if (n->kind == CXCursor_DeclRefExpr &&
-        (n->ref == R_LOCAL || n->ref == R_PARAM_SCALAR ||
-         n->ref == R_PARAM_LEN)) {
-        int same = 0;
-        for (int j = 0; j < u->nv; j++)
-            same += strcmp(u->v[j].name, n->name) == 0;
-        if (same > (n->ref == R_LOCAL ? 1 : 0))
-            return 0;
-    }
-    for (int c = n->first; c >= 0; c = u->n[c].next)
-        if (!ul_names_once(u, c))
-            return 0;
-    return 1;
-}
-
 /* Marks in `re` the locals piece statements [a, b) use that an earlier
  * piece of region `r` declares (recomputed at the piece's top), and those
  * their values are made of. 0 when one of them cannot be recomputed. */
@@ -1649,7 +1640,7 @@ static int ul_piece_needs(const ul *u, int r, unsigned a, unsigned b,
             if (re[v] != 1)
                 continue;
             const ul_var *w = &u->v[v];
-            if (!w->pospure || !ul_names_once(u, w->init))
+            if (!w->pospure || ul_name_declared_twice(u, w->init) >= 0)
                 return 0;
             int same = 0;
             for (int j = 0; j < u->nv; j++)
