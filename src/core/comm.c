@@ -448,7 +448,7 @@ static void drain_remote(comm_group *g)
             core_failure_record(c, left[i].dst, err);
             core_alloc_unpin(c, left[i].dst);
         }
-        for (size_t w = 0; w < left[i].nwrites; w++) {
+        for (size_t w = 0; left[i].writes && w < left[i].nwrites; w++) {
             core_failure_record(c, left[i].writes[w], err);
             core_alloc_unpin(c, left[i].writes[w]);
         }
@@ -2033,12 +2033,13 @@ cube_error *core_comm_replay_begin(cube_comm *comm, core_stream *st,
                               "follow a graph's calls between processes",
                               c->props.backend);
     core_replay_watch *w = calloc(1, sizeof *w);
-    core_alloc **copy = nwrites ? malloc(nwrites * sizeof *copy) : NULL;
-    cube_error *err = NULL;
-    if (!w || (nwrites && !copy))
-        err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_replay");
-    if (!err)
-        err = reserve_inflight(g, "cube_graph_replay");
+    core_alloc **copy = nwrites ? malloc(nwrites * sizeof(core_alloc *)) : NULL;
+    if (!w || (nwrites && !copy)) {
+        free(copy);
+        free(w);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_replay");
+    }
+    cube_error *err = reserve_inflight(g, "cube_graph_replay");
     if (!err)
         err = c->vt->comm_replay_begin(c->server, &st->base, comm->impl,
                                        &w->ticket);
@@ -2048,7 +2049,7 @@ cube_error *core_comm_replay_begin(cube_comm *comm, core_stream *st,
         return err;
     }
     if (nwrites)
-        memcpy(copy, writes, nwrites * sizeof *copy);
+        memcpy(copy, writes, nwrites * sizeof(core_alloc *));
     w->comm = comm;
     w->writes = copy;
     w->nwrites = nwrites;

@@ -469,7 +469,7 @@ static cube_error *launch_hardware(cube_client *c, core_stream *s,
                   core_comm_remote(g->entries[i].coll.comm);
     if (!remote)
         return c->vt->replay(c->server, &s->base, g->hardware);
-    core_replay_watch **w = calloc(remote, sizeof *w);
+    core_replay_watch **w = calloc(remote, sizeof(core_replay_watch *));
     if (!w)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_replay");
     cube_error *err = NULL;
