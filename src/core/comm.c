@@ -996,18 +996,19 @@ static cube_error *await(pending *p)
 }
 
 /* This rank's part is issued (or will never be). */
-static void mark_issued_locked(pending *p) CUBE_REQUIRES(p->comm->group->lock)
+static void mark_issued_locked(comm_group *g, comm_call *k)
+    CUBE_REQUIRES(g->lock)
 {
-    p->call->issued++;
-    if (p->call->expected > 1)
-        pthread_cond_broadcast(&p->comm->group->changed);
+    k->issued++;
+    if (k->expected > 1)
+        pthread_cond_broadcast(&g->changed);
 }
 
 static void mark_issued(pending *p)
 {
     comm_group *g = p->comm->group;
     cube_mutex_lock(&g->lock);
-    mark_issued_locked(p);
+    mark_issued_locked(g, p->call);
     cube_mutex_unlock(&g->lock);
 }
 
@@ -1021,7 +1022,7 @@ static void leave(pending *p, int mark)
     comm_call *k = p->call;
     cube_mutex_lock(&g->lock);
     if (mark)
-        mark_issued_locked(p);
+        mark_issued_locked(g, k);
     if (k->ready && !k->verdict)
         spin_until_count(g, &k->issued, k->expected);
     while (k->ready && !k->verdict && k->issued < k->expected && !g->aborted)

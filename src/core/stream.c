@@ -239,8 +239,11 @@ void core_streams_destroy(core_device *d)
     atomic_store(&d->stream_count, 0);
 }
 
-/* The stream a thread used last, per thread: streams live as long as their
- * client and client serials are never reused, so a hit needs no lock. */
+/* The streams a thread used last (a few: a copy between two clients, or
+ * one thread driving every rank's collectives, alternate between them),
+ * per thread: streams live as long as their client and client serials
+ * are never reused, so a hit needs no lock. */
+#define RECENT_STREAMS 4
 static _Thread_local struct {
     // cppcheck-suppress unusedStructMember
     uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
@@ -248,15 +251,18 @@ static _Thread_local struct {
     cube_stream_id id;
     // cppcheck-suppress unusedStructMember
     core_stream *stream;
-} last_stream;
+} recent_streams[RECENT_STREAMS];
+static _Thread_local unsigned recent_next;
 
 cube_error *core_stream_get(cube_client *c, core_stream **out)
 {
     cube_stream_id id = cube_stream_current(c);
-    if (last_stream.client_serial == c->serial && last_stream.id == id) {
-        *out = last_stream.stream;
-        return NULL;
-    }
+    for (int i = 0; i < RECENT_STREAMS; i++)
+        if (recent_streams[i].client_serial == c->serial &&
+            recent_streams[i].id == id) {
+            *out = recent_streams[i].stream;
+            return NULL;
+        }
     core_device *d = c->dev;
     core_stream *s = core_stream_find(d, id);
     if (!s) {
@@ -268,9 +274,10 @@ cube_error *core_stream_get(cube_client *c, core_stream **out)
         if (err)
             return err;
     }
-    last_stream.client_serial = c->serial;
-    last_stream.id = id;
-    last_stream.stream = s;
+    unsigned slot = recent_next++ % RECENT_STREAMS;
+    recent_streams[slot].client_serial = c->serial;
+    recent_streams[slot].id = id;
+    recent_streams[slot].stream = s;
     *out = s;
     return NULL;
 }
