@@ -234,6 +234,7 @@ typedef enum fi_api {
     API_REPORT_FORMAT,
     API_COMM_INIT,
     API_ALL_REDUCE,
+    API_GROUP_END,
     API_COPY_PEER,
     API_COMM_DESTROY,
     API_LAYOUT_PRESET,
@@ -284,6 +285,7 @@ static const struct {
     [API_REPORT_FORMAT] = {"cube_memory_report_format", NULL, NULL},
     [API_COMM_INIT] = {"cube_comm_init_all", "comm.h", NULL},
     [API_ALL_REDUCE] = {"cube_all_reduce", "comm.h", NULL},
+    [API_GROUP_END] = {"cube_group_end", "comm.h", "cube_all_reduce"},
     [API_COPY_PEER] = {"cube_copy_peer", "comm.h", NULL},
     [API_COMM_DESTROY] = {"cube_comm_destroy", NULL, NULL},
     [API_LAYOUT_PRESET] = {"cube_memory_layout_preset", "memory.h", NULL},
@@ -754,6 +756,7 @@ typedef struct fi_scene {
     cube_handle x, y, z;
     cube_handle w; /* in the expandable pool */
     cube_graph_id graph;
+    cube_graph_id comm_graph; /* a group of collectives captured */
     int capturing;
     cube_profile_token token;
     int profiling;
@@ -924,13 +927,17 @@ static void fi_release_all(fi_scene *sc)
             }
             sc->stage = NULL;
         }
-        if (sc->graph) {
-            cube_error *err = cube_graph_destroy(sc->c, sc->graph);
+        cube_graph_id *graphs[2] = {&sc->graph, &sc->comm_graph};
+        for (int i = 0; i < 2; i++) {
+            if (!*graphs[i])
+                continue;
+            cube_error *err = cube_graph_destroy(sc->c, *graphs[i]);
             if (err) {
                 fi_wrong(sc, "cleanup: cube_graph_destroy: %s",
                          cube_error_message(err));
                 cube_error_free(err);
             }
+            *graphs[i] = 0;
         }
         cube_handle *hs[4] = {&sc->x, &sc->y, &sc->z, &sc->w};
         for (int i = 0; i < 4; i++) {
@@ -1156,6 +1163,32 @@ static void fi_steps(fi_scene *sc)
                                  CUBE_REDUCE_SUM)))
         return;
     sc->known_y = 1;
+    /* Two of them in a group, captured in a graph of their own and
+     * replayed: the group's calls are recorded together and replay as
+     * one group; y stays as it was. */
+    if (!FI_CALL(API_GRAPH_PREPARE, cube_graph_prepare(sc->c)) ||
+        !FI_CALL(API_GRAPH_BEGIN, cube_graph_begin(sc->c)))
+        return;
+    sc->capturing = 1;
+    cube_error_free(cube_group_begin()); /* fails only 1024 levels deep */
+    for (int i = 0; i < 2; i++)
+        /* queued; an error here is also cube_group_end's */
+        cube_error_free(cube_all_reduce(sc->comm, sc->y, sc->y, FI_N,
+                                        CUBE_DTYPE_F32, CUBE_REDUCE_SUM));
+    if (!FI_CALL(API_GROUP_END, cube_group_end()))
+        return;
+    sc->capturing = 0; /* cube_graph_end ends it even when it fails */
+    if (!FI_CALL(API_GRAPH_END, cube_graph_end(sc->c, &sc->comm_graph)))
+        return;
+    sc->known_y = 0;
+    if (!FI_CALL(API_GRAPH_REPLAY, cube_graph_replay(sc->c, sc->comm_graph)))
+        return;
+    sc->known_y = 1;
+    /* It pins y: gone before the pools are rebuilt below. */
+    cube_graph_id g = sc->comm_graph;
+    sc->comm_graph = 0;
+    if (!FI_CALL(API_GRAPH_DESTROY, cube_graph_destroy(sc->c, g)))
+        return;
     sc->known_x = 0;
     if (!FI_CALL(API_COPY_PEER, cube_copy_peer(sc->c, sc->x, sc->c, sc->z)))
         return;
