@@ -1610,6 +1610,114 @@ static void model_copy(int d, int s, uint32_t len)
         da->failed = 0;
 }
 
+/* What an all-reduce of `count` bytes from slot s to slot d answers on
+ * its own rank before anything runs: its refusal, or CUBE_OK. */
+static cube_code comm_refusal(int s, int d, uint32_t count)
+{
+    if (count == 0)
+        return CUBE_ERR_INVALID_ARGUMENT;
+    if (!slot_live(s))
+        return CUBE_ERR_NOT_FOUND;
+    if (count > slots[s].size)
+        return CUBE_ERR_INVALID_ARGUMENT;
+    if (!slot_live(d))
+        return CUBE_ERR_NOT_FOUND;
+    if (count > slots[d].size)
+        return CUBE_ERR_INVALID_ARGUMENT;
+    if (slots[s].alloc == slots[d].alloc &&
+        slots[s].offset != slots[d].offset &&
+        slots[s].offset < slots[d].offset + count &&
+        slots[d].offset < slots[s].offset + count)
+        return CUBE_ERR_INVALID_ARGUMENT;
+    return CUBE_OK;
+}
+
+/* The effect of an all-reduce that passed its own rank's checks, its
+ * source's failure as it was when the call was made; the code. */
+static cube_code comm_effect(int s, int d, uint32_t count, int src_failed)
+{
+    /* A capture records it once the (one) rank agrees (a hardware graph
+     * holds NCCL's kernels, a software one the call), a failed source
+     * refusing it before anything is recorded, and the destination's
+     * failure store left to the replays. */
+    if (capturing()) {
+        if (src_failed)
+            return CUBE_ERR_SEVERAL;
+        model_rec rc;
+        memset(&rc, 0, sizeof rc);
+        rc.kind = REC_COPY;
+        rc.ya = slots[d].alloc;
+        rc.yoff = slots[d].offset;
+        rc.ysize = count;
+        rc.xa = slots[s].alloc;
+        rc.xoff = slots[s].offset;
+        rc.xsize = count;
+        record_launch(&rc);
+        return CUBE_OK;
+    }
+    if (src_failed) {
+        slot_alloc(d)->failed = 1;
+        cs()->failures++;
+        return CUBE_ERR_SEVERAL;
+    }
+    cs()->work++;
+    cs()->launches++;
+    /* The destination's failure goes when the write covers its buffer. */
+    model_copy(d, s, count);
+    return CUBE_OK;
+}
+
+/* Two all-reduces in one group on the one-rank communicator: each call
+ * answers its own refusal at once (in a dry run a call that passes is
+ * checked and dropped, not queued), and cube_group_end runs the queued
+ * ones in order and answers the first failure; a source's failure is the
+ * one it carried when its call was made. */
+static void op_comm_group(reader *r)
+{
+    int s[2], d[2];
+    uint32_t count[2];
+    for (int i = 0; i < 2; i++) {
+        s[i] = rd8(r) % SLOTS;
+        d[i] = rd8(r) % SLOTS;
+        count[i] = rd16(r) % (MAX_SIZE + 8);
+        if (slots[s[i]].h.bits == 0 || slots[d[i]].h.bits == 0)
+            return;
+    }
+    if (!g_hw_graphs && capturing() && !dry_depth && cs()->nrec + 2 > MAX_REC)
+        return;
+    expect(cube_group_begin(), CUBE_OK);
+    cube_code own[2];
+    int queued[2], src_failed[2];
+    for (int i = 0; i < 2; i++) {
+        own[i] = comm_refusal(s[i], d[i], count[i]);
+        src_failed[i] = own[i] == CUBE_OK && slot_alloc(s[i])->failed;
+        queued[i] = !dry_depth || own[i] != CUBE_OK;
+        cube_error *err =
+            cube_all_reduce(g_comm, slots[s[i]].h, slots[d[i]].h, count[i],
+                            CUBE_DTYPE_U8, CUBE_REDUCE_SUM);
+        if (g_trace)
+            fprintf(stderr,
+                    "  group all_reduce slot %d -> slot %d, %u bytes: %s\n",
+                    s[i], d[i], count[i], cube_code_name(cube_error_code(err)));
+        expect(err, own[i]);
+    }
+    cube_error *err = cube_group_end();
+    cube_code first = CUBE_OK;
+    for (int i = 0; i < 2; i++) {
+        if (!queued[i])
+            continue;
+        cube_code code = own[i] != CUBE_OK
+                             ? own[i]
+                             : comm_effect(s[i], d[i], count[i], src_failed[i]);
+        if (first == CUBE_OK)
+            first = code;
+    }
+    if (g_trace)
+        fprintf(stderr, "  group end: %s\n",
+                cube_code_name(cube_error_code(err)));
+    expect(err, first);
+}
+
 /* An all-reduce (u8 sum) on the one-rank communicator: the identity, with
  * every check a collective makes. */
 static void op_comm(reader *r)
@@ -1629,54 +1737,12 @@ static void op_comm(reader *r)
                 "(alloc %d), %u bytes: %s\n",
                 s, slots[s].alloc, allocs[slots[s].alloc].failed, d,
                 slots[d].alloc, count, cube_code_name(cube_error_code(err)));
-    if (count == 0)
-        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
-    if (!slot_live(s))
-        return expect(err, CUBE_ERR_NOT_FOUND);
-    if (count > slots[s].size)
-        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
-    if (!slot_live(d))
-        return expect(err, CUBE_ERR_NOT_FOUND);
-    if (count > slots[d].size)
-        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
-    model_alloc *sa = slot_alloc(s), *da = slot_alloc(d);
-    if (slots[s].alloc == slots[d].alloc &&
-        slots[s].offset != slots[d].offset &&
-        slots[s].offset < slots[d].offset + count &&
-        slots[d].offset < slots[s].offset + count)
-        return expect(err, CUBE_ERR_INVALID_ARGUMENT);
+    cube_code own = comm_refusal(s, d, count);
+    if (own != CUBE_OK)
+        return expect(err, own);
     if (dry_depth)
         return expect(err, CUBE_OK);
-    /* A capture records it once the (one) rank agrees (a hardware graph
-     * holds NCCL's kernels, a software one the call), a failed source
-     * refusing it before anything is recorded, and the destination's
-     * failure store left to the replays. */
-    if (capturing()) {
-        if (sa->failed)
-            return expect(err, CUBE_ERR_SEVERAL);
-        expect(err, CUBE_OK);
-        model_rec rc;
-        memset(&rc, 0, sizeof rc);
-        rc.kind = REC_COPY;
-        rc.ya = slots[d].alloc;
-        rc.yoff = slots[d].offset;
-        rc.ysize = count;
-        rc.xa = slots[s].alloc;
-        rc.xoff = slots[s].offset;
-        rc.xsize = count;
-        return record_launch(&rc);
-    }
-    if (sa->failed) {
-        expect(err, CUBE_ERR_SEVERAL);
-        da->failed = 1;
-        cs()->failures++;
-        return;
-    }
-    expect(err, CUBE_OK);
-    cs()->work++;
-    cs()->launches++;
-    /* The destination's failure goes when the write covers its buffer. */
-    model_copy(d, s, count);
+    expect(err, comm_effect(s, d, count, slot_alloc(s)->failed));
 }
 
 /* Observation calls that must agree with themselves and the model:
@@ -1936,7 +2002,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fprintf(stderr, "op %zu: %s (stream %d, dry %d)\n", op_index - 1,
                     op_name, cur, dry_depth);
         uint8_t op = rd8(&r);
-        switch (op % 28) {
+        switch (op % 29) {
         case 0:
             op_name = "empty";
             op_empty(&r);
@@ -2044,6 +2110,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 27:
             op_name = "observe";
             op_observe(&r);
+            break;
+        case 28:
+            op_name = "comm_group";
+            op_comm_group(&r);
             break;
         default: /* 26: the whole-buffer forms, by the next byte */
             if (rd8(&r) & 1) {
@@ -2185,6 +2255,12 @@ static int generate(const char *dir)
          0,  2, 8,  0, 16, 0,  5,  1, 3,  0, 16, 0,  25, 2,  3, 25,
          2,  1, 10, 0, 1,  0,  0,  0, 25, 0, 1,  15, 1,  25, 1, 0,
          15, 0, 20, 0, 0,  20, 2,  0, 25, 1, 0,  20, 3,  0},
+        /* all-reduces in groups: in order (the second reads what the
+         * first wrote), a refused call first, in a dry run (the refusal
+         * queued), in a capture (one of them in place) */
+        {1, 0, 64, 7, 1,  1,  64, 3, 28, 0, 1, 64, 0,  1, 0,  64,  0, 28, 0, 1,
+         0, 0, 0,  1, 64, 0,  15, 1, 28, 0, 1, 64, 0,  1, 0,  200, 0, 15, 0, 20,
+         0, 0, 20, 2, 0,  28, 0,  1, 64, 0, 1, 1,  32, 0, 20, 3,   0},
         /* overlapping slices of one buffer, refused */
         {1, 0,  64, 7,  5, 0, 1,  0, 0, 32, 0, 5, 0, 2,  16,
          0, 32, 0,  25, 1, 2, 24, 1, 2, 16, 0, 3, 0, 64, 0},
