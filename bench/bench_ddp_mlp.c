@@ -49,11 +49,13 @@
 
 /* --- kernels --- */
 
-static const char *kernels_src =
+/* Each kernel is a source of its own: a source that never mentions
+ * cube_sync runs its units as a plain loop on the CPU backend. */
+
+/* c (m x n, row-major) = a b, a's element (i, q) at i * ars + q * acs,
+ * b's (q, j) at q * brs + j * bcs: a transpose is a swap of strides. */
+static const char *src_mm =
     "#define TILE 16\n"
-    "#define RED 256\n"
-    /* c (m x n, row-major) = a b, a's element (i, q) at i * ars + q * acs,
-     * b's (q, j) at q * brs + j * bcs: a transpose is a swap of strides. */
     "CUBE_KERNEL(mm, CUBE_IN(float, a), CUBE_IN(float, b), CUBE_OUT(float, "
     "c),\n"
     "            CUBE_SCALAR(uint32_t, m), CUBE_SCALAR(uint32_t, n),\n"
@@ -80,8 +82,10 @@ static const char *kernels_src =
     "    }\n"
     "    if (row < m && col < n)\n"
     "        CUBE_AT(c, row * n + col) = acc;\n"
-    "}\n"
-    /* a = relu(z + b), b broadcast over the rows. */
+    "}\n";
+
+/* a = relu(z + b), b broadcast over the rows. */
+static const char *src_bias_relu =
     "CUBE_KERNEL(bias_relu, CUBE_IN(float, z), CUBE_IN(float, b),\n"
     "            CUBE_OUT(float, a), CUBE_SCALAR(int32_t, cols))\n"
     "{\n"
@@ -90,8 +94,10 @@ static const char *kernels_src =
     "        float v = CUBE_AT(z, i) + CUBE_AT(b, i % cols);\n"
     "        CUBE_AT(a, i) = v > 0.0f ? v : 0.0f;\n"
     "    }\n"
-    "}\n"
-    /* dy = s (z + b - t): the loss's gradient at the output. */
+    "}\n";
+
+/* dy = s (z + b - t): the loss's gradient at the output. */
+static const char *src_out_grad =
     "CUBE_KERNEL(out_grad, CUBE_IN(float, z), CUBE_IN(float, b),\n"
     "            CUBE_IN(float, t), CUBE_OUT(float, dy),\n"
     "            CUBE_SCALAR(int32_t, cols), CUBE_SCALAR(float, s))\n"
@@ -100,8 +106,11 @@ static const char *kernels_src =
     "    if (i < (int)CUBE_LEN(dy))\n"
     "        CUBE_AT(dy, i) = s * (CUBE_AT(z, i) + CUBE_AT(b, i % cols) -\n"
     "                              CUBE_AT(t, i));\n"
-    "}\n"
-    /* out[0] = inv * sum((z + b - t)^2), one cube of RED units. */
+    "}\n";
+
+/* out[0] = inv * sum((z + b - t)^2), one cube of RED units. */
+static const char *src_loss_sum =
+    "#define RED 256\n"
     "CUBE_KERNEL(loss_sum, CUBE_IN(float, z), CUBE_IN(float, b),\n"
     "            CUBE_IN(float, t), CUBE_OUT(float, out),\n"
     "            CUBE_SCALAR(uint32_t, cols), CUBE_SCALAR(float, inv),\n"
@@ -123,16 +132,20 @@ static const char *kernels_src =
     "    }\n"
     "    if (u == 0)\n"
     "        CUBE_AT(out, 0) = part[0] * inv;\n"
-    "}\n"
-    /* da *= relu'(z1), read from a = relu(z1 + b1). */
+    "}\n";
+
+/* da *= relu'(z1), read from a = relu(z1 + b1). */
+static const char *src_relu_grad =
     "CUBE_KERNEL(relu_grad, CUBE_INOUT(float, da), CUBE_IN(float, a))\n"
     "{\n"
     "    int i = (int)ABSOLUTE_POS_X;\n"
     "    if (i < (int)CUBE_LEN(da))\n"
     "        CUBE_AT(da, i) = CUBE_AT(a, i) > 0.0f ? CUBE_AT(da, i) : "
     "0.0f;\n"
-    "}\n"
-    /* s[j] = sum over rows of x[., j]: a bias's gradient. */
+    "}\n";
+
+/* s[j] = sum over rows of x[., j]: a bias's gradient. */
+static const char *src_colsum =
     "CUBE_KERNEL(colsum, CUBE_IN(float, x), CUBE_OUT(float, s),\n"
     "            CUBE_SCALAR(uint32_t, rows), CUBE_SCALAR(uint32_t, cols))\n"
     "{\n"
@@ -143,8 +156,10 @@ static const char *kernels_src =
     "            acc += CUBE_AT(x, (uint64_t)i * cols + j);\n"
     "        CUBE_AT(s, j) = acc;\n"
     "    }\n"
-    "}\n"
-    /* p -= lr g over p's elements (g may be longer: the loss follows). */
+    "}\n";
+
+/* p -= lr g over p's elements (g may be longer: the loss follows). */
+static const char *src_sgd =
     "CUBE_KERNEL(sgd, CUBE_INOUT(float, p), CUBE_IN(float, g),\n"
     "            CUBE_SCALAR(float, lr))\n"
     "{\n"
@@ -156,11 +171,16 @@ static const char *kernels_src =
 enum { K_MM, K_BIAS_RELU, K_OUT_GRAD, K_LOSS, K_RELU_GRAD, K_COLSUM, K_SGD };
 static const struct {
     const char *name;
+    const char *const *src;
     uint32_t dim[3];
-} kernel_list[] = {{"mm", {16, 16, 1}},        {"bias_relu", {256, 1, 1}},
-                   {"out_grad", {256, 1, 1}},  {"loss_sum", {256, 1, 1}},
-                   {"relu_grad", {256, 1, 1}}, {"colsum", {256, 1, 1}},
-                   {"sgd", {256, 1, 1}}};
+} kernel_list[] = {{"mm", &src_mm, {16, 16, 1}},
+                   {"bias_relu", &src_bias_relu, {256, 1, 1}},
+                   {"out_grad", &src_out_grad, {256, 1, 1}},
+                   {"loss_sum", &src_loss_sum, {256, 1, 1}},
+                   {"relu_grad", &src_relu_grad, {256, 1, 1}},
+                   {"colsum", &src_colsum, {256, 1, 1}},
+                   {"sgd", &src_sgd, {256, 1, 1}}};
+
 #define NKERNELS (sizeof kernel_list / sizeof kernel_list[0])
 
 /* --- configuration and shared state --- */
@@ -748,7 +768,7 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < NKERNELS; i++) {
         cube_kernel_desc d = {kernel_list[i].name,
-                              kernels_src,
+                              *kernel_list[i].src,
                               {kernel_list[i].dim[0], kernel_list[i].dim[1],
                                kernel_list[i].dim[2]}};
         ok(cube_kernel_create(&d, &b.k[i]), "cube_kernel_create");
