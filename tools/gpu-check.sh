@@ -8,7 +8,8 @@
 # DEB_DIR holds the -dev packages as .deb files (see offline-build.sh).
 # STEPS (default "tests sanitize demo bench") picks what runs after the
 # build; "build" alone only builds; "comm" runs the communication
-# benchmarks, "asan" the fuzz corpus and conformance suite under ASan,
+# benchmarks (a data-parallel training step beside PyTorch DDP among
+# them), "asan" the fuzz corpus and conformance suite under ASan,
 # "python" the Python package's tests and benchmarks (WHEEL_DIR: a folder
 # with a cubert wheel to test instead of this build's extension), "multi"
 # the tests and benchmarks that need two GPUs or more, "vmm" expandable
@@ -89,6 +90,16 @@ for s in $steps; do
         step peers_dist 300 python3 bench/gpu/peers_torch_dist.py \
             --json "$results/peers_dist.json" \
             --cubert-json "$results/bench_comm_cuda.json"
+        # A data-parallel MLP training step on one rank: checked against
+        # the host reference, then timed eager and replayed beside PyTorch
+        # DDP on the same GPU.
+        step ddp_mlp_check 300 build-gpu/bench/bench_ddp_mlp --backend cuda \
+            --ranks 1 --steps 3 --warmup 2 --check
+        step ddp_mlp 300 build-gpu/bench/bench_ddp_mlp --backend cuda \
+            --ranks 1 --json "$results/ddp_mlp.json"
+        step peers_ddp 300 python3 bench/gpu/peers_torch_ddp.py --gpus 1 \
+            --json "$results/peers_ddp.json" \
+            --cubert-json "$results/ddp_mlp.json"
         ;;
     interop)
         # PyTorch memory and cubert buffers shared with nothing copied.
@@ -112,6 +123,15 @@ for s in $steps; do
         step peers_dist_gpus 300 python3 bench/gpu/peers_torch_dist.py \
             --json "$results/peers_dist_gpus.json" \
             --cubert-json "$results/bench_comm_multi.json"
+        # The data-parallel MLP step with a rank per GPU, checked, then
+        # timed beside PyTorch DDP over the same GPUs.
+        step ddp_mlp_gpus_check 300 build-gpu/bench/bench_ddp_mlp \
+            --backend cuda --steps 3 --warmup 2 --check
+        step ddp_mlp_gpus 300 build-gpu/bench/bench_ddp_mlp --backend cuda \
+            --json "$results/ddp_mlp_gpus.json"
+        step peers_ddp_gpus 300 python3 bench/gpu/peers_torch_ddp.py \
+            --json "$results/peers_ddp_gpus.json" \
+            --cubert-json "$results/ddp_mlp_gpus.json"
         ;;
     python)
         # The Python package from a wheel built elsewhere (WHEEL_DIR, by
