@@ -31,9 +31,10 @@ O 256, LR 0.05. Exits 77 when torch or enough GPUs are missing; one GPU
 import argparse
 import json
 import os
-import socket
 import sys
 import time
+
+from torch_ranks import run_ranks
 
 DEFAULTS = {"steps": 1000, "warmup": 20, "batch": 64, "in": 256,
             "hidden": 1024, "out": 256, "lr": 0.05}
@@ -94,12 +95,6 @@ def worker(rank, world, port, cfg, queue):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", type=int, default=0)
@@ -127,7 +122,6 @@ def main():
             cfg[key] = value
     try:
         import torch
-        import torch.multiprocessing as mp
     except ImportError as e:
         print(f"peers_torch_ddp: no torch: {e}")
         return 77
@@ -140,20 +134,10 @@ def main():
         print(f"peers_torch_ddp: {world} ranks, "
               f"{torch.cuda.device_count()} GPU(s)")
         return 77
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, cfg, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    if any(p.exitcode != 0 for p in procs) or queue.empty():
-        print("peers_torch_ddp: a rank exited with "
-              f"{[p.exitcode for p in procs]}")
+    res, codes = run_ranks(worker, world, cfg)
+    if any(codes) or res is None:
+        print(f"peers_torch_ddp: a rank exited with {codes}")
         return 1
-    res = queue.get()
     sps = cfg["steps"] / res["seconds"]
     params = cfg["in"] * cfg["hidden"] + cfg["hidden"] + \
         cfg["hidden"] * cfg["out"] + cfg["out"]

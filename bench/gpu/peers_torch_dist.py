@@ -20,9 +20,10 @@ size. Exits 77 when torch or a GPU is missing.
 import argparse
 import json
 import os
-import socket
 import sys
 import time
+
+from torch_ranks import run_ranks
 
 SIZES = [1024 * 4**k for k in range(11)]  # 1 KiB .. 1 GiB
 
@@ -64,12 +65,6 @@ def worker(rank, world, port, queue):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", type=int, default=0)
@@ -79,7 +74,6 @@ def main():
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     try:
         import torch
-        import torch.multiprocessing as mp
     except ImportError as e:
         print(f"peers_torch_dist: no torch: {e}")
         return 77
@@ -87,19 +81,10 @@ def main():
         print("peers_torch_dist: no GPU")
         return 77
     world = args.gpus or torch.cuda.device_count()
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    results = queue.get()
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            print(f"peers_torch_dist: a rank exited with {p.exitcode}")
-            return 1
+    results, codes = run_ranks(worker, world)
+    if any(codes) or results is None:
+        print(f"peers_torch_dist: a rank exited with {codes}")
+        return 1
     ours = {}
     if args.cubert_json:
         with open(args.cubert_json) as f:
