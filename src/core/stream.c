@@ -245,22 +245,30 @@ void core_streams_destroy(core_device *d)
  * are never reused, so a hit needs no lock. */
 #define RECENT_STREAMS 4
 static _Thread_local struct {
+    struct {
+        // cppcheck-suppress unusedStructMember
+        uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
+        // cppcheck-suppress unusedStructMember
+        cube_stream_id id;
+        // cppcheck-suppress unusedStructMember
+        core_stream *stream;
+    } at[RECENT_STREAMS];
     // cppcheck-suppress unusedStructMember
-    uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
-    // cppcheck-suppress unusedStructMember
-    cube_stream_id id;
-    // cppcheck-suppress unusedStructMember
-    core_stream *stream;
-} recent_streams[RECENT_STREAMS];
-static _Thread_local unsigned recent_next;
+    unsigned last, next; /* the last hit (looked at first), the next to go */
+} recent;
 
 cube_error *core_stream_get(cube_client *c, core_stream **out)
 {
     cube_stream_id id = cube_stream_current(c);
-    for (int i = 0; i < RECENT_STREAMS; i++)
-        if (recent_streams[i].client_serial == c->serial &&
-            recent_streams[i].id == id) {
-            *out = recent_streams[i].stream;
+    if (recent.at[recent.last].client_serial == c->serial &&
+        recent.at[recent.last].id == id) {
+        *out = recent.at[recent.last].stream;
+        return NULL;
+    }
+    for (unsigned i = 0; i < RECENT_STREAMS; i++)
+        if (recent.at[i].client_serial == c->serial && recent.at[i].id == id) {
+            recent.last = i;
+            *out = recent.at[i].stream;
             return NULL;
         }
     core_device *d = c->dev;
@@ -274,10 +282,11 @@ cube_error *core_stream_get(cube_client *c, core_stream **out)
         if (err)
             return err;
     }
-    unsigned slot = recent_next++ % RECENT_STREAMS;
-    recent_streams[slot].client_serial = c->serial;
-    recent_streams[slot].id = id;
-    recent_streams[slot].stream = s;
+    unsigned slot = recent.next++ % RECENT_STREAMS;
+    recent.at[slot].client_serial = c->serial;
+    recent.at[slot].id = id;
+    recent.at[slot].stream = s;
+    recent.last = slot;
     *out = s;
     return NULL;
 }
