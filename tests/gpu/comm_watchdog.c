@@ -271,7 +271,8 @@ int main(int argc, char **argv)
     CHECK(took >= 1000 && took < 15000,
           "the replay failed %llu ms after it was issued (expected about %u)",
           (unsigned long long)took, TIMEOUT_MS);
-    fprintf(stderr, "comm_watchdog: the replayed receive failed after %llu ms\n",
+    fprintf(stderr,
+            "comm_watchdog: the replayed receive failed after %llu ms\n",
             (unsigned long long)took);
     expect(cube_graph_replay(c, gb), CUBE_ERR_ABORTED,
            "a replay after the abort");
