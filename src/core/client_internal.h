@@ -434,18 +434,17 @@ typedef struct core_recorded_call {
  * the last such graph goes. */
 void core_comm_hold(cube_comm *comm, int hardware);
 void core_comm_release(cube_comm *comm, int hardware);
-/* Re-issues a recorded collective through the rendezvous, as a call: it
- * meets the peers' calls (their replays), and `refusal` (taken; NULL to
- * run) is posted as this rank's refusal so that the peers answer an error
- * rather than wait. The failure store is the caller's, except that a call
- * between processes the backend follows on the device marks `dst` (its
- * destination, or NULL) should it fail there later. Call without the
- * stream entered. */
-cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
-                             core_alloc *dst, cube_error *refusal);
-/* The same for the `n` calls of one recorded group, posted together and
- * run as cube_group_end runs them (calls[i] at `stride` bytes apart:
- * graph entries); `agree_only` as core_comm_agree. `refusal` taken. */
+/* Re-issues the `n` recorded calls of one group (or a lone call, n 1)
+ * through the rendezvous, as calls: posted together and run as
+ * cube_group_end runs them, meeting the peers' calls (their replays);
+ * calls[i] lie `stride` bytes apart (graph entries). `refusal` (taken;
+ * NULL to run) is posted as this rank's refusal so that the peers answer
+ * an error rather than wait. `agree_only`: a hardware graph's calls only
+ * meet the peers' and answer whether every rank agreed, issuing nothing
+ * (the backend's graph holds them). The failure store is the caller's,
+ * except that a call between processes the backend follows on the device
+ * marks its recorded destination should it fail there later. Call
+ * without the stream entered. */
 cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
                                    size_t stride, cube_error *refusal,
                                    int agree_only);
@@ -454,11 +453,6 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
  * records the failure. Never blocks on the device; cheap when nothing is
  * followed. Returns how many failed. Call with no stream entered. */
 size_t core_comm_reap(cube_client *c);
-/* The same, for a collective inside a hardware graph: meets the peers'
- * replays and answers whether every rank agreed, issuing nothing (the
- * backend's graph holds the call). */
-cube_error *core_comm_agree(cube_comm *comm, const cube_collective *call,
-                            cube_error *refusal);
 /* Whether the communicator is between processes (cube_comm_init_rank). */
 int core_comm_remote(const cube_comm *comm);
 /* A hardware graph holding calls of a communicator between processes:

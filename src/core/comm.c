@@ -1910,12 +1910,6 @@ static cube_error *replay(cube_comm *comm, const cube_collective *call,
     return run_pending(&p, 1);
 }
 
-cube_error *core_comm_replay(cube_comm *comm, const cube_collective *call,
-                             core_alloc *dst, cube_error *refusal)
-{
-    return replay(comm, call, dst, refusal, 0);
-}
-
 static const core_recorded_call *nth(const core_recorded_call *calls,
                                      size_t stride, size_t i)
 {
@@ -1986,12 +1980,6 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
         return gone;
     }
     return err;
-}
-
-cube_error *core_comm_agree(cube_comm *comm, const cube_collective *call,
-                            cube_error *refusal)
-{
-    return replay(comm, call, NULL, refusal, 1);
 }
 
 int core_comm_remote(const cube_comm *comm)
