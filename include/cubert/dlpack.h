@@ -122,9 +122,12 @@ cube_dlpack_export(cube_client *client, cube_handle handle, cube_dl_dtype dtype,
  * The tensor must be on `client`'s device (CPU memory on the CPU and null
  * backends; CUDA memory of the client's GPU), start at a multiple of
  * CUBE_WRAP_ALIGNMENT, have non-negative strides and at least one element,
- * and not be read-only. Errors: CUBE_ERR_INVALID_ARGUMENT (NULL, another
- * device, a major version other than 1, misaligned, negative strides,
- * empty), CUBE_ERR_UNSUPPORTED (read-only, or the backend cannot take
+ * and not be read-only; data + byte_offset, and that plus the bytes the
+ * elements span, must not run past the end of the address space. Errors:
+ * CUBE_ERR_INVALID_ARGUMENT (NULL, another device, a major version other
+ * than 1, misaligned, negative strides, empty, a span that overflows 64
+ * bits, a byte_offset or span past the end of the address space),
+ * CUBE_ERR_UNSUPPORTED (read-only, or the backend cannot take
  * foreign memory), CUBE_ERR_OUT_OF_MEMORY, CUBE_ERR_DEVICE_FAULT. */
 CUBE_API CUBE_MUST_USE cube_error *
 cube_dlpack_import(cube_client *client, cube_dl_managed_versioned *tensor,

@@ -55,15 +55,15 @@ static uint64_t span_bytes(int32_t ndim, const int64_t *shape,
             return UINT64_MAX;
         if (shape[i] == 0)
             return 0;
+        uint64_t count = (uint64_t)shape[i];
         uint64_t stride = strides ? (uint64_t)strides[i] : dense;
-        uint64_t extent = (uint64_t)shape[i] - 1;
-        if (stride && extent > (UINT64_MAX / 2 - last) / stride)
+        if (stride && count - 1 > (UINT64_MAX / 2 - last) / stride)
             return UINT64_MAX;
-        last += extent * stride;
+        last += (count - 1) * stride;
         if (!strides) {
-            if ((uint64_t)shape[i] > UINT64_MAX / 2 / dense)
+            if (dense > UINT64_MAX / 2 / count)
                 return UINT64_MAX;
-            dense *= (uint64_t)shape[i];
+            dense *= count;
         }
     }
     if (last + 1 > UINT64_MAX / elem)
@@ -139,14 +139,16 @@ static cube_error *export_call(cube_client *c, cube_handle h,
         core_stream_unlock(st);
         core_fault_note(c, err);
     }
-    export_ctx *x = NULL;
-    if (!err && !(x = calloc(1, sizeof *x)))
-        err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_dlpack_export");
-    if (!err) {
-        /* The tensor's own reference: a slice over the same range. */
-        x->client = c;
-        err = cube_handle_slice(c, h, 0, r.size, &x->handle);
+    export_ctx *x = err ? NULL : calloc(1, sizeof *x);
+    if (!x) {
+        core_resolved_drop(c, &r);
+        return err ? err
+                   : cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                                    "cube_dlpack_export");
     }
+    /* The tensor's own reference: a slice over the same range. */
+    x->client = c;
+    err = cube_handle_slice(c, h, 0, r.size, &x->handle);
     if (err) {
         free(x);
         core_resolved_drop(c, &r);
@@ -243,7 +245,25 @@ static cube_error *import_tensor(cube_client *c, const cube_dl_tensor *t,
                               bytes ? "has a negative extent or stride, or "
                                       "spans more than fits"
                                     : "has no element");
-    uint64_t address = (uint64_t)(uintptr_t)t->data + t->byte_offset;
+    /* Both sums are checked here, before anything is wrapped: a
+     * byte_offset that wraps would start the buffer before `data`, over
+     * bytes the tensor does not describe. */
+    uint64_t data = (uint64_t)(uintptr_t)t->data;
+    if (t->byte_offset > UINT64_MAX - data)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_dlpack_import: byte_offset %llu from "
+                              "data 0x%llx runs past the end of the address "
+                              "space",
+                              (unsigned long long)t->byte_offset,
+                              (unsigned long long)data);
+    uint64_t address = data + t->byte_offset;
+    if (bytes > UINT64_MAX - address)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_dlpack_import: the tensor's %llu bytes "
+                              "at 0x%llx (data plus byte_offset) run past "
+                              "the end of the address space",
+                              (unsigned long long)bytes,
+                              (unsigned long long)address);
     return cube_wrap_memory(c, address, bytes, release, user, out);
 }
 

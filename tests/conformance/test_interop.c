@@ -315,6 +315,28 @@ static void count_delete_legacy(cube_dl_managed *self)
     deleted++;
 }
 
+/* `v` is refused by both imports, versioned and legacy (the same tensor),
+ * with CUBE_ERR_INVALID_ARGUMENT naming `needle`, and stays the caller's:
+ * no deleter runs, no handle comes back. */
+static void expect_import_refused(cube_dl_managed_versioned *v,
+                                  const char *needle)
+{
+    int before = deleted;
+    cube_handle out = {7};
+    CONF_EXPECT_MSG(cube_dlpack_import(conf.client, v, &out),
+                    CUBE_ERR_INVALID_ARGUMENT, needle);
+    assert_int_equal(out.bits, 0);
+    cube_dl_managed legacy;
+    memset(&legacy, 0, sizeof legacy);
+    legacy.dl_tensor = v->dl_tensor;
+    legacy.deleter = count_delete_legacy;
+    out.bits = 7;
+    CONF_EXPECT_MSG(cube_dlpack_import_legacy(conf.client, &legacy, &out),
+                    CUBE_ERR_INVALID_ARGUMENT, needle);
+    assert_int_equal(out.bits, 0);
+    assert_int_equal(deleted, before);
+}
+
 CONF_TEST(interop_dlpack_export_and_import_round_trip)
 {
     float in[24], out[24];
@@ -457,8 +479,38 @@ CONF_TEST(interop_dlpack_refuses_bad_tensors_and_keeps_them_the_callers)
     v.dl_tensor.byte_offset = 4; /* misaligned */
     CONF_EXPECT_MSG(cube_dlpack_import(conf.client, &v, &out),
                     CUBE_ERR_INVALID_ARGUMENT, "multiple of 16");
+    /* A byte_offset that wraps data + byte_offset past 2^64 would start
+     * the buffer 16 bytes before data (still aligned, and memory of the
+     * device): refused. So is a start near the top whose extent wraps. */
+    v.dl_tensor.byte_offset = (uint64_t)0 - 16u;
+    expect_import_refused(&v, "byte_offset");
+    v.dl_tensor.byte_offset = (uint64_t)0 - 32u - nb.address;
+    expect_import_refused(&v, "address space");
     v.dl_tensor.byte_offset = 0;
+    /* Extents and strides whose span overflows 64 bits. */
+    int64_t huge[2] = {INT64_C(1) << 40, INT64_C(1) << 40};
+    v.dl_tensor.shape = huge;
+    expect_import_refused(&v, "spans more than fits");
+    int64_t far[2] = {INT64_MAX, 1}, two[2] = {3, 4};
+    v.dl_tensor.shape = two;
+    v.dl_tensor.strides = far;
+    expect_import_refused(&v, "spans more than fits");
+    int64_t one[1] = {2}, top[1] = {INT64_C(1) << 62};
+    v.dl_tensor.ndim = 1;
+    v.dl_tensor.shape = one;
+    v.dl_tensor.strides = top; /* the last element fits; its bytes do not */
+    expect_import_refused(&v, "spans more than fits");
+    v.dl_tensor.ndim = 2;
+    v.dl_tensor.shape = shape;
+    v.dl_tensor.strides = NULL;
     assert_int_equal(deleted, 0);
+    /* The client is as it was: the buffer reads back. */
+    float back[16];
+    cube_copy_desc whole = cube_copy_desc_contiguous(h, sizeof back, 4);
+    void *dst[1] = {back};
+    uint64_t size[1] = {sizeof back};
+    CONF_OK(cube_read(conf.client, &whole, dst, size, 1));
+    assert_memory_equal(back, in, sizeof back);
     assert_int_equal(out.bits, 0);
     /* A good one, versioned and legacy: the deleter runs at the last
      * reference, once. */
