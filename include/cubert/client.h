@@ -158,11 +158,17 @@ typedef struct cube_properties {
     uint32_t max_units_per_cube;
     uint32_t max_cube_count[3];
     uint64_t max_shared_memory; /* bytes per cube */
-    uint64_t memory_total;      /* bytes of device memory */
-    uint64_t memory_alignment;  /* every buffer's address is a multiple */
-    uint64_t max_buffer_size;   /* the largest single buffer */
-    uint32_t compute_units;     /* cores or multiprocessors */
-    uint32_t features;          /* CUBE_FEATURE_* */
+    /* Bytes of device memory. A CPU device: the host's physical memory
+     * divided evenly among the $CUBERT_CPU_DEVICES virtual devices (whole
+     * pages), so the devices' figures add up to the machine. The preset
+     * pools and max_buffer_size are sized by it; the bytes themselves are
+     * the host's, shared: nothing stops one device from holding more than
+     * its share while the others hold less. */
+    uint64_t memory_total;
+    uint64_t memory_alignment; /* every buffer's address is a multiple */
+    uint64_t max_buffer_size;  /* the largest single buffer */
+    uint32_t compute_units;    /* cores or multiprocessors */
+    uint32_t features;         /* CUBE_FEATURE_* */
     cube_timing_method timing;
 } cube_properties;
 

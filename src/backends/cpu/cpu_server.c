@@ -118,6 +118,32 @@ static void read_cpu_name(char *out, size_t cap)
     fclose(f);
 }
 
+/* Virtual devices: $CUBERT_CPU_DEVICES, else one. */
+static uint32_t cpu_devices(void)
+{
+    cube_config_value v;
+    if (cube_config_lookup("cpu_devices", &v) == 0 &&
+        v.origin != CUBE_CONFIG_UNSET && v.number > 0)
+        return v.number;
+    return 1;
+}
+
+/* A device's memory: the host's physical memory shared evenly among the
+ * virtual devices, in whole pages, so that the devices' figures add up to
+ * the machine as N accelerators' would (two devices claiming the whole
+ * host each would invite a program to place twice the machine's memory).
+ * The memory manager sizes the pools and the largest buffer by it. */
+static uint64_t cpu_device_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t size = page > 0 ? (uint64_t)page : 4096u;
+    uint64_t host = (uint64_t)1 << 32; /* when the host will not say */
+    if (pages > 0 && page > 0)
+        host = (uint64_t)pages * size;
+    uint64_t share = host / cpu_devices() / size * size;
+    return share ? share : size;
+}
+
 static void fill_properties(cube_properties *p, uint32_t threads)
 {
     memset(p, 0, sizeof *p);
@@ -138,9 +164,7 @@ static void fill_properties(cube_properties *p, uint32_t threads)
     p->max_cube_count[1] = 65535;
     p->max_cube_count[2] = 65535;
     p->max_shared_memory = CPU_MAX_SHARED;
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    p->memory_total = (pages > 0 && page > 0) ? (uint64_t)pages * (uint64_t)page
-                                              : (uint64_t)1 << 32;
+    p->memory_total = cpu_device_memory();
     p->memory_alignment = CPU_ALIGNMENT;
     p->max_buffer_size = p->memory_total;
     p->compute_units = threads;
@@ -801,16 +825,6 @@ static const cube_server_vtable cpu_vtable = {
     .collective = cpu_collective,
     .wrap_memory = host_wrap_memory,
 };
-
-/* Virtual devices: $CUBERT_CPU_DEVICES, else one. */
-static uint32_t cpu_devices(void)
-{
-    cube_config_value v;
-    if (cube_config_lookup("cpu_devices", &v) == 0 &&
-        v.origin != CUBE_CONFIG_UNSET && v.number > 0)
-        return v.number;
-    return 1;
-}
 
 static cube_error *cpu_device_count(uint32_t *out)
 {
