@@ -26,71 +26,6 @@
 
 /* --- small helpers --- */
 
-void cubert_usage(FILE *f)
-{
-    fprintf(
-        f,
-        "usage: cubert <command> [options]\n"
-        "\n"
-        "commands:\n"
-        "  info [--json]             list the backends and, for each, its\n"
-        "                            device properties or why it is\n"
-        "                            unavailable; then every configuration\n"
-        "                            key, its value and where it came from\n"
-        "                            (default, environment or the file);\n"
-        "                            --json prints it as one JSON object\n"
-        "  allreduce [--backend B] [--ranks N] [--max BYTES]\n"
-        "                            all-reduce f32 sums over every device\n"
-        "                            of backend B (default: cuda when it\n"
-        "                            has a device, else cpu; N ranks, at\n"
-        "                            most the devices there are; the CPU\n"
-        "                            has $CUBERT_CPU_DEVICES), one thread\n"
-        "                            per rank, from 1 KiB to BYTES (default\n"
-        "                            64 MiB); checks each result and prints\n"
-        "                            the time, algorithm and bus bandwidth\n"
-        "  demo [--device D] [--size N]\n"
-        "                            run a tiled matrix product (N x N,\n"
-        "                            default 256), a reduction of 1M floats\n"
-        "                            and a row-wise softmax (512 x 1000) on\n"
-        "                            device D (default: $CUBERT_DEVICE, else\n"
-        "                            cpu), check each against plain C and\n"
-        "                            time them; exit status 0 only if every\n"
-        "                            check passes\n"
-        "  memory [--device D] [--json] [--demo] [--buffers]\n"
-        "                            open device D and print the memory\n"
-        "                            report of the calling stream for the\n"
-        "                            default layout: each pool's page and\n"
-        "                            size range, pages, buffers, bytes in\n"
-        "                            use and reserved with their high-water\n"
-        "                            marks, then the large tail and the\n"
-        "                            persistent pool; then the counters\n"
-        "                            (allocations, releases, pool hits and\n"
-        "                            misses, device allocations and frees,\n"
-        "                            out-of-memory events and retries,\n"
-        "                            bytes allocated, reserved and free in\n"
-        "                            the pools with their peaks) of the\n"
-        "                            stream and of the whole device;\n"
-        "                            allocates nothing.\n"
-        "                            --json prints the report as JSON (one\n"
-        "                            object per line); --demo allocates\n"
-        "                            buffers of varied sizes, prints the\n"
-        "                            report, releases them, resets the\n"
-        "                            high-water marks and prints it again;\n"
-        "                            --buffers lists the live buffers after\n"
-        "                            each report, largest first: handle,\n"
-        "                            size, stream, pool, label (with --json\n"
-        "                            a {\"buffers\": [...]} line)\n"
-        "  help, --help, -h          this text (also COMMAND --help)\n"
-        "  --version, version        the library version\n"
-        "\n"
-        "options take their value as --opt VALUE or --opt=VALUE; a\n"
-        "unique prefix of an option's name is that option.\n"
-        "\n"
-        "exit status: 0 success; 1 a failure (an error, a failed check);\n"
-        "2 a usage error (unknown command, option or argument, a missing\n"
-        "or bad option value, no command)\n");
-}
-
 static double now_ms(void)
 {
     struct timespec ts;
@@ -251,16 +186,28 @@ static void print_configuration(void)
     }
 }
 
+/* "  unavailable: REASON" for the error `call` gave about the backend or
+ * device just named, then the error's causes, if any; frees `err`. A code
+ * other than "unavailable" is named, since the reason alone may not say
+ * it. */
+static void print_unavailable(cube_error *err, const char *call)
+{
+    cube_code code = cube_error_code(err);
+    if (code == CUBE_ERR_UNAVAILABLE)
+        printf("  unavailable: %s\n", cubert_unavailable_reason(err, call));
+    else
+        printf("  unavailable (%s): %s\n", cube_code_name(code),
+               cubert_unavailable_reason(err, call));
+    for (size_t i = 0; i < cube_error_cause_count(err); i++)
+        printf("    %s\n", cube_error_message(cube_error_cause(err, i)));
+    cube_error_free(err);
+}
+
 static void print_version(void)
 {
     printf("cubert %d.%d.%d\n", CUBE_VERSION_MAJOR, CUBE_VERSION_MINOR,
            CUBE_VERSION_PATCH);
 }
-
-/* Reads a command's options until the end or a usage error, with help
- * handled: returns 0 to go on, else the exit status (0 after --help). */
-#define CUBERT_ARGS_DONE(c)                                                    \
-    ((c) == CUBERT_ARGS_HELP ? (cubert_usage(stdout), 0) : EXIT_USAGE)
 
 static int cmd_info(int argc, char **argv)
 {
@@ -273,7 +220,7 @@ static int cmd_info(int argc, char **argv)
     while ((opt = cubert_args_next(&args)) > 0)
         json = 1;
     if (opt != CUBERT_ARGS_END)
-        return CUBERT_ARGS_DONE(opt);
+        return cubert_args_stop(&args, opt);
     if (json)
         return cubert_info_json();
     print_version();
@@ -300,11 +247,8 @@ static int cmd_info(int argc, char **argv)
         uint32_t count = 0;
         cube_error *err = cube_device_count(list[i], &count);
         if (err) {
-            char *text = cube_error_format(err);
-            printf("\n[%s]\n  unavailable: %s\n", list[i],
-                   text ? text : cube_error_message(err));
-            free(text);
-            cube_error_free(err);
+            printf("\n[%s]\n", list[i]);
+            print_unavailable(err, "cube_device_count");
             continue;
         }
         for (uint32_t d = 0; d < count; d++) {
@@ -315,11 +259,7 @@ static int cmd_info(int argc, char **argv)
             printf("\n[%s]%s\n", name,
                    count > 1 ? "" : "  (the backend's only device)");
             if (err) {
-                char *text = cube_error_format(err);
-                printf("  unavailable: %s\n",
-                       text ? text : cube_error_message(err));
-                free(text);
-                cube_error_free(err);
+                print_unavailable(err, "cube_device_describe");
                 continue;
             }
             print_properties(&info.properties, "  ");
@@ -573,10 +513,10 @@ static int demo_matmul(demo *d, uint32_t n)
 {
     cube_client *c = d->client;
     size_t elems = (size_t)n * n;
-    float *a = malloc(elems * sizeof *a);
-    float *b = malloc(elems * sizeof *b);
+    float *a = calloc(elems, sizeof *a);
+    float *b = calloc(elems, sizeof *b);
     float *out = malloc(elems * sizeof *out);
-    double *ref = malloc(elems * sizeof *ref);
+    double *ref = calloc(elems, sizeof *ref);
     cube_kernel *k = NULL;
     cube_handle ha = {0}, hb = {0}, hc = {0};
     int rc = -1;
@@ -683,8 +623,8 @@ static int demo_reduce(demo *d, uint32_t n)
     /* Non-negative inputs: the sum has no cancellation, so a relative
      * tolerance is meaningful. */
     fill(x, n, 3, 0.0f, 1.0f);
-    uint32_t cubes = (uint32_t)(((uint64_t)n + RED_DIM * RED_PER_UNIT - 1) /
-                                (RED_DIM * RED_PER_UNIT));
+    const uint64_t per_cube = (uint64_t)RED_DIM * RED_PER_UNIT;
+    uint32_t cubes = (uint32_t)(((uint64_t)n + per_cube - 1) / per_cube);
     if (cubes == 0)
         cubes = 1;
     printf("\n(b) reduction: sum of %u floats, cube dim %d, %u cubes, "
@@ -869,14 +809,12 @@ static int cmd_demo(int argc, char **argv)
         if (opt == 'd') {
             device = args.value;
         } else if (parse_u32(args.value, 1, 2048, &n)) {
-            fprintf(stderr,
-                    "cubert demo: --size '%s' is not a number in 1..2048\n",
-                    args.value);
-            return EXIT_USAGE;
+            return cubert_usage_error(
+                "demo", "--size '%s' is not a number in 1..2048", args.value);
         }
     }
     if (opt != CUBERT_ARGS_END)
-        return CUBERT_ARGS_DONE(opt);
+        return cubert_args_stop(&args, opt);
 
     demo d;
     memset(&d, 0, sizeof d);
@@ -965,6 +903,18 @@ static int cmd_demo(int argc, char **argv)
     X(free_bytes, "free in pools", 1)                                          \
     X(free_bytes_peak, "free in pools, peak", 1)
 
+/* The counters of `s` as the members of a JSON object, the first of them
+ * after `members_before` others. */
+static void json_stat_members(const cube_memory_stats *s, int members_before)
+{
+    int n = members_before;
+#define X(field, name, bytes)                                                  \
+    printf("%s\"%s\":%llu", n++ ? "," : "", #field,                            \
+           (unsigned long long)s->field);
+    MEMORY_STAT_FIELDS(X)
+#undef X
+}
+
 /* The counters of the calling stream and of the whole device after the
  * report: a table, or one JSON object on a line of its own. */
 static int print_memory_stats(cube_client *c, int json)
@@ -979,16 +929,10 @@ static int print_memory_stats(cube_client *c, int json)
                "cube_memory_stats_get"))
         return 1;
     if (json) {
-        const char *sep = "";
         printf("{\"stats\":{\"stream\":{");
-#define X(field, name, bytes)                                                  \
-    printf("%s\"%s\":%llu", sep, #field, (unsigned long long)one.field);       \
-    sep = ",";
-        MEMORY_STAT_FIELDS(X)
+        json_stat_members(&one, 0);
         printf("},\"device\":{\"streams\":%u", all.streams);
-        sep = ",";
-        MEMORY_STAT_FIELDS(X)
-#undef X
+        json_stat_members(&all, 1);
         printf("}}}\n");
         return 0;
     }
@@ -1157,8 +1101,8 @@ static int memory_demo(cube_client *c, const cube_properties *p, int json,
             persistent[n++] = 0;
         }
     }
-    if (budget >= 256 * 1024) {
-        sizes[n] = 256 * 1024;
+    if (budget >= 256ull * 1024) {
+        sizes[n] = 256ull * 1024;
         persistent[n++] = 1;
     }
     /* One buffer above every pool's largest request, for the tail. */
@@ -1247,7 +1191,7 @@ static int cmd_memory(int argc, char **argv)
             demo_mode = 1;
     }
     if (opt != CUBERT_ARGS_END)
-        return CUBERT_ARGS_DONE(opt);
+        return cubert_args_stop(&args, opt);
 
     cube_client *c = NULL;
     if (report(cube_client_open(device, NULL, &c), "cube_client_open"))
@@ -1275,6 +1219,148 @@ static int cmd_memory(int argc, char **argv)
     return rc;
 }
 
+/* --- the commands and their help --- */
+
+const cubert_command cubert_commands[] = {
+    {"info", "[--json]",
+     "backends, devices (or why unavailable), configuration",
+     "Lists the backends compiled in and, for each backend cubert knows,\n"
+     "every device with its properties (limits, memory, features, timing\n"
+     "method) or why it is unavailable; then every configuration key, its\n"
+     "value and where the value came from (default, environment or the\n"
+     "configuration file). Opens no device.\n"
+     "\n"
+     "options:\n"
+     "  --json      all of it as one JSON object\n"
+     "  -h, --help  this text\n"
+     "\n"
+     "exit status: 0; 1 when the output could not be written; 2 a usage\n"
+     "error\n",
+     cmd_info},
+    {"demo", "[--device D] [--size N]",
+     "three kernels checked against plain C, with timings",
+     "Runs a tiled matrix product (N x N), a reduction of 1M floats and a\n"
+     "row-wise softmax (512 x 1000) on device D, checks each result against\n"
+     "plain C and prints the timings and the memory used.\n"
+     "\n"
+     "options:\n"
+     "  --device D  a backend (cpu, cuda) or one of its devices (cuda:1);\n"
+     "              default $CUBERT_DEVICE, else cpu\n"
+     "  --size N    the matrix product's size, 1 to 2048 (default 256)\n"
+     "  -h, --help  this text\n"
+     "\n"
+     "exit status: 0 when every check passes; 1 a failed check or an\n"
+     "error; 2 a usage error\n",
+     cmd_demo},
+    {"memory", "[--device D] [--json] [--demo] [--buffers]",
+     "a device's memory pools, counters and live buffers",
+     "Opens device D and prints the memory report of the calling thread's\n"
+     "stream for the default layout: each pool's page and size range,\n"
+     "pages, buffers, bytes in use and reserved with their high-water\n"
+     "marks, then the large tail and the persistent pool; then the counters\n"
+     "(allocations, releases, pool hits and misses, device allocations and\n"
+     "frees, out-of-memory events and retries, bytes allocated, reserved\n"
+     "and free in the pools with their peaks) of the stream and of the\n"
+     "whole device. Without --demo it allocates nothing.\n"
+     "\n"
+     "options:\n"
+     "  --device D  a backend or one of its devices (default\n"
+     "              $CUBERT_DEVICE, else cpu)\n"
+     "  --json      the report as JSON, one object per line\n"
+     "  --demo      allocate buffers of varied sizes, print the report,\n"
+     "              release them, reset the high-water marks and print it\n"
+     "              again\n"
+     "  --buffers   after each report, the live buffers, largest first:\n"
+     "              handle, size, stream, pool, label (with --json a\n"
+     "              {\"buffers\": [...]} line)\n"
+     "  -h, --help  this text\n"
+     "\n"
+     "exit status: 0; 1 an error; 2 a usage error\n",
+     cmd_memory},
+    {"allreduce", "[--backend B] [--ranks N] [--max BYTES]",
+     "a checked all-reduce over a backend's devices",
+     "All-reduces f32 sums over the devices of backend B, one thread per\n"
+     "rank, at sizes from 1 KiB up to BYTES (each four times the last);\n"
+     "checks every result and prints the time per call, the algorithm\n"
+     "bandwidth and the bus bandwidth.\n"
+     "\n"
+     "options:\n"
+     "  --backend B  the backend (default: cuda when it has a device, else\n"
+     "               cpu, which has $CUBERT_CPU_DEVICES devices)\n"
+     "  --ranks N    at most N ranks (default, or 0: one per device)\n"
+     "  --max BYTES  the largest size, at least 1024 (default 64 MiB)\n"
+     "  -h, --help   this text\n"
+     "\n"
+     "exit status: 0 when every result checks out; 1 a wrong result or an\n"
+     "error; 2 a usage error\n",
+     cubert_cmd_allreduce},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+const cubert_command *cubert_command_find(const char *name)
+{
+    for (const cubert_command *c = cubert_commands; c->name; c++)
+        if (!strcmp(c->name, name))
+            return c;
+    return NULL;
+}
+
+void cubert_help(const char *command, FILE *f)
+{
+    const cubert_command *cmd = cubert_command_find(command);
+    if (cmd) {
+        fprintf(f, "usage: cubert %s %s\n\n%s", cmd->name, cmd->synopsis,
+                cmd->help);
+        return;
+    }
+    fprintf(f, "usage: cubert <command> [options]\n\ncommands:\n");
+    for (const cubert_command *c = cubert_commands; c->name; c++)
+        fprintf(f, "  %-19s %s\n", c->name, c->summary);
+    fprintf(f,
+            "  %-19s %s\n  %-19s %s\n", "help [COMMAND]",
+            "this text, or a command's (as COMMAND --help)",
+            "version, --version", "the library version");
+    fprintf(f,
+            "\n"
+            "'cubert COMMAND --help' describes a command and its options.\n"
+            "Options take their value as --opt VALUE or --opt=VALUE; a unique\n"
+            "prefix of an option's name is that option.\n"
+            "\n"
+            "exit status: 0 success; 1 a failure (an error, a failed check);\n"
+            "2 a usage error (unknown command, option or argument, a missing\n"
+            "or bad option value, no command)\n");
+}
+
+/* "info, demo, memory, allreduce": for the messages that name them. */
+static const char *command_list(void)
+{
+    static char list[128];
+    size_t used = 0;
+    for (const cubert_command *c = cubert_commands; c->name; c++) {
+        int n = snprintf(list + used, sizeof list - used, "%s%s",
+                         used ? ", " : "", c->name);
+        if (n < 0 || (size_t)n >= sizeof list - used)
+            break;
+        used += (size_t)n;
+    }
+    return list;
+}
+
+/* `cubert help [COMMAND]`: argv[0] is "help". */
+static int cmd_help(int argc, char **argv)
+{
+    if (argc > 2)
+        return cubert_usage_error("", "help takes one command, not '%s'",
+                                  argv[2]);
+    const char *name = argc > 1 ? argv[1] : "";
+    if (!strcmp(name, "-h") || !strcmp(name, "--help"))
+        name = "";
+    if (*name && !cubert_command_find(name))
+        return cubert_usage_error("", "unknown command '%s' (commands: %s)", name,
+                                  command_list());
+    cubert_help(name, stdout);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     /* The program's own options come before the command; the command
@@ -1293,33 +1379,25 @@ int main(int argc, char **argv)
         return 0;
     }
     if (opt != CUBERT_ARGS_END)
-        return CUBERT_ARGS_DONE(opt);
+        return cubert_args_stop(&args, opt);
     int first = args.rest;
-    if (first >= argc) {
-        fprintf(stderr, "cubert: no command\n");
-        cubert_usage(stderr);
-        return EXIT_USAGE;
-    }
-    const char *cmd = argv[first];
+    if (first >= argc)
+        return cubert_usage_error("", "no command given (commands: %s)", command_list());
+    const char *name = argv[first];
     int cargc = argc - first;
     char **cargv = argv + first;
-    if (!strcmp(cmd, "help")) {
-        cubert_usage(stdout);
-        return 0;
-    }
-    if (!strcmp(cmd, "version")) {
+    if (!strcmp(name, "help"))
+        return cmd_help(cargc, cargv);
+    if (!strcmp(name, "version")) {
+        if (cargc > 1)
+            return cubert_usage_error("", "version takes no argument, not '%s'",
+                                      cargv[1]);
         print_version();
         return 0;
     }
-    if (!strcmp(cmd, "info"))
-        return cmd_info(cargc, cargv);
-    if (!strcmp(cmd, "demo"))
-        return cmd_demo(cargc, cargv);
-    if (!strcmp(cmd, "memory"))
-        return cmd_memory(cargc, cargv);
-    if (!strcmp(cmd, "allreduce"))
-        return cubert_cmd_allreduce(cargc, cargv);
-    fprintf(stderr, "cubert: unknown command '%s'\n", cmd);
-    cubert_usage(stderr);
-    return EXIT_USAGE;
+    const cubert_command *cmd = cubert_command_find(name);
+    if (cmd)
+        return cmd->run(cargc, cargv);
+    return cubert_usage_error("", "unknown command '%s' (commands: %s)", name,
+                              command_list());
 }

@@ -92,8 +92,28 @@ static void json_backends(void)
     printf("]");
 }
 
+const char *cubert_unavailable_reason(const cube_error *err, const char *call)
+{
+    const char *message = cube_error_message(err);
+    size_t n = strlen(call);
+    if (strncmp(message, call, n) != 0)
+        return *message ? message : "no reason given";
+    /* "call: " or "call(argument): " */
+    const char *p = message + n;
+    if (*p == '(') {
+        p = strchr(p, ')');
+        if (!p)
+            return message;
+        p++;
+    }
+    if (p[0] != ':' || p[1] != ' ' || !p[2])
+        return message;
+    return p + 2;
+}
+
+/* `call` is the library function that answered `err`. */
 static void json_unavailable(const char *backend, const char *device,
-                             cube_error *err)
+                             const char *call, cube_error *err)
 {
     printf("{\"backend\":");
     json_str(backend);
@@ -102,7 +122,7 @@ static void json_unavailable(const char *backend, const char *device,
     printf(",\"available\":false,\"code\":");
     json_str(cube_code_name(cube_error_code(err)));
     printf(",\"reason\":");
-    json_str(cube_error_message(err));
+    json_str(cubert_unavailable_reason(err, call));
     printf("}");
     cube_error_free(err);
 }
@@ -118,7 +138,7 @@ static void json_devices(void)
         if (err) {
             printf("%s", first ? "" : ",");
             first = 0;
-            json_unavailable(built[b], NULL, err);
+            json_unavailable(built[b], NULL, "cube_device_count", err);
             continue;
         }
         for (uint32_t d = 0; d < count; d++) {
@@ -128,7 +148,7 @@ static void json_devices(void)
             printf("%s", first ? "" : ",");
             first = 0;
             if ((err = cube_device_describe(name, &info))) {
-                json_unavailable(built[b], name, err);
+                json_unavailable(built[b], name, "cube_device_describe", err);
                 continue;
             }
             printf("{\"backend\":");
