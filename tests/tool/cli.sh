@@ -93,12 +93,12 @@ help_of allreduce --backend --ranks --max 1024 -- allreduce --help
 help_of demo --device --size -- help demo
 help_of allreduce --backend -- allreduce --max 4096 --help
 for cmd in info demo memory allreduce; do
-    help_of $cmd -- $cmd --help
-    help_of $cmd -- $cmd -h
-    help_of $cmd -- help $cmd
-    usage $cmd "cubert $cmd: unknown option '--bogus'" -- $cmd --bogus
-    usage $cmd "cubert $cmd: unknown option '-q'" -- $cmd -q
-    usage $cmd "cubert $cmd: unexpected argument 'extra'" -- $cmd extra
+    help_of "$cmd" -- "$cmd" --help
+    help_of "$cmd" -- "$cmd" -h
+    help_of "$cmd" -- help "$cmd"
+    usage "$cmd" "cubert $cmd: unknown option '--bogus'" -- "$cmd" --bogus
+    usage "$cmd" "cubert $cmd: unknown option '-q'" -- "$cmd" -q
+    usage "$cmd" "cubert $cmd: unexpected argument 'extra'" -- "$cmd" extra
 done
 usage demo "cubert demo: unknown option '--foo'" -- demo --foo
 usage memory "cubert memory: option '--d' is ambiguous (--device, --demo)" \
