@@ -24,8 +24,10 @@ build: $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The main job: a tiled matrix product, a reduction and a softmax on the
-# default device (the CPU backend), each checked against plain C.
-demo: build
+# default device (the CPU backend), each checked against plain C. Builds
+# the program and the library it links, not the tests and benchmarks.
+demo: $(BUILD)/Makefile
+	cmake --build $(BUILD) -j $(JOBS) --target cubert_tool
 	./$(BUILD)/cubert demo
 
 info: build
