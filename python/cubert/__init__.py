@@ -1,20 +1,20 @@
 """cubert: GPU and CPU compute from Python.
 
-Clients, buffers, kernels in cube C, launches, graphs, profiling, memory
-reports and DLPack, over cubert's C API (docs/python.md).
+Clients, buffers, kernels in cube C, launches, streams and events, graphs,
+profiling, memory reports and DLPack, over cubert's C API (docs/python.md).
 """
 
 import contextlib as _contextlib
 import threading as _threading
 
 from . import errors
-from ._cubert import (Buffer, Client, Graph, Kernel, Profile, RawKernel,
-                      backends, devices)
+from ._cubert import (Buffer, Client, Event, Graph, Kernel, Profile,
+                      RawKernel, Stream, backends, devices)
 from .errors import *  # noqa: F401,F403 - the exception classes
 
 __all__ = [
-    "Buffer", "Client", "Graph", "Kernel", "Profile", "RawKernel", "backends",
-    "devices",
+    "Buffer", "Client", "Event", "Graph", "Kernel", "Profile", "RawKernel",
+    "Stream", "backends", "devices",
     "dry_run", "from_dlpack", "default_client",
 ] + errors.__all__
 

@@ -41,9 +41,30 @@ class Error(Exception):
 
     def __str__(self):
         text = f"{self.code_name}: {self.message}"
+        if self.log:
+            text += _log_excerpt(self.log)
         for cause in self.causes:
             text += "\n  caused by " + str(cause).replace("\n", "\n  ")
         return text
+
+
+# How many of the log's lines the message carries: the first ones that
+# name an error (a compiler's "file:line:col: error: ..."), else the first.
+_LOG_LINES = 3
+_ERROR_LINE = re.compile(r"\berror\b", re.IGNORECASE)
+
+
+def _log_excerpt(log):
+    """The lines of a compiler's log worth reading in the message itself,
+    indented, as cube_error_format shows the log in C; the whole log stays
+    in `log`."""
+    lines = [line.rstrip() for line in log.splitlines() if line.strip()]
+    chosen = [line for line in lines if _ERROR_LINE.search(line)]
+    chosen = (chosen or lines)[:_LOG_LINES]
+    text = "".join("\n  " + line for line in chosen)
+    if len(chosen) < len(lines):
+        text += f"\n  ({len(lines) - len(chosen)} more lines in .log)"
+    return text
 
 
 def _define(name, code, *bases):

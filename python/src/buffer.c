@@ -196,6 +196,26 @@ static int host_view_any(PyObject *obj, PyObject *dtype, pyc_host_view *v)
     return rc;
 }
 
+/* Nonzero, with TypeError set, for what a copy does not take: text
+ * (NumPy would parse it as numbers, or refuse it with a ValueError that
+ * hides the mistake) and, with `numbers`, a bare number (a write of one
+ * would fill one element at most). */
+static int refuse_text(PyObject *obj, const char *call, int numbers)
+{
+    const char *what = NULL;
+    if (numbers && (obj == Py_None || PyLong_Check(obj) ||
+                    PyFloat_Check(obj) || PyComplex_Check(obj)))
+        what = "a number";
+    else if (PyUnicode_Check(obj))
+        what = "a str (encode it to bytes)";
+    if (what)
+        PyErr_Format(PyExc_TypeError,
+                     "cubert: %s takes an array, bytes or a sequence of "
+                     "numbers, not %s",
+                     call, what);
+    return what != NULL;
+}
+
 static PyObject *buffer_write(pyc_buffer *self, PyObject *obj)
 {
     cube_handle h;
@@ -205,13 +225,8 @@ static PyObject *buffer_write(pyc_buffer *self, PyObject *obj)
     /* Arrays and bytes are copied as they are (their bytes must fill the
      * buffer); other sequences are converted to the buffer's dtype. A
      * bare number is refused: it would fill one element at most. */
-    if (obj == Py_None || PyLong_Check(obj) || PyFloat_Check(obj) ||
-        PyComplex_Check(obj)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "cubert: write takes an array, bytes or a sequence, "
-                        "not a number");
+    if (refuse_text(obj, "write", 1))
         return NULL;
-    }
     PyObject *convert = NULL;
     if (!PyBytes_Check(obj) && !PyByteArray_Check(obj) &&
         !PyObject_HasAttrString(obj, "__array_interface__") &&
@@ -276,7 +291,9 @@ PyObject *pyc_client_asarray(pyc_client *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"obj", "dtype", NULL};
     PyObject *obj, *dtype_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", names, &obj, &dtype_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", names, &obj,
+                                     &dtype_obj) ||
+        refuse_text(obj, "asarray", 0))
         return NULL;
     cube_client *c = pyc_client_get(self);
     if (!c)
@@ -340,8 +357,11 @@ static PyObject *buffer_view(pyc_buffer *self, PyObject *args, PyObject *kw)
 
 static PyObject *buffer_slice(pyc_buffer *self, PyObject *args)
 {
-    unsigned long long offset, size;
-    if (!PyArg_ParseTuple(args, "KK", &offset, &size))
+    PyObject *offset_obj, *size_obj;
+    uint64_t offset, size;
+    if (!PyArg_ParseTuple(args, "OO", &offset_obj, &size_obj) ||
+        pyc_index_u64(offset_obj, "offset", UINT64_MAX, &offset) < 0 ||
+        pyc_index_u64(size_obj, "nbytes", INT64_MAX, &size) < 0)
         return NULL;
     cube_handle h;
     cube_client *c = pyc_buffer_get((PyObject *)self, &h);
@@ -468,24 +488,34 @@ static PyObject *buffer_repr(pyc_buffer *self)
 
 static PyMethodDef buffer_methods[] = {
     {"numpy", (PyCFunction)buffer_numpy, METH_NOARGS,
+     "numpy($self, /)\n--\n\n"
      "A new NumPy array holding a copy of the buffer."},
     {"read", (PyCFunction)buffer_read, METH_O,
-     "read(out): copies the buffer into a writable C-contiguous array."},
+     "read($self, out, /)\n--\n\n"
+     "Copies the buffer into a writable C-contiguous array."},
     {"write", (PyCFunction)buffer_write, METH_O,
-     "write(obj): copies obj (the buffer's size in bytes) in."},
+     "write($self, obj, /)\n--\n\n"
+     "Copies obj (the buffer's size in bytes) in."},
     {"view", (PyCFunction)(void (*)(void))buffer_view,
      METH_VARARGS | METH_KEYWORDS,
-     "view(shape, dtype=None) -> Buffer on the same memory."},
+     "view($self, /, shape, dtype=None)\n--\n\n"
+     "A Buffer on the same memory with another shape or dtype."},
     {"slice", (PyCFunction)buffer_slice, METH_VARARGS,
-     "slice(offset, nbytes) -> uint8 Buffer over a byte range."},
+     "slice($self, offset, nbytes, /)\n--\n\n"
+     "A uint8 Buffer over a byte range."},
     {"mark_written", (PyCFunction)buffer_mark_written, METH_NOARGS,
+     "mark_written($self, /)\n--\n\n"
      "Tells cubert foreign work wrote the buffer (cube_native_written)."},
     {"release", (PyCFunction)buffer_release, METH_NOARGS,
-     "Drops the handle now."},
+     "release($self, /)\n--\n\nDrops the handle now."},
     {"__dlpack__", (PyCFunction)(void (*)(void))pyc_buffer_dlpack,
-     METH_VARARGS | METH_KEYWORDS, NULL},
+     METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, "
+     "copy=None)\n--\n\n"
+     "A DLPack capsule over the buffer (the array API's protocol)."},
     {"__dlpack_device__", (PyCFunction)pyc_buffer_dlpack_device, METH_NOARGS,
-     NULL},
+     "__dlpack_device__($self, /)\n--\n\n"
+     "(device type, device id) as DLPack numbers them."},
     {NULL, NULL, 0, NULL},
 };
 

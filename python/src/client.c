@@ -23,10 +23,11 @@ void pyc_client_pin(pyc_client *self)
 static void really_close(pyc_client *self)
 {
     cube_client *c = self->c_open;
-    self->c_open = NULL;
     self->c = NULL;
     if (!c)
         return;
+    pyc_events_close(self);
+    self->c_open = NULL;
     /* Close waits for the device and may call release callbacks, which
      * take the GIL: let them. */
     PyThreadState *ts = PyEval_SaveThread();
@@ -44,16 +45,20 @@ static int client_init(pyc_client *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"device", "cpu_threads", "cache_dir", NULL};
     const char *device = NULL, *cache_dir = NULL;
-    unsigned int cpu_threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|z$Iz", names, &device,
-                                     &cpu_threads, &cache_dir))
+    PyObject *threads_obj = NULL;
+    uint64_t cpu_threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|z$Oz", names, &device,
+                                     &threads_obj, &cache_dir))
+        return -1;
+    if (threads_obj && pyc_index_u64(threads_obj, "cpu_threads", UINT32_MAX,
+                                     &cpu_threads) < 0)
         return -1;
     if (self->c_open) {
         pyc_raise_invalid("the client is open already");
         return -1;
     }
     cube_client_options o = cube_client_options_default();
-    o.cpu_threads = cpu_threads;
+    o.cpu_threads = (uint32_t)cpu_threads;
     o.cache_dir = cache_dir;
     cube_client *c = NULL;
     cube_error *err;
@@ -512,38 +517,6 @@ static PyObject *client_range_pop(pyc_client *self, PyObject *unused)
     return call_client(self, cube_range_pop);
 }
 
-static PyObject *client_stream_get(pyc_client *self, void *closure)
-{
-    (void)closure;
-    cube_client *c = pyc_client_get(self);
-    if (!c)
-        return NULL;
-    return PyLong_FromUnsignedLongLong(cube_stream_current(c));
-}
-
-static int client_stream_set(pyc_client *self, PyObject *value, void *closure)
-{
-    (void)closure;
-    if (!value) {
-        PyErr_SetString(PyExc_AttributeError, "cubert: stream cannot be "
-                                              "deleted");
-        return -1;
-    }
-    unsigned long long id = PyLong_AsUnsignedLongLong(value);
-    if (id == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    cube_client *c = pyc_client_get(self);
-    if (!c)
-        return -1;
-    cube_error *err;
-    PYC_NOGIL(self, err = cube_stream_use(c, id));
-    if (err) {
-        pyc_raise(err);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *client_stream_ids(pyc_client *self, PyObject *unused)
 {
     (void)unused;
@@ -592,19 +565,15 @@ static PyObject *client_native_stream(pyc_client *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)s);
 }
 
-/* stream: an int as the array API numbers CUDA streams (0 and 1: the
- * legacy default stream, 2: the per-thread one, else a CUstream). */
+/* stream: a native stream (pyc_native_stream_from). */
 static PyObject *client_native_wait(pyc_client *self, PyObject *stream)
 {
     cube_client *c = pyc_client_get(self);
     if (!c)
         return NULL;
-    unsigned long long v = PyLong_AsUnsignedLongLong(stream);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
+    void *foreign;
+    if (pyc_native_stream_from(self, stream, &foreign) < 0)
         return NULL;
-    void *foreign = (void *)(uintptr_t)v;
-    if (self->dl_device_type == CUBE_DL_CUDA && v == 0)
-        foreign = CUBE_NATIVE_STREAM_LEGACY;
     cube_error *err;
     PYC_NOGIL(self, err = cube_native_wait(c, foreign));
     if (err)
@@ -618,78 +587,138 @@ static PyObject *client_repr(pyc_client *self)
                                 self->c ? "" : " (closed)");
 }
 
+/* Docstrings open with a text signature ("name($self, ...)\n--\n\n"),
+ * which inspect.signature reads. */
 static PyMethodDef client_methods[] = {
     {"close", (PyCFunction)client_close, METH_NOARGS,
+     "close($self, /)\n--\n\n"
      "Closes the client (a second close does nothing)."},
-    {"__enter__", (PyCFunction)client_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)client_exit, METH_VARARGS, NULL},
+    {"__enter__", (PyCFunction)client_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\n"},
+    {"__exit__", (PyCFunction)client_exit, METH_VARARGS,
+     "__exit__($self, exc_type, exc, tb, /)\n--\n\nCloses the client."},
     {"empty", (PyCFunction)(void (*)(void))pyc_client_empty,
      METH_VARARGS | METH_KEYWORDS,
-     "empty(shape, dtype='uint8') -> Buffer, contents undefined."},
+     "empty($self, /, shape, dtype='uint8')\n--\n\n"
+     "A new Buffer, contents undefined."},
     {"asarray", (PyCFunction)(void (*)(void))pyc_client_asarray,
      METH_VARARGS | METH_KEYWORDS,
-     "asarray(obj, dtype=None) -> Buffer holding a copy of obj."},
+     "asarray($self, /, obj, dtype=None)\n--\n\n"
+     "A new Buffer holding a copy of obj."},
     {"wrap", (PyCFunction)pyc_client_wrap, METH_O,
-     "wrap(obj) -> Buffer over obj's memory, nothing copied."},
+     "wrap($self, obj, /)\n--\n\n"
+     "A Buffer over obj's memory, nothing copied."},
     {"from_dlpack", (PyCFunction)pyc_client_from_dlpack, METH_O,
-     "from_dlpack(obj) -> Buffer over a DLPack producer's tensor."},
+     "from_dlpack($self, obj, /)\n--\n\n"
+     "A Buffer over a DLPack producer's tensor."},
     {"launch", (PyCFunction)(void (*)(void))pyc_client_launch,
      METH_FASTCALL | METH_KEYWORDS,
-     "launch(kernel, count, *args, checked=False, skip=False)"},
+     "launch($self, kernel, count, /, *args, checked=False, skip=False, "
+     "validate=False)\n--\n\n"
+     "Launches kernel over count cubes (cube_launch)."},
     {"sync", (PyCFunction)client_sync, METH_VARARGS,
-     "sync(*buffers): waits for their work (all of the stream's: none)."},
+     "sync($self, /, *buffers)\n--\n\n"
+     "Waits for their work (all of the stream's: none)."},
     {"check", (PyCFunction)client_check, METH_VARARGS,
-     "check(*buffers): raises what their work failed with."},
+     "check($self, /, *buffers)\n--\n\n"
+     "Raises what their work failed with."},
     {"flush", (PyCFunction)client_flush, METH_NOARGS,
-     "Submits queued work without waiting."},
+     "flush($self, /)\n--\n\nSubmits queued work without waiting."},
     {"capture", (PyCFunction)pyc_client_capture, METH_NOARGS,
-     "capture() -> Graph, a context manager recording launches."},
-    {"graph_prepare", (PyCFunction)client_graph_prepare, METH_NOARGS, NULL},
+     "capture($self, /)\n--\n\n"
+     "A Graph, a context manager recording launches."},
+    {"graph_prepare", (PyCFunction)client_graph_prepare, METH_NOARGS,
+     "graph_prepare($self, /)\n--\n\ncube_graph_prepare."},
     {"profile", (PyCFunction)pyc_client_profile, METH_NOARGS,
-     "profile() -> Profile, a context manager timing its block's work."},
-    {"_dry_run_begin", (PyCFunction)client_dry_run_begin, METH_NOARGS, NULL},
-    {"_dry_run_end", (PyCFunction)client_dry_run_end, METH_NOARGS, NULL},
-    {"_range_push", (PyCFunction)client_range_push, METH_VARARGS, NULL},
-    {"_range_pop", (PyCFunction)client_range_pop, METH_NOARGS, NULL},
+     "profile($self, /)\n--\n\n"
+     "A Profile, a context manager timing its block's work."},
+    {"_dry_run_begin", (PyCFunction)client_dry_run_begin, METH_NOARGS,
+     "_dry_run_begin($self, /)\n--\n\n"},
+    {"_dry_run_end", (PyCFunction)client_dry_run_end, METH_NOARGS,
+     "_dry_run_end($self, /)\n--\n\n"},
+    {"_range_push", (PyCFunction)client_range_push, METH_VARARGS,
+     "_range_push($self, name, /)\n--\n\n"},
+    {"_range_pop", (PyCFunction)client_range_pop, METH_NOARGS,
+     "_range_pop($self, /)\n--\n\n"},
     {"memory_usage", (PyCFunction)(void (*)(void))client_memory_usage,
      METH_VARARGS | METH_KEYWORDS,
-     "memory_usage(*, device=False) -> dict: the calling thread's stream, "
-     "or with device=True every stream of the device."},
+     "memory_usage($self, /, *, device=False)\n--\n\n"
+     "A dict: the calling thread's stream, or with device=True every "
+     "stream of the device."},
     {"memory_stats", (PyCFunction)(void (*)(void))client_memory_stats,
      METH_VARARGS | METH_KEYWORDS,
-     "memory_stats(*, device=False) -> dict: the allocation counters of "
-     "cube_memory_stats_get (allocations, releases, pool hits and misses, "
-     "device allocations and frees, out-of-memory events and retries, "
-     "bytes allocated, reserved and free with their peaks) for the calling "
-     "thread's stream, or with device=True summed over every stream."},
+     "memory_stats($self, /, *, device=False)\n--\n\n"
+     "A dict of the allocation counters of cube_memory_stats_get "
+     "(allocations, releases, pool hits and misses, device allocations and "
+     "frees, out-of-memory events and retries, bytes allocated, reserved "
+     "and free with their peaks) for the calling thread's stream, or with "
+     "device=True summed over every stream."},
     {"memory_snapshot", (PyCFunction)(void (*)(void))client_memory_snapshot,
      METH_VARARGS | METH_KEYWORDS,
-     "memory_snapshot(*, device=False) -> list[dict]: the live buffers "
-     "(cube_memory_snapshot) whose memory the calling thread's stream holds, "
-     "or with device=True every buffer of this client; each a dict of "
-     "handle, size, stream, pool, kind, foreign, deferred, label."},
+     "memory_snapshot($self, /, *, device=False)\n--\n\n"
+     "A list of dicts: the live buffers (cube_memory_snapshot) whose memory "
+     "the calling thread's stream holds, or with device=True every buffer "
+     "of this client; each a dict of handle, size, stream, pool, kind, "
+     "foreign, deferred, label."},
     {"memory_report", (PyCFunction)(void (*)(void))client_memory_report,
-     METH_VARARGS | METH_KEYWORDS, "memory_report(format='table') -> str"},
-    {"memory_cleanup", (PyCFunction)client_memory_cleanup, METH_NOARGS, NULL},
-    {"reset_peaks", (PyCFunction)client_reset_peaks, METH_NOARGS, NULL},
-    {"stream_ids", (PyCFunction)client_stream_ids, METH_NOARGS, NULL},
+     METH_VARARGS | METH_KEYWORDS,
+     "memory_report($self, /, format='table')\n--\n\n"
+     "The calling stream's memory report as text ('table' or 'json')."},
+    {"memory_cleanup", (PyCFunction)client_memory_cleanup, METH_NOARGS,
+     "memory_cleanup($self, /)\n--\n\ncube_memory_cleanup."},
+    {"reset_peaks", (PyCFunction)client_reset_peaks, METH_NOARGS,
+     "reset_peaks($self, /)\n--\n\ncube_memory_reset_peaks."},
+    {"stream_ids", (PyCFunction)client_stream_ids, METH_NOARGS,
+     "stream_ids($self, /)\n--\n\n"
+     "The ids of the client's initialized streams (cube_stream_ids)."},
+    {"stream", (PyCFunction)pyc_client_stream, METH_VARARGS,
+     "stream($self, stream=None, /)\n--\n\n"
+     "A Stream: the calling thread's current one (None), or the stream of "
+     "that id (an int from 1; an id no stream has yet names a new stream, "
+     "made at its first use). `with client.stream(s):` works on it within "
+     "the block."},
+    {"use_stream", (PyCFunction)pyc_client_use_stream, METH_O,
+     "use_stream($self, stream, /)\n--\n\n"
+     "Makes the calling thread work on `stream` (a Stream or an id) from "
+     "now on (cube_stream_use); 0 goes back to the thread's own stream. An "
+     "id no stream has yet makes a new stream at its first use."},
+    {"event", (PyCFunction)(void (*)(void))pyc_client_event,
+     METH_VARARGS | METH_KEYWORDS,
+     "event($self, /, *, timing=True)\n--\n\n"
+     "A new Event of this client (timing=False: one that cannot time, "
+     "lighter on CUDA)."},
     {"native_stream", (PyCFunction)client_native_stream, METH_NOARGS,
+     "native_stream($self, /)\n--\n\n"
      "The calling thread's native stream (a CUstream on CUDA, else 0)."},
     {"native_wait", (PyCFunction)client_native_wait, METH_O,
-     "native_wait(stream) -> None: the calling thread's cubert stream waits "
-     "on the device for the work issued so far on a foreign stream (an int: "
-     "0 or 1 the legacy default stream, 2 the per-thread one, else a "
-     "CUstream; 0 on host backends)."},
+     "native_wait($self, stream, /)\n--\n\n"
+     "The calling thread's cubert stream waits on the device for the work "
+     "issued so far on a foreign stream (an int: 0 or 1 the legacy default "
+     "stream, 2 the per-thread one, else a CUstream; a PyTorch or CuPy "
+     "stream; 0 on host backends)."},
     {NULL, NULL, 0, NULL},
 };
+
+/* Client.stream is a method; an assignment to it, which once switched to
+ * (and quietly made) a stream, is refused with what to write instead. */
+static int client_setattro(PyObject *self, PyObject *name, PyObject *value)
+{
+    if (PyUnicode_Check(name) &&
+        PyUnicode_CompareWithASCIIString(name, "stream") == 0) {
+        PyErr_SetString(PyExc_AttributeError,
+                        "cubert: Client.stream is a method: `with "
+                        "client.stream(id):` works on a stream within a "
+                        "block, client.use_stream(id) from now on");
+        return -1;
+    }
+    return PyObject_GenericSetAttr(self, name, value);
+}
 
 static PyGetSetDef client_getset[] = {
     {"properties", (getter)client_properties, NULL, NULL, NULL},
     {"device", (getter)client_device, NULL, NULL, NULL},
     {"backend", (getter)client_backend, NULL, NULL, NULL},
     {"closed", (getter)client_closed, NULL, NULL, NULL},
-    {"stream", (getter)client_stream_get, (setter)client_stream_set, NULL,
-     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -701,7 +730,8 @@ static PyMemberDef client_members[] = {
 
 static PyType_Slot client_slots[] = {
     {Py_tp_doc, (void *)"Client(device=None, *, cpu_threads=0, "
-                        "cache_dir=None): a client of one device."},
+                        "cache_dir=None)\n--\n\nA client of one device."},
+    {Py_tp_setattro, (void *)client_setattro},
     {Py_tp_new, (void *)PyType_GenericNew},
     {Py_tp_init, (void *)client_init},
     {Py_tp_dealloc, (void *)client_dealloc},

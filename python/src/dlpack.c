@@ -80,14 +80,9 @@ static int consumer_stream(pyc_client *client, PyObject *stream, void **out)
         *out = PYC_CU_STREAM_LEGACY;
         return 0;
     }
-    long long s = PyLong_AsLongLong(stream);
-    if (s == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_TypeError))
-            return -1;
-        PyErr_Clear();
-        buffer_error("stream is an int");
+    int64_t s;
+    if (pyc_index_i64(stream, "stream", -1, INTPTR_MAX, &s) < 0)
         return -1;
-    }
     if (s == 0) {
         buffer_error("stream 0 is ambiguous: 1 is the legacy default "
                      "stream, 2 the per-thread default stream");
@@ -110,13 +105,16 @@ static int wants_versioned(PyObject *max_version, int *out)
     *out = 0;
     if (max_version == Py_None)
         return 0;
-    if (!PyTuple_Check(max_version) || PyTuple_Size(max_version) < 1) {
+    if (!PyTuple_Check(max_version) || PyTuple_Size(max_version) != 2) {
         PyErr_SetString(PyExc_TypeError,
                         "cubert: max_version is a (major, minor) tuple");
         return -1;
     }
-    long major = PyLong_AsLong(PyTuple_GetItem(max_version, 0));
-    if (major == -1 && PyErr_Occurred())
+    int64_t major, minor;
+    if (pyc_index_i64(PyTuple_GetItem(max_version, 0), "max_version's major",
+                      0, INT32_MAX, &major) < 0 ||
+        pyc_index_i64(PyTuple_GetItem(max_version, 1), "max_version's minor",
+                      0, INT32_MAX, &minor) < 0)
         return -1;
     *out = major >= 1;
     return 0;
@@ -126,8 +124,18 @@ static int check_device(pyc_buffer *self, PyObject *dl_device)
 {
     if (dl_device == Py_None)
         return 0;
-    int type, id;
-    if (!PyArg_ParseTuple(dl_device, "ii", &type, &id))
+    /* A tuple checked here: PyArg_ParseTuple on anything else is a
+     * SystemError, not the caller's TypeError. */
+    if (!PyTuple_Check(dl_device) || PyTuple_Size(dl_device) != 2) {
+        PyErr_SetString(PyExc_TypeError, "cubert: dl_device is a "
+                                         "(device_type, device_id) tuple");
+        return -1;
+    }
+    int64_t type, id;
+    if (pyc_index_i64(PyTuple_GetItem(dl_device, 0), "dl_device's type", 0,
+                      INT32_MAX, &type) < 0 ||
+        pyc_index_i64(PyTuple_GetItem(dl_device, 1), "dl_device's id", 0,
+                      INT32_MAX, &id) < 0)
         return -1;
     if (type != self->client->dl_device_type ||
         id != self->client->dl_device_id) {

@@ -104,7 +104,9 @@ const pyc_dtype *pyc_dtype_from_dl(cube_dl_dtype dl)
 
 int pyc_shape_from(PyObject *obj, int64_t *shape, int *ndim)
 {
-    if (PyLong_Check(obj)) {
+    /* An int, or one by __index__ (np.int64): not a sequence, which a
+     * NumPy array with __index__ is. */
+    if (PyLong_Check(obj) || (PyIndex_Check(obj) && !PySequence_Check(obj))) {
         long long v = PyLong_AsLongLong(obj);
         if (v == -1 && PyErr_Occurred())
             return -1;

@@ -59,7 +59,7 @@ PyObject *pyc_raise(cube_error *err)
     return NULL;
 }
 
-PyObject *pyc_raise_invalid(const char *message)
+PyObject *pyc_raise_code(cube_code code, const char *message)
 {
     PyObject *maker = error_maker();
     if (!maker)
@@ -67,15 +67,20 @@ PyObject *pyc_raise_invalid(const char *message)
     PyObject *causes = PyList_New(0);
     if (!causes)
         return NULL;
-    PyObject *obj = PyObject_CallFunction(
-        maker, "isszO", (int)CUBE_ERR_INVALID_ARGUMENT,
-        cube_code_name(CUBE_ERR_INVALID_ARGUMENT), message, NULL, causes);
+    PyObject *obj = PyObject_CallFunction(maker, "isszO", (int)code,
+                                          cube_code_name(code), message, NULL,
+                                          causes);
     Py_DECREF(causes);
     if (obj) {
         PyErr_SetObject((PyObject *)Py_TYPE(obj), obj);
         Py_DECREF(obj);
     }
     return NULL;
+}
+
+PyObject *pyc_raise_invalid(const char *message)
+{
+    return pyc_raise_code(CUBE_ERR_INVALID_ARGUMENT, message);
 }
 
 PyObject *pyc_raise_invalidf(const char *format, ...)

@@ -137,12 +137,33 @@ static PyObject *graph_id(pyc_graph *self, void *closure)
     return PyLong_FromUnsignedLongLong(self->id);
 }
 
+static PyObject *graph_repr(pyc_graph *self)
+{
+    const char *device = self->client->device;
+    switch (self->state) {
+    case GRAPH_NEW:
+        return PyUnicode_FromFormat("<cubert.Graph of %s, not recorded>",
+                                    device);
+    case GRAPH_CAPTURING:
+        return PyUnicode_FromFormat("<cubert.Graph of %s, recording>", device);
+    case GRAPH_READY:
+        return PyUnicode_FromFormat("<cubert.Graph %llu of %s>",
+                                    (unsigned long long)self->id, device);
+    default:
+        return PyUnicode_FromFormat("<cubert.Graph of %s, destroyed>", device);
+    }
+}
+
 static PyMethodDef graph_methods[] = {
-    {"__enter__", (PyCFunction)graph_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)graph_exit, METH_VARARGS, NULL},
+    {"__enter__", (PyCFunction)graph_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\nStarts recording (cube_graph_begin)."},
+    {"__exit__", (PyCFunction)graph_exit, METH_VARARGS,
+     "__exit__($self, exc_type, exc, tb, /)\n--\n\n"
+     "Ends the recording (cube_graph_end)."},
     {"replay", (PyCFunction)graph_replay, METH_NOARGS,
-     "Runs the recorded launches again."},
+     "replay($self, /)\n--\n\nRuns the recorded launches again."},
     {"destroy", (PyCFunction)graph_destroy, METH_NOARGS,
+     "destroy($self, /)\n--\n\n"
      "Frees the graph now (a second destroy does nothing)."},
     {NULL, NULL, 0, NULL},
 };
@@ -155,6 +176,7 @@ static PyGetSetDef graph_getset[] = {
 static PyType_Slot graph_slots[] = {
     {Py_tp_doc, (void *)"A recorded sequence of launches (Client.capture)."},
     {Py_tp_dealloc, (void *)graph_dealloc},
+    {Py_tp_repr, (void *)graph_repr},
     {Py_tp_methods, graph_methods},
     {Py_tp_getset, graph_getset},
     {0, NULL},
@@ -245,9 +267,28 @@ static PyObject *profile_launches(pyc_profile *self, void *closure)
     return PyLong_FromUnsignedLongLong(self->result.launches);
 }
 
+static PyObject *profile_repr(pyc_profile *self)
+{
+    const char *device = self->client->device;
+    static const char *const states[] = {"not started", "open", NULL,
+                                         "abandoned"};
+    if (self->state != 2)
+        return PyUnicode_FromFormat("<cubert.Profile of %s, %s>", device,
+                                    states[self->state]);
+    char seconds[32];
+    PyOS_snprintf(seconds, sizeof seconds, "%.6g", self->result.seconds);
+    return PyUnicode_FromFormat(
+        "<cubert.Profile of %s: %s s (%s), %llu launches>", device, seconds,
+        self->result.method == CUBE_TIMING_DEVICE ? "device" : "host_clock",
+        (unsigned long long)self->result.launches);
+}
+
 static PyMethodDef profile_methods[] = {
-    {"__enter__", (PyCFunction)profile_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)profile_exit, METH_VARARGS, NULL},
+    {"__enter__", (PyCFunction)profile_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\nOpens the window (cube_profile_start)."},
+    {"__exit__", (PyCFunction)profile_exit, METH_VARARGS,
+     "__exit__($self, exc_type, exc, tb, /)\n--\n\n"
+     "Closes the window (cube_profile_end); an exception abandons it."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -261,6 +302,7 @@ static PyGetSetDef profile_getset[] = {
 static PyType_Slot profile_slots[] = {
     {Py_tp_doc, (void *)"A profiling window (Client.profile)."},
     {Py_tp_dealloc, (void *)profile_dealloc},
+    {Py_tp_repr, (void *)profile_repr},
     {Py_tp_methods, profile_methods},
     {Py_tp_getset, profile_getset},
     {0, NULL},

@@ -95,8 +95,8 @@ static PyGetSetDef kernel_getset[] = {
 };
 
 static PyType_Slot kernel_slots[] = {
-    {Py_tp_doc, (void *)"Kernel(source, name, cube_dim=(1, 1, 1)): a kernel "
-                        "in cube C, usable on any client."},
+    {Py_tp_doc, (void *)"Kernel(source, name, cube_dim=(1, 1, 1))\n--\n\n"
+                        "A kernel in cube C, usable on any client."},
     {Py_tp_new, (void *)PyType_GenericNew},
     {Py_tp_init, (void *)kernel_init},
     {Py_tp_dealloc, (void *)kernel_dealloc},

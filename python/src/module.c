@@ -18,11 +18,12 @@ static PyObject *info_dict(const cube_device_info *info)
 
 /* devices(backend=None) -> list of dicts, one per device cubert can open
  * (backends that cannot run here are left out). */
-static PyObject *mod_devices(PyObject *mod, PyObject *args)
+static PyObject *mod_devices(PyObject *mod, PyObject *args, PyObject *kw)
 {
     (void)mod;
+    static char *names[] = {"backend", NULL};
     const char *only = NULL;
-    if (!PyArg_ParseTuple(args, "|z", &only))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|z", names, &only))
         return NULL;
     PyObject *list = PyList_New(0);
     if (!list)
@@ -76,14 +77,16 @@ static PyObject *mod_backends(PyObject *mod, PyObject *unused)
 }
 
 static PyMethodDef module_methods[] = {
-    {"devices", mod_devices, METH_VARARGS,
-     "devices(backend=None) -> list of dicts describing each device."},
+    {"devices", (PyCFunction)(void (*)(void))mod_devices,
+     METH_VARARGS | METH_KEYWORDS,
+     "devices($module, /, backend=None)\n--\n\n"
+     "A list of dicts describing each device cubert can open."},
     {"backends", mod_backends, METH_NOARGS,
-     "Names of the backends in this build."},
+     "backends($module, /)\n--\n\nNames of the backends in this build."},
     {"RawKernel", (PyCFunction)(void (*)(void))pyc_raw_kernel,
      METH_VARARGS | METH_KEYWORDS,
-     "RawKernel(code, name, params, *, format, cube_dim=(1, 1, 1), "
-     "options=None) -> Kernel over backend source or a binary."},
+     "RawKernel($module, /, code, name, params, *, format, cube_dim=(1, 1, 1), "
+     "options=None)\n--\n\nA Kernel over backend source or a binary."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -125,6 +128,8 @@ PyMODINIT_FUNC PyInit__cubert(void)
         add_type(m, &pyc_kernel_spec, &pyc_g.kernel_type, "Kernel") < 0 ||
         add_type(m, &pyc_graph_spec, &pyc_g.graph_type, "Graph") < 0 ||
         add_type(m, &pyc_profile_spec, &pyc_g.profile_type, "Profile") < 0 ||
+        add_type(m, &pyc_stream_spec, &pyc_g.stream_type, "Stream") < 0 ||
+        add_type(m, &pyc_event_spec, &pyc_g.event_type, "Event") < 0 ||
         PyModule_AddIntConstant(m, "DLPACK_CPU", CUBE_DL_CPU) < 0 ||
         PyModule_AddIntConstant(m, "DLPACK_CUDA", CUBE_DL_CUDA) < 0) {
         Py_DECREF(m);

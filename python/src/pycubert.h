@@ -24,6 +24,8 @@
 #include <cubert/dlpack.h>
 #include <cubert/interop.h>
 
+struct pyc_event;
+
 typedef struct {
     PyObject_HEAD cube_client
         *c;              /* NULL once closed for Python (close asked) */
@@ -34,6 +36,9 @@ typedef struct {
     int dl_device_type; /* CUBE_DL_CPU or CUBE_DL_CUDA */
     int dl_device_id;
     PyObject *weakrefs;
+    /* Live events holding a native event (CUDA), freed before the C
+     * client closes: the driver's context may go with it. */
+    struct pyc_event *events;
 } pyc_client;
 
 /* Element types a Buffer can carry. */
@@ -58,6 +63,26 @@ typedef struct {
     PyObject_HEAD cube_kernel *k;
 } pyc_kernel;
 
+/* A stream of a client (cube_stream_id), and the calling threads' earlier
+ * choices while it is entered as a context manager. */
+typedef struct {
+    PyObject_HEAD pyc_client *client; /* strong */
+    cube_stream_id id;
+    PyObject *entered; /* list of (thread ident, choice to restore) */
+} pyc_stream;
+
+/* A point in a stream's work: a CUevent on CUDA; on host backends, whose
+ * work is done when its call returns, the host clock's time. */
+typedef struct pyc_event {
+    PyObject_HEAD pyc_client *client; /* strong */
+    int timing;
+    int recorded;
+    uint64_t host_ns; /* host backends: when it was recorded */
+    void *cu_event;   /* CUDA: CUevent, NULL once freed */
+    void *cu_ctx;     /* CUDA: its context */
+    struct pyc_event *prev, *next; /* in client->events (CUDA) */
+} pyc_event;
+
 /* The extension's state: its heap types and the error maker. One
  * interpreter per process (single-phase module init). */
 typedef struct {
@@ -66,6 +91,8 @@ typedef struct {
     PyTypeObject *kernel_type;
     PyTypeObject *graph_type;
     PyTypeObject *profile_type;
+    PyTypeObject *stream_type;
+    PyTypeObject *event_type;
     PyObject *make_error; /* cubert.errors._from_c, loaded on first use */
 } pyc_state;
 
@@ -82,6 +109,20 @@ PyObject *pyc_raise(cube_error *err);
 PyObject *pyc_raise_invalid(const char *message);
 /* The same with a PyUnicode_FromFormat format. */
 PyObject *pyc_raise_invalidf(const char *format, ...);
+/* Raises the cubert.Error subclass of `code` with `message`; returns NULL
+ * (errors the extension finds itself, such as a driver's refusal). */
+PyObject *pyc_raise_code(cube_code code, const char *message);
+
+/* --- integer arguments (ints.c) --- */
+
+/* `obj` (an int, or anything with __index__) into *out when it lies in
+ * [0, max]: else OverflowError naming `what` and the range (TypeError
+ * when it is no int). 0, or -1 with the exception set. */
+int pyc_index_u64(PyObject *obj, const char *what, uint64_t max,
+                  uint64_t *out);
+/* The same for [min, max]. */
+int pyc_index_i64(PyObject *obj, const char *what, int64_t min, int64_t max,
+                  int64_t *out);
 
 /* --- clients (client.c) --- */
 
@@ -162,6 +203,34 @@ extern PyType_Spec pyc_graph_spec;
 extern PyType_Spec pyc_profile_spec;
 PyObject *pyc_client_capture(pyc_client *self, PyObject *unused);
 PyObject *pyc_client_profile(pyc_client *self, PyObject *unused);
+
+/* --- streams and events (stream.c, event.c) --- */
+
+extern PyType_Spec pyc_stream_spec;
+extern PyType_Spec pyc_event_spec;
+PyObject *pyc_client_stream(pyc_client *self, PyObject *args);
+PyObject *pyc_client_use_stream(pyc_client *self, PyObject *arg);
+PyObject *pyc_client_event(pyc_client *self, PyObject *args, PyObject *kw);
+/* Makes the calling thread work on stream `id` of `c` for a while;
+ * *saved is what pyc_stream_restore gives back (the thread's earlier
+ * choice, 0 for its own stream). Needs the GIL; never blocks. */
+cube_error *pyc_stream_switch(cube_client *c, cube_stream_id id,
+                              cube_stream_id *saved);
+void pyc_stream_restore(cube_client *c, cube_stream_id saved);
+/* A native stream argument as cube_native_wait takes it: an int numbered
+ * as the array API numbers CUDA streams (0 and 1: the legacy default
+ * stream, 2: the per-thread one, else a CUstream), or an object holding
+ * one (PyTorch's `cuda_stream`, CuPy's `ptr`). On host backends the int
+ * is passed as it is (only 0, NULL, is valid there). */
+int pyc_native_stream_from(pyc_client *client, PyObject *obj, void **out);
+/* The stream `obj` names for `client`: 1 with *id set for None (the
+ * calling thread's current stream) or a Stream of that client; 0 for
+ * anything else (a native stream); -1 with InvalidArgumentError for a
+ * Stream of another client. */
+int pyc_stream_arg(pyc_client *client, PyObject *obj, cube_stream_id *id);
+/* Frees the native events of `client`'s live Event objects (before its C
+ * client closes). */
+void pyc_events_close(pyc_client *client);
 
 /* Runs `stmt` (a cubert call) with the GIL released and the client
  * pinned, so a close() from another thread cannot free it meanwhile. */

@@ -89,14 +89,30 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip)
 
 
-@pytest.fixture
-def client():
-    c = cubert.Client("cpu")
+def _opened(device):
+    c = cubert.Client(device)
     try:
         yield c
     finally:
         c.close()
         gc.collect()
+
+
+@pytest.fixture
+def client():
+    yield from _opened("cpu")
+
+
+@pytest.fixture
+def null_client():
+    """A second client, of another device, for "of another client"."""
+    yield from _opened("null")
+
+
+def assert_usable(client):
+    """After a refused call the client still copies both ways."""
+    data = np.arange(16, dtype=np.float32)
+    np.testing.assert_array_equal(client.asarray(data).numpy(), data)
 
 
 @pytest.fixture

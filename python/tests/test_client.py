@@ -177,7 +177,7 @@ def test_memory_snapshot(client):
     assert len(listed) == 1  # a slice is not listed again
     info = listed[0]
     assert info["size"] == 3000
-    assert info["stream"] == client.stream
+    assert info["stream"] == client.stream().id
     assert info["kind"] in ("sliced", "exclusive", "persistent", "expandable")
     assert isinstance(info["pool"], int)
     assert info["foreign"] is False and info["deferred"] is False
@@ -392,23 +392,24 @@ def test_range_in_trace(tmp_path):
 
 
 def test_stream_switching(client, scale):
-    own = client.stream
-    assert isinstance(own, int)
-    assert own >> 63 == 1  # threads' own streams have the top bit set
+    own = client.stream()
+    assert isinstance(own, cubert.Stream) and own.client is client
+    assert own.id >> 63 == 1  # threads' own streams have the top bit set
     x = client.asarray(np.arange(32, dtype=np.float32))
     try:
-        client.stream = 5
-        assert client.stream == 5
+        client.use_stream(5)
+        assert client.stream().id == 5
+        assert client.stream() == client.stream(5) != own
         y = client.empty(32, "float32")
         client.launch(scale, 1, x, y, 2.0)
         client.sync(y)
         np.testing.assert_array_equal(y.numpy(), np.arange(32) * 2.0)
     finally:
-        client.stream = 0
-    assert client.stream == own
+        client.use_stream(0)
+    assert client.stream() == own
     np.testing.assert_array_equal(y.numpy(), np.arange(32) * 2.0)
     with pytest.raises(TypeError):
-        client.stream = "five"
+        client.use_stream("five")
 
 
 def test_native_stream_on_cpu(client):
@@ -570,7 +571,7 @@ def test_threads_launch_concurrently(client):
         try:
             y = client.empty(n, "float32")
             barrier.wait()
-            streams[t] = client.stream
+            streams[t] = client.stream().id
             for rep in range(10):
                 a = float(t * 10 + rep)
                 client.launch(kernel, cubes(n), x, y, a)

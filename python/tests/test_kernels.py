@@ -262,6 +262,11 @@ def test_compile_error(client):
     assert isinstance(e.log, str) and e.log.strip()
     assert "this_is_not_declared" in e.log
     assert isinstance(e.message, str) and e.message
+    # The compiler's own error line is in the message itself, not only in
+    # the log: "f.cube.c:3:40: error: 'this_is_not_declared' undeclared".
+    error_lines = [line for line in e.log.splitlines() if "error" in line]
+    assert error_lines and error_lines[0].strip() in str(e)
+    assert "this_is_not_declared" in str(e)
     # recorded on every bound buffer
     with pytest.raises(cubert.SeveralError) as info:
         by.numpy()
