@@ -9,7 +9,11 @@
  *
  * Like a launch, each collective call works on the calling thread's
  * stream of its rank's client, in order with the work issued there before
- * and after: no separate step makes the stream wait for it. And like a
+ * and after: no separate step makes the stream wait for it. It reads its
+ * source after the work that last wrote it on any stream, and work on
+ * the client's other streams (another thread's kernel, read or copy) that
+ * uses a destination after the call returned waits for the call, as it
+ * waits for a launch that wrote the buffer. And like a
  * launch it takes part in the failure store: a source buffer that carries
  * a failure on any rank refuses the collective on every rank
  * (CUBE_ERR_SEVERAL, naming the rank) and every rank's destination carries
@@ -33,6 +37,18 @@
  * them (as ncclGroupStart/ncclGroupEnd). Or one thread per rank calls
  * its rank's collectives; a call then returns once every rank's call
  * arrived and its own part was issued.
+ *
+ * A rank may send to itself (a ring on a one-rank communicator does): a
+ * send whose peer is the calling rank and the receive from it are made in
+ * one group, where the n-th such send pairs with the n-th such receive
+ * of the rank, and they run when the group ends, checked as a pair of
+ * ranks' calls are (count and type alike, a refusal of either, a failed
+ * source; the send's source and the receive's destination the same range
+ * or apart). Since one thread makes a rank's calls, a half that cannot be
+ * paired is refused at once (CUBE_ERR_INVALID_ARGUMENT): such a send or
+ * receive outside a group, and one whose group ends without its partner.
+ * Between processes too, the pair runs in this process (NCCL's send and
+ * receive to self in one NCCL group on CUDA; a copy on the CPU).
  *
  * Graphs (cubert/graph.h): a collective of a communicator made by
  * cube_comm_init_all is recorded in a capture when every rank makes it
@@ -271,12 +287,14 @@ CUBE_API uint32_t cube_comm_size(const cube_comm *comm);
  * CUBE_ERR_SEVERAL for a failed source on some rank, CUBE_ERR_TIMEOUT,
  * CUBE_ERR_ABORTED): CUBE_ERR_INVALID_ARGUMENT (comm NULL, count 0, a
  * dtype, op, root or peer out of range, a buffer smaller than the call
- * needs — also refused on the other ranks), CUBE_ERR_NOT_FOUND (a
+ * needs — also refused on the other ranks; a send to the calling rank or
+ * a receive from it outside a group), CUBE_ERR_NOT_FOUND (a
  * released or foreign handle), CUBE_ERR_GRAPH_STATE (some ranks' streams
  * are capturing a graph and others' are not, or the calling stream is
  * capturing where collectives are not recorded: see Graphs above),
- * CUBE_ERR_DEVICE_FAULT, CUBE_ERR_OUT_OF_MEMORY (the call's record, or
- * a dry run's buffer backed at first use: CUBE_ERR_STORAGE_MAPPING_FAILED),
+ * CUBE_ERR_DEVICE_FAULT, CUBE_ERR_OUT_OF_MEMORY (the call's record or its
+ * place in a group's queue, or a dry run's buffer backed at first use:
+ * CUBE_ERR_STORAGE_MAPPING_FAILED),
  * CUBE_ERR_RESOURCE_LIMIT (more than 64 buffers that other streams share
  * in one CUDA group), and what the backend's engine answers (NCCL's errors
  * as CUBE_ERR_INTERNAL or CUBE_ERR_UNAVAILABLE, with NCCL's text). Inside a
@@ -307,7 +325,8 @@ cube_reduce_scatter(cube_comm *comm, cube_handle src, cube_handle dst,
                     uint64_t count, cube_dtype dtype, cube_reduce_op op);
 /* Point to point: `peer`'s matching cube_recv gets src's first count
  * elements. The n-th send from a to b pairs with the n-th receive at b
- * from a. Errors: as cube_all_reduce. */
+ * from a. `peer` may be the calling rank, inside a group (see above).
+ * Errors: as cube_all_reduce. */
 CUBE_API CUBE_MUST_USE cube_error *cube_send(cube_comm *comm, cube_handle src,
                                              uint64_t count, cube_dtype dtype,
                                              uint32_t peer);
@@ -319,9 +338,17 @@ CUBE_API CUBE_MUST_USE cube_error *cube_recv(cube_comm *comm, cube_handle dst,
  * end queue (checked on their own rank at once), and the end runs them
  * together, waiting for every rank they involve. cube_group_end returns
  * the first failure among them (each failed call's destination carries
- * its own). Errors of cube_group_end: CUBE_ERR_INVALID_ARGUMENT (no group
- * open), those of the queued calls. cube_group_begin fails only with
- * CUBE_ERR_RESOURCE_LIMIT (more than 1024 levels). */
+ * its own). A call that finds no memory to queue answers
+ * CUBE_ERR_OUT_OF_MEMORY at once and is refused as a rank's own refusal
+ * is: the other ranks' calls of that collective answer
+ * CUBE_ERR_INVALID_ARGUMENT naming the rank (at once, or at their group's
+ * end) rather than wait, nothing is recorded on any buffer, and the group
+ * stays open with the calls queued before and after it; cube_group_end
+ * counts it among the failures at its place. Errors of cube_group_end:
+ * CUBE_ERR_INVALID_ARGUMENT (no group open; a send to the calling rank
+ * or a receive from it without its partner in the group), those of the
+ * queued calls. cube_group_begin fails only with CUBE_ERR_RESOURCE_LIMIT
+ * (more than 1024 levels). */
 CUBE_API CUBE_MUST_USE cube_error *cube_group_begin(void);
 CUBE_API CUBE_MUST_USE cube_error *cube_group_end(void);
 

@@ -154,6 +154,10 @@ typedef struct pending {
     /* This rank's call was the last to arrive and judged the record: it
      * knows the verdict without waiting. */
     int judged;
+    /* A send or receive whose peer is the calling rank: not posted, but
+     * paired by pair_self with its partner of the same group (its
+     * arguments and source's failure kept in mine and failure). */
+    int self;
 } pending;
 
 /* Tags of groups recorded in captures. */
@@ -162,6 +166,10 @@ static atomic_uint_fast64_t next_group_tag = 1;
 static _Thread_local int group_depth;
 static _Thread_local pending *queue;
 static _Thread_local size_t queue_len, queue_cap;
+/* The first call of the open group that could not be queued (no memory):
+ * answered at once, and again by cube_group_end at its place. */
+static _Thread_local cube_error *unqueued;
+static _Thread_local size_t unqueued_at;
 
 static uint64_t now_ns(void)
 {
@@ -214,6 +222,11 @@ static int is_reduction(cube_collective_kind kind)
     return kind == CUBE_COLLECTIVE_ALL_REDUCE ||
            kind == CUBE_COLLECTIVE_REDUCE ||
            kind == CUBE_COLLECTIVE_REDUCE_SCATTER;
+}
+
+static int is_p2p(cube_collective_kind kind)
+{
+    return kind == CUBE_COLLECTIVE_SEND || kind == CUBE_COLLECTIVE_RECV;
 }
 
 /* --- communicators --- */
@@ -719,15 +732,10 @@ cube_error *cube_comm_init_rank(cube_client *client, const cube_comm_id *id,
 
 /* --- the rendezvous --- */
 
-/* The record of call `seq` (p2p: from `from` to `to`), made when this
- * rank is the first to come. NULL for want of memory. */
-static comm_call *call_find(comm_group *g, int p2p, uint32_t from, uint32_t to,
-                            uint64_t seq) CUBE_REQUIRES(g->lock)
+/* A zeroed record of a collective (or of a send and its receive), not yet
+ * in the group's list. NULL for want of memory. */
+static comm_call *call_alloc(comm_group *g, int p2p) CUBE_REQUIRES(g->lock)
 {
-    for (comm_call *k = g->calls; k; k = k->next)
-        if (k->seq == seq && k->p2p == p2p &&
-            (!p2p || (k->from == from && k->to == to)))
-            return k;
     uint32_t expected = p2p ? 2 : g->n;
     /* One block: the record, then its per-call arrays. */
     size_t size = sizeof(comm_call) + expected * (sizeof(cube_collective) +
@@ -742,11 +750,26 @@ static comm_call *call_find(comm_group *g, int p2p, uint32_t from, uint32_t to,
     k->refused = (cube_error **)(k->calls + expected);
     k->failed = k->refused + expected;
     k->capturing = (unsigned char *)(k->failed + expected);
-    k->seq = seq;
     k->p2p = p2p;
+    k->expected = expected;
+    return k;
+}
+
+/* The record of call `seq` (p2p: from `from` to `to`), made when this
+ * rank is the first to come. NULL for want of memory. */
+static comm_call *call_find(comm_group *g, int p2p, uint32_t from, uint32_t to,
+                            uint64_t seq) CUBE_REQUIRES(g->lock)
+{
+    for (comm_call *k = g->calls; k; k = k->next)
+        if (k->seq == seq && k->p2p == p2p &&
+            (!p2p || (k->from == from && k->to == to)))
+            return k;
+    comm_call *k = call_alloc(g, p2p);
+    if (!k)
+        return NULL;
+    k->seq = seq;
     k->from = from;
     k->to = to;
-    k->expected = expected;
     k->next = g->calls;
     g->calls = k;
     return k;
@@ -862,11 +885,11 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
                                   kind_name(mine->kind));
         return;
     }
-    int p2p = mine->kind == CUBE_COLLECTIVE_SEND ||
-              mine->kind == CUBE_COLLECTIVE_RECV;
+    int p2p = is_p2p(mine->kind);
     if (p2p && (mine->peer >= n || mine->peer == r)) {
-        /* No pair of ranks to post to, so no peer waits for it: the
-         * refusal (p->local) is this rank's alone. */
+        /* No pair of ranks to post to (a peer out of range, or this rank
+         * outside a group), so no peer waits for it: the refusal
+         * (p->local) is this rank's alone. */
         cube_mutex_unlock(&g->lock);
         cube_error_free(failure);
         return;
@@ -1432,14 +1455,108 @@ static cube_error *issue_remote(pending *p)
     return err;
 }
 
-/* Runs the pending calls a[0..n): waits for each, issues the parts that
- * may run (inside the backend's group when there are several), then
- * settles each. Returns the first error; each failed call's destination
- * carries its own. */
-static cube_error *run_pending(pending *a, size_t n)
+/* --- a rank's sends to itself --- */
+
+/* Whether the send's source and the receive's destination of a pair
+ * overlap other than as the same range (a copy over itself). */
+static int pair_overlaps(const cube_collective *send,
+                         const cube_collective *recv, uint64_t bytes)
+{
+    if (send->src.storage != recv->dst.storage)
+        return 0;
+    uint64_t s = send->src.offset, d = recv->dst.offset;
+    return s != d && s < d + bytes && d < s + bytes;
+}
+
+/* Makes the record of a send to the calling rank and its receive, judged
+ * at once as the rendezvous would judge a pair of ranks' (a refusal,
+ * calls that differ, a failed source). Both calls are this thread's, so
+ * nothing waits for it; it is freed as a posted record is (leave). */
+static void pair_up(pending *send, pending *recv)
+{
+    comm_group *g = send->comm->group;
+    pending *pair[2] = {send, recv};
+    cube_mutex_lock(&g->lock);
+    int aborted = g->aborted;
+    comm_call *k = aborted ? NULL : call_alloc(g, 1);
+    cube_mutex_unlock(&g->lock);
+    if (!k) {
+        for (int i = 0; i < 2; i++) {
+            cube_error_free(pair[i]->local);
+            pair[i]->local =
+                aborted ? cube_error_new(CUBE_ERR_ABORTED,
+                                         "%s: the communicator was aborted",
+                                         kind_name(pair[i]->mine.kind))
+                        : cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s",
+                                         kind_name(pair[i]->mine.kind));
+        }
+        return;
+    }
+    k->from = k->to = send->comm->rank;
+    for (uint32_t i = 0; i < 2; i++) {
+        pending *p = pair[i];
+        k->calls[i] = p->mine;
+        k->refused[i] = p->local ? cube_error_clone(p->local) : NULL;
+        k->failed[i] = p->failure; /* the record's now */
+        p->failure = NULL;
+        k->capturing[i] = (unsigned char)p->capturing;
+        p->call = k;
+        p->index = i;
+        p->judged = 1;
+    }
+    k->arrived = 2;
+    k->verdict = judge(k);
+    uint64_t bytes =
+        send->mine.count * cube_dtype_size((cube_dtype)send->mine.dtype);
+    if (!k->verdict && pair_overlaps(&k->calls[0], &k->calls[1], bytes))
+        k->verdict = cube_error_new(
+            CUBE_ERR_INVALID_ARGUMENT,
+            "cube_send to rank %u itself: the source and the receive's "
+            "destination overlap other than as the same range",
+            send->comm->rank);
+    k->ready = 1;
+}
+
+/* Pairs the sends in a[0..n) whose peer is their own rank with the
+ * receives from it, in order per communicator (the n-th send with the
+ * n-th receive, as between two ranks). A call left without a partner can
+ * never be matched (only this thread makes that rank's calls), so it is
+ * refused now instead of timing out. */
+static void pair_self(pending *a, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        int remote = a[i].comm->group->remote;
+        if (!a[i].self || a[i].call || a[i].mine.kind != CUBE_COLLECTIVE_SEND)
+            continue;
+        for (size_t j = 0; j < n; j++)
+            if (a[j].self && !a[j].call && a[j].comm == a[i].comm &&
+                a[j].mine.kind == CUBE_COLLECTIVE_RECV) {
+                pair_up(&a[i], &a[j]);
+                break;
+            }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!a[i].self || a[i].call || a[i].local)
+            continue;
+        int send = a[i].mine.kind == CUBE_COLLECTIVE_SEND;
+        a[i].local = cube_error_new(
+            CUBE_ERR_INVALID_ARGUMENT,
+            "%s: rank %u %s itself, and its group has no %s to pair with "
+            "it (a send to the calling rank and its receive are made in one "
+            "group)",
+            kind_name(a[i].mine.kind), a[i].comm->rank,
+            send ? "sends to" : "receives from", send ? "receive" : "send");
+    }
+}
+
+/* Runs the pending calls a[0..n): waits for each, issues the parts that
+ * may run (inside the backend's group when there are several), then
+ * settles each. Returns the first error (its index in *first_at, when
+ * not NULL); each failed call's destination carries its own. */
+static cube_error *run_pending(pending *a, size_t n, size_t *first_at)
+{
+    for (size_t i = 0; i < n; i++) {
+        /* A send to itself never meets another process's call. */
+        int remote = a[i].comm->group->remote && !a[i].self;
         /* A call that was not posted was refused (its own refusal). */
         a[i].result = remote       ? NULL
                       : a[i].local ? cube_error_clone(a[i].local)
@@ -1466,9 +1583,10 @@ static cube_error *run_pending(pending *a, size_t n)
         vt->group_begin();
     for (size_t i = 0; i < n; i++)
         if (!a[i].result && !a[i].agree_only)
-            a[i].result = a[i].comm->group->remote ? issue_remote(&a[i])
-                          : a[i].capturing         ? record(&a[i])
-                                                   : issue(&a[i]);
+            a[i].result = a[i].comm->group->remote && !a[i].self
+                              ? issue_remote(&a[i])
+                          : a[i].capturing ? record(&a[i])
+                                           : issue(&a[i]);
     if (grouped) {
         cube_error *e = vt->group_end();
         for (size_t i = 0; e && i < n; i++)
@@ -1486,9 +1604,11 @@ static cube_error *run_pending(pending *a, size_t n)
         if (a[i].call)
             leave(&a[i], n == 1);
         settle(&a[i], a[i].result);
-        if (a[i].result && !first)
+        if (a[i].result && !first) {
             first = a[i].result;
-        else
+            if (first_at)
+                *first_at = i;
+        } else
             cube_error_free(a[i].result);
         a[i].result = NULL;
     }
@@ -1579,13 +1699,18 @@ static cube_error *prepare(pending *p, cube_collective *mine, cube_handle src,
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: root %u is not a rank (0..%u)", fn,
                               mine->root, n - 1);
-    if ((mine->kind == CUBE_COLLECTIVE_SEND ||
-         mine->kind == CUBE_COLLECTIVE_RECV) &&
-        (mine->peer >= n || mine->peer == r))
+    if (is_p2p(mine->kind) && mine->peer >= n)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "%s: peer %u is not another rank (0..%u, not "
-                              "%u)",
-                              fn, mine->peer, n - 1, r);
+                              "%s: peer %u is not a rank (0..%u)", fn,
+                              mine->peer, n - 1);
+    /* Outside a group the one thread that makes this rank's calls could
+     * never make the other half: refused rather than left to time out. */
+    if (is_p2p(mine->kind) && mine->peer == r && group_depth == 0)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: peer %u is the calling rank; a send to "
+                              "itself and its receive are made in one group "
+                              "(cube_group_begin)",
+                              fn, mine->peer);
     if (mine->count > UINT64_MAX / es / n)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: count %llu overflows", fn,
@@ -1632,6 +1757,21 @@ static cube_error *prepare(pending *p, cube_collective *mine, cube_handle src,
     if (p->has_src && p->has_dst)
         return check_overlap(mine, p, src_bytes, dst_bytes, one, fn);
     return NULL;
+}
+
+/* Room in this thread's group queue for one more call; 0 for want of
+ * memory. */
+static int queue_reserve(void)
+{
+    if (queue_len < queue_cap)
+        return 1;
+    size_t cap = queue_cap ? queue_cap * 2 : 8;
+    pending *grown = realloc(queue, cap * sizeof *grown);
+    if (!grown)
+        return 0;
+    queue = grown;
+    queue_cap = cap;
+    return 1;
 }
 
 static cube_error *collective_call(cube_comm *comm, cube_collective mine,
@@ -1683,31 +1823,37 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
     if (comm->group->n == 1 && !comm->group->remote && group_depth == 0 &&
         !p.capturing)
         return run_alone(&p, &mine, failure);
-    /* This rank's own refusal is its answer; the peers learn of it. */
-    if (comm->group->remote) {
+    /* A call of a group takes its place in the queue before it is posted:
+     * one that cannot be queued is refused like any of this rank's own
+     * refusals, which the peers learn of at once instead of waiting for a
+     * call that never comes. */
+    int queued = group_depth > 0 && queue_reserve();
+    if (group_depth > 0 && !queued) {
+        cube_error_free(p.local);
+        p.local = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                                 "%s: no memory to queue the call in its "
+                                 "group",
+                                 kind_name(mine.kind));
+    }
+    /* This rank's own refusal is its answer; the peers learn of it. A send
+     * to itself waits for its partner in the group (pair_self). */
+    p.self = queued && is_p2p(mine.kind) && mine.peer == comm->rank;
+    if (comm->group->remote || p.self) {
         p.mine = mine;
         p.failure = failure;
     } else {
         post(&p, &mine, failure);
     }
     cube_error *own = p.local ? cube_error_clone(p.local) : NULL;
-    if (group_depth > 0) {
-        if (queue_len == queue_cap) {
-            size_t cap = queue_cap ? queue_cap * 2 : 8;
-            pending *grown = realloc(queue, cap * sizeof *grown);
-            if (!grown) {
-                /* Run it now rather than lose it. */
-                cube_error *e = run_pending(&p, 1);
-                cube_error_free(own);
-                return e;
-            }
-            queue = grown;
-            queue_cap = cap;
-        }
+    if (queued) {
         queue[queue_len++] = p;
         return own;
     }
-    cube_error *e = run_pending(&p, 1);
+    if (group_depth > 0 && !unqueued) {
+        unqueued = own ? cube_error_clone(own) : NULL;
+        unqueued_at = queue_len;
+    }
+    cube_error *e = run_pending(&p, 1, NULL);
     cube_error_free(own);
     return e;
 }
@@ -1818,11 +1964,20 @@ cube_error *cube_group_end(void)
     if (--group_depth > 0)
         return NULL;
     pending *a = queue;
-    size_t n = queue_len;
+    size_t n = queue_len, first_at = n;
     queue = NULL;
     queue_len = queue_cap = 0;
-    cube_error *err = run_pending(a, n);
+    pair_self(a, n);
+    cube_error *err = run_pending(a, n, &first_at);
     free(a);
+    /* A call that could not be queued failed at its place among them. */
+    if (unqueued && (!err || unqueued_at <= first_at)) {
+        cube_error_free(err);
+        err = unqueued;
+    } else {
+        cube_error_free(unqueued);
+    }
+    unqueued = NULL;
     return err;
 }
 
@@ -1894,7 +2049,9 @@ static cube_error *replay(cube_comm *comm, const cube_collective *call,
     memset(&p, 0, sizeof p);
     p.comm = comm;
     p.local = refusal;
-    if (g->remote) {
+    /* A send to itself comes here refused only (else it is paired). */
+    p.self = is_p2p(call->kind) && call->peer == comm->rank;
+    if (g->remote && !p.self) {
         /* The backend's engine meets the other processes: a hardware
          * graph's replay has nothing to agree (comm_replay_begin follows
          * its device work), but a refusal is told as a call's is. */
@@ -1902,12 +2059,12 @@ static cube_error *replay(cube_comm *comm, const cube_collective *call,
             return NULL;
         p.mine = *call;
         p.replay_dst = dst;
-        return run_pending(&p, 1);
+        return run_pending(&p, 1, NULL);
     }
     p.agree_only = agree_only;
     cube_collective mine = *call;
     post(&p, &mine, NULL);
-    return run_pending(&p, 1);
+    return run_pending(&p, 1, NULL);
 }
 
 static const core_recorded_call *nth(const core_recorded_call *calls,
@@ -1921,7 +2078,9 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
                                    size_t stride, cube_error *refusal,
                                    int agree_only)
 {
-    if (n == 1)
+    /* A send to itself replays with its receive, recorded in its group. */
+    if (n == 1 &&
+        !(is_p2p(calls->call.kind) && calls->call.peer == calls->comm->rank))
         return replay(calls->comm, &calls->call, calls->dst, refusal,
                       agree_only);
     /* Every call of the group is posted before any waits (a send and its
@@ -1962,7 +2121,12 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
         p->comm = r->comm;
         p->local = refusal ? cube_error_clone(refusal) : NULL;
         p->mine = r->call;
-        if (g->remote) {
+        p->self = is_p2p(r->call.kind) && r->call.peer == r->comm->rank;
+        if (p->self) {
+            /* paired below, as at the group's end */
+            p->agree_only = agree_only;
+            p->replay_dst = r->dst;
+        } else if (g->remote) {
             /* nothing to agree between processes; a refusal is told */
             p->agree_only = agree_only && !refusal;
             p->replay_dst = r->dst;
@@ -1972,7 +2136,8 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
             post(p, &mine, NULL);
         }
     }
-    cube_error *err = run_pending(a, posted);
+    pair_self(a, posted);
+    cube_error *err = run_pending(a, posted, NULL);
     free(a);
     cube_error_free(refusal);
     if (gone) {

@@ -456,12 +456,14 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)       \
     X(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on)     \
     X(comm_one_rank_answers_alone_as_in_a_group)                              \
+    X(comm_send_to_the_calling_rank_pairs_with_its_receive_in_a_group)      \
     X(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls)                 \
     X(comm_hostile_arguments_get_clear_errors_and_change_nothing)              \
     X(comm_copy_peer_between_clients_devices_and_backends)                     \
     X(comm_kernel_on_another_stream_sees_the_reduced_buffer)                   \
     X(comm_graph_step_with_all_reduce_replays_like_the_host)                   \
     X(comm_graph_group_of_sends_and_receives_replays_as_a_group)              \
+    X(comm_graph_ring_on_one_rank_replays_its_send_to_itself)              \
     X(comm_graph_group_driven_by_one_thread_replays_per_rank)                 \
     X(comm_graph_capture_on_one_rank_only_is_refused_on_every_rank)            \
     X(comm_graph_replay_without_the_peer_times_out_and_marks_outputs)          \

@@ -9,7 +9,8 @@
  * carries a failure: every rank's error); on CUDA, where NCCL cannot tell
  * the peers, a receive no rank sends to times out with an error, the
  * communicator is aborted, and the client goes on working. Every rank
- * also captures an all-reduce in a graph and replays it (on the CPU also
+ * also sends to itself in a group, and captures an all-reduce in a graph
+ * and replays it (on the CPU also
  * a capture only one rank makes, and a replay one rank refuses). Exit 0
  * when every check passed on this rank, 77 when the backend cannot make
  * such communicators here (no MPI, no NCCL, no GPU). */
@@ -52,9 +53,10 @@ static void phase(const char *what)
 /* Rank 0 writes the id; the others wait for it (at most 60 s). */
 static int share_id(const char *dir, cube_comm_id *id)
 {
-    char path[1024], tmp[1100], text[CUBE_COMM_ID_TEXT];
+    char path[1024], text[CUBE_COMM_ID_TEXT];
     snprintf(path, sizeof path, "%s/id", dir);
     if (rank_ == 0) {
+        char tmp[1100];
         cube_error *err = cube_comm_id_new(backend_, id);
         if (err) {
             fprintf(stderr, "rank 0: %s\n", cube_error_message(err));
@@ -234,6 +236,30 @@ int main(int argc, char **argv)
         read_back(c, dst, got, N);
         for (int i = 0; i < N; i++)
             CHECK(got[i] == (float)(prev * 1000 + i % 997), "recv[%d]", i);
+    }
+    /* A send to itself and its receive in one group: the pair runs in
+     * this process. */
+    {
+        float zero[N];
+        memset(zero, 0, sizeof zero);
+        cube_handle back = make(c, zero, N);
+        ok(cube_group_begin(), "group begin");
+        ok(cube_send(comm, src, N, CUBE_DTYPE_F32, (uint32_t)rank_),
+           "send to itself");
+        ok(cube_recv(comm, back, N, CUBE_DTYPE_F32, (uint32_t)rank_),
+           "receive from itself");
+        ok(cube_group_end(), "group end");
+        read_back(c, back, got, N);
+        for (int i = 0; i < N; i++)
+            CHECK(got[i] == mine[i], "self[%d] %g != %g", i, got[i], mine[i]);
+        /* a lone one is refused at once, on this rank alone */
+        ok(cube_group_begin(), "group begin");
+        ok(cube_send(comm, src, N, CUBE_DTYPE_F32, (uint32_t)rank_),
+           "send to itself");
+        expect(cube_group_end(), CUBE_ERR_INVALID_ARGUMENT,
+               "a send to itself without its receive");
+        ok(cube_handle_release(c, back), "release");
+        phase("sends to itself checked");
     }
     /* Graphs: every rank captures an all-reduce; each replay reduces
      * what the source holds then. */

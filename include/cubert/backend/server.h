@@ -260,7 +260,9 @@ typedef struct cube_collective {
 /* Every call of one collective, handed to each rank's collective slot
  * once all of them arrived and agreed: `calls` by rank (nranks entries),
  * or for a send and its receive the two calls ([0] the send, [1] the
- * receive). The caller's own call is calls[index]. `shared` is
+ * receive; both the same rank's for a send to itself, which the core
+ * pairs and hands over this way on a communicator between processes
+ * too, with `remote` 0, inside group_begin/group_end). The caller's own call is calls[index]. `shared` is
  * CUBE_COLLECTIVE_SHARED bytes the core zeroes for the calls of this one
  * collective to coordinate through (host backends share its work out
  * there); it lives until every call of it returned. */
