@@ -228,6 +228,58 @@ CUBE_API CUBE_MUST_USE cube_error *cube_comm_id_format(const cube_comm_id *id,
 CUBE_API CUBE_MUST_USE cube_error *cube_comm_id_parse(const char *text,
                                                       cube_comm_id *out);
 
+/* This process's place in a job of several processes, as the program
+ * that started them (the launcher) tells it through the environment. A
+ * plain value; `launcher` is a static string. */
+typedef struct cube_comm_job {
+    uint32_t rank;        /* 0..size-1: the communicator's rank to take */
+    uint32_t size;        /* the job's processes: the communicator's ranks */
+    uint32_t local_rank;  /* among the job's processes on this host: which
+                             device to open (the rank, where the launcher
+                             does not say) */
+    const char *launcher; /* "Open MPI", "torchrun" or "Slurm" */
+} cube_comm_job;
+
+/* Reads this process's rank, the job's size and the local rank from the
+ * variables of the first launcher in this order whose rank or size
+ * variable is set:
+ *   Open MPI's mpirun: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+ *     OMPI_COMM_WORLD_LOCAL_RANK;
+ *   torchrun (and PyTorch's env:// convention): RANK, WORLD_SIZE,
+ *     LOCAL_RANK;
+ *   Slurm's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID.
+ * A launcher run by another sets its own variables over the outer one's
+ * (mpirun or torchrun inside a Slurm allocation, where SLURM_PROCID
+ * numbers the srun tasks, not the processes), so the inner one is read
+ * and the others' are ignored; Open MPI's come before torchrun's, whose
+ * names are the likelier to be left in an environment by hand. The rank
+ * and the size must both be set, as decimal digits alone (no sign, no
+ * blanks), with the size in 1..CUBE_MAX_RANKS and the rank and the local
+ * rank below it; the local rank may be unset.
+ *
+ * With it a process joins its job's communicator: it opens the device of
+ * its local rank (e.g. "cuda:<local_rank>"), rank 0 makes the id
+ * (cube_comm_id_new; on CUDA the id holds that process's address, so a
+ * process of the job makes it, not a script before the launch) and hands
+ * its text (cube_comm_id_format) to the others, which read it with
+ * cube_comm_id_parse, then every process calls cube_comm_init_rank with
+ * the job's rank and size. The text may go through a file in a folder
+ * every process sees, a fresh one per job: rank 0 writes it under a
+ * temporary name and renames it into place, so that a reader never sees
+ * half of it, and the others wait for the file at most the
+ * communicator's timeout (examples/multi_process.c does this). On the CPU
+ * the processes are joined by MPI, so they must be started by mpirun
+ * (`mpirun -n N`; as root `mpirun --allow-run-as-root`); processes
+ * started otherwise, torchrun's for instance, join on CUDA only (NCCL).
+ *
+ * Reads the environment: not to be called while another thread changes
+ * it. Errors: CUBE_ERR_INVALID_ARGUMENT (out NULL; a variable of the
+ * launcher read that is not a decimal number, out of range, or missing
+ * beside its partner: the message names it and its value),
+ * CUBE_ERR_NOT_FOUND (no launcher's variables are set: a process
+ * started alone). On error *out is zeroed. */
+CUBE_API CUBE_MUST_USE cube_error *cube_comm_job_from_env(cube_comm_job *out);
+
 /* Makes this process's rank `rank` of the `nranks`-rank communicator `id`
  * names, on `client`'s device; every rank calls it in its own process
  * with the same id. Blocks until every rank joined, at most the options'

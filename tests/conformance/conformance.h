@@ -471,6 +471,7 @@ void conf_pattern(void *dst, size_t n, uint32_t seed);
     X(comm_graph_replay_after_the_comm_is_destroyed_is_refused)                \
     X(comm_graph_replay_after_an_abort_is_refused)                             \
     X(comm_ids_round_trip_and_bad_ids_and_ranks_are_refused)                   \
+    X(comm_job_from_the_launchers_environment_in_order_hostile_refused)     \
     /* sharing memory and streams (test_interop.c) */                          \
     X(interop_native_buffer_and_stream)                                        \
     X(interop_wrapped_memory_is_shared_released_once_and_failable)             \

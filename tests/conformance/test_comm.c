@@ -1714,3 +1714,127 @@ CONF_TEST(comm_ids_round_trip_and_bad_ids_and_ranks_are_refused)
     conf_release(d);
     cube_comm_destroy(comm);
 }
+
+/* ---------------------------------------- a job's place from its launcher */
+
+static const char *const job_vars[] = {"OMPI_COMM_WORLD_RANK",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_LOCAL_RANK",
+                                       "RANK",
+                                       "WORLD_SIZE",
+                                       "LOCAL_RANK",
+                                       "SLURM_PROCID",
+                                       "SLURM_NTASKS",
+                                       "SLURM_LOCALID"};
+#define JOB_VARS (sizeof job_vars / sizeof job_vars[0])
+
+static void job_env_clear(void)
+{
+    for (size_t i = 0; i < JOB_VARS; i++)
+        unsetenv(job_vars[i]);
+}
+
+/* Sets "NAME=value" pairs (a value NULL leaves NAME unset). */
+static void job_env(const char *const *pairs, size_t n)
+{
+    job_env_clear();
+    for (size_t i = 0; i + 1 < n; i += 2)
+        if (pairs[i + 1])
+            setenv(pairs[i], pairs[i + 1], 1);
+}
+
+static void expect_job(uint32_t rank, uint32_t size, uint32_t local,
+                       const char *launcher)
+{
+    cube_comm_job job;
+    CONF_OK(cube_comm_job_from_env(&job));
+    assert_int_equal(job.rank, rank);
+    assert_int_equal(job.size, size);
+    assert_int_equal(job.local_rank, local);
+    assert_string_equal(job.launcher, launcher);
+}
+
+/* The documented order, the inner launcher's values, and a clear error
+ * for each hostile value (the message naming the variable), *out zeroed;
+ * the process's own environment comes back afterwards. */
+CONF_TEST(comm_job_from_the_launchers_environment_in_order_hostile_refused)
+{
+    char *saved[JOB_VARS];
+    for (size_t i = 0; i < JOB_VARS; i++) {
+        const char *v = getenv(job_vars[i]);
+        saved[i] = v ? strdup(v) : NULL;
+    }
+    CONF_EXPECT(cube_comm_job_from_env(NULL), CUBE_ERR_INVALID_ARGUMENT);
+    job_env_clear();
+    CONF_EXPECT_MSG(cube_comm_job_from_env(&(cube_comm_job){0}),
+                    CUBE_ERR_NOT_FOUND, "OMPI_COMM_WORLD_RANK");
+    const char *ompi[] = {"OMPI_COMM_WORLD_RANK",       "3",
+                          "OMPI_COMM_WORLD_SIZE",       "4",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "1"};
+    job_env(ompi, 6);
+    expect_job(3, 4, 1, "Open MPI");
+    const char *torch[] = {"RANK", "5", "WORLD_SIZE", "8", "LOCAL_RANK", "1"};
+    job_env(torch, 6);
+    expect_job(5, 8, 1, "torchrun");
+    const char *slurm[] = {"SLURM_PROCID", "0", "SLURM_NTASKS", "1"};
+    job_env(slurm, 4);
+    expect_job(0, 1, 0, "Slurm"); /* no local rank: the rank */
+    /* Launchers that disagree: the inner one's values (torchrun under
+     * srun; mpirun with torchrun's names left in the environment). */
+    const char *nested[] = {"SLURM_PROCID",  "1", "SLURM_NTASKS", "2",
+                            "SLURM_LOCALID", "0", "RANK",         "6",
+                            "WORLD_SIZE",    "8", "LOCAL_RANK",   "2"};
+    job_env(nested, 12);
+    expect_job(6, 8, 2, "torchrun");
+    const char *stale[] = {"RANK",
+                           "0",
+                           "WORLD_SIZE",
+                           "2",
+                           "OMPI_COMM_WORLD_RANK",
+                           "1",
+                           "OMPI_COMM_WORLD_SIZE",
+                           "2"};
+    job_env(stale, 8);
+    expect_job(1, 2, 1, "Open MPI");
+    /* Hostile values of the launcher read: never a fall-through to the
+     * next launcher, never a number made up. */
+    static const struct {
+        const char *rank, *size, *local, *needle;
+    } bad[] = {
+        {"x", "4", NULL, "RANK"},          {"-1", "4", NULL, "RANK"},
+        {"1", "-4", NULL, "WORLD_SIZE"},   {" 1", "4", NULL, "RANK"},
+        {"1", "4 ", NULL, "WORLD_SIZE"},   {"+1", "4", NULL, "RANK"},
+        {"", "4", NULL, "RANK"},           {"4", "4", NULL, "RANK=4"},
+        {"9", "4", NULL, "RANK=9"},        {"0", "0", NULL, "WORLD_SIZE=0"},
+        {"0", "1025", NULL, "WORLD_SIZE"}, {"0", "99999999999", NULL, "WORLD"},
+        {"1", NULL, NULL, "WORLD_SIZE"},   {NULL, "4", NULL, "RANK"},
+        {"1", "4", "4", "LOCAL_RANK"},     {"1", "4", "one", "LOCAL_RANK"},
+        {"1", "4", "", "LOCAL_RANK"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *pairs[] = {
+            "RANK",         bad[i].rank,  "WORLD_SIZE",   bad[i].size,
+            "LOCAL_RANK",   bad[i].local, "SLURM_PROCID", "0",
+            "SLURM_NTASKS", "1"};
+        job_env(pairs, 10);
+        cube_comm_job job;
+        memset(&job, 0xAB, sizeof job);
+        CONF_EXPECT_MSG(cube_comm_job_from_env(&job), CUBE_ERR_INVALID_ARGUMENT,
+                        bad[i].needle);
+        assert_int_equal(job.rank, 0);
+        assert_int_equal(job.size, 0);
+        assert_null(job.launcher);
+    }
+    const char *bad_ompi[] = {"OMPI_COMM_WORLD_RANK",       "1",
+                              "OMPI_COMM_WORLD_SIZE",       "2",
+                              "OMPI_COMM_WORLD_LOCAL_RANK", "2"};
+    job_env(bad_ompi, 6);
+    CONF_EXPECT_MSG(cube_comm_job_from_env(&(cube_comm_job){0}),
+                    CUBE_ERR_INVALID_ARGUMENT, "OMPI_COMM_WORLD_LOCAL_RANK");
+    job_env_clear();
+    for (size_t i = 0; i < JOB_VARS; i++) {
+        if (saved[i])
+            setenv(job_vars[i], saved[i], 1);
+        free(saved[i]);
+    }
+}
