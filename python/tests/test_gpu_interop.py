@@ -301,3 +301,170 @@ def test_torch_tensor_via_module_from_dlpack(cuda_client, torch):
     assert b.native[0] == t.data_ptr()
     np.testing.assert_array_equal(b.numpy(), np.arange(256, dtype=np.int32))
     b.release()
+
+
+# --- streams and events on CUDA ------------------------------------------------
+
+
+def test_cuda_streams_have_native_queues(cuda_client):
+    own = cuda_client.stream()
+    assert own.native == cuda_client.native_stream() != 0
+    named = cuda_client.stream(3)
+    assert named.native not in (0, own.native)
+    with named:
+        assert cuda_client.native_stream() == named.native
+    assert cuda_client.native_stream() == own.native
+    named.synchronize()
+
+
+def test_cuda_event_waits_and_times_a_slow_launch(cuda_client, kslow):
+    n = 1 << 22
+    x = cuda_client.asarray(np.arange(n, dtype=np.float32))
+    y = cuda_client.empty(n, "float32")
+    junk = cuda_client.empty(n, "uint32")
+    start, end = cuda_client.event(), cuda_client.event()
+    start.record()
+    cuda_client.launch(kslow, cubes(n), x, y, junk, 2.0, np.uint32(SPIN))
+    end.record()
+    end.synchronize()
+    assert end.query() and start.query()
+    assert start.elapsed_time(end) > 0.0
+    np.testing.assert_array_equal(y.numpy(), expect_scaled(n, 2))
+    untimed = cuda_client.event(timing=False)
+    untimed.record()
+    untimed.synchronize()
+    with pytest.raises(cubert.InvalidArgumentError, match="timing=False"):
+        start.elapsed_time(untimed)
+
+
+def test_cuda_event_orders_another_cubert_stream(cuda_client, kslow, kscale):
+    n = 1 << 22
+    x = cuda_client.asarray(np.arange(n, dtype=np.float32))
+    y = cuda_client.asarray(np.zeros(n, np.float32))
+    z = cuda_client.empty(n, "float32")
+    junk = cuda_client.empty(n, "uint32")
+    cuda_client.launch(kslow, cubes(n), x, y, junk, 3.0, np.uint32(SPIN))
+    done = cuda_client.stream().record_event()
+    with cuda_client.stream(4) as side:
+        side.wait_event(done)
+        cuda_client.launch(kscale, cubes(n), y, z, 1.0)
+    side.synchronize()
+    np.testing.assert_array_equal(z.numpy(), expect_scaled(n, 3))
+
+
+def test_cuda_event_orders_torch_after_cubert(cuda_client, torch, kslow):
+    n = 1 << 22
+    t = torch.zeros(n, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    y = cuda_client.wrap(t)
+    x = cuda_client.asarray(np.arange(n, dtype=np.float32))
+    junk = cuda_client.empty(n, "uint32")
+    cuda_client.launch(kslow, cubes(n), x, y, junk, 5.0, np.uint32(SPIN))
+    done = cuda_client.event()
+    done.record()
+    s = torch.cuda.Stream()
+    done.wait(s)  # a torch stream object: its cuda_stream
+    with torch.cuda.stream(s):
+        r = t * 1.0
+    s.synchronize()
+    np.testing.assert_array_equal(r.cpu().numpy(), expect_scaled(n, 5))
+    y.release()
+
+
+def test_cuda_event_orders_cubert_after_torch(cuda_client, torch, kscale):
+    n = 1 << 20
+    t = torch.zeros(n, dtype=torch.float32, device="cuda")
+    bt = cuda_client.wrap(t)
+    by = cuda_client.empty(n, "float32")
+    s = torch.cuda.Stream()
+    written = cuda_client.event()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)
+        t.copy_(torch.arange(n, dtype=torch.float32, device="cuda") * 6.0)
+    written.record(s)
+    written.wait()
+    bt.mark_written()
+    cuda_client.launch(kscale, cubes(n), bt, by, 1.0)
+    np.testing.assert_array_equal(by.numpy(), expect_scaled(n, 6))
+    # torch's own event across: recorded on cubert's stream by its int
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.ExternalStream(cuda_client.stream().native))
+    ev.synchronize()
+    bt.release()
+
+
+def test_cuda_event_with_cupy_streams(cuda_client, cupy, kscale):
+    n = 1 << 20
+    a = cupy.zeros(n, dtype=cupy.float32)
+    cupy.cuda.runtime.deviceSynchronize()
+    ba = cuda_client.wrap(a)
+    by = cuda_client.empty(n, "float32")
+    cs = cupy.cuda.Stream(non_blocking=True)
+    with cs:
+        c = cupy.arange(n, dtype=cupy.float32)
+        for _ in range(200):
+            c = c * 1.0
+        a[...] = c * 8.0
+    ev = cuda_client.event()
+    ev.record(cs)  # a CuPy stream: its ptr
+    ev.wait()
+    ba.mark_written()
+    cuda_client.launch(kscale, cubes(n), ba, by, 1.0)
+    np.testing.assert_array_equal(by.numpy(), expect_scaled(n, 8))
+    back = cuda_client.event()
+    back.record()
+    back.wait(cs.ptr)
+    cs.synchronize()
+    ba.release()
+
+
+def test_cuda_event_bad_input_leaves_the_client_usable(cuda_client, kscale):
+    cpu = cubert.Client("cpu")
+    try:
+        e = cuda_client.event()
+        with pytest.raises(cubert.InvalidArgumentError, match="another"):
+            e.record(cpu.stream())
+        with pytest.raises(cubert.InvalidArgumentError, match="another"):
+            e.elapsed_time(cpu.event())
+        with pytest.raises(OverflowError):
+            e.wait(-2)
+        with pytest.raises(TypeError):
+            e.record("stream")
+    finally:
+        cpu.close()
+    buf = cuda_client.asarray(np.arange(16, dtype=np.float32))
+    with pytest.raises(OverflowError):
+        buf.__dlpack__(stream=-5)
+    with pytest.raises(OverflowError):
+        buf.__dlpack__(stream=2**64)
+    with pytest.raises(TypeError):
+        buf.__dlpack__(stream="1")
+    # refused inside a capture, as a profile is
+    x = cuda_client.asarray(np.arange(64, dtype=np.float32))
+    y = cuda_client.empty(64, "float32")
+    cuda_client.graph_prepare()
+    cuda_client.launch(kscale, 1, x, y, 2.0)
+    cuda_client.sync(y)
+    with cuda_client.capture() as g:
+        cuda_client.launch(kscale, 1, x, y, 2.0)
+        with pytest.raises(cubert.GraphStateError):
+            e.record()
+        with pytest.raises(cubert.GraphStateError):
+            e.wait()
+    g.replay()
+    e.record()
+    e.synchronize()
+    np.testing.assert_array_equal(y.numpy(), np.arange(64) * 2.0)
+    np.testing.assert_array_equal(buf.numpy(), np.arange(16))
+
+
+def test_cuda_events_outlive_their_client_safely():
+    if not cubert.devices("cuda"):
+        pytest.skip("no CUDA device")
+    c = cubert.Client("cuda")
+    e = c.event()
+    e.record()
+    c.close()  # frees the native event first
+    with pytest.raises(cubert.InvalidArgumentError, match="closed"):
+        e.synchronize()
+    del e
