@@ -203,8 +203,8 @@ static int host_view_any(PyObject *obj, PyObject *dtype, pyc_host_view *v)
 static int refuse_text(PyObject *obj, const char *call, int numbers)
 {
     const char *what = NULL;
-    if (numbers && (obj == Py_None || PyLong_Check(obj) ||
-                    PyFloat_Check(obj) || PyComplex_Check(obj)))
+    if (numbers && (obj == Py_None || PyLong_Check(obj) || PyFloat_Check(obj) ||
+                    PyComplex_Check(obj)))
         what = "a number";
     else if (PyUnicode_Check(obj))
         what = "a str (encode it to bytes)";

@@ -50,8 +50,8 @@ static int client_init(pyc_client *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|z$Oz", names, &device,
                                      &threads_obj, &cache_dir))
         return -1;
-    if (threads_obj && pyc_index_u64(threads_obj, "cpu_threads", UINT32_MAX,
-                                     &cpu_threads) < 0)
+    if (threads_obj &&
+        pyc_index_u64(threads_obj, "cpu_threads", UINT32_MAX, &cpu_threads) < 0)
         return -1;
     if (self->c_open) {
         pyc_raise_invalid("the client is open already");
@@ -572,7 +572,10 @@ static PyObject *client_native_wait(pyc_client *self, PyObject *stream)
     if (!c)
         return NULL;
     void *foreign;
-    if (pyc_native_stream_from(self, stream, &foreign) < 0)
+    if (pyc_native_stream_from(self, stream,
+                               "an int (a native stream) or a PyTorch or "
+                               "CuPy stream",
+                               &foreign) < 0)
         return NULL;
     cube_error *err;
     PYC_NOGIL(self, err = cube_native_wait(c, foreign));

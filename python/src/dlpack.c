@@ -111,10 +111,10 @@ static int wants_versioned(PyObject *max_version, int *out)
         return -1;
     }
     int64_t major, minor;
-    if (pyc_index_i64(PyTuple_GetItem(max_version, 0), "max_version's major",
-                      0, INT32_MAX, &major) < 0 ||
-        pyc_index_i64(PyTuple_GetItem(max_version, 1), "max_version's minor",
-                      0, INT32_MAX, &minor) < 0)
+    if (pyc_index_i64(PyTuple_GetItem(max_version, 0), "max_version's major", 0,
+                      INT32_MAX, &major) < 0 ||
+        pyc_index_i64(PyTuple_GetItem(max_version, 1), "max_version's minor", 0,
+                      INT32_MAX, &minor) < 0)
         return -1;
     *out = major >= 1;
     return 0;

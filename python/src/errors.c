@@ -67,9 +67,8 @@ PyObject *pyc_raise_code(cube_code code, const char *message)
     PyObject *causes = PyList_New(0);
     if (!causes)
         return NULL;
-    PyObject *obj = PyObject_CallFunction(maker, "isszO", (int)code,
-                                          cube_code_name(code), message, NULL,
-                                          causes);
+    PyObject *obj = PyObject_CallFunction(
+        maker, "isszO", (int)code, cube_code_name(code), message, NULL, causes);
     Py_DECREF(causes);
     if (obj) {
         PyErr_SetObject((PyObject *)Py_TYPE(obj), obj);

@@ -118,8 +118,8 @@ static PyObject *cu_raise(const char *call, curesult r)
         code = CUBE_ERR_GRAPH_STATE;
     }
     char text[256];
-    PyOS_snprintf(text, sizeof text, "%s: the driver answered %s%s", call,
-                  name, hint);
+    PyOS_snprintf(text, sizeof text, "%s: the driver answered %s%s", call, name,
+                  hint);
     return pyc_raise_code(code, text);
 }
 
@@ -237,9 +237,9 @@ static void event_dealloc(pyc_event *self)
 
 /* The stream an argument names, resolved to what the driver takes: a
  * cubert stream of the event's client (None: the calling thread's) or a
- * native one. On CUDA *native is the CUstream. On host backends a cubert stream is probed for a capture
- * (cube_native_wait of nothing, which also orders the probe after work
- * another thread is running there); a native one must be 0. */
+ * native one. On CUDA *native is the CUstream. On host backends a cubert stream
+ * is probed for a capture (cube_native_wait of nothing, which also orders the
+ * probe after work another thread is running there); a native one must be 0. */
 static int resolve_stream(pyc_event *e, PyObject *arg, const char *call,
                           void **native)
 {
@@ -252,7 +252,10 @@ static int resolve_stream(pyc_event *e, PyObject *arg, const char *call,
         return -1;
     *native = NULL;
     if (!rc) {
-        if (pyc_native_stream_from(e->client, arg, native) < 0)
+        if (pyc_native_stream_from(e->client, arg,
+                                   "None, a cubert.Stream, an int (a native "
+                                   "stream) or a PyTorch or CuPy stream",
+                                   native) < 0)
             return -1;
         if (!is_cuda(e) && *native) {
             pyc_raise_invalidf("%s: the %s backend has no native streams "
@@ -303,8 +306,7 @@ static PyObject *event_record(pyc_event *self, PyObject *args)
     if (!PyArg_UnpackTuple(args, "record", 0, 1, &stream))
         return NULL;
     void *native;
-    if (resolve_stream(self, stream, "Event.record",
-                       &native) < 0)
+    if (resolve_stream(self, stream, "Event.record", &native) < 0)
         return NULL;
     if (is_cuda(self)) {
         curesult r;
@@ -324,8 +326,7 @@ static PyObject *event_wait(pyc_event *self, PyObject *args)
     if (!PyArg_UnpackTuple(args, "wait", 0, 1, &stream))
         return NULL;
     void *native;
-    if (resolve_stream(self, stream, "Event.wait",
-                       &native) < 0)
+    if (resolve_stream(self, stream, "Event.wait", &native) < 0)
         return NULL;
     /* An event never recorded has nothing to wait for (as in CUDA). */
     if (is_cuda(self) && self->recorded) {
@@ -346,8 +347,8 @@ static PyObject *event_synchronize(pyc_event *self, PyObject *unused)
     if (!is_cuda(self) || !self->recorded)
         Py_RETURN_NONE;
     curesult r;
-    PYC_NOGIL(self->client, IN_CTX(self->cu_ctx, r,
-                                   cu.event_synchronize(self->cu_event)));
+    PYC_NOGIL(self->client,
+              IN_CTX(self->cu_ctx, r, cu.event_synchronize(self->cu_event)));
     if (r != CU_SUCCESS)
         return cu_raise("cuEventSynchronize", r);
     Py_RETURN_NONE;
@@ -422,10 +423,9 @@ static PyObject *event_recorded(pyc_event *self, void *closure)
 
 static PyObject *event_repr(pyc_event *self)
 {
-    return PyUnicode_FromFormat("<cubert.Event of %s%s%s>",
-                                self->client->device,
-                                self->recorded ? ", recorded" : "",
-                                self->timing ? "" : ", no timing");
+    return PyUnicode_FromFormat(
+        "<cubert.Event of %s%s%s>", self->client->device,
+        self->recorded ? ", recorded" : "", self->timing ? "" : ", no timing");
 }
 
 static PyMethodDef event_methods[] = {

@@ -16,8 +16,7 @@ static PyObject *as_index(PyObject *obj, const char *what)
     return n;
 }
 
-int pyc_index_u64(PyObject *obj, const char *what, uint64_t max,
-                  uint64_t *out)
+int pyc_index_u64(PyObject *obj, const char *what, uint64_t max, uint64_t *out)
 {
     PyObject *n = as_index(obj, what);
     if (!n)

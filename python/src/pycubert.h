@@ -77,9 +77,9 @@ typedef struct pyc_event {
     PyObject_HEAD pyc_client *client; /* strong */
     int timing;
     int recorded;
-    uint64_t host_ns; /* host backends: when it was recorded */
-    void *cu_event;   /* CUDA: CUevent, NULL once freed */
-    void *cu_ctx;     /* CUDA: its context */
+    uint64_t host_ns;              /* host backends: when it was recorded */
+    void *cu_event;                /* CUDA: CUevent, NULL once freed */
+    void *cu_ctx;                  /* CUDA: its context */
     struct pyc_event *prev, *next; /* in client->events (CUDA) */
 } pyc_event;
 
@@ -118,8 +118,7 @@ PyObject *pyc_raise_code(cube_code code, const char *message);
 /* `obj` (an int, or anything with __index__) into *out when it lies in
  * [0, max]: else OverflowError naming `what` and the range (TypeError
  * when it is no int). 0, or -1 with the exception set. */
-int pyc_index_u64(PyObject *obj, const char *what, uint64_t max,
-                  uint64_t *out);
+int pyc_index_u64(PyObject *obj, const char *what, uint64_t max, uint64_t *out);
 /* The same for [min, max]. */
 int pyc_index_i64(PyObject *obj, const char *what, int64_t min, int64_t max,
                   int64_t *out);
@@ -221,8 +220,10 @@ void pyc_stream_restore(cube_client *c, cube_stream_id saved);
  * as the array API numbers CUDA streams (0 and 1: the legacy default
  * stream, 2: the per-thread one, else a CUstream), or an object holding
  * one (PyTorch's `cuda_stream`, CuPy's `ptr`). On host backends the int
- * is passed as it is (only 0, NULL, is valid there). */
-int pyc_native_stream_from(pyc_client *client, PyObject *obj, void **out);
+ * is passed as it is (only 0, NULL, is valid there). `accepted` says
+ * what the caller takes, for the TypeError of anything else. */
+int pyc_native_stream_from(pyc_client *client, PyObject *obj,
+                           const char *accepted, void **out);
 /* The stream `obj` names for `client`: 1 with *id set for None (the
  * calling thread's current stream) or a Stream of that client; 0 for
  * anything else (a native stream); -1 with InvalidArgumentError for a

@@ -54,7 +54,8 @@ int pyc_stream_arg(pyc_client *client, PyObject *obj, cube_stream_id *id)
     return 1;
 }
 
-int pyc_native_stream_from(pyc_client *client, PyObject *obj, void **out)
+int pyc_native_stream_from(pyc_client *client, PyObject *obj,
+                           const char *accepted, void **out)
 {
     /* PyTorch's and CuPy's stream objects carry their CUstream. */
     static const char *const attrs[] = {"cuda_stream", "ptr"};
@@ -66,17 +67,14 @@ int pyc_native_stream_from(pyc_client *client, PyObject *obj, void **out)
             return -1;
     }
     uint64_t v;
-    int rc = pyc_index_u64(value ? value : obj, "a native stream",
-                           UINTPTR_MAX, &v);
+    int rc =
+        pyc_index_u64(value ? value : obj, "a native stream", UINTPTR_MAX, &v);
     Py_XDECREF(value);
     if (rc < 0) {
         if (PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
-            PyErr_Format(PyExc_TypeError,
-                         "cubert: a stream is a cubert.Stream, an int "
-                         "(a native stream) or a PyTorch or CuPy stream, "
-                         "not %R",
-                         (PyObject *)Py_TYPE(obj));
+            PyErr_Format(PyExc_TypeError, "cubert: a stream here is %s, not %R",
+                         accepted, (PyObject *)Py_TYPE(obj));
         }
         return -1;
     }
@@ -107,8 +105,7 @@ static PyObject *stream_new(pyc_client *client, cube_stream_id id)
 PyObject *pyc_client_stream(pyc_client *self, PyObject *args)
 {
     PyObject *arg = Py_None;
-    if (!PyArg_UnpackTuple(args, "stream", 0, 1, &arg) ||
-        !pyc_client_get(self))
+    if (!PyArg_UnpackTuple(args, "stream", 0, 1, &arg) || !pyc_client_get(self))
         return NULL;
     cube_stream_id id;
     int rc = pyc_stream_arg(self, arg, &id);
@@ -187,8 +184,7 @@ static PyObject *stream_exit(pyc_stream *self, PyObject *args)
     Py_ssize_t n = PyList_Size(self->entered);
     for (Py_ssize_t i = n - 1; i >= 0; i--) {
         PyObject *entry = PyList_GetItem(self->entered, i);
-        unsigned long thread =
-            PyLong_AsUnsignedLong(PyTuple_GetItem(entry, 0));
+        unsigned long thread = PyLong_AsUnsignedLong(PyTuple_GetItem(entry, 0));
         if (thread != me)
             continue;
         cube_stream_id saved =
