@@ -34,8 +34,14 @@ info: build
 	./$(BUILD)/cubert info
 
 # Unit tests and the conformance suite, then the same under ASan+UBSan and
-# under TSan, and the library through clang's thread-safety analysis.
-test: test-fast test-install test-asan test-tsan test-thread-safety test-fuzz
+# under TSan, the library through clang's thread-safety analysis and the
+# fuzzer. Every stage runs even when one before it failed; a summary of
+# each stage's result and time ends the output, and the exit status is
+# non-zero when any failed.
+TEST_STAGES = test-fast test-install test-asan test-tsan test-thread-safety test-fuzz
+
+test:
+	@./tools/test-stages.sh "$(MAKE)" $(TEST_STAGES)
 
 # Installs into a scratch prefix and builds a program against it with
 # pkg-config and with CMake's find_package.
@@ -45,10 +51,14 @@ test-install: build
 test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# The sanitizer builds load the kernels the plain build's tests compiled
+# (kernels are built by the system compiler, not with the library's flags).
+TEST_CACHE_FLAG = -DCUBE_TEST_CACHE_DIR=$(abspath $(BUILD))/test-cache
+
 test-asan:
 	@./tools/install-deps.sh
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DCUBE_BUILD_BENCH=OFF \
-	  "-DCUBE_SANITIZE=address;undefined" $(CMAKE_FLAGS)
+	  "-DCUBE_SANITIZE=address;undefined" $(TEST_CACHE_FLAG) $(CMAKE_FLAGS)
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -57,7 +67,7 @@ test-asan:
 test-tsan:
 	@./tools/install-deps.sh
 	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DCUBE_BUILD_BENCH=OFF \
-	  -DCUBE_SANITIZE=thread $(CMAKE_FLAGS)
+	  -DCUBE_SANITIZE=thread $(TEST_CACHE_FLAG) $(CMAKE_FLAGS)
 	cmake --build $(BUILD)-tsan -j $(JOBS)
 	cd $(BUILD)-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -j $(JOBS)
