@@ -1,4 +1,4 @@
-/* The CPU backend's barrier pass (src/backends/cpu/cpu_unitloop.c): kernels
+/* The CPU backend's barrier pass (src/backends/cpu/barrier_pass.c): kernels
  * that call cube_sync() give the same bytes with their units as loops
  * between barriers (cpu_barriers auto) as with fibers (cpu_barriers
  * fibers), plain and bounds checked; the pass takes the kernels of its
@@ -17,7 +17,7 @@
 
 #include <cubert/cubert.h>
 
-#include "backends/cpu/cpu_unitloop.h"
+#include "backends/cpu/barrier_pass.h"
 #include "test_files.h"
 
 /* ------------------------------------------------------------ kernels */
@@ -446,7 +446,7 @@ static int have_libclang(void)
     unsigned dim[3] = {1, 1, 1};
     char *out = NULL;
     char why[256];
-    cpu_unitloop_transform(src, "none", dim, &out, why, sizeof why);
+    cpu_barrier_pass_transform(src, "none", dim, &out, why, sizeof why);
     free(out);
     return strstr(why, "libclang is not available") == NULL &&
            strstr(why, "without libclang") == NULL;
@@ -531,10 +531,10 @@ static char *transformed(const char *user, const char *name,
              cube_prelude_cpu, cube_prelude_common, user);
     char *out = NULL;
     char why[256];
-    cpu_unitloop_status st =
-        cpu_unitloop_transform(source, name, dim, &out, why, sizeof why);
+    cpu_barrier_pass_status st =
+        cpu_barrier_pass_transform(source, name, dim, &out, why, sizeof why);
     free(source);
-    if (st != CPU_UNITLOOP_DONE) {
+    if (st != CPU_BARRIER_PASS_DONE) {
         free(out);
         return NULL;
     }
@@ -828,9 +828,9 @@ static void refusals_name_the_reason(void **state)
         unsigned dim[3] = {32, 1, 1};
         char *out = NULL;
         char why[256];
-        cpu_unitloop_status st =
-            cpu_unitloop_transform(source, "k", dim, &out, why, sizeof why);
-        if (st != CPU_UNITLOOP_REFUSED || !strstr(why, cases[i].why))
+        cpu_barrier_pass_status st =
+            cpu_barrier_pass_transform(source, "k", dim, &out, why, sizeof why);
+        if (st != CPU_BARRIER_PASS_REFUSED || !strstr(why, cases[i].why))
             fail_msg("case %zu: status %d, '%s' (expected '%s')", i, (int)st,
                      why, cases[i].why);
         assert_null(out);

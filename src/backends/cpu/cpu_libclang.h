@@ -1,5 +1,5 @@
 /* libclang's C API, loaded at run time with dlopen: the CPU backend's
- * barrier pass (cpu_unitloop.c) parses kernels with it. libclang is
+ * barrier pass (barrier_pass.c) parses kernels with it. libclang is
  * optional: without it, or without its headers at build time, every
  * kernel that calls cube_sync() runs its units as fibers.
  *

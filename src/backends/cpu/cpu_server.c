@@ -13,10 +13,10 @@
 #include <unistd.h>
 
 #include "backends/common/host_memory.h"
+#include "backends/cpu/barrier_pass.h"
 #include "backends/cpu/cpu_jit.h"
 #include "backends/cpu/cpu_mpi.h"
 #include "backends/cpu/cpu_portability.h"
-#include "backends/cpu/cpu_unitloop.h"
 #include "backends/cpu/cpu_workers.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/config.h"
@@ -298,25 +298,25 @@ static cube_error *cpu_compile_raw(cpu_server *s, const cube_kernel *kernel,
 }
 
 /* The barrier pass as the JIT's derivation: its reason kept on refusal. */
-typedef struct unit_loop_pass {
+typedef struct barrier_pass_job {
     const char *name;
     unsigned dim[3];
     int ran;   /* the pass ran (no disk hit) */
     double ms; /* how long it took */
     char why[256];
-} unit_loop_pass;
+} barrier_pass_job;
 
-static int unit_loop_derive(void *ctx, const char *source, char **text)
+static int barrier_pass_derive(void *ctx, const char *source, char **text)
 {
-    unit_loop_pass *p = ctx;
+    barrier_pass_job *p = ctx;
     char *extra = NULL;
     double t0 = now_ms();
-    cpu_unitloop_status st = cpu_unitloop_transform(
+    cpu_barrier_pass_status st = cpu_barrier_pass_transform(
         source, p->name, p->dim, &extra, p->why, sizeof p->why);
     p->ms = now_ms() - t0;
     p->ran = 1;
     *text = NULL;
-    if (st != CPU_UNITLOOP_DONE)
+    if (st != CPU_BARRIER_PASS_DONE)
         return -1;
     size_t n = strlen(source) + strlen(extra) + 2;
     *text = malloc(n);
@@ -329,7 +329,7 @@ static int unit_loop_derive(void *ctx, const char *source, char **text)
 }
 
 /* A kernel that calls cube_sync(): its body rewritten by the barrier pass
- * (cpu_unitloop.c) and compiled with the cube entry added, or nothing
+ * (barrier_pass.c) and compiled with the cube entry added, or nothing
  * (*out NULL) when the pass refuses it, is switched off, or its output
  * does not compile; the caller then compiles `source` as it is and the
  * units run as fibers. The reason is logged, once per compile. Errors:
@@ -353,15 +353,15 @@ static cube_error *cpu_compile_unit_loops(cpu_server *s, const char *name,
                        name);
         return NULL;
     }
-    unit_loop_pass pass = {name, {dim[0], dim[1], dim[2]}, 0, 0.0, ""};
+    barrier_pass_job pass = {name, {dim[0], dim[1], dim[2]}, 0, 0.0, ""};
     /* The cache key names the pass and the cube dimension beside the
      * source: a disk hit skips the parse (10-40 ms with libclang). */
     char variant[96];
     snprintf(variant, sizeof variant, "unit loops %d, cube %ux%ux%u",
-             CPU_UNITLOOP_VERSION, dim[0], dim[1], dim[2]);
+             CPU_BARRIER_PASS_VERSION, dim[0], dim[1], dim[2]);
     cpu_module *m = NULL;
-    cube_error *err = cpu_jit_load_derived(s->jit, source, flags, variant,
-                                           unit_loop_derive, &pass, &m, origin);
+    cube_error *err = cpu_jit_load_derived(
+        s->jit, source, flags, variant, barrier_pass_derive, &pass, &m, origin);
     if (!err && !m) {
         cube_log_write(CUBE_LOG_INFO, "compile",
                        "kernel '%s' runs its units as fibers: %s", name,
