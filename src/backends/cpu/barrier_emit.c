@@ -236,10 +236,8 @@ static int bp_unit_axis(const barrier_pass *bp, int i, int local)
             continue;
         }
         if (n->kind == CXCursor_MemberRefExpr) {
-            int base = bp_strip_parens(bp, n->first);
-            if (base < 0 || bp->n[base].kind != CXCursor_DeclRefExpr ||
-                bp->n[base].ref != BP_REF_UNIT || n->name[0] != 'u' ||
-                !n->name[1] || !strchr("xyz", n->name[1]) || n->name[2])
+            if (!bp_reads_unit(bp, n) || n->name[0] != 'u' || !n->name[1] ||
+                !strchr("xyz", n->name[1]) || n->name[2])
                 return -1;
             return n->name[1] - 'x';
         }
@@ -321,6 +319,40 @@ static int bp_piece_needs(const barrier_pass *bp, int r, unsigned a, unsigned b,
     return 1;
 }
 
+/* Whether piece `p` runs for some units only. */
+static int bp_piece_fixed(const bp_piece *p)
+{
+    return p->fix[0] >= 0 || p->fix[1] >= 0 || p->fix[2] >= 0;
+}
+
+/* Whether statement `n` is an `if` without else, written in the source
+ * itself, whose condition fixes unit positions (into fix[]). */
+static int bp_unit_guard(const barrier_pass *bp, const bp_node *n, int fix[3])
+{
+    return n->kind == CXCursor_IfStmt && !n->in_macro && n->nkids == 2 &&
+           bp_guard_fixes(bp, n->first, fix) > 0;
+}
+
+/* Whether the order between the units of region `r` may change across
+ * pieces of it: it neither returns nor is a grid-stride loop, calls no
+ * function but math (atomics, helpers keep their order) and neither makes
+ * nor uses a context value (whose loads and stores keep theirs). */
+static int bp_region_may_split(const barrier_pass *bp, int r)
+{
+    const bp_region *rg = &bp->r[r];
+    if (rg->has_return || rg->swap >= 0)
+        return 0;
+    for (int i = 0; i < bp->nn; i++)
+        if (bp->n[i].region == r && bp->n[i].kind == CXCursor_CallExpr &&
+            !bp_math_function(bp->n[i].name))
+            return 0;
+    for (int v = 0; v < bp->nv; v++)
+        if (bp->v[v].cls == BP_CLS_CTX &&
+            (bp->n[bp->v[v].decl].region == r || bp_region_uses(bp, r, v)))
+            return 0;
+    return 1;
+}
+
 /* Splits region `r` where an `if` without else holds statements for the
  * units of a row, a column or a single unit (`if (tx == 0)`, tx a unit
  * position): those run in a loop over those units only, the rest in loops
@@ -336,16 +368,8 @@ static int bp_split_region(barrier_pass *bp, int r, bp_piece *p,
                            unsigned char *re)
 {
     const bp_region *rg = &bp->r[r];
-    if (rg->has_return || rg->swap >= 0)
+    if (!bp_region_may_split(bp, r))
         return 0;
-    for (int i = 0; i < bp->nn; i++)
-        if (bp->n[i].region == r && bp->n[i].kind == CXCursor_CallExpr &&
-            !bp_math_function(bp->n[i].name))
-            return 0;
-    for (int v = 0; v < bp->nv; v++)
-        if (bp->v[v].cls == BP_CLS_CTX &&
-            (bp->n[bp->v[v].decl].region == r || bp_region_uses(bp, r, v)))
-            return 0;
     int np = 0, peeled = 0;
     unsigned prev = 0;
     for (int s = rg->first; s >= 0; s = s == rg->last ? -1 : bp->n[s].next) {
@@ -354,10 +378,8 @@ static int bp_split_region(barrier_pass *bp, int r, bp_piece *p,
             return 0; /* statements out of order (macros) */
         prev = n->end;
         int fix[3] = {-1, -1, -1};
-        int guarded = n->kind == CXCursor_IfStmt && !n->in_macro &&
-                      n->nkids == 2 && bp_guard_fixes(bp, n->first, fix) > 0;
-        if (!guarded && np > 0 && p[np - 1].fix[0] < 0 &&
-            p[np - 1].fix[1] < 0 && p[np - 1].fix[2] < 0) {
+        int guarded = bp_unit_guard(bp, n, fix);
+        if (!guarded && np > 0 && !bp_piece_fixed(&p[np - 1])) {
             p[np - 1].last = s;
             continue;
         }
@@ -385,7 +407,7 @@ static void bp_emit_pieces(barrier_pass *bp, int r, const bp_piece *p, int np,
     for (int k = 0; k < np; k++) {
         unsigned a = k ? bp->n[p[k].first].start : rg->tstart;
         unsigned b = k + 1 < np ? bp->n[p[k + 1].first].start : rg->tend;
-        int fixed = p[k].fix[0] >= 0 || p[k].fix[1] >= 0 || p[k].fix[2] >= 0;
+        int fixed = bp_piece_fixed(&p[k]);
         if (fixed) {
             bp_printf(bp, "{\n/* only the units the condition allows */\n");
             for (int ax = 0; ax < 3; ax++) {

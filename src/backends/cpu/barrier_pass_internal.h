@@ -167,6 +167,9 @@ int bp_kid(const barrier_pass *bp, int p, int i);
 int bp_strip_parens(const barrier_pass *bp, int i);
 /* Whether `anc` is `i` or one of its ancestors. */
 int bp_within(const barrier_pass *bp, int i, int anc);
+/* Whether member expression `member` reads a field of cube__u (the
+ * unit's positions). */
+int bp_reads_unit(const barrier_pass *bp, const bp_node *member);
 /* Whether node `i` comes from a prelude macro without side effects. */
 int bp_in_pure_macro(const barrier_pass *bp, int i);
 /* Whether `name` is a math function of the prelude (no side effects). */

@@ -91,6 +91,13 @@ int bp_within(const barrier_pass *bp, int i, int anc)
     return 0;
 }
 
+int bp_reads_unit(const barrier_pass *bp, const bp_node *member)
+{
+    int base = bp_strip_parens(bp, member->first);
+    return base >= 0 && bp->n[base].kind == CXCursor_DeclRefExpr &&
+           bp->n[base].ref == BP_REF_UNIT;
+}
+
 /* The outermost macro expansion holding file offset `o`, or -1. */
 static int bp_macro_at(const barrier_pass *bp, unsigned o)
 {
