@@ -39,4 +39,4 @@ cpu_barrier_pass_status cpu_barrier_pass_transform(const char *source,
                                                    char **out, char *why,
                                                    size_t why_len);
 
-#endif /* CUBE_CPU_UNITLOOP_H */
+#endif /* CUBE_CPU_BARRIER_PASS_H */
