@@ -229,6 +229,24 @@ static int is_p2p(cube_collective_kind kind)
     return kind == CUBE_COLLECTIVE_SEND || kind == CUBE_COLLECTIVE_RECV;
 }
 
+/* The collectives that name a root rank. */
+static int has_root(cube_collective_kind kind)
+{
+    return kind == CUBE_COLLECTIVE_BROADCAST || kind == CUBE_COLLECTIVE_REDUCE;
+}
+
+/* A send or receive whose peer is the calling rank. */
+static int to_itself(const cube_collective *call, uint32_t rank)
+{
+    return is_p2p(call->kind) && call->peer == rank;
+}
+
+static cube_error *aborted_error(cube_collective_kind kind)
+{
+    return cube_error_new(CUBE_ERR_ABORTED, "%s: the communicator was aborted",
+                          kind_name(kind));
+}
+
 /* --- communicators --- */
 
 cube_comm_options cube_comm_options_default(void)
@@ -265,6 +283,15 @@ static void call_free(comm_call *k)
     free(k);
 }
 
+/* Frees the group's per-rank arrays (any of them may be NULL). */
+static void group_arrays_free(comm_group *g)
+{
+    free(g->seq);
+    free(g->send_seq);
+    free(g->recv_seq);
+    free(g->gone);
+}
+
 static void group_free(comm_group *g)
 {
     while (g->calls) {
@@ -274,16 +301,72 @@ static void group_free(comm_group *g)
     }
     for (int i = 0; i < 2; i++)
         free(g->spare[i]);
-    free(g->seq);
-    free(g->send_seq);
-    free(g->recv_seq);
-    free(g->gone);
+    group_arrays_free(g);
     free(g->inflight);
     pthread_cond_destroy(&g->changed);
     if (g->remote)
         cube_mutex_destroy(&g->reap_lock);
     cube_mutex_destroy(&g->lock);
     free(g);
+}
+
+/* Whether `options` (NULL for the defaults) is a cube_comm_options of
+ * this or an earlier version. */
+/* Frees comm's group and its ranks once the last of them and of the
+ * graphs holding them went. */
+static void free_ranks(cube_comm *comm)
+{
+    /* In one process the ranks are one array; a communicator between
+     * processes is this rank alone. */
+    comm_group *g = comm->group;
+    cube_comm *first = g->remote ? comm : comm - comm->rank;
+    group_free(g);
+    free(first);
+}
+
+static cube_error *check_options(const cube_comm_options *options,
+                                 const char *fn)
+{
+    if (options && (options->struct_size < sizeof(uint32_t) ||
+                    options->struct_size > sizeof(cube_comm_options)))
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: options->struct_size %u is not "
+                              "sizeof(cube_comm_options)",
+                              fn, options->struct_size);
+    return NULL;
+}
+
+/* The timeout `options` asks for (checked), or the default. */
+static uint64_t timeout_ms_of(const cube_comm_options *options)
+{
+    cube_comm_options o = cube_comm_options_default();
+    if (options)
+        memcpy(&o, options, options->struct_size);
+    return o.timeout_ms ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
+}
+
+/* Whether clients[i] may join clients[0..i) in one communicator. */
+static cube_error *check_init_client(cube_client *const *clients, uint32_t i)
+{
+    if (!clients[i])
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_all: clients[%u] is NULL", i);
+    if (clients[i]->vt != clients[0]->vt)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "cube_comm_init_all: clients[0] is on %s "
+                              "and clients[%u] on %s: a communicator "
+                              "joins devices of one backend",
+                              clients[0]->device, i, clients[i]->device);
+    for (uint32_t j = 0; j < i; j++)
+        if (clients[j]->dev == clients[i]->dev)
+            return cube_error_new(
+                CUBE_ERR_INVALID_ARGUMENT,
+                "cube_comm_init_all: clients[%u] and clients[%u] are "
+                "both on %s: each rank needs a device of its own",
+                j, i, clients[i]->device);
+    if (atomic_load_explicit(&clients[i]->dev->faulted, memory_order_acquire))
+        return core_fault_get(clients[i]);
+    return NULL;
 }
 
 static cube_error *check_init(cube_client *const *clients, uint32_t n,
@@ -298,33 +381,11 @@ static cube_error *check_init(cube_client *const *clients, uint32_t n,
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_comm_init_all: n = %u is not in 1..%u", n,
                               CUBE_MAX_RANKS);
-    if (options && (options->struct_size < sizeof(uint32_t) ||
-                    options->struct_size > sizeof(cube_comm_options)))
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_init_all: options->struct_size %u is "
-                              "not sizeof(cube_comm_options)",
-                              options->struct_size);
-    for (uint32_t i = 0; i < n; i++) {
-        if (!clients[i])
-            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                  "cube_comm_init_all: clients[%u] is NULL", i);
-        if (clients[i]->vt != clients[0]->vt)
-            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                  "cube_comm_init_all: clients[0] is on %s "
-                                  "and clients[%u] on %s: a communicator "
-                                  "joins devices of one backend",
-                                  clients[0]->device, i, clients[i]->device);
-        for (uint32_t j = 0; j < i; j++)
-            if (clients[j]->dev == clients[i]->dev)
-                return cube_error_new(
-                    CUBE_ERR_INVALID_ARGUMENT,
-                    "cube_comm_init_all: clients[%u] and clients[%u] are "
-                    "both on %s: each rank needs a device of its own",
-                    j, i, clients[i]->device);
-        if (atomic_load_explicit(&clients[i]->dev->faulted,
-                                 memory_order_acquire))
-            return core_fault_get(clients[i]);
-    }
+    cube_error *err = check_options(options, "cube_comm_init_all");
+    for (uint32_t i = 0; i < n && !err; i++)
+        err = check_init_client(clients, i);
+    if (err)
+        return err;
     if (!clients[0]->vt->collective)
         return cube_error_new(CUBE_ERR_UNSUPPORTED,
                               "cube_comm_init_all: the %s backend has no "
@@ -333,16 +394,31 @@ static cube_error *check_init(cube_client *const *clients, uint32_t n,
     return NULL;
 }
 
+/* A zeroed group of n ranks in one process with its per-rank arrays;
+ * NULL for want of memory. */
+static comm_group *group_alloc(uint32_t n)
+{
+    comm_group *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->seq = calloc(n, sizeof *g->seq);
+    g->send_seq = calloc((size_t)n * n, sizeof *g->send_seq);
+    g->recv_seq = calloc((size_t)n * n, sizeof *g->recv_seq);
+    g->gone = calloc(n, 1);
+    if (!g->seq || !g->send_seq || !g->recv_seq || !g->gone) {
+        group_arrays_free(g);
+        free(g);
+        return NULL;
+    }
+    return g;
+}
+
 /* Frees what cube_comm_init_all allocated before its group was made
  * (any of it may be NULL). */
 static void init_undo(comm_group *g, cube_comm *made, void **impls)
 {
-    if (g) {
-        free(g->seq);
-        free(g->send_seq);
-        free(g->recv_seq);
-        free(g->gone);
-    }
+    if (g)
+        group_arrays_free(g);
     free(g);
     free(made);
     free(impls);
@@ -357,21 +433,12 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
         return err;
     for (uint32_t i = 0; i < n; i++)
         comms[i] = NULL;
-    cube_comm_options o = cube_comm_options_default();
-    if (options)
-        memcpy(&o, options, options->struct_size);
-    comm_group *g = calloc(1, sizeof *g);
+    uint64_t timeout_ms = timeout_ms_of(options);
+    comm_group *g = group_alloc(n);
     cube_comm *made = calloc(n, sizeof *made);
     cube_server **servers = calloc(n, sizeof(cube_server *));
     void **impls = calloc(n, sizeof *impls);
-    if (g) {
-        g->seq = calloc(n, sizeof *g->seq);
-        g->send_seq = calloc((size_t)n * n, sizeof *g->send_seq);
-        g->recv_seq = calloc((size_t)n * n, sizeof *g->recv_seq);
-        g->gone = calloc(n, 1);
-    }
-    if (!g || !made || !servers || !impls || !g->seq || !g->send_seq ||
-        !g->recv_seq || !g->gone) {
+    if (!g || !made || !servers || !impls) {
         free(servers);
         init_undo(g, made, impls);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_comm_init_all");
@@ -379,7 +446,6 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     for (uint32_t i = 0; i < n; i++)
         servers[i] = clients[i]->server;
     const cube_server_vtable *vt = clients[0]->vt;
-    uint64_t timeout_ms = o.timeout_ms ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
     err = vt->comm_init ? vt->comm_init(servers, n, timeout_ms, impls) : NULL;
     free(servers);
     if (err) {
@@ -397,9 +463,7 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     g->n = n;
     g->alive = n;
     g->vt = vt;
-    g->timeout_ns =
-        (uint64_t)(o.timeout_ms ? o.timeout_ms : DEFAULT_TIMEOUT_MS) *
-        1000000ull;
+    g->timeout_ns = timeout_ms * 1000000ull;
     /* One allocation for the ranks: comms[i] points into it, and the
      * last destroy frees it with the group. */
     for (uint32_t i = 0; i < n; i++) {
@@ -498,13 +562,8 @@ void cube_comm_destroy(cube_comm *comm)
     /* Peers waiting for this rank will not see it come. */
     pthread_cond_broadcast(&g->changed);
     cube_mutex_unlock(&g->lock);
-    if (last) {
-        /* In one process the ranks are one array; a communicator between
-         * processes is this rank alone. */
-        cube_comm *first = g->remote ? comm : comm - comm->rank;
-        group_free(g);
-        free(first);
-    }
+    if (last)
+        free_ranks(comm);
 }
 
 cube_error *cube_comm_abort(cube_comm *comm)
@@ -588,6 +647,20 @@ cube_error *cube_comm_id_format(const cube_comm_id *id, char *text, size_t cap)
     return NULL;
 }
 
+/* Whether the id's header is one cube_comm_id_new writes (the backend's
+ * name NUL-terminated). */
+static int id_well_formed(const cube_comm_id *id)
+{
+    return memcmp(id->bytes, ID_MAGIC, 4) == 0 &&
+           id->bytes[4 + ID_NAME - 1] == 0;
+}
+
+/* Blanks a file or a shell may leave after an id. */
+static int is_trailing_blank(char c)
+{
+    return c == '\n' || c == ' ' || c == '\r' || c == '\t';
+}
+
 static int hex_digit(char c)
 {
     return c >= '0' && c <= '9'   ? c - '0'
@@ -605,8 +678,7 @@ cube_error *cube_comm_id_parse(const char *text, cube_comm_id *out)
     memset(out, 0, sizeof *out);
     /* Trailing blanks and a newline, as a file or a shell may leave. */
     size_t len = strlen(text);
-    while (len && (text[len - 1] == '\n' || text[len - 1] == ' ' ||
-                   text[len - 1] == '\r' || text[len - 1] == '\t'))
+    while (len && is_trailing_blank(text[len - 1]))
         len--;
     if (len != 12 + 2 * CUBE_COMM_ID_BYTES ||
         strncmp(text, "cubert-comm:", 12) != 0)
@@ -626,8 +698,7 @@ cube_error *cube_comm_id_parse(const char *text, cube_comm_id *out)
         }
         out->bytes[i] = (unsigned char)(hi << 4 | lo);
     }
-    if (memcmp(out->bytes, ID_MAGIC, 4) != 0 ||
-        out->bytes[4 + ID_NAME - 1] != 0) {
+    if (!id_well_formed(out)) {
         memset(out, 0, sizeof *out);
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_comm_id_parse: the digits do not hold a "
@@ -652,15 +723,12 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
                               "cube_comm_init_rank: rank %u of %u ranks is "
                               "not in range (1..%u ranks)",
                               rank, nranks, CUBE_MAX_RANKS);
-    if (options && (options->struct_size < sizeof(uint32_t) ||
-                    options->struct_size > sizeof(cube_comm_options)))
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_init_rank: options->struct_size %u "
-                              "is not sizeof(cube_comm_options)",
-                              options->struct_size);
+    cube_error *err = check_options(options, "cube_comm_init_rank");
+    if (err)
+        return err;
     char name[ID_NAME];
     memcpy(name, id->bytes + 4, ID_NAME);
-    if (memcmp(id->bytes, ID_MAGIC, 4) != 0 || name[ID_NAME - 1] != 0)
+    if (!id_well_formed(id))
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_comm_init_rank: the id was not made by "
                               "cube_comm_id_new");
@@ -674,10 +742,7 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
                               "cube_comm_init_rank: the %s backend has no "
                               "communicators between processes",
                               c->props.backend);
-    cube_comm_options o = cube_comm_options_default();
-    if (options)
-        memcpy(&o, options, options->struct_size);
-    uint64_t timeout_ms = o.timeout_ms ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
+    uint64_t timeout_ms = timeout_ms_of(options);
     comm_group *g = calloc(1, sizeof *g);
     cube_comm *comm = calloc(1, sizeof *comm);
     if (!g || !comm) {
@@ -686,7 +751,7 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_comm_init_rank");
     }
     void *impl = NULL;
-    cube_error *err = c->vt->comm_init_rank(c->server, id->bytes + 4 + ID_NAME,
+    err = c->vt->comm_init_rank(c->server, id->bytes + 4 + ID_NAME,
                                             nranks, rank, timeout_ms, &impl);
     if (err) {
         free(g);
@@ -792,9 +857,7 @@ static void describe(const cube_collective *c, char *buf, size_t cap)
         return;
     if (is_reduction(c->kind))
         n += snprintf(buf + n, cap - (size_t)n, " (op %u)", c->op);
-    if ((c->kind == CUBE_COLLECTIVE_BROADCAST ||
-         c->kind == CUBE_COLLECTIVE_REDUCE) &&
-        n >= 0 && (size_t)n < cap)
+    if (has_root(c->kind) && n >= 0 && (size_t)n < cap)
         snprintf(buf + n, cap - (size_t)n, " from root %u", c->root);
 }
 
@@ -805,9 +868,7 @@ static int agree(const cube_collective *a, const cube_collective *b, int p2p)
         return a->count == b->count && a->dtype == b->dtype;
     return a->kind == b->kind && a->count == b->count && a->dtype == b->dtype &&
            (!is_reduction(a->kind) || a->op == b->op) &&
-           ((a->kind != CUBE_COLLECTIVE_BROADCAST &&
-             a->kind != CUBE_COLLECTIVE_REDUCE) ||
-            a->root == b->root);
+           (!has_root(a->kind) || a->root == b->root);
 }
 
 /* Adds call `c`'s failed source to the verdict `several` (made first). */
@@ -879,10 +940,7 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
         cube_mutex_unlock(&g->lock);
         cube_error_free(failure);
         cube_error_free(p->local);
-        p->local = cube_error_new(CUBE_ERR_ABORTED,
-                                  "%s: the communicator "
-                                  "was aborted",
-                                  kind_name(mine->kind));
+        p->local = aborted_error(mine->kind);
         return;
     }
     int p2p = is_p2p(mine->kind);
@@ -1002,8 +1060,7 @@ static cube_error *await(pending *p)
     cube_error *err = NULL;
     const char *what = kind_name(k->calls[p->index].kind);
     if (g->aborted && !k->ready)
-        err = cube_error_new(CUBE_ERR_ABORTED,
-                             "%s: the communicator was aborted", what);
+        err = aborted_error(k->calls[p->index].kind);
     else if (k->cancelled)
         err = cube_error_new(
             CUBE_ERR_TIMEOUT,
@@ -1127,9 +1184,7 @@ static cube_error *run_alone(pending *p, const cube_collective *mine,
     if (aborted) {
         cube_error_free(p->local);
         p->local = NULL;
-        err =
-            cube_error_new(CUBE_ERR_ABORTED, "%s: the communicator was aborted",
-                           kind_name(mine->kind));
+        err = aborted_error(mine->kind);
     } else if (p->local) {
         err = cube_error_clone(p->local);
     } else if (failure) {
@@ -1143,6 +1198,14 @@ static cube_error *run_alone(pending *p, const cube_collective *mine,
     cube_error_free(failure);
     settle(p, err);
     return err;
+}
+
+/* Whether p's call writes the whole of its destination's buffer (a
+ * success then clears the buffer's failure). */
+static int writes_whole_dst(const pending *p)
+{
+    return p->has_dst && p->dst.offset == 0 &&
+           p->dst_bytes == p->dst.alloc->storage.size;
 }
 
 /* Drops the pins of a call that was not run (a dry run). */
@@ -1176,8 +1239,7 @@ static void settle(pending *p, const cube_error *err)
              * failed launch does. */
             if (!p->noted)
                 core_stream_note_failure_now(c, err);
-        } else if (!err && p->dst.offset == 0 &&
-                   p->dst_bytes == p->dst.alloc->storage.size)
+        } else if (!err && writes_whole_dst(p))
             core_failure_clear(c, p->dst.alloc);
         core_resolved_drop(c, &p->dst);
     }
@@ -1200,6 +1262,32 @@ static cube_error *capture_part(cube_client *c, core_stream *st,
     return c->vt->collective(c->server, &st->base, p->comm->impl, &set);
 }
 
+/* Whether `st` still captures for client `c` (a call made in its capture
+ * is recorded there). */
+static int still_capturing(const core_stream *st, const cube_client *c)
+    CUBE_REQUIRES(st->lock)
+{
+    return st->capture && st->capture_client == c;
+}
+
+/* Records p's call `mine` in the capture of `st`, unless the capture
+ * ended since the call was made. */
+static cube_error *record_in_capture(pending *p, core_stream *st,
+                                     const cube_collective *mine)
+    CUBE_REQUIRES(st->lock)
+{
+    cube_client *c = p->comm->client;
+    if (!still_capturing(st, c))
+        return cube_error_new(CUBE_ERR_GRAPH_STATE,
+                              "%s: the capture ended before the call was "
+                              "recorded",
+                              kind_name(mine->kind));
+    return core_graph_record_collective(
+        c, st, p->comm, mine, p->has_src ? p->src.alloc : NULL,
+        p->has_dst ? p->dst.alloc : NULL, writes_whole_dst(p), p->hardware,
+        p->group);
+}
+
 /* Records this rank's part, agreed by every rank, in the capture of its
  * stream instead of running it. */
 static cube_error *record(pending *p)
@@ -1213,15 +1301,8 @@ static cube_error *record(pending *p)
     if (err)
         return err;
     const cube_collective *mine = &p->call->calls[p->index];
-    int whole = p->has_dst && p->dst.offset == 0 &&
-                p->dst_bytes == p->dst.alloc->storage.size;
     core_stream_lock(st);
-    if (!st->capture || st->capture_client != c) {
-        err = cube_error_new(CUBE_ERR_GRAPH_STATE,
-                             "%s: the capture ended before the call was "
-                             "recorded",
-                             kind_name(mine->kind));
-    } else if (p->hardware) {
+    if (p->hardware && still_capturing(st, c)) {
         /* The backend captures its part into the stream's graph; the
          * entry keeps it in the rendezvous and the failure store. */
         err = capture_part(c, st, p);
@@ -1229,9 +1310,7 @@ static cube_error *record(pending *p)
         core_stream_note_failure(st, err);
     }
     if (!err)
-        err = core_graph_record_collective(
-            c, st, p->comm, mine, p->has_src ? p->src.alloc : NULL,
-            p->has_dst ? p->dst.alloc : NULL, whole, p->hardware, p->group);
+        err = record_in_capture(p, st, mine);
     core_stream_unlock(st);
     core_fault_note(c, err);
     return err;
@@ -1307,24 +1386,29 @@ size_t core_comm_reap(cube_client *c)
     return failed;
 }
 
+/* Room in g's list of followed calls for one more; 0 for want of
+ * memory. */
+static int inflight_room(comm_group *g) CUBE_REQUIRES(g->lock)
+{
+    if (g->inflight_len < g->inflight_cap)
+        return 1;
+    size_t cap = g->inflight_cap ? g->inflight_cap * 2 : 16;
+    remote_call *grown = realloc(g->inflight, cap * sizeof *grown);
+    if (!grown)
+        return 0;
+    g->inflight = grown;
+    g->inflight_cap = cap;
+    return 1;
+}
+
 /* Room for one more followed call, made before the call is issued: a call
  * that could not be followed is refused rather than run blind. */
 static cube_error *reserve_inflight(comm_group *g, const char *fn)
 {
     cube_mutex_lock(&g->lock);
-    cube_error *err = NULL;
-    if (g->inflight_len == g->inflight_cap) {
-        size_t cap = g->inflight_cap ? g->inflight_cap * 2 : 16;
-        remote_call *grown = realloc(g->inflight, cap * sizeof *grown);
-        if (grown) {
-            g->inflight = grown;
-            g->inflight_cap = cap;
-        } else {
-            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s", fn);
-        }
-    }
+    int room = inflight_room(g);
     cube_mutex_unlock(&g->lock);
-    return err;
+    return room ? NULL : cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s", fn);
 }
 
 /* Appends a followed call (room was reserved; grown here should another
@@ -1332,19 +1416,11 @@ static cube_error *reserve_inflight(comm_group *g, const char *fn)
 static int inflight_push(comm_group *g, remote_call rc)
 {
     cube_mutex_lock(&g->lock);
-    if (g->inflight_len == g->inflight_cap) {
-        size_t cap = g->inflight_cap ? g->inflight_cap * 2 : 16;
-        remote_call *grown = realloc(g->inflight, cap * sizeof *grown);
-        if (!grown) {
-            cube_mutex_unlock(&g->lock);
-            return 0;
-        }
-        g->inflight = grown;
-        g->inflight_cap = cap;
-    }
-    g->inflight[g->inflight_len++] = rc;
+    int room = inflight_room(g);
+    if (room)
+        g->inflight[g->inflight_len++] = rc;
     cube_mutex_unlock(&g->lock);
-    return 1;
+    return room;
 }
 
 /* What cannot be followed is not trusted. */
@@ -1376,6 +1452,25 @@ static void follow(pending *p, uint64_t ticket)
             core_alloc_unpin(c, dst);
         atomic_fetch_sub_explicit(&c->comm_inflight, 1, memory_order_release);
     }
+}
+
+/* What a rank's call between processes answers: its own refusal, else
+ * its failed source, else how the backend's issue went (`err`, taken). */
+static cube_error *remote_answer(const pending *p, cube_error *err)
+{
+    if (p->local) {
+        cube_error_free(err);
+        return cube_error_clone(p->local);
+    }
+    if (p->failure) {
+        cube_error_free(err);
+        return cube_error_wrap(cube_error_clone(p->failure), CUBE_ERR_SEVERAL,
+                               "%s: the source cannot be trusted (the work "
+                               "that should have written it failed), so no "
+                               "rank runs it",
+                               kind_name(p->mine.kind));
+    }
+    return err;
 }
 
 /* Issues a call of a communicator between processes: the backend's
@@ -1421,18 +1516,7 @@ static cube_error *issue_remote(pending *p)
     if (ran && p->capturing) {
         /* Every rank captures it (or the backend captured its part): the
          * capture holds it from here. */
-        if (!st->capture || st->capture_client != c)
-            err = cube_error_new(CUBE_ERR_GRAPH_STATE,
-                                 "%s: the capture ended before the call was "
-                                 "recorded",
-                                 kind_name(p->mine.kind));
-        else
-            err = core_graph_record_collective(
-                c, st, p->comm, &p->mine, p->has_src ? p->src.alloc : NULL,
-                p->has_dst ? p->dst.alloc : NULL,
-                p->has_dst && p->dst.offset == 0 &&
-                    p->dst_bytes == p->dst.alloc->storage.size,
-                p->hardware, p->group);
+        err = record_in_capture(p, st, &p->mine);
     } else if (ran) {
         st->launches++;
     }
@@ -1440,19 +1524,7 @@ static cube_error *issue_remote(pending *p)
     p->noted = err != NULL;
     core_stream_unlock(st);
     core_fault_note(c, err);
-    if (p->local) {
-        cube_error_free(err);
-        return cube_error_clone(p->local);
-    }
-    if (p->failure) {
-        cube_error_free(err);
-        return cube_error_wrap(cube_error_clone(p->failure), CUBE_ERR_SEVERAL,
-                               "%s: the source cannot be trusted (the work "
-                               "that should have written it failed), so no "
-                               "rank runs it",
-                               kind_name(p->mine.kind));
-    }
-    return err;
+    return remote_answer(p, err);
 }
 
 /* --- a rank's sends to itself --- */
@@ -1484,9 +1556,7 @@ static void pair_up(pending *send, pending *recv)
         for (int i = 0; i < 2; i++) {
             cube_error_free(pair[i]->local);
             pair[i]->local =
-                aborted ? cube_error_new(CUBE_ERR_ABORTED,
-                                         "%s: the communicator was aborted",
-                                         kind_name(pair[i]->mine.kind))
+                aborted ? aborted_error(pair[i]->mine.kind)
                         : cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s",
                                          kind_name(pair[i]->mine.kind));
         }
@@ -1548,57 +1618,57 @@ static void pair_self(pending *a, size_t n)
     }
 }
 
-/* Runs the pending calls a[0..n): waits for each, issues the parts that
- * may run (inside the backend's group when there are several), then
- * settles each. Returns the first error (its index in *first_at, when
- * not NULL); each failed call's destination carries its own. */
-static cube_error *run_pending(pending *a, size_t n, size_t *first_at)
+/* Whether p's call is met by the backend's engine with other processes'
+ * calls (a send to itself never meets another process's call). */
+static int meets_remote(const pending *p)
 {
-    for (size_t i = 0; i < n; i++) {
-        /* A send to itself never meets another process's call. */
-        int remote = a[i].comm->group->remote && !a[i].self;
-        /* A call that was not posted was refused (its own refusal). */
-        a[i].result = remote       ? NULL
-                      : a[i].local ? cube_error_clone(a[i].local)
-                      : a[i].call  ? await(&a[i])
-                                   : cube_error_new(CUBE_ERR_INTERNAL,
-                                                    "a collective call was "
-                                                     "not posted");
-    }
+    return p->comm->group->remote && !p->self;
+}
+
+/* Whether p's call may run, once posted: NULL when it may (a call between
+ * processes always goes to the backend's engine), else what to answer
+ * (a call that was not posted was refused: its own refusal). */
+static cube_error *rendezvous_answer(pending *p)
+{
+    if (meets_remote(p))
+        return NULL;
+    if (p->local)
+        return cube_error_clone(p->local);
+    if (p->call)
+        return await(p);
+    return cube_error_new(CUBE_ERR_INTERNAL,
+                          "a collective call was not posted");
+}
+
+/* Runs this rank's part of p's call: to the backend's engine between
+ * processes, into the capture of a capturing stream, else on the
+ * stream. */
+static cube_error *run_part(pending *p)
+{
+    if (meets_remote(p))
+        return issue_remote(p);
+    return p->capturing ? record(p) : issue(p);
+}
+
+/* The backend of the calls in a[0..n) that may run, and how many there
+ * are (*count; the backend is NULL when none may). */
+static const cube_server_vtable *runnable(const pending *a, size_t n,
+                                          size_t *count)
+{
     const cube_server_vtable *vt = NULL;
-    size_t runnable = 0;
+    *count = 0;
     for (size_t i = 0; i < n; i++)
         if (!a[i].result) {
             vt = a[i].comm->group->vt;
-            runnable++;
+            (*count)++;
         }
-    int grouped = runnable > 1 && vt->group_begin && !a[0].agree_only;
-    if (n > 1) {
-        /* Captured calls of one group are replayed as one. */
-        uint64_t tag = atomic_fetch_add(&next_group_tag, 1);
-        for (size_t i = 0; i < n; i++)
-            a[i].group = tag;
-    }
-    if (grouped)
-        vt->group_begin();
-    for (size_t i = 0; i < n; i++)
-        if (!a[i].result && !a[i].agree_only)
-            a[i].result = a[i].comm->group->remote && !a[i].self
-                              ? issue_remote(&a[i])
-                          : a[i].capturing ? record(&a[i])
-                                           : issue(&a[i]);
-    if (grouped) {
-        cube_error *e = vt->group_end();
-        for (size_t i = 0; e && i < n; i++)
-            if (!a[i].result)
-                a[i].result = cube_error_clone(e);
-        cube_error_free(e);
-    }
-    /* Every part of this thread is marked issued before any waits for
-     * the peers' (one lock for both when there is one). */
-    for (size_t i = 0; i < n && n > 1; i++)
-        if (a[i].call)
-            mark_issued(&a[i]);
+    return vt;
+}
+
+/* Leaves each call of a[0..n) and settles it; returns the first error
+ * (its index in *first_at, when not NULL) and frees the others. */
+static cube_error *settle_all(pending *a, size_t n, size_t *first_at)
+{
     cube_error *first = NULL;
     for (size_t i = 0; i < n; i++) {
         if (a[i].call)
@@ -1613,6 +1683,43 @@ static cube_error *run_pending(pending *a, size_t n, size_t *first_at)
         a[i].result = NULL;
     }
     return first;
+}
+
+/* Runs the pending calls a[0..n): waits for each, issues the parts that
+ * may run (inside the backend's group when there are several), then
+ * settles each. Returns the first error (its index in *first_at, when
+ * not NULL); each failed call's destination carries its own. */
+static cube_error *run_pending(pending *a, size_t n, size_t *first_at)
+{
+    for (size_t i = 0; i < n; i++)
+        a[i].result = rendezvous_answer(&a[i]);
+    size_t count = 0;
+    const cube_server_vtable *vt = runnable(a, n, &count);
+    int grouped = count > 1 && vt->group_begin && !a[0].agree_only;
+    if (n > 1) {
+        /* Captured calls of one group are replayed as one. */
+        uint64_t tag = atomic_fetch_add(&next_group_tag, 1);
+        for (size_t i = 0; i < n; i++)
+            a[i].group = tag;
+    }
+    if (grouped)
+        vt->group_begin();
+    for (size_t i = 0; i < n; i++)
+        if (!a[i].result && !a[i].agree_only)
+            a[i].result = run_part(&a[i]);
+    if (grouped) {
+        cube_error *e = vt->group_end();
+        for (size_t i = 0; e && i < n; i++)
+            if (!a[i].result)
+                a[i].result = cube_error_clone(e);
+        cube_error_free(e);
+    }
+    /* Every part of this thread is marked issued before any waits for
+     * the peers' (one lock for both when there is one). */
+    for (size_t i = 0; i < n && n > 1; i++)
+        if (a[i].call)
+            mark_issued(&a[i]);
+    return settle_all(a, n, first_at);
 }
 
 /* --- one call --- */
@@ -1670,32 +1777,29 @@ static cube_error *check_overlap(const cube_collective *mine, const pending *p,
         (unsigned long long)d, (unsigned long long)d + dst_bytes);
 }
 
-/* Checks one rank's call and resolves its buffers into p. A refusal
- * goes to p->local: the call is still posted, so the peers learn of it. */
-static cube_error *prepare(pending *p, cube_collective *mine, cube_handle src,
-                           cube_handle dst, cube_error **failure)
+static int is_reduce_op(uint32_t op)
 {
-    cube_comm *comm = p->comm;
-    cube_client *c = comm->client;
+    return op >= CUBE_REDUCE_SUM && op <= CUBE_REDUCE_AVG;
+}
+
+/* Whether one rank's call of a communicator of n ranks, made by rank r,
+ * is well formed: NULL when it is, else why not. */
+static cube_error *check_call(const cube_collective *mine, uint32_t n,
+                              uint32_t r)
+{
     const char *fn = kind_name(mine->kind);
-    uint32_t n = comm->group->n, r = comm->rank;
     uint32_t es = cube_dtype_size((cube_dtype)mine->dtype);
-    if (atomic_load_explicit(&c->dev->faulted, memory_order_acquire))
-        return core_fault_get(c);
     if (mine->count == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: count is 0", fn);
     if (!es)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: dtype %u is not a cube_dtype", fn,
                               mine->dtype);
-    if (is_reduction(mine->kind) &&
-        (mine->op < CUBE_REDUCE_SUM || mine->op > CUBE_REDUCE_AVG))
+    if (is_reduction(mine->kind) && !is_reduce_op(mine->op))
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: op %u is not a cube_reduce_op", fn,
                               mine->op);
-    if ((mine->kind == CUBE_COLLECTIVE_BROADCAST ||
-         mine->kind == CUBE_COLLECTIVE_REDUCE) &&
-        mine->root >= n)
+    if (has_root(mine->kind) && mine->root >= n)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: root %u is not a rank (0..%u)", fn,
                               mine->root, n - 1);
@@ -1705,7 +1809,7 @@ static cube_error *prepare(pending *p, cube_collective *mine, cube_handle src,
                               mine->peer, n - 1);
     /* Outside a group the one thread that makes this rank's calls could
      * never make the other half: refused rather than left to time out. */
-    if (is_p2p(mine->kind) && mine->peer == r && group_depth == 0)
+    if (to_itself(mine, r) && group_depth == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: peer %u is the calling rank; a send to "
                               "itself and its receive are made in one group "
@@ -1715,30 +1819,56 @@ static cube_error *prepare(pending *p, cube_collective *mine, cube_handle src,
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: count %llu overflows", fn,
                               (unsigned long long)mine->count);
-    uint64_t one = mine->count * es, all = one * n;
-    uint64_t src_bytes = 0, dst_bytes = 0;
+    return NULL;
+}
+
+/* The bytes rank r's call (checked) reads from its source and writes to
+ * its destination; `one` is one rank's part. */
+static void call_bytes(const cube_collective *mine, uint32_t n, uint32_t r,
+                       uint64_t one, uint64_t *src_bytes, uint64_t *dst_bytes)
+{
+    uint64_t all = one * n;
+    *src_bytes = *dst_bytes = 0;
     switch (mine->kind) {
-    case CUBE_COLLECTIVE_ALL_REDUCE: src_bytes = dst_bytes = one; break;
+    case CUBE_COLLECTIVE_ALL_REDUCE: *src_bytes = *dst_bytes = one; break;
     case CUBE_COLLECTIVE_BROADCAST:
-        src_bytes = r == mine->root ? one : 0;
-        dst_bytes = one;
+        *src_bytes = r == mine->root ? one : 0;
+        *dst_bytes = one;
         break;
     case CUBE_COLLECTIVE_REDUCE:
-        src_bytes = one;
-        dst_bytes = r == mine->root ? one : 0;
+        *src_bytes = one;
+        *dst_bytes = r == mine->root ? one : 0;
         break;
     case CUBE_COLLECTIVE_ALL_GATHER:
-        src_bytes = one;
-        dst_bytes = all;
+        *src_bytes = one;
+        *dst_bytes = all;
         break;
     case CUBE_COLLECTIVE_REDUCE_SCATTER:
-        src_bytes = all;
-        dst_bytes = one;
+        *src_bytes = all;
+        *dst_bytes = one;
         break;
-    case CUBE_COLLECTIVE_SEND: src_bytes = one; break;
-    case CUBE_COLLECTIVE_RECV: dst_bytes = one; break;
+    case CUBE_COLLECTIVE_SEND: *src_bytes = one; break;
+    case CUBE_COLLECTIVE_RECV: *dst_bytes = one; break;
     }
-    cube_error *err = NULL;
+}
+
+/* Checks one rank's call and resolves its buffers into p. A refusal
+ * goes to p->local: the call is still posted, so the peers learn of it. */
+static cube_error *prepare(pending *p, cube_collective *mine, cube_handle src,
+                           cube_handle dst, cube_error **failure)
+{
+    cube_comm *comm = p->comm;
+    cube_client *c = comm->client;
+    const char *fn = kind_name(mine->kind);
+    uint32_t n = comm->group->n, r = comm->rank;
+    if (atomic_load_explicit(&c->dev->faulted, memory_order_acquire))
+        return core_fault_get(c);
+    cube_error *err = check_call(mine, n, r);
+    if (err)
+        return err;
+    uint64_t one = mine->count * cube_dtype_size((cube_dtype)mine->dtype);
+    uint64_t src_bytes, dst_bytes;
+    call_bytes(mine, n, r, one, &src_bytes, &dst_bytes);
     if (src_bytes) {
         err = take(c, src, src_bytes, "source", fn, &p->src, failure);
         if (err)
@@ -1774,6 +1904,55 @@ static int queue_reserve(void)
     return 1;
 }
 
+/* Whether a capture can hold comm's calls: in one process always;
+ * between processes when the backend's graphs are software ones, or when
+ * it follows a hardware graph's replays (comm_replay_begin and _end). */
+static int capture_holds_calls(const cube_comm *comm)
+{
+    const cube_server_vtable *vt = comm->client->vt;
+    return !comm->group->remote || !vt->begin_capture ||
+           (vt->comm_replay_begin && vt->comm_replay_end);
+}
+
+/* Whether the calling thread's stream captures p's call (p->capturing,
+ * p->hardware), or refuses it (p->local).
+ *
+ * In one process a capture records the call once every rank's call
+ * agreed (each capturing): a software graph re-issues it at each replay,
+ * a hardware graph (CUDA) holds the backend's own captured call, and its
+ * replays first meet the peers' so that no rank launches device work its
+ * peers will not match. Between processes the backend's engine checks
+ * that every rank captures (software graphs), or captures its part and
+ * follows each replay's device work (hardware graphs, comm_replay_begin).
+ * A group's calls are recorded together at its end and replayed as a
+ * group. */
+static void capture_mode(pending *p, const cube_collective *mine)
+{
+    cube_comm *comm = p->comm;
+    core_stream *st = NULL;
+    p->local = stream_of(p, &st);
+    if (p->local)
+        return;
+    core_stream_lock(st);
+    if (!st->capture) {
+        /* a call */
+    } else if (st->capture_client == comm->client &&
+               capture_holds_calls(comm)) {
+        p->capturing = 1;
+        p->hardware = comm->client->vt->begin_capture != NULL;
+    } else
+        p->local = core_stream_refuse_in_capture(st, kind_name(mine->kind));
+    core_stream_unlock(st);
+}
+
+/* Whether p's call has no peer to meet: a communicator of one rank in
+ * this process, outside a group and a capture. */
+static int runs_alone(const pending *p)
+{
+    const comm_group *g = p->comm->group;
+    return g->n == 1 && !g->remote && group_depth == 0 && !p->capturing;
+}
+
 static cube_error *collective_call(cube_comm *comm, cube_collective mine,
                                    cube_handle src, cube_handle dst)
 {
@@ -1791,37 +1970,9 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
         drop_pins(&p);
         return NULL;
     }
-    if (!p.local) {
-        /* In one process a capture records the call once every rank's
-         * call agreed (each capturing): a software graph re-issues it at
-         * each replay, a hardware graph (CUDA) holds the backend's own
-         * captured call, and its replays first meet the peers' so that
-         * no rank launches device work its peers will not match. Between
-         * processes the backend's engine checks that every rank captures
-         * (software graphs), or captures its part and follows each
-         * replay's device work (hardware graphs, comm_replay_begin). A
-         * group's calls are recorded together at its end and replayed as
-         * a group. */
-        const cube_server_vtable *vt = comm->client->vt;
-        core_stream *st = NULL;
-        p.local = stream_of(&p, &st);
-        if (!p.local) {
-            core_stream_lock(st);
-            if (!st->capture) {
-                /* a call */
-            } else if (st->capture_client == comm->client &&
-                       (!comm->group->remote || !vt->begin_capture ||
-                        (vt->comm_replay_begin && vt->comm_replay_end))) {
-                p.capturing = 1;
-                p.hardware = vt->begin_capture != NULL;
-            } else
-                p.local =
-                    core_stream_refuse_in_capture(st, kind_name(mine.kind));
-            core_stream_unlock(st);
-        }
-    }
-    if (comm->group->n == 1 && !comm->group->remote && group_depth == 0 &&
-        !p.capturing)
+    if (!p.local)
+        capture_mode(&p, &mine);
+    if (runs_alone(&p))
         return run_alone(&p, &mine, failure);
     /* A call of a group takes its place in the queue before it is posted:
      * one that cannot be queued is refused like any of this rank's own
@@ -1837,7 +1988,7 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
     }
     /* This rank's own refusal is its answer; the peers learn of it. A send
      * to itself waits for its partner in the group (pair_self). */
-    p.self = queued && is_p2p(mine.kind) && mine.peer == comm->rank;
+    p.self = queued && to_itself(&mine, comm->rank);
     if (comm->group->remote || p.self) {
         p.mine = mine;
         p.failure = failure;
@@ -2012,11 +2163,8 @@ void core_comm_release(cube_comm *comm, int hardware)
     cube_mutex_lock(&g->lock);
     int last = --g->holds == 0 && g->alive == 0;
     cube_mutex_unlock(&g->lock);
-    if (last) {
-        cube_comm *first = g->remote ? comm : comm - comm->rank;
-        group_free(g);
-        free(first);
-    }
+    if (last)
+        free_ranks(comm);
 }
 
 /* Whether the rank's communicator was destroyed (between processes the
@@ -2030,6 +2178,15 @@ static int rank_gone(const cube_comm *comm)
     return gone;
 }
 
+static cube_error *destroyed_error(const cube_comm *comm,
+                                   cube_collective_kind kind)
+{
+    return cube_error_new(CUBE_ERR_NOT_FOUND,
+                          "%s: rank %u's communicator was destroyed after "
+                          "the graph recorded it",
+                          kind_name(kind), comm->rank);
+}
+
 /* Meets the peers' replays of a recorded call: issued when `agree_only`
  * is 0. */
 static cube_error *replay(cube_comm *comm, const cube_collective *call,
@@ -2040,17 +2197,14 @@ static cube_error *replay(cube_comm *comm, const cube_collective *call,
         /* No rank of it can meet this one: the peers' replays time out
          * (or see it gone). */
         cube_error_free(refusal);
-        return cube_error_new(CUBE_ERR_NOT_FOUND,
-                              "%s: rank %u's communicator was destroyed "
-                              "after the graph recorded it",
-                              kind_name(call->kind), comm->rank);
+        return destroyed_error(comm, call->kind);
     }
     pending p;
     memset(&p, 0, sizeof p);
     p.comm = comm;
     p.local = refusal;
     /* A send to itself comes here refused only (else it is paired). */
-    p.self = is_p2p(call->kind) && call->peer == comm->rank;
+    p.self = to_itself(call, comm->rank);
     if (g->remote && !p.self) {
         /* The backend's engine meets the other processes: a hardware
          * graph's replay has nothing to agree (comm_replay_begin follows
@@ -2074,13 +2228,37 @@ static const core_recorded_call *nth(const core_recorded_call *calls,
                                                       i * stride);
 }
 
+/* Makes p the replay of recorded call r of a group, posted unless it
+ * waits to be paired or goes to the backend's engine; `refusal` (kept) is
+ * its rank's refusal, or NULL. */
+static void replay_post(pending *p, const core_recorded_call *r,
+                        const cube_error *refusal, int agree_only)
+{
+    p->comm = r->comm;
+    p->local = refusal ? cube_error_clone(refusal) : NULL;
+    p->mine = r->call;
+    p->self = to_itself(&r->call, r->comm->rank);
+    if (p->self) {
+        /* paired with its partner (pair_self), as at the group's end */
+        p->agree_only = agree_only;
+        p->replay_dst = r->dst;
+    } else if (r->comm->group->remote) {
+        /* nothing to agree between processes; a refusal is told */
+        p->agree_only = agree_only && !refusal;
+        p->replay_dst = r->dst;
+    } else {
+        p->agree_only = agree_only;
+        cube_collective mine = r->call;
+        post(p, &mine, NULL);
+    }
+}
+
 cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
                                    size_t stride, cube_error *refusal,
                                    int agree_only)
 {
     /* A send to itself replays with its receive, recorded in its group. */
-    if (n == 1 &&
-        !(is_p2p(calls->call.kind) && calls->call.peer == calls->comm->rank))
+    if (n == 1 && !to_itself(&calls->call, calls->comm->rank))
         return replay(calls->comm, &calls->call, calls->dst, refusal,
                       agree_only);
     /* Every call of the group is posted before any waits (a send and its
@@ -2104,37 +2282,16 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
     for (size_t i = 0; i < n && !gone; i++) {
         const core_recorded_call *r = nth(calls, stride, i);
         if (rank_gone(r->comm))
-            gone = cube_error_new(CUBE_ERR_NOT_FOUND,
-                                  "%s: rank %u's communicator was destroyed "
-                                  "after the graph recorded it",
-                                  kind_name(r->call.kind), r->comm->rank);
+            gone = destroyed_error(r->comm, r->call.kind);
     }
     if (gone && !refusal)
         refusal = cube_error_clone(gone);
     size_t posted = 0;
     for (size_t i = 0; i < n; i++) {
         const core_recorded_call *r = nth(calls, stride, i);
-        const comm_group *g = r->comm->group;
         if (rank_gone(r->comm))
             continue; /* no peer can meet it */
-        pending *p = &a[posted++];
-        p->comm = r->comm;
-        p->local = refusal ? cube_error_clone(refusal) : NULL;
-        p->mine = r->call;
-        p->self = is_p2p(r->call.kind) && r->call.peer == r->comm->rank;
-        if (p->self) {
-            /* paired below, as at the group's end */
-            p->agree_only = agree_only;
-            p->replay_dst = r->dst;
-        } else if (g->remote) {
-            /* nothing to agree between processes; a refusal is told */
-            p->agree_only = agree_only && !refusal;
-            p->replay_dst = r->dst;
-        } else {
-            p->agree_only = agree_only;
-            cube_collective mine = r->call;
-            post(p, &mine, NULL);
-        }
+        replay_post(&a[posted++], r, refusal, agree_only);
     }
     pair_self(a, posted);
     cube_error *err = run_pending(a, posted, NULL);
