@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "cubert/backend/errors.h"
+#include "cubert/log.h"
 
 struct cube_error {
     cube_code code;
@@ -285,4 +287,21 @@ char *cube_error_format(const cube_error *err)
         return NULL;
     }
     return t.buf;
+}
+
+void cube_error_ignore(cube_error *err, const char *why)
+{
+    if (!err)
+        return;
+    if (cube_log_enabled(CUBE_LOG_DEBUG)) {
+        char *formatted = cube_error_format(err);
+        size_t n = formatted ? strlen(formatted) : 0;
+        while (n && formatted[n - 1] == '\n')
+            formatted[--n] = '\0';
+        cube_log_write(CUBE_LOG_DEBUG, "error", "dropped (%s): %s",
+                       why && *why ? why : "no reason given",
+                       formatted ? formatted : err->message);
+        free(formatted);
+    }
+    cube_error_free(err);
 }
