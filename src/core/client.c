@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "core/config.h"
 #include "core/memory_trace.h"
@@ -117,7 +118,10 @@ static void close_streams(cube_client *c)
         if (s->capture && s->capture_client == c) {
             if (c->vt->end_capture) {
                 uint64_t hw = 0;
-                cube_error_free(c->vt->end_capture(c->server, &s->base, &hw));
+                cube_error_ignore(
+                    c->vt->end_capture(c->server, &s->base, &hw),
+                    "the closing client ends its capture: nothing is left "
+                    "to report to");
                 if (hw)
                     c->vt->graph_destroy(c->server, &s->base, hw);
             }
@@ -142,7 +146,9 @@ static void close_streams(cube_client *c)
     for (uint32_t i = 0; i < streams; i++) {
         core_stream *s = core_stream_at(d, i);
         core_stream_lock(s);
-        cube_error_free(c->vt->sync(c->server, &s->base, NULL, 0));
+        cube_error_ignore(c->vt->sync(c->server, &s->base, NULL, 0),
+                          "the closing client drains the stream: nothing is "
+                          "left to report to");
         core_stream_unlock(s);
     }
 }

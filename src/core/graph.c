@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "core/trace.h"
 #include "cubert/comm.h"
@@ -412,7 +413,9 @@ static void refuse_from(const core_graph *g, size_t from, const cube_error *err,
             continue;
         }
         size_t j = run_end(g, i);
-        cube_error_free(replay_run(g, i, j, cube_error_clone(err), agree_only));
+        cube_error_ignore(
+            replay_run(g, i, j, cube_error_clone(err), agree_only),
+            "the peers are told; the replay failed already");
         i = j;
     }
 }
@@ -451,7 +454,9 @@ static void abort_comms(core_graph *g)
             seen = g->entries[k].kind == ENTRY_COLLECTIVE &&
                    g->entries[k].coll.comm == g->entries[i].coll.comm;
         if (!seen)
-            cube_error_free(cube_comm_abort(g->entries[i].coll.comm));
+            cube_error_ignore(cube_comm_abort(g->entries[i].coll.comm),
+                              "the replay failed already; the abort only "
+                              "releases the peers");
     }
 }
 
@@ -493,7 +498,7 @@ static cube_error *launch_hardware(cube_client *c, core_stream *s,
         if (!err)
             err = e;
         else
-            cube_error_free(e);
+            cube_error_ignore(e, "the replay's first error is reported");
     }
     free(w);
     return err;

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "core/memory_trace.h"
 #include "core/trace.h"
@@ -764,7 +765,8 @@ static cube_error *create_call(cube_client *c, const void *bytes, uint64_t size,
     uint64_t sizes[1] = {size};
     err = cube_write(c, &d, src, sizes, 1);
     if (err) {
-        cube_error_free(cube_handle_release(c, h));
+        cube_error_ignore(cube_handle_release(c, h),
+                          "cube_create reports the write's error");
         return cube_error_prefix(err, "cube_create");
     }
     *out = h;

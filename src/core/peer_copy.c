@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "cubert/comm.h"
 
@@ -68,7 +69,7 @@ static cube_error *copy_through_host(cube_client *dc, core_stream *ds,
             if (!err)
                 err = w;
             else
-                cube_error_free(w);
+                cube_error_ignore(w, "the copy's first error is reported");
         }
         core_fault_note(sc, err);
         if (err)

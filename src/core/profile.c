@@ -3,6 +3,7 @@
  * scopes, per thread and client. */
 #include <stdlib.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 
 static atomic_uint_fast64_t next_token = 1;
@@ -243,7 +244,8 @@ static void profile_abandon(cube_client *c, cube_profile_token token)
     core_stream *s = NULL;
     cube_error *err = core_stream_get(c, &s);
     if (err) {
-        cube_error_free(err);
+        cube_error_ignore(err, "a thread without a stream has no window to "
+                               "abandon");
         return;
     }
     core_stream_lock(s);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "memory/memory_manager.h"
 
@@ -330,7 +331,8 @@ void core_stream_note_failure_now(cube_client *c, const cube_error *err)
     core_stream *s = NULL;
     cube_error *e = core_stream_get(c, &s);
     if (e) {
-        cube_error_free(e);
+        cube_error_ignore(e, "a thread without a stream has no window to "
+                             "note the failure in; the buffers hold it");
         return;
     }
     core_stream_lock(s);

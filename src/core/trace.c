@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "base/mutex.h"
 #include "core/config.h"
 #include "core/file_open.h"
@@ -656,15 +657,14 @@ static void trace_start_from_config(void)
     if (running)
         return;
     cube_error *err = cube_trace_start(path);
-    if (err) {
-        /* INVALID_ARGUMENT: another thread started a trace in between, which
-         * is not worth a warning. */
-        if (cube_error_code(err) != CUBE_ERR_INVALID_ARGUMENT)
-            cube_log_write(CUBE_LOG_WARN, "trace",
-                           "cannot start the trace named by %s ('%s'): %s; "
-                           "not tracing",
-                           core_config_trace_origin(), path,
-                           cube_error_message(err));
+    if (cube_error_code(err) == CUBE_ERR_INVALID_ARGUMENT) {
+        cube_error_ignore(err, "another thread started a trace in between");
+    } else if (err) {
+        cube_log_write(CUBE_LOG_WARN, "trace",
+                       "cannot start the trace named by %s ('%s'): %s; "
+                       "not tracing",
+                       core_config_trace_origin(), path,
+                       cube_error_message(err));
         cube_error_free(err);
     }
 }

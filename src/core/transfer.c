@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "core/trace.h"
 
@@ -316,7 +317,7 @@ static void future_complete(cube_client *c, cube_future *f)
         if (!f->result)
             f->result = err;
         else
-            cube_error_free(err);
+            cube_error_ignore(err, "the read's first error is kept");
         /* A collective between processes that wrote these buffers may
          * have failed on the device while the read waited (its watchdog
          * aborted it): the bytes read are not its result. */
@@ -512,7 +513,8 @@ void cube_future_free(cube_future *f)
     if (!f)
         return;
     if (!f->done)
-        cube_error_free(cube_future_wait(f));
+        cube_error_ignore(cube_future_wait(f), "a future freed unwaited "
+                                               "drops its read's result");
     free(f);
 }
 

@@ -34,6 +34,7 @@
  */
 #include <stdlib.h>
 
+#include "base/error.h"
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
 #include "memory/mem_internal.h"
@@ -168,7 +169,7 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
             cube_error_code(err) == CUBE_ERR_OUT_OF_MEMORY) {
             /* The storage refused a page larger than the request (after
              * releasing what was unused): one of just the request. */
-            cube_error_free(err);
+            cube_error_ignore(err, "a page of just the request is tried");
             err = NULL;
             b = page_new(m, p, fit, &err);
         }

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include "base/error.h"
 #include "cubert/backend/config.h"
 #include "cubert/backend/errors.h"
 #include "cubert/log.h"
@@ -196,7 +197,7 @@ void cpu_portability_check(cpu_portability *p, const cpu_jit *jit,
     const char *cxx = NULL;
     cube_error *err = NULL;
     for (size_t i = 0; i < (named ? 1 : CPU_PORTABILITY_NDEFAULT); i++) {
-        cube_error_free(err);
+        cube_error_ignore(err, "the next C++ compiler is tried");
         cxx = named ? named : cpu_portability_default_cxx[i];
         err = cpu_portability_run(jit, cxx, flags, text, &output, &status);
         /* Another compiler only when this one could not be run. */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "base/error.h"
 #include "base/mutex.h"
 #include "backends/cpu/cpu_workers.h"
 #include "cubert/backend/errors.h"
@@ -84,7 +85,8 @@ static void work_on(cpu_job *j, cpu_thread_local *local)
         if (err) {
             cube_error *expected = NULL;
             if (!atomic_compare_exchange_strong(&j->error, &expected, err))
-                cube_error_free(err);
+                cube_error_ignore(err, "another part of the job failed "
+                                       "first: the job reports that one");
         }
         atomic_fetch_add(&j->done, end - begin);
     }

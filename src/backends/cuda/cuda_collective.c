@@ -20,6 +20,7 @@
 
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/nccl_api.h"
+#include "base/error.h"
 #include "cubert/backend/config.h"
 #include "cubert/comm.h"
 #include "cubert/log.h"
@@ -400,7 +401,8 @@ void cuda_comm_destroy(cube_server *server, void *impl)
     if (!rank)
         return;
     cuda_server *s = (cuda_server *)server;
-    cube_error_free(cuda_enter(s));
+    cube_error_ignore(cuda_enter(s), "destroying a communicator goes on "
+                                     "without its context");
     /* The watchdog lets go first (it may have aborted the communicator,
      * which freed it). */
     if (rank->watch && cuda_watch_close(rank->watch))
@@ -695,7 +697,8 @@ void cuda_group_begin(void)
     const nccl_api *nccl = NULL;
     cube_error *err = nccl_api_load(&nccl);
     if (err) {
-        cube_error_free(err); /* no communicator exists without it */
+        cube_error_ignore(err, "without NCCL no communicator exists for a "
+                               "group to hold");
         return;
     }
     nccl->ncclGroupStart();

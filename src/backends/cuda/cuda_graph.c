@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "base/error.h"
 
 /* Captures this thread began and has not ended, and its capture mode
  * before the first of them. */
@@ -198,7 +199,8 @@ void cuda_graph_destroy(cube_server *server, cube_server_stream *stream,
     cuda_graph *cg = (cuda_graph *)(uintptr_t)graph;
     if (!cg)
         return;
-    cube_error_free(cuda_enter(s));
+    cube_error_ignore(cuda_enter(s),
+                      "destroying a graph goes on without its context");
     /* A replay still running reads the graph's buffers: let it finish
      * before the caller unpins them. */
     if (cg->last)

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "base/error.h"
 #include "cubert/log.h"
 
 /* --- device storage for the memory managers --- */
@@ -63,7 +64,7 @@ static void free_now(cuda_server *s, cuda_stream *st, uint64_t address)
 
 void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
 {
-    cube_error_free(cuda_enter(s));
+    cube_error_ignore(cuda_enter(s), "a free goes on without its context");
     cube_mutex_lock(&s->deferred_lock);
     if (atomic_load(&s->captures) == 0) {
         /* Counted, so no capture starts until it is over; run without the
@@ -217,7 +218,8 @@ cube_error *cuda_initialize_memory(cube_server *server,
     if (err && cube_error_code(err) == CUBE_ERR_OUT_OF_MEMORY &&
         atomic_load(&st->has_pending)) {
         /* Memory set aside for other streams' uses: wait for them. */
-        cube_error_free(err);
+        cube_error_ignore(err, "blocks released by other streams' uses are "
+                               "waited for and the allocation retried");
         cuda_pending_reap(s, st, 1);
         err = mem_alloc(stream->memory, size, &blk->inner);
     }
@@ -294,7 +296,8 @@ void cuda_pending_reap(cuda_server *s, cuda_stream *st, int wait)
 {
     if (!atomic_load_explicit(&st->has_pending, memory_order_acquire))
         return;
-    cube_error_free(cuda_enter(s));
+    cube_error_ignore(cuda_enter(s), "reaping goes on without the context: "
+                                     "a failed query counts as done");
     cube_mutex_lock(&st->pending_lock);
     if (!wait) {
         /* Queries only: nothing here waits. */
@@ -343,7 +346,9 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
             }
         if (n > CUDA_USE_SLOTS + 2) {
             /* Too many to list: wait here, on the host, for each one. */
-            cube_error_free(cuda_enter(s));
+            cube_error_ignore(cuda_enter(s), "waiting for other streams' "
+                                             "uses goes on without the "
+                                             "context");
             for (uint32_t i = 0; i < n; i++)
                 if (i != owner->index)
                     use_done(s, i, atomic_load(&cuda_stream_at(s, i)->seq), 1);
@@ -377,7 +382,9 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
         if (!grown) {
             cube_mutex_unlock(&owner->pending_lock);
             /* Cannot keep it aside: wait for its users here. */
-            cube_error_free(cuda_enter(s));
+            cube_error_ignore(cuda_enter(s), "waiting for other streams' "
+                                             "uses goes on without the "
+                                             "context");
             for (uint32_t k = 0; k < p.count; k++)
                 use_done(s, p.waits[k].index, p.waits[k].seq, 1);
             mem_free(owner->base->memory, &blk->inner);
@@ -471,7 +478,8 @@ void cuda_unwrap_memory(cube_server *server, cube_server_stream *stream,
     (void)stream;
     cuda_server *s = (cuda_server *)server;
     cuda_block *blk = storage->cookie;
-    cube_error_free(cuda_enter(s));
+    cube_error_ignore(cuda_enter(s), "giving foreign memory back goes on "
+                                     "without the context");
     /* The owner gets its memory back only when no queued work can touch
      * it: the streams that used it are waited for here (rare: foreign
      * memory comes and goes with a tensor, not per launch). */
@@ -488,6 +496,6 @@ void cuda_unwrap_memory(cube_server *server, cube_server_stream *stream,
 void cuda_memory_reclaim(cube_server *server, cube_server_stream *stream)
 {
     cuda_server *s = (cuda_server *)server;
-    cube_error_free(cuda_enter(s));
+    cube_error_ignore(cuda_enter(s), "a reclaim goes on without the context");
     cuda_pending_reap(s, stream->impl, 0);
 }

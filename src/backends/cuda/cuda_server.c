@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "base/error.h"
 #include "cubert/log.h"
 
 /* --- properties --- */
@@ -78,7 +79,8 @@ static void cuda_destroy(cube_server *server)
 {
     cuda_server *s = (cuda_server *)server;
     if (s->ctx) {
-        cube_error_free(cuda_enter(s));
+        cube_error_ignore(cuda_enter(s), "destroying the server goes on "
+                                         "without its context");
         /* The client drained and closed every stream before this; what
          * is left deferred is pinned memory. */
         atomic_store(&s->captures, 0);

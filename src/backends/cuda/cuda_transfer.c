@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "base/error.h"
 
 /* Pageable transfers move in chunks of this size, at most CUDA_RING of
  * them in flight. */
@@ -388,8 +389,9 @@ int cuda_read_poll(cube_server *server, cube_pending *p)
     cuda_server *s = (cuda_server *)server;
     cube_error *err = cuda_enter(s);
     if (err) {
-        cube_error_free(err);
-        return 1; /* the wait answers at once */
+        cube_error_ignore(err, "the poll answers done and the wait "
+                               "reports the failure");
+        return 1;
     }
     cuda_stream *st = p->stream;
     /* As read_wait: without an event the stream's end is the read's. */

@@ -60,6 +60,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "base/error.h"
 #include "cubert/log.h"
 
 typedef unsigned long long ull;
@@ -254,7 +255,8 @@ static void *marker_record(void *self)
     CUevent ev = NULL;
     cube_error *err = cuda_event_get(s, &ev);
     if (err) {
-        cube_error_free(err);
+        cube_error_ignore(err, "without a marker the pages are unmapped "
+                               "after a synchronize");
         return NULL;
     }
     if (s->api->cuEventRecord(ev, st->cu) != CUDA_SUCCESS) {
@@ -476,7 +478,7 @@ void cuda_vm_unmap(void *self, uint64_t address, uint64_t size)
 {
     cuda_stream *st = self;
     cuda_server *s = st->server;
-    cube_error_free(cuda_enter(s));
+    cube_error_ignore(cuda_enter(s), "unmapping goes on without the context");
     cuda_vm_range *r = range_of(st, address);
     uint64_t g = s->vm_granularity;
     if (!r || size > r->size - (address - r->base))
@@ -503,7 +505,8 @@ void cuda_vm_unmap(void *self, uint64_t address, uint64_t size)
     void *ev = marker_record(st);
     cube_error *err = ev ? vm_defer_add(&r->defer, first, n, ev) : NULL;
     if (!ev || err) {
-        cube_error_free(err);
+        cube_error_ignore(err, "the pages cannot wait for the marker: they "
+                               "are unmapped after a synchronize");
         if (ev)
             cuda_event_put(s, ev);
         s->api->cuStreamSynchronize(st->cu);
@@ -552,7 +555,8 @@ void cuda_vm_release(void *self, uint64_t base, uint64_t size)
     cuda_stream *st = self;
     cuda_server *s = st->server;
     (void)size;
-    cube_error_free(cuda_enter(s));
+    cube_error_ignore(cuda_enter(s),
+                      "releasing a reservation goes on without the context");
     cuda_vm_range **at = &st->vm_ranges;
     while (*at && (*at)->base != base)
         at = &(*at)->next;

@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "base/error.h"
 #include "cubert/log.h"
 
 enum { CALL_ARMING, CALL_RUNNING, CALL_DONE, CALL_FAILED };
@@ -112,7 +113,8 @@ static void abort_now(cuda_watch *w)
     if (atomic_exchange(&w->aborted, 1))
         return;
     w->nccl->ncclCommAbort(w->comm);
-    cube_error_free(cuda_enter(w->s));
+    cube_error_ignore(cuda_enter(w->s), "the abort goes on without the "
+                                        "context");
     size_t ended = 0;
     cube_mutex_lock(&w->lock);
     for (size_t i = 0; i < w->count; i++) {
@@ -176,7 +178,9 @@ static void check(cuda_watch *w)
         if (c->state != CALL_RUNNING)
             continue;
         if (!entered) {
-            cube_error_free(cuda_enter(w->s));
+            cube_error_ignore(cuda_enter(w->s),
+                              "without the context the event queries fail, "
+                              "and fail the calls");
             entered = 1;
         }
         CUresult r = a->cuEventQuery(c->done);
@@ -314,7 +318,8 @@ int cuda_watch_close(cuda_watch *w)
     cube_mutex_unlock(&wd_lock);
     /* No round looks at it any more. */
     const cuda_api *a = w->s->api;
-    cube_error_free(cuda_enter(w->s));
+    cube_error_ignore(cuda_enter(w->s),
+                      "closing a watch goes on without the context");
     size_t ended = 0;
     for (size_t i = 0; i < w->count; i++) {
         watch_call *c = &w->calls[i];
@@ -521,7 +526,7 @@ cube_error *cuda_watch_poll(cuda_watch *w, uint64_t ticket, int *done)
          * here at once. */
         cube_error *enter = cuda_enter(w->s);
         int entered = enter == NULL;
-        cube_error_free(enter);
+        cube_error_ignore(enter, "the call is left to the watchdog's round");
         if (entered && w->s->api->cuEventQuery(c->done) == CUDA_SUCCESS) {
             *done = 1;
             call_remove(w, at);
