@@ -17,25 +17,9 @@
 
 #include "core/client_internal.h"
 #include "core/config.h"
+#include "test_text.h"
 
 #define CONFIG_DOC CUBE_SOURCE_DIR "/docs/configuration.md"
-
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s", path);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    char *text = malloc((size_t)n + 1);
-    assert_non_null(text);
-    assert_int_equal(fread(text, 1, (size_t)n, f), (size_t)n);
-    text[n] = '\0';
-    fclose(f);
-    return text;
-}
 
 /* "CUBERT_" and the name in upper case. */
 static void variable_of(const char *name, char *buf, size_t size)
@@ -239,19 +223,6 @@ static void test_other_pages(void **state)
     assert_true(pages > 1);
     assert_int_equal(problems, 0);
     free(doc);
-}
-
-/* Replaces the first `from` in text with `to` (a new string). */
-static char *edited(const char *text, const char *from, const char *to)
-{
-    const char *at = strstr(text, from);
-    assert_non_null(at);
-    size_t size = strlen(text) - strlen(from) + strlen(to) + 1;
-    char *out = malloc(size);
-    assert_non_null(out);
-    snprintf(out, size, "%.*s%s%s", (int)(at - text), text, to,
-             at + strlen(from));
-    return out;
 }
 
 /* The checker catches each kind of mistake in a doctored page. */

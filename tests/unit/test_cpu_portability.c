@@ -21,6 +21,7 @@
 
 #include "backends/cpu/cpu_portability.h"
 #include "test_files.h"
+#include "test_text.h"
 
 #define OK(call)                                                               \
     do {                                                                       \
@@ -409,23 +410,6 @@ static void public_names(const char *text, name_set *out)
 static const char *const cpu_only[] = {
     "cube_atomic_sub_i64", "cube_atomic_exchange_i64", "cube_atomic_cas_i64",
     "cube_atomic_max_i64", "cube_atomic_min_i64"};
-
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s", path);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    char *text = malloc((size_t)n + 1);
-    assert_non_null(text);
-    assert_int_equal(fread(text, 1, (size_t)n, f), (size_t)n);
-    text[n] = '\0';
-    fclose(f);
-    return text;
-}
 
 static void preludes_offer_the_same_names(void **state)
 {
