@@ -1,182 +1,25 @@
-/* Communicators and collectives (cubert/comm.h): the rendezvous of the
- * ranks' calls, the checks that make a mismatch an error instead of a
- * hang or garbage, the timeout, the failure store, and groups.
+/* Communicators (cubert/comm.h): the object. Making one over clients of
+ * this process (cube_comm_init_all) or one rank of a communicator between
+ * processes from an id (cube_comm_id_new, _format, _parse,
+ * cube_comm_init_rank), destroying and aborting it, and the names the
+ * other comm_*.c files use in their errors.
  *
- * Every call of a rank is matched to the calls of the other ranks by a
- * sequence number (per rank for collectives, per ordered pair of ranks
- * for send and receive). The calls of one collective meet in a
- * `comm_call` record of the communicator's group: each rank posts its
- * arguments there, and the last to arrive judges them (a refused call, a
- * mismatch, a failed source) once for all. Only then does any rank hand
- * its part to the backend, so a wrong call moves no byte and leaves the
- * backend's communicator as it was. A rank that waits longer than the
- * timeout cancels the record: every rank of it, also one that comes
- * later, answers CUBE_ERR_TIMEOUT.
- *
- * Locks: a group's `lock` is a leaf, held only to post, judge and wait
- * (never across a backend call); a stream's lock is taken after it is
- * dropped, around the backend's collective slot.
+ * The calls of the ranks meet in the rendezvous (comm_rendezvous.c), a
+ * rank's part is issued or recorded by comm_issue.c, the public calls and
+ * groups are in comm_call.c, the calls between processes the backend
+ * follows on the device in comm_follow.c, and the replays of recorded
+ * calls in comm_replay.c. comm_internal.h holds what they share and the
+ * order of their locks.
  */
-#include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/client_internal.h"
-#include "cubert/comm.h"
+#include "core/comm_internal.h"
 
 #define DEFAULT_TIMEOUT_MS 300000u
-#define MAX_GROUP_DEPTH 1024
-
-/* The calls of one collective (or of one send and its receive). */
-typedef struct comm_call {
-    /* first: its alignment would pad the fields around it */
-    _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
-    uint64_t seq;
-    int p2p;           /* a send and its receive */
-    uint32_t from, to; /* p2p: the sender and the receiver */
-    uint32_t expected; /* calls to meet: the ranks, or 2 */
-    uint32_t arrived;
-    uint32_t issued;        /* calls whose part was issued (or will never be) */
-    uint32_t left;          /* calls whose rank is done with the record */
-    int ready;              /* every call arrived and was judged */
-    int cancelled;          /* timed out before every call arrived */
-    cube_error *verdict;    /* why no rank runs it, or NULL */
-    cube_collective *calls; /* by rank, or [send, receive] */
-    cube_error **refused;   /* per call: why its rank refused it */
-    cube_error **failed;    /* per call: its source's failure */
-    unsigned char *capturing; /* per call: made on a capturing stream */
-    struct comm_call *next;
-} comm_call;
-
-/* A call of a communicator between processes that the backend follows on
- * the device (its ticket) until collective_poll says how it ended; its
- * destination pinned so that a failure can be recorded there. */
-typedef struct remote_call {
-    uint64_t ticket;
-    core_alloc *dst; /* or NULL */
-    cube_collective_kind kind;
-    /* A hardware graph's replay instead (kind unused): every buffer the
-     * graph writes, pinned; the array is the entry's. */
-    core_alloc **writes;
-    size_t nwrites;
-} remote_call;
-
-/* What the ranks of one communicator share. */
-typedef struct comm_group {
-    cube_mutex lock;
-    pthread_cond_t changed; /* a call arrived, was judged or cancelled */
-    uint32_t n;
-    uint32_t alive CUBE_GUARDED_FIELD(lock); /* ranks not destroyed */
-    /* Recorded collectives in live graphs: the group (and the ranks'
-     * array) outlives the ranks' destroy until their graphs go. */
-    uint32_t holds CUBE_GUARDED_FIELD(lock);
-    unsigned char *gone CUBE_GUARDED_FIELD(lock); /* per rank: destroyed */
-    uint64_t timeout_ns;
-    int aborted CUBE_GUARDED_FIELD(lock);
-    uint64_t *seq CUBE_GUARDED_FIELD(lock);      /* per rank */
-    uint64_t *send_seq CUBE_GUARDED_FIELD(lock); /* per (from, to) */
-    uint64_t *recv_seq CUBE_GUARDED_FIELD(lock); /* per (from, to) */
-    comm_call *calls CUBE_GUARDED_FIELD(lock);   /* pending */
-    /* A freed record of each size (collective, p2p), kept for the next
-     * call: a steady stream of calls allocates nothing. */
-    comm_call *spare[2] CUBE_GUARDED_FIELD(lock);
-    const cube_server_vtable *vt;
-    /* Made from an id for ranks in other processes: this process holds
-     * one rank, and the backend's engine meets the others
-     * (cube_comm_init_rank). */
-    int remote;
-    /* remote: its calls still followed on the device (tickets), oldest
-     * first; appended by the rank's thread, removed by a reaper. */
-    remote_call *inflight CUBE_GUARDED_FIELD(lock);
-    size_t inflight_len CUBE_GUARDED_FIELD(lock);
-    size_t inflight_cap CUBE_GUARDED_FIELD(lock);
-    cube_mutex reap_lock;          /* one reaper at a time; taken before lock */
-    struct cube_comm *remote_rank; /* the rank of this process */
-    struct comm_group *remote_next CUBE_GUARDED_FIELD(remote_lock);
-} comm_group;
-
-/* Communicators between processes whose calls the backend follows on the
- * device, so that a read or a sync of a client can learn how they ended
- * (core_comm_reap). Taken before a group's reap_lock. */
-static cube_mutex remote_lock = CUBE_MUTEX_INIT;
-static comm_group *remote_groups CUBE_GUARDED_BY(remote_lock);
-static size_t reap_group(comm_group *g);
-
-struct cube_comm {
-    comm_group *group;
-    uint32_t rank;
-    cube_client *client;
-    void *impl; /* the backend's */
-    /* Hardware graphs holding this rank's captured device work: its
-     * backend communicator is destroyed when the last of them goes, if
-     * cube_comm_destroy came first (destroy_deferred). Under the group's
-     * lock. */
-    uint32_t hw_holds;
-    int destroy_deferred;
-};
-
-/* A call this thread posted and has yet to run (right away, or at the
- * end of its group). */
-typedef struct pending {
-    cube_comm *comm;
-    comm_call *call;
-    uint32_t index;    /* its place in call->calls */
-    cube_error *local; /* its own rank's refusal, answered as is */
-    core_resolved src, dst;
-    int has_src, has_dst;
-    uint64_t dst_bytes;
-    uint64_t deadline_ns; /* set when the call first has to wait */
-    cube_error *result;   /* the answer, once run */
-    int noted;            /* the stream counted the failure for its windows */
-    /* Made on a capturing stream: once the ranks agree it is recorded in
-     * the capture, not run, and the failure store is the graph's. */
-    int capturing;
-    /* The capture is the backend's (a hardware graph): the backend
-     * captures the call itself when it is recorded. */
-    int hardware;
-    /* A hardware graph's replay: the ranks only agree; the graph runs the
-     * call. */
-    int agree_only;
-    /* A call of a communicator between processes: its arguments and its
-     * source's failure, handed to the backend with it. */
-    cube_collective mine;
-    cube_error *failure;
-    /* A software graph's replay of such a call: its destination (the
-     * graph pins it), marked when the call fails on the device later. */
-    core_alloc *replay_dst;
-    /* Recorded in a capture as part of a group: the group's tag. */
-    uint64_t group;
-    /* The calling thread's stream of the rank's client, once looked up. */
-    core_stream *stream;
-    /* This rank's call was the last to arrive and judged the record: it
-     * knows the verdict without waiting. */
-    int judged;
-    /* A send or receive whose peer is the calling rank: not posted, but
-     * paired by pair_self with its partner of the same group (its
-     * arguments and source's failure kept in mine and failure). */
-    int self;
-} pending;
-
-/* Tags of groups recorded in captures. */
-static atomic_uint_fast64_t next_group_tag = 1;
-
-static _Thread_local int group_depth;
-static _Thread_local pending *queue;
-static _Thread_local size_t queue_len, queue_cap;
-/* The first call of the open group that could not be queued (no memory):
- * answered at once, and again by cube_group_end at its place. */
-static _Thread_local cube_error *unqueued;
-static _Thread_local size_t unqueued_at;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 uint32_t cube_dtype_size(cube_dtype dtype)
 {
@@ -195,15 +38,7 @@ uint32_t cube_dtype_size(cube_dtype dtype)
     return 0;
 }
 
-static const char *dtype_name(uint32_t dtype)
-{
-    static const char *const names[] = {"?",    "i8",  "u8",  "i32",
-                                        "u32",  "i64", "u64", "f16",
-                                        "bf16", "f32", "f64"};
-    return dtype <= CUBE_DTYPE_F64 ? names[dtype] : "?";
-}
-
-static const char *kind_name(cube_collective_kind kind)
+const char *comm_kind_name(cube_collective_kind kind)
 {
     switch (kind) {
     case CUBE_COLLECTIVE_ALL_REDUCE: return "cube_all_reduce";
@@ -217,34 +52,10 @@ static const char *kind_name(cube_collective_kind kind)
     return "collective";
 }
 
-static int is_reduction(cube_collective_kind kind)
-{
-    return kind == CUBE_COLLECTIVE_ALL_REDUCE ||
-           kind == CUBE_COLLECTIVE_REDUCE ||
-           kind == CUBE_COLLECTIVE_REDUCE_SCATTER;
-}
-
-static int is_p2p(cube_collective_kind kind)
-{
-    return kind == CUBE_COLLECTIVE_SEND || kind == CUBE_COLLECTIVE_RECV;
-}
-
-/* The collectives that name a root rank. */
-static int has_root(cube_collective_kind kind)
-{
-    return kind == CUBE_COLLECTIVE_BROADCAST || kind == CUBE_COLLECTIVE_REDUCE;
-}
-
-/* A send or receive whose peer is the calling rank. */
-static int to_itself(const cube_collective *call, uint32_t rank)
-{
-    return is_p2p(call->kind) && call->peer == rank;
-}
-
-static cube_error *aborted_error(cube_collective_kind kind)
+cube_error *comm_aborted_error(cube_collective_kind kind)
 {
     return cube_error_new(CUBE_ERR_ABORTED, "%s: the communicator was aborted",
-                          kind_name(kind));
+                          comm_kind_name(kind));
 }
 
 /* --- communicators --- */
@@ -267,22 +78,6 @@ uint32_t cube_comm_size(const cube_comm *comm)
     return comm ? comm->group->n : 0;
 }
 
-/* Frees what a record holds besides itself. */
-static void call_clear(comm_call *k)
-{
-    for (uint32_t i = 0; i < k->expected; i++) {
-        cube_error_free(k->refused[i]);
-        cube_error_free(k->failed[i]);
-    }
-    cube_error_free(k->verdict);
-}
-
-static void call_free(comm_call *k)
-{
-    call_clear(k);
-    free(k);
-}
-
 /* Frees the group's per-rank arrays (any of them may be NULL). */
 static void group_arrays_free(comm_group *g)
 {
@@ -296,7 +91,7 @@ static void group_free(comm_group *g)
 {
     while (g->calls) {
         comm_call *next = g->calls->next;
-        call_free(g->calls);
+        comm_call_free(g->calls);
         g->calls = next;
     }
     for (int i = 0; i < 2; i++)
@@ -310,11 +105,9 @@ static void group_free(comm_group *g)
     free(g);
 }
 
-/* Whether `options` (NULL for the defaults) is a cube_comm_options of
- * this or an earlier version. */
 /* Frees comm's group and its ranks once the last of them and of the
  * graphs holding them went. */
-static void free_ranks(cube_comm *comm)
+void comm_free_ranks(cube_comm *comm)
 {
     /* In one process the ranks are one array; a communicator between
      * processes is this rank alone. */
@@ -324,6 +117,8 @@ static void free_ranks(cube_comm *comm)
     free(first);
 }
 
+/* Whether `options` (NULL for the defaults) is a cube_comm_options of
+ * this or an earlier version. */
 static cube_error *check_options(const cube_comm_options *options,
                                  const char *fn)
 {
@@ -479,70 +274,13 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     return NULL;
 }
 
-/* Before a rank between processes goes: waits for its followed calls to
- * end (the backend's watchdog ends each within the timeout after it
- * starts on the device) and takes the group off the process's list. */
-static void drain_remote(comm_group *g)
-{
-    if (!g->vt->collective_poll)
-        return;
-    uint64_t give_up = now_ns() + 2 * g->timeout_ns + 1000000000ull;
-    for (;;) {
-        reap_group(g);
-        cube_mutex_lock(&g->lock);
-        size_t left = g->inflight_len;
-        cube_mutex_unlock(&g->lock);
-        if (!left || now_ns() >= give_up)
-            break;
-        struct timespec pause = {0, 1000000}; /* 1 ms */
-        nanosleep(&pause, NULL);
-    }
-    cube_mutex_lock(&remote_lock);
-    for (comm_group **q = &remote_groups; *q; q = &(*q)->remote_next)
-        if (*q == g) {
-            *q = g->remote_next;
-            break;
-        }
-    cube_mutex_unlock(&remote_lock);
-    /* Calls still running past that: their destinations cannot be
-     * trusted once the communicator goes. No reaper runs any more (they
-     * hold remote_lock throughout), so the list is this thread's. */
-    cube_comm *comm = g->remote_rank;
-    cube_client *c = comm->client;
-    cube_mutex_lock(&g->lock);
-    remote_call *left = g->inflight;
-    size_t n = g->inflight_len;
-    g->inflight = NULL;
-    g->inflight_len = g->inflight_cap = 0;
-    cube_mutex_unlock(&g->lock);
-    for (size_t i = 0; i < n; i++) {
-        cube_error *err = cube_error_new(
-            CUBE_ERR_ABORTED,
-            "%s: the communicator was destroyed before the call finished "
-            "on the device",
-            left[i].writes ? "cube_graph_replay" : kind_name(left[i].kind));
-        if (left[i].dst) {
-            core_failure_record(c, left[i].dst, err);
-            core_alloc_unpin(c, left[i].dst);
-        }
-        for (size_t w = 0; left[i].writes && w < left[i].nwrites; w++) {
-            core_failure_record(c, left[i].writes[w], err);
-            core_alloc_unpin(c, left[i].writes[w]);
-        }
-        free(left[i].writes);
-        cube_error_free(err);
-        atomic_fetch_sub_explicit(&c->comm_inflight, 1, memory_order_release);
-    }
-    free(left);
-}
-
 void cube_comm_destroy(cube_comm *comm)
 {
     if (!comm)
         return;
     comm_group *g = comm->group;
     if (g->remote)
-        drain_remote(g);
+        comm_drain_remote(g);
     /* A hardware graph that captured this rank's calls still names the
      * backend's communicator: its destroy waits for the last such graph
      * (core_comm_release); replays are refused from now on. */
@@ -563,7 +301,7 @@ void cube_comm_destroy(cube_comm *comm)
     pthread_cond_broadcast(&g->changed);
     cube_mutex_unlock(&g->lock);
     if (last)
-        free_ranks(comm);
+        comm_free_ranks(comm);
 }
 
 cube_error *cube_comm_abort(cube_comm *comm)
@@ -751,8 +489,8 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_comm_init_rank");
     }
     void *impl = NULL;
-    err = c->vt->comm_init_rank(c->server, id->bytes + 4 + ID_NAME,
-                                            nranks, rank, timeout_ms, &impl);
+    err = c->vt->comm_init_rank(c->server, id->bytes + 4 + ID_NAME, nranks,
+                                rank, timeout_ms, &impl);
     if (err) {
         free(g);
         free(comm);
@@ -771,12 +509,8 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
     comm->client = c;
     comm->impl = impl;
     g->remote_rank = comm;
-    if (c->vt->collective_poll) {
-        cube_mutex_lock(&remote_lock);
-        g->remote_next = remote_groups;
-        remote_groups = g;
-        cube_mutex_unlock(&remote_lock);
-    }
+    if (c->vt->collective_poll)
+        comm_remote_list(g);
     *out = comm;
     cube_log_write(CUBE_LOG_INFO, "comm",
                    "rank %u of %u (between processes) on %s", rank, nranks,
@@ -795,7 +529,29 @@ cube_error *cube_comm_init_rank(cube_client *client, const cube_comm_id *id,
               init_rank_call(client, id, nranks, rank, options, out));
 }
 
-/* --- the rendezvous --- */
+static const char *dtype_name(uint32_t dtype)
+{
+    static const char *const names[] = {"?",    "i8",  "u8",  "i32",
+                                        "u32",  "i64", "u64", "f16",
+                                        "bf16", "f32", "f64"};
+    return dtype <= CUBE_DTYPE_F64 ? names[dtype] : "?";
+}
+
+/* Frees what a record holds besides itself. */
+static void call_clear(comm_call *k)
+{
+    for (uint32_t i = 0; i < k->expected; i++) {
+        cube_error_free(k->refused[i]);
+        cube_error_free(k->failed[i]);
+    }
+    cube_error_free(k->verdict);
+}
+
+void comm_call_free(comm_call *k)
+{
+    call_clear(k);
+    free(k);
+}
 
 /* A zeroed record of a collective (or of a send and its receive), not yet
  * in the group's list. NULL for want of memory. */
@@ -851,13 +607,13 @@ static void call_unlink(comm_group *g, comm_call *k) CUBE_REQUIRES(g->lock)
 
 static void describe(const cube_collective *c, char *buf, size_t cap)
 {
-    int n = snprintf(buf, cap, "%s of %llu %s", kind_name(c->kind),
+    int n = snprintf(buf, cap, "%s of %llu %s", comm_kind_name(c->kind),
                      (unsigned long long)c->count, dtype_name(c->dtype));
     if (n < 0 || (size_t)n >= cap)
         return;
-    if (is_reduction(c->kind))
+    if (comm_is_reduction(c->kind))
         n += snprintf(buf + n, cap - (size_t)n, " (op %u)", c->op);
-    if (has_root(c->kind) && n >= 0 && (size_t)n < cap)
+    if (comm_has_root(c->kind) && n >= 0 && (size_t)n < cap)
         snprintf(buf + n, cap - (size_t)n, " from root %u", c->root);
 }
 
@@ -867,21 +623,21 @@ static int agree(const cube_collective *a, const cube_collective *b, int p2p)
     if (p2p)
         return a->count == b->count && a->dtype == b->dtype;
     return a->kind == b->kind && a->count == b->count && a->dtype == b->dtype &&
-           (!is_reduction(a->kind) || a->op == b->op) &&
-           (!has_root(a->kind) || a->root == b->root);
+           (!comm_is_reduction(a->kind) || a->op == b->op) &&
+           (!comm_has_root(a->kind) || a->root == b->root);
 }
 
 /* Adds call `c`'s failed source to the verdict `several` (made first). */
-static cube_error *add_failed_source(cube_error *several,
-                                     const cube_collective *c,
-                                     const cube_error *failed)
+cube_error *comm_add_failed_source(cube_error *several,
+                                   const cube_collective *c,
+                                   const cube_error *failed)
 {
     if (!several)
         several = cube_error_new(CUBE_ERR_SEVERAL,
                                  "%s: a source buffer cannot be trusted (the "
                                  "work that should have written it failed), "
                                  "so no rank runs it",
-                                 kind_name(c->kind));
+                                 comm_kind_name(c->kind));
     cube_error_add_cause(several,
                          cube_error_prefix(cube_error_clone(failed),
                                            "rank %u's source", c->rank));
@@ -902,7 +658,7 @@ static cube_error *judge(const comm_call *k)
                                   "and rank %u's is not; every rank captures "
                                   "a collective or none does, so no rank "
                                   "runs or records it",
-                                  kind_name(k->calls[0].kind),
+                                  comm_kind_name(k->calls[0].kind),
                                   k->calls[in].rank, k->calls[out].rank);
         }
     for (uint32_t i = 0; i < k->expected; i++)
@@ -910,7 +666,7 @@ static cube_error *judge(const comm_call *k)
             return cube_error_wrap(
                 cube_error_clone(k->refused[i]), CUBE_ERR_INVALID_ARGUMENT,
                 "rank %u's %s was refused, so no rank runs it",
-                k->calls[i].rank, kind_name(k->calls[i].kind));
+                k->calls[i].rank, comm_kind_name(k->calls[i].kind));
     for (uint32_t i = 1; i < k->expected; i++) {
         if (!agree(&k->calls[0], &k->calls[i], k->p2p)) {
             char a[160], b[160];
@@ -925,13 +681,14 @@ static cube_error *judge(const comm_call *k)
     cube_error *several = NULL;
     for (uint32_t i = 0; i < k->expected; i++)
         if (k->failed[i])
-            several = add_failed_source(several, &k->calls[i], k->failed[i]);
+            several =
+                comm_add_failed_source(several, &k->calls[i], k->failed[i]);
     return several;
 }
 
 /* Posts this thread's call; p->call is set (NULL with p->local set when
  * memory ran out or the communicator is aborted). */
-static void post(pending *p, const cube_collective *mine, cube_error *failure)
+void comm_post(pending *p, const cube_collective *mine, cube_error *failure)
 {
     comm_group *g = p->comm->group;
     uint32_t r = p->comm->rank, n = g->n;
@@ -940,10 +697,10 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
         cube_mutex_unlock(&g->lock);
         cube_error_free(failure);
         cube_error_free(p->local);
-        p->local = aborted_error(mine->kind);
+        p->local = comm_aborted_error(mine->kind);
         return;
     }
-    int p2p = is_p2p(mine->kind);
+    int p2p = comm_is_p2p(mine->kind);
     if (p2p && (mine->peer >= n || mine->peer == r)) {
         /* No pair of ranks to post to (a peer out of range, or this rank
          * outside a group), so no peer waits for it: the refusal
@@ -973,8 +730,8 @@ static void post(pending *p, const cube_collective *mine, cube_error *failure)
         cube_mutex_unlock(&g->lock);
         cube_error_free(failure);
         cube_error_free(p->local);
-        p->local =
-            cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s", kind_name(mine->kind));
+        p->local = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s",
+                                  comm_kind_name(mine->kind));
         return;
     }
     k->calls[p->index] = *mine;
@@ -1032,7 +789,7 @@ static int missing_gone(const comm_group *g, const comm_call *k)
 
 /* Waits until p's call is judged, cancelled or aborted: NULL when this
  * rank may run its part, else what to answer. */
-static cube_error *await(pending *p)
+cube_error *comm_await(pending *p)
 {
     comm_group *g = p->comm->group;
     comm_call *k = p->call;
@@ -1045,9 +802,9 @@ static cube_error *await(pending *p)
     /* The timeout runs from here: a call whose peers are already there
      * never reads the clock. */
     if (!k->ready && !k->cancelled && !g->aborted)
-        p->deadline_ns = now_ns() + g->timeout_ns;
+        p->deadline_ns = comm_now_ns() + g->timeout_ns;
     while (!k->ready && !k->cancelled && !g->aborted) {
-        if (now_ns() >= p->deadline_ns || missing_gone(g, k)) {
+        if (comm_now_ns() >= p->deadline_ns || missing_gone(g, k)) {
             /* Every rank of it answers the same from now on. */
             k->cancelled = 1;
             pthread_cond_broadcast(&g->changed);
@@ -1058,9 +815,9 @@ static cube_error *await(pending *p)
         cube_cond_timedwait(&g->changed, &g->lock, &until);
     }
     cube_error *err = NULL;
-    const char *what = kind_name(k->calls[p->index].kind);
+    const char *what = comm_kind_name(k->calls[p->index].kind);
     if (g->aborted && !k->ready)
-        err = aborted_error(k->calls[p->index].kind);
+        err = comm_aborted_error(k->calls[p->index].kind);
     else if (k->cancelled)
         err = cube_error_new(
             CUBE_ERR_TIMEOUT,
@@ -1084,7 +841,7 @@ static void mark_issued_locked(comm_group *g, comm_call *k)
         pthread_cond_broadcast(&g->changed);
 }
 
-static void mark_issued(pending *p)
+void comm_mark_issued(pending *p)
 {
     comm_group *g = p->comm->group;
     cube_mutex_lock(&g->lock);
@@ -1096,7 +853,7 @@ static void mark_issued(pending *p)
  * still be writing this rank's destination (a host backend's ranks share
  * the work): wait until every part was issued before the pins go. The
  * last rank to leave frees the record. */
-static void leave(pending *p, int mark)
+void comm_leave(pending *p, int mark)
 {
     comm_group *g = p->comm->group;
     comm_call *k = p->call;
@@ -1118,8 +875,102 @@ static void leave(pending *p, int mark)
     cube_mutex_unlock(&g->lock);
 }
 
+/* --- a rank's sends to itself --- */
+
+/* Whether the send's source and the receive's destination of a pair
+ * overlap other than as the same range (a copy over itself). */
+static int pair_overlaps(const cube_collective *send,
+                         const cube_collective *recv, uint64_t bytes)
+{
+    if (send->src.storage != recv->dst.storage)
+        return 0;
+    uint64_t s = send->src.offset, d = recv->dst.offset;
+    return s != d && s < d + bytes && d < s + bytes;
+}
+
+/* Makes the record of a send to the calling rank and its receive, judged
+ * at once as the rendezvous would judge a pair of ranks' (a refusal,
+ * calls that differ, a failed source). Both calls are this thread's, so
+ * nothing waits for it; it is freed as a posted record is (comm_leave). */
+static void pair_up(pending *send, pending *recv)
+{
+    comm_group *g = send->comm->group;
+    pending *pair[2] = {send, recv};
+    cube_mutex_lock(&g->lock);
+    int aborted = g->aborted;
+    comm_call *k = aborted ? NULL : call_alloc(g, 1);
+    cube_mutex_unlock(&g->lock);
+    if (!k) {
+        for (int i = 0; i < 2; i++) {
+            cube_error_free(pair[i]->local);
+            pair[i]->local =
+                aborted ? comm_aborted_error(pair[i]->mine.kind)
+                        : cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s",
+                                         comm_kind_name(pair[i]->mine.kind));
+        }
+        return;
+    }
+    k->from = k->to = send->comm->rank;
+    for (uint32_t i = 0; i < 2; i++) {
+        pending *p = pair[i];
+        k->calls[i] = p->mine;
+        k->refused[i] = p->local ? cube_error_clone(p->local) : NULL;
+        k->failed[i] = p->failure; /* the record's now */
+        p->failure = NULL;
+        k->capturing[i] = (unsigned char)p->capturing;
+        p->call = k;
+        p->index = i;
+        p->judged = 1;
+    }
+    k->arrived = 2;
+    k->verdict = judge(k);
+    uint64_t bytes =
+        send->mine.count * cube_dtype_size((cube_dtype)send->mine.dtype);
+    if (!k->verdict && pair_overlaps(&k->calls[0], &k->calls[1], bytes))
+        k->verdict = cube_error_new(
+            CUBE_ERR_INVALID_ARGUMENT,
+            "cube_send to rank %u itself: the source and the receive's "
+            "destination overlap other than as the same range",
+            send->comm->rank);
+    k->ready = 1;
+}
+
+/* Pairs the sends in a[0..n) whose peer is their own rank with the
+ * receives from it, in order per communicator (the n-th send with the
+ * n-th receive, as between two ranks). A call left without a partner can
+ * never be matched (only this thread makes that rank's calls), so it is
+ * refused now instead of timing out. */
+void comm_pair_self(pending *a, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!a[i].self || a[i].call || a[i].mine.kind != CUBE_COLLECTIVE_SEND)
+            continue;
+        for (size_t j = 0; j < n; j++)
+            if (a[j].self && !a[j].call && a[j].comm == a[i].comm &&
+                a[j].mine.kind == CUBE_COLLECTIVE_RECV) {
+                pair_up(&a[i], &a[j]);
+                break;
+            }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!a[i].self || a[i].call || a[i].local)
+            continue;
+        int send = a[i].mine.kind == CUBE_COLLECTIVE_SEND;
+        a[i].local = cube_error_new(
+            CUBE_ERR_INVALID_ARGUMENT,
+            "%s: rank %u %s itself, and its group has no %s to pair with "
+            "it (a send to the calling rank and its receive are made in one "
+            "group)",
+            comm_kind_name(a[i].mine.kind), a[i].comm->rank,
+            send ? "sends to" : "receives from", send ? "receive" : "send");
+    }
+}
+
+/* Tags of groups recorded in captures. */
+static atomic_uint_fast64_t next_group_tag = 1;
+
 /* The calling thread's stream of p's client (looked up once per call). */
-static cube_error *stream_of(pending *p, core_stream **out)
+cube_error *comm_stream_of(pending *p, core_stream **out)
 {
     if (!p->stream) {
         cube_error *err = core_stream_get(p->comm->client, &p->stream);
@@ -1130,26 +981,12 @@ static cube_error *stream_of(pending *p, core_stream **out)
     return NULL;
 }
 
-static cube_error *issue_set(pending *p, const cube_collective_set *set);
-
-/* Issues this rank's part on its stream. */
-static cube_error *issue(pending *p)
-{
-    if (!p->call)
-        return cube_error_new(CUBE_ERR_INTERNAL,
-                              "a collective call was not posted");
-    cube_collective_set set = {p->call->calls, p->call->expected, p->index,
-                               p->call->shared};
-    // cppcheck-suppress returnDanglingLifetime
-    return issue_set(p, &set);
-}
-
 /* Issues this rank's part of `set` on its stream. */
 static cube_error *issue_set(pending *p, const cube_collective_set *set)
 {
     cube_client *c = p->comm->client;
     core_stream *st = NULL;
-    cube_error *err = stream_of(p, &st);
+    cube_error *err = comm_stream_of(p, &st);
     if (err)
         return err;
     core_stream_lock(st);
@@ -1167,37 +1004,16 @@ static cube_error *issue_set(pending *p, const cube_collective_set *set)
     return err;
 }
 
-static void settle(pending *p, const cube_error *err);
-
-/* A communicator of one rank in this process has no peer to meet: its
- * call (not captured, not in a group) is judged and issued at once, with
- * the answers the rendezvous would give (an abort, its own refusal, a
- * failed source). `failure` is taken. */
-static cube_error *run_alone(pending *p, const cube_collective *mine,
-                             cube_error *failure)
+/* Issues this rank's part on its stream. */
+static cube_error *issue(pending *p)
 {
-    comm_group *g = p->comm->group;
-    cube_mutex_lock(&g->lock);
-    int aborted = g->aborted;
-    cube_mutex_unlock(&g->lock);
-    cube_error *err = NULL;
-    if (aborted) {
-        cube_error_free(p->local);
-        p->local = NULL;
-        err = aborted_error(mine->kind);
-    } else if (p->local) {
-        err = cube_error_clone(p->local);
-    } else if (failure) {
-        err = add_failed_source(NULL, mine, failure);
-    } else {
-        _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
-        memset(shared, 0, sizeof shared);
-        cube_collective_set set = {mine, 1, 0, shared};
-        err = issue_set(p, &set);
-    }
-    cube_error_free(failure);
-    settle(p, err);
-    return err;
+    if (!p->call)
+        return cube_error_new(CUBE_ERR_INTERNAL,
+                              "a collective call was not posted");
+    cube_collective_set set = {p->call->calls, p->call->expected, p->index,
+                               p->call->shared};
+    // cppcheck-suppress returnDanglingLifetime
+    return issue_set(p, &set);
 }
 
 /* Whether p's call writes the whole of its destination's buffer (a
@@ -1209,7 +1025,7 @@ static int writes_whole_dst(const pending *p)
 }
 
 /* Drops the pins of a call that was not run (a dry run). */
-static void drop_pins(pending *p)
+void comm_drop_pins(pending *p)
 {
     cube_client *c = p->comm->client;
     if (p->has_dst)
@@ -1251,6 +1067,37 @@ static void settle(pending *p, const cube_error *err)
     p->failure = NULL;
 }
 
+/* A communicator of one rank in this process has no peer to meet: its
+ * call (not captured, not in a group) is judged and issued at once, with
+ * the answers the rendezvous would give (an abort, its own refusal, a
+ * failed source). `failure` is taken. */
+cube_error *comm_run_alone(pending *p, const cube_collective *mine,
+                           cube_error *failure)
+{
+    comm_group *g = p->comm->group;
+    cube_mutex_lock(&g->lock);
+    int aborted = g->aborted;
+    cube_mutex_unlock(&g->lock);
+    cube_error *err = NULL;
+    if (aborted) {
+        cube_error_free(p->local);
+        p->local = NULL;
+        err = comm_aborted_error(mine->kind);
+    } else if (p->local) {
+        err = cube_error_clone(p->local);
+    } else if (failure) {
+        err = comm_add_failed_source(NULL, mine, failure);
+    } else {
+        _Alignas(64) unsigned char shared[CUBE_COLLECTIVE_SHARED];
+        memset(shared, 0, sizeof shared);
+        cube_collective_set set = {mine, 1, 0, shared};
+        err = issue_set(p, &set);
+    }
+    cube_error_free(failure);
+    settle(p, err);
+    return err;
+}
+
 /* Hands this rank's part to the backend on a stream it is capturing. */
 static cube_error *capture_part(cube_client *c, core_stream *st,
                                 const pending *p) CUBE_REQUIRES(st->lock)
@@ -1272,8 +1119,8 @@ static int still_capturing(const core_stream *st, const cube_client *c)
 
 /* Records p's call `mine` in the capture of `st`, unless the capture
  * ended since the call was made. */
-static cube_error *record_in_capture(pending *p, core_stream *st,
-                                     const cube_collective *mine)
+cube_error *comm_record_in_capture(pending *p, core_stream *st,
+                                   const cube_collective *mine)
     CUBE_REQUIRES(st->lock)
 {
     cube_client *c = p->comm->client;
@@ -1281,7 +1128,7 @@ static cube_error *record_in_capture(pending *p, core_stream *st,
         return cube_error_new(CUBE_ERR_GRAPH_STATE,
                               "%s: the capture ended before the call was "
                               "recorded",
-                              kind_name(mine->kind));
+                              comm_kind_name(mine->kind));
     return core_graph_record_collective(
         c, st, p->comm, mine, p->has_src ? p->src.alloc : NULL,
         p->has_dst ? p->dst.alloc : NULL, writes_whole_dst(p), p->hardware,
@@ -1297,7 +1144,7 @@ static cube_error *record(pending *p)
         return cube_error_new(CUBE_ERR_INTERNAL,
                               "a collective call was not posted");
     core_stream *st = NULL;
-    cube_error *err = stream_of(p, &st);
+    cube_error *err = comm_stream_of(p, &st);
     if (err)
         return err;
     const cube_collective *mine = &p->call->calls[p->index];
@@ -1310,13 +1157,123 @@ static cube_error *record(pending *p)
         core_stream_note_failure(st, err);
     }
     if (!err)
-        err = record_in_capture(p, st, mine);
+        err = comm_record_in_capture(p, st, mine);
     core_stream_unlock(st);
     core_fault_note(c, err);
     return err;
 }
 
-/* --- calls between processes followed on the device --- */
+/* --- running a thread's calls --- */
+
+/* Whether p's call is met by the backend's engine with other processes'
+ * calls (a send to itself never meets another process's call). */
+static int meets_remote(const pending *p)
+{
+    return p->comm->group->remote && !p->self;
+}
+
+/* Whether p's call may run, once posted: NULL when it may (a call between
+ * processes always goes to the backend's engine), else what to answer
+ * (a call that was not posted was refused: its own refusal). */
+static cube_error *rendezvous_answer(pending *p)
+{
+    if (meets_remote(p))
+        return NULL;
+    if (p->local)
+        return cube_error_clone(p->local);
+    if (p->call)
+        return comm_await(p);
+    return cube_error_new(CUBE_ERR_INTERNAL,
+                          "a collective call was not posted");
+}
+
+/* Runs this rank's part of p's call: to the backend's engine between
+ * processes, into the capture of a capturing stream, else on the
+ * stream. */
+static cube_error *run_part(pending *p)
+{
+    if (meets_remote(p))
+        return comm_issue_remote(p);
+    return p->capturing ? record(p) : issue(p);
+}
+
+/* The backend of the calls in a[0..n) that may run, and how many there
+ * are (*count; the backend is NULL when none may). */
+static const cube_server_vtable *runnable(const pending *a, size_t n,
+                                          size_t *count)
+{
+    const cube_server_vtable *vt = NULL;
+    *count = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!a[i].result) {
+            vt = a[i].comm->group->vt;
+            (*count)++;
+        }
+    return vt;
+}
+
+/* Leaves each call of a[0..n) and settles it; returns the first error
+ * (its index in *first_at, when not NULL) and frees the others. */
+static cube_error *settle_all(pending *a, size_t n, size_t *first_at)
+{
+    cube_error *first = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i].call)
+            comm_leave(&a[i], n == 1);
+        settle(&a[i], a[i].result);
+        if (a[i].result && !first) {
+            first = a[i].result;
+            if (first_at)
+                *first_at = i;
+        } else
+            cube_error_free(a[i].result);
+        a[i].result = NULL;
+    }
+    return first;
+}
+
+/* Runs the pending calls a[0..n): waits for each, issues the parts that
+ * may run (inside the backend's group when there are several), then
+ * settles each. Returns the first error (its index in *first_at, when
+ * not NULL); each failed call's destination carries its own. */
+cube_error *comm_run_pending(pending *a, size_t n, size_t *first_at)
+{
+    for (size_t i = 0; i < n; i++)
+        a[i].result = rendezvous_answer(&a[i]);
+    size_t count = 0;
+    const cube_server_vtable *vt = runnable(a, n, &count);
+    int grouped = count > 1 && vt->group_begin && !a[0].agree_only;
+    if (n > 1) {
+        /* Captured calls of one group are replayed as one. */
+        uint64_t tag = atomic_fetch_add(&next_group_tag, 1);
+        for (size_t i = 0; i < n; i++)
+            a[i].group = tag;
+    }
+    if (grouped)
+        vt->group_begin();
+    for (size_t i = 0; i < n; i++)
+        if (!a[i].result && !a[i].agree_only)
+            a[i].result = run_part(&a[i]);
+    if (grouped) {
+        cube_error *e = vt->group_end();
+        for (size_t i = 0; e && i < n; i++)
+            if (!a[i].result)
+                a[i].result = cube_error_clone(e);
+        cube_error_free(e);
+    }
+    /* Every part of this thread is marked issued before any waits for
+     * the peers' (one lock for both when there is one). */
+    for (size_t i = 0; i < n && n > 1; i++)
+        if (a[i].call)
+            comm_mark_issued(&a[i]);
+    return settle_all(a, n, first_at);
+}
+
+/* Communicators between processes whose calls the backend follows on the
+ * device, so that a read or a sync of a client can learn how they ended
+ * (core_comm_reap). Taken before a group's reap_lock. */
+static cube_mutex remote_lock = CUBE_MUTEX_INIT;
+static comm_group *remote_groups CUBE_GUARDED_BY(remote_lock);
 
 /* Asks the backend how g's followed calls ended: a finished one is
  * dropped, a failed one's destination records the failure. Never blocks
@@ -1346,7 +1303,7 @@ static size_t reap_group(comm_group *g)
         if (err) {
             err = cube_error_prefix(err, "%s",
                                     rc.writes ? "cube_graph_replay"
-                                              : kind_name(rc.kind));
+                                              : comm_kind_name(rc.kind));
             if (rc.dst)
                 core_failure_record(c, rc.dst, err);
             for (size_t w = 0; w < rc.nwrites; w++)
@@ -1384,6 +1341,74 @@ size_t core_comm_reap(cube_client *c)
             failed += reap_group(g);
     cube_mutex_unlock(&remote_lock);
     return failed;
+}
+
+/* The group joins the process's list, whose calls core_comm_reap
+ * settles. */
+void comm_remote_list(comm_group *g)
+{
+    cube_mutex_lock(&remote_lock);
+    g->remote_next = remote_groups;
+    remote_groups = g;
+    cube_mutex_unlock(&remote_lock);
+}
+
+/* Before a rank between processes goes: waits for its followed calls to
+ * end (the backend's watchdog ends each within the timeout after it
+ * starts on the device) and takes the group off the process's list. */
+void comm_drain_remote(comm_group *g)
+{
+    if (!g->vt->collective_poll)
+        return;
+    uint64_t give_up = comm_now_ns() + 2 * g->timeout_ns + 1000000000ull;
+    for (;;) {
+        reap_group(g);
+        cube_mutex_lock(&g->lock);
+        size_t left = g->inflight_len;
+        cube_mutex_unlock(&g->lock);
+        if (!left || comm_now_ns() >= give_up)
+            break;
+        struct timespec pause = {0, 1000000}; /* 1 ms */
+        nanosleep(&pause, NULL);
+    }
+    cube_mutex_lock(&remote_lock);
+    for (comm_group **q = &remote_groups; *q; q = &(*q)->remote_next)
+        if (*q == g) {
+            *q = g->remote_next;
+            break;
+        }
+    cube_mutex_unlock(&remote_lock);
+    /* Calls still running past that: their destinations cannot be
+     * trusted once the communicator goes. No reaper runs any more (they
+     * hold remote_lock throughout), so the list is this thread's. */
+    cube_comm *comm = g->remote_rank;
+    cube_client *c = comm->client;
+    cube_mutex_lock(&g->lock);
+    remote_call *left = g->inflight;
+    size_t n = g->inflight_len;
+    g->inflight = NULL;
+    g->inflight_len = g->inflight_cap = 0;
+    cube_mutex_unlock(&g->lock);
+    for (size_t i = 0; i < n; i++) {
+        cube_error *err = cube_error_new(
+            CUBE_ERR_ABORTED,
+            "%s: the communicator was destroyed before the call finished "
+            "on the device",
+            left[i].writes ? "cube_graph_replay"
+                           : comm_kind_name(left[i].kind));
+        if (left[i].dst) {
+            core_failure_record(c, left[i].dst, err);
+            core_alloc_unpin(c, left[i].dst);
+        }
+        for (size_t w = 0; left[i].writes && w < left[i].nwrites; w++) {
+            core_failure_record(c, left[i].writes[w], err);
+            core_alloc_unpin(c, left[i].writes[w]);
+        }
+        free(left[i].writes);
+        cube_error_free(err);
+        atomic_fetch_sub_explicit(&c->comm_inflight, 1, memory_order_release);
+    }
+    free(left);
 }
 
 /* Room in g's list of followed calls for one more; 0 for want of
@@ -1447,7 +1472,7 @@ static void follow(pending *p, uint64_t ticket)
         core_alloc_pin(c, dst);
     atomic_fetch_add_explicit(&c->comm_inflight, 1, memory_order_release);
     if (!inflight_push(g, (remote_call){ticket, dst, p->mine.kind, NULL, 0})) {
-        unfollowed(c, &dst, 1, kind_name(p->mine.kind));
+        unfollowed(c, &dst, 1, comm_kind_name(p->mine.kind));
         if (dst)
             core_alloc_unpin(c, dst);
         atomic_fetch_sub_explicit(&c->comm_inflight, 1, memory_order_release);
@@ -1468,7 +1493,7 @@ static cube_error *remote_answer(const pending *p, cube_error *err)
                                "%s: the source cannot be trusted (the work "
                                "that should have written it failed), so no "
                                "rank runs it",
-                               kind_name(p->mine.kind));
+                               comm_kind_name(p->mine.kind));
     }
     return err;
 }
@@ -1481,11 +1506,11 @@ static cube_error *remote_answer(const pending *p, cube_error *err)
  * capturing stream the backend checks the call with the peers (software
  * graphs) or captures its part (hardware graphs), and the call is then
  * recorded in the capture. */
-static cube_error *issue_remote(pending *p)
+cube_error *comm_issue_remote(pending *p)
 {
     cube_client *c = p->comm->client;
     core_stream *st = NULL;
-    cube_error *err = stream_of(p, &st);
+    cube_error *err = comm_stream_of(p, &st);
     if (err) {
         cube_error_free(p->local);
         p->local = err;
@@ -1500,7 +1525,7 @@ static cube_error *issue_remote(pending *p)
          * are on their destinations before this call reads them. */
         reap_group(g);
         if (!p->local)
-            p->local = reserve_inflight(g, kind_name(p->mine.kind));
+            p->local = reserve_inflight(g, comm_kind_name(p->mine.kind));
     }
     cube_collective_set set = {
         &p->mine,    1,        0,          shared,
@@ -1516,7 +1541,7 @@ static cube_error *issue_remote(pending *p)
     if (ran && p->capturing) {
         /* Every rank captures it (or the backend captured its part): the
          * capture holds it from here. */
-        err = record_in_capture(p, st, &p->mine);
+        err = comm_record_in_capture(p, st, &p->mine);
     } else if (ran) {
         st->launches++;
     }
@@ -1527,200 +1552,107 @@ static cube_error *issue_remote(pending *p)
     return remote_answer(p, err);
 }
 
-/* --- a rank's sends to itself --- */
+/* --- hardware graphs holding calls between processes --- */
 
-/* Whether the send's source and the receive's destination of a pair
- * overlap other than as the same range (a copy over itself). */
-static int pair_overlaps(const cube_collective *send,
-                         const cube_collective *recv, uint64_t bytes)
-{
-    if (send->src.storage != recv->dst.storage)
-        return 0;
-    uint64_t s = send->src.offset, d = recv->dst.offset;
-    return s != d && s < d + bytes && d < s + bytes;
-}
+struct core_replay_watch {
+    cube_comm *comm;
+    uint64_t ticket;
+    core_alloc **writes; /* a copy of the graph's, pinned once followed */
+    size_t nwrites;
+};
 
-/* Makes the record of a send to the calling rank and its receive, judged
- * at once as the rendezvous would judge a pair of ranks' (a refusal,
- * calls that differ, a failed source). Both calls are this thread's, so
- * nothing waits for it; it is freed as a posted record is (leave). */
-static void pair_up(pending *send, pending *recv)
+cube_error *core_comm_replay_begin(cube_comm *comm, core_stream *st,
+                                   core_alloc *const *writes, size_t nwrites,
+                                   core_replay_watch **out)
 {
-    comm_group *g = send->comm->group;
-    pending *pair[2] = {send, recv};
+    *out = NULL;
+    comm_group *g = comm->group;
+    cube_client *c = comm->client;
     cube_mutex_lock(&g->lock);
-    int aborted = g->aborted;
-    comm_call *k = aborted ? NULL : call_alloc(g, 1);
+    int gone = g->alive == 0, aborted = g->aborted;
     cube_mutex_unlock(&g->lock);
-    if (!k) {
-        for (int i = 0; i < 2; i++) {
-            cube_error_free(pair[i]->local);
-            pair[i]->local =
-                aborted ? aborted_error(pair[i]->mine.kind)
-                        : cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s",
-                                         kind_name(pair[i]->mine.kind));
-        }
-        return;
+    if (gone)
+        return cube_error_new(CUBE_ERR_NOT_FOUND,
+                              "cube_graph_replay: rank %u's communicator was "
+                              "destroyed after the graph recorded it",
+                              comm->rank);
+    if (aborted || !comm->impl)
+        return cube_error_new(CUBE_ERR_ABORTED,
+                              "cube_graph_replay: the communicator of rank "
+                              "%u was aborted",
+                              comm->rank);
+    if (!c->vt->comm_replay_begin || !c->vt->comm_replay_end)
+        return cube_error_new(CUBE_ERR_UNSUPPORTED,
+                              "cube_graph_replay: the %s backend cannot "
+                              "follow a graph's calls between processes",
+                              c->props.backend);
+    core_replay_watch *w = calloc(1, sizeof *w);
+    core_alloc **copy = nwrites ? malloc(nwrites * sizeof(core_alloc *)) : NULL;
+    if (!w || (nwrites && !copy)) {
+        free(copy);
+        free(w);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_replay");
     }
-    k->from = k->to = send->comm->rank;
-    for (uint32_t i = 0; i < 2; i++) {
-        pending *p = pair[i];
-        k->calls[i] = p->mine;
-        k->refused[i] = p->local ? cube_error_clone(p->local) : NULL;
-        k->failed[i] = p->failure; /* the record's now */
-        p->failure = NULL;
-        k->capturing[i] = (unsigned char)p->capturing;
-        p->call = k;
-        p->index = i;
-        p->judged = 1;
+    cube_error *err = reserve_inflight(g, "cube_graph_replay");
+    if (!err)
+        err = c->vt->comm_replay_begin(c->server, &st->base, comm->impl,
+                                       &w->ticket);
+    if (err) {
+        free(copy);
+        free(w);
+        return err;
     }
-    k->arrived = 2;
-    k->verdict = judge(k);
-    uint64_t bytes =
-        send->mine.count * cube_dtype_size((cube_dtype)send->mine.dtype);
-    if (!k->verdict && pair_overlaps(&k->calls[0], &k->calls[1], bytes))
-        k->verdict = cube_error_new(
-            CUBE_ERR_INVALID_ARGUMENT,
-            "cube_send to rank %u itself: the source and the receive's "
-            "destination overlap other than as the same range",
-            send->comm->rank);
-    k->ready = 1;
+    if (nwrites)
+        memcpy(copy, writes, nwrites * sizeof(core_alloc *));
+    w->comm = comm;
+    w->writes = copy;
+    w->nwrites = nwrites;
+    *out = w;
+    return NULL;
 }
 
-/* Pairs the sends in a[0..n) whose peer is their own rank with the
- * receives from it, in order per communicator (the n-th send with the
- * n-th receive, as between two ranks). A call left without a partner can
- * never be matched (only this thread makes that rank's calls), so it is
- * refused now instead of timing out. */
-static void pair_self(pending *a, size_t n)
+cube_error *core_comm_replay_end(core_replay_watch *w, core_stream *st,
+                                 int launched)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (!a[i].self || a[i].call || a[i].mine.kind != CUBE_COLLECTIVE_SEND)
-            continue;
-        for (size_t j = 0; j < n; j++)
-            if (a[j].self && !a[j].call && a[j].comm == a[i].comm &&
-                a[j].mine.kind == CUBE_COLLECTIVE_RECV) {
-                pair_up(&a[i], &a[j]);
-                break;
-            }
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!a[i].self || a[i].call || a[i].local)
-            continue;
-        int send = a[i].mine.kind == CUBE_COLLECTIVE_SEND;
-        a[i].local = cube_error_new(
-            CUBE_ERR_INVALID_ARGUMENT,
-            "%s: rank %u %s itself, and its group has no %s to pair with "
-            "it (a send to the calling rank and its receive are made in one "
-            "group)",
-            kind_name(a[i].mine.kind), a[i].comm->rank,
-            send ? "sends to" : "receives from", send ? "receive" : "send");
-    }
-}
-
-/* Whether p's call is met by the backend's engine with other processes'
- * calls (a send to itself never meets another process's call). */
-static int meets_remote(const pending *p)
-{
-    return p->comm->group->remote && !p->self;
-}
-
-/* Whether p's call may run, once posted: NULL when it may (a call between
- * processes always goes to the backend's engine), else what to answer
- * (a call that was not posted was refused: its own refusal). */
-static cube_error *rendezvous_answer(pending *p)
-{
-    if (meets_remote(p))
+    if (!w)
         return NULL;
-    if (p->local)
-        return cube_error_clone(p->local);
-    if (p->call)
-        return await(p);
-    return cube_error_new(CUBE_ERR_INTERNAL,
-                          "a collective call was not posted");
-}
-
-/* Runs this rank's part of p's call: to the backend's engine between
- * processes, into the capture of a capturing stream, else on the
- * stream. */
-static cube_error *run_part(pending *p)
-{
-    if (meets_remote(p))
-        return issue_remote(p);
-    return p->capturing ? record(p) : issue(p);
-}
-
-/* The backend of the calls in a[0..n) that may run, and how many there
- * are (*count; the backend is NULL when none may). */
-static const cube_server_vtable *runnable(const pending *a, size_t n,
-                                          size_t *count)
-{
-    const cube_server_vtable *vt = NULL;
-    *count = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!a[i].result) {
-            vt = a[i].comm->group->vt;
-            (*count)++;
+    cube_comm *comm = w->comm;
+    comm_group *g = comm->group;
+    cube_client *c = comm->client;
+    cube_error *err = c->vt->comm_replay_end(c->server, &st->base, comm->impl,
+                                             w->ticket, launched);
+    if (!err && launched && w->ticket) {
+        /* Followed like a call: its failure goes on every buffer the graph
+         * writes (room was reserved at the beginning). */
+        for (size_t i = 0; i < w->nwrites; i++)
+            core_alloc_pin(c, w->writes[i]);
+        atomic_fetch_add_explicit(&c->comm_inflight, 1, memory_order_release);
+        if (inflight_push(g, (remote_call){w->ticket, NULL,
+                                           CUBE_COLLECTIVE_ALL_REDUCE,
+                                           w->writes, w->nwrites})) {
+            w->writes = NULL;
+        } else {
+            unfollowed(c, w->writes, w->nwrites, "cube_graph_replay");
+            for (size_t i = 0; i < w->nwrites; i++)
+                core_alloc_unpin(c, w->writes[i]);
+            atomic_fetch_sub_explicit(&c->comm_inflight, 1,
+                                      memory_order_release);
         }
-    return vt;
+    }
+    free(w->writes);
+    free(w);
+    return err;
 }
 
-/* Leaves each call of a[0..n) and settles it; returns the first error
- * (its index in *first_at, when not NULL) and frees the others. */
-static cube_error *settle_all(pending *a, size_t n, size_t *first_at)
-{
-    cube_error *first = NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (a[i].call)
-            leave(&a[i], n == 1);
-        settle(&a[i], a[i].result);
-        if (a[i].result && !first) {
-            first = a[i].result;
-            if (first_at)
-                *first_at = i;
-        } else
-            cube_error_free(a[i].result);
-        a[i].result = NULL;
-    }
-    return first;
-}
+#define MAX_GROUP_DEPTH 1024
 
-/* Runs the pending calls a[0..n): waits for each, issues the parts that
- * may run (inside the backend's group when there are several), then
- * settles each. Returns the first error (its index in *first_at, when
- * not NULL); each failed call's destination carries its own. */
-static cube_error *run_pending(pending *a, size_t n, size_t *first_at)
-{
-    for (size_t i = 0; i < n; i++)
-        a[i].result = rendezvous_answer(&a[i]);
-    size_t count = 0;
-    const cube_server_vtable *vt = runnable(a, n, &count);
-    int grouped = count > 1 && vt->group_begin && !a[0].agree_only;
-    if (n > 1) {
-        /* Captured calls of one group are replayed as one. */
-        uint64_t tag = atomic_fetch_add(&next_group_tag, 1);
-        for (size_t i = 0; i < n; i++)
-            a[i].group = tag;
-    }
-    if (grouped)
-        vt->group_begin();
-    for (size_t i = 0; i < n; i++)
-        if (!a[i].result && !a[i].agree_only)
-            a[i].result = run_part(&a[i]);
-    if (grouped) {
-        cube_error *e = vt->group_end();
-        for (size_t i = 0; e && i < n; i++)
-            if (!a[i].result)
-                a[i].result = cube_error_clone(e);
-        cube_error_free(e);
-    }
-    /* Every part of this thread is marked issued before any waits for
-     * the peers' (one lock for both when there is one). */
-    for (size_t i = 0; i < n && n > 1; i++)
-        if (a[i].call)
-            mark_issued(&a[i]);
-    return settle_all(a, n, first_at);
-}
+static _Thread_local int group_depth;
+static _Thread_local pending *queue;
+static _Thread_local size_t queue_len, queue_cap;
+/* The first call of the open group that could not be queued (no memory):
+ * answered at once, and again by cube_group_end at its place. */
+static _Thread_local cube_error *unqueued;
+static _Thread_local size_t unqueued_at;
 
 /* --- one call --- */
 
@@ -1787,7 +1719,7 @@ static int is_reduce_op(uint32_t op)
 static cube_error *check_call(const cube_collective *mine, uint32_t n,
                               uint32_t r)
 {
-    const char *fn = kind_name(mine->kind);
+    const char *fn = comm_kind_name(mine->kind);
     uint32_t es = cube_dtype_size((cube_dtype)mine->dtype);
     if (mine->count == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: count is 0", fn);
@@ -1795,21 +1727,21 @@ static cube_error *check_call(const cube_collective *mine, uint32_t n,
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: dtype %u is not a cube_dtype", fn,
                               mine->dtype);
-    if (is_reduction(mine->kind) && !is_reduce_op(mine->op))
+    if (comm_is_reduction(mine->kind) && !is_reduce_op(mine->op))
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: op %u is not a cube_reduce_op", fn,
                               mine->op);
-    if (has_root(mine->kind) && mine->root >= n)
+    if (comm_has_root(mine->kind) && mine->root >= n)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: root %u is not a rank (0..%u)", fn,
                               mine->root, n - 1);
-    if (is_p2p(mine->kind) && mine->peer >= n)
+    if (comm_is_p2p(mine->kind) && mine->peer >= n)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: peer %u is not a rank (0..%u)", fn,
                               mine->peer, n - 1);
     /* Outside a group the one thread that makes this rank's calls could
      * never make the other half: refused rather than left to time out. */
-    if (to_itself(mine, r) && group_depth == 0)
+    if (comm_to_itself(mine, r) && group_depth == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "%s: peer %u is the calling rank; a send to "
                               "itself and its receive are made in one group "
@@ -1859,7 +1791,7 @@ static cube_error *prepare(pending *p, cube_collective *mine, cube_handle src,
 {
     cube_comm *comm = p->comm;
     cube_client *c = comm->client;
-    const char *fn = kind_name(mine->kind);
+    const char *fn = comm_kind_name(mine->kind);
     uint32_t n = comm->group->n, r = comm->rank;
     if (atomic_load_explicit(&c->dev->faulted, memory_order_acquire))
         return core_fault_get(c);
@@ -1930,7 +1862,7 @@ static void capture_mode(pending *p, const cube_collective *mine)
 {
     cube_comm *comm = p->comm;
     core_stream *st = NULL;
-    p->local = stream_of(p, &st);
+    p->local = comm_stream_of(p, &st);
     if (p->local)
         return;
     core_stream_lock(st);
@@ -1941,7 +1873,8 @@ static void capture_mode(pending *p, const cube_collective *mine)
         p->capturing = 1;
         p->hardware = comm->client->vt->begin_capture != NULL;
     } else
-        p->local = core_stream_refuse_in_capture(st, kind_name(mine->kind));
+        p->local =
+            core_stream_refuse_in_capture(st, comm_kind_name(mine->kind));
     core_stream_unlock(st);
 }
 
@@ -1967,13 +1900,13 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
         /* Checked and dropped, as a launch in a dry run: nothing ran, so
          * nothing is recorded or cleared. */
         cube_error_free(failure);
-        drop_pins(&p);
+        comm_drop_pins(&p);
         return NULL;
     }
     if (!p.local)
         capture_mode(&p, &mine);
     if (runs_alone(&p))
-        return run_alone(&p, &mine, failure);
+        return comm_run_alone(&p, &mine, failure);
     /* A call of a group takes its place in the queue before it is posted:
      * one that cannot be queued is refused like any of this rank's own
      * refusals, which the peers learn of at once instead of waiting for a
@@ -1984,16 +1917,16 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
         p.local = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                                  "%s: no memory to queue the call in its "
                                  "group",
-                                 kind_name(mine.kind));
+                                 comm_kind_name(mine.kind));
     }
     /* This rank's own refusal is its answer; the peers learn of it. A send
-     * to itself waits for its partner in the group (pair_self). */
-    p.self = queued && to_itself(&mine, comm->rank);
+     * to itself waits for its partner in the group (comm_pair_self). */
+    p.self = queued && comm_to_itself(&mine, comm->rank);
     if (comm->group->remote || p.self) {
         p.mine = mine;
         p.failure = failure;
     } else {
-        post(&p, &mine, failure);
+        comm_post(&p, &mine, failure);
     }
     cube_error *own = p.local ? cube_error_clone(p.local) : NULL;
     if (queued) {
@@ -2004,7 +1937,7 @@ static cube_error *collective_call(cube_comm *comm, cube_collective mine,
         unqueued = own ? cube_error_clone(own) : NULL;
         unqueued_at = queue_len;
     }
-    cube_error *e = run_pending(&p, 1, NULL);
+    cube_error *e = comm_run_pending(&p, 1, NULL);
     cube_error_free(own);
     return e;
 }
@@ -2118,8 +2051,8 @@ cube_error *cube_group_end(void)
     size_t n = queue_len, first_at = n;
     queue = NULL;
     queue_len = queue_cap = 0;
-    pair_self(a, n);
-    cube_error *err = run_pending(a, n, &first_at);
+    comm_pair_self(a, n);
+    cube_error *err = comm_run_pending(a, n, &first_at);
     free(a);
     /* A call that could not be queued failed at its place among them. */
     if (unqueued && (!err || unqueued_at <= first_at)) {
@@ -2131,8 +2064,6 @@ cube_error *cube_group_end(void)
     unqueued = NULL;
     return err;
 }
-
-/* --- collectives recorded in graphs (graph.c) --- */
 
 void core_comm_hold(cube_comm *comm, int hardware)
 {
@@ -2164,7 +2095,7 @@ void core_comm_release(cube_comm *comm, int hardware)
     int last = --g->holds == 0 && g->alive == 0;
     cube_mutex_unlock(&g->lock);
     if (last)
-        free_ranks(comm);
+        comm_free_ranks(comm);
 }
 
 /* Whether the rank's communicator was destroyed (between processes the
@@ -2184,7 +2115,7 @@ static cube_error *destroyed_error(const cube_comm *comm,
     return cube_error_new(CUBE_ERR_NOT_FOUND,
                           "%s: rank %u's communicator was destroyed after "
                           "the graph recorded it",
-                          kind_name(kind), comm->rank);
+                          comm_kind_name(kind), comm->rank);
 }
 
 /* Meets the peers' replays of a recorded call: issued when `agree_only`
@@ -2204,7 +2135,7 @@ static cube_error *replay(cube_comm *comm, const cube_collective *call,
     p.comm = comm;
     p.local = refusal;
     /* A send to itself comes here refused only (else it is paired). */
-    p.self = to_itself(call, comm->rank);
+    p.self = comm_to_itself(call, comm->rank);
     if (g->remote && !p.self) {
         /* The backend's engine meets the other processes: a hardware
          * graph's replay has nothing to agree (comm_replay_begin follows
@@ -2213,12 +2144,12 @@ static cube_error *replay(cube_comm *comm, const cube_collective *call,
             return NULL;
         p.mine = *call;
         p.replay_dst = dst;
-        return run_pending(&p, 1, NULL);
+        return comm_run_pending(&p, 1, NULL);
     }
     p.agree_only = agree_only;
     cube_collective mine = *call;
-    post(&p, &mine, NULL);
-    return run_pending(&p, 1, NULL);
+    comm_post(&p, &mine, NULL);
+    return comm_run_pending(&p, 1, NULL);
 }
 
 static const core_recorded_call *nth(const core_recorded_call *calls,
@@ -2237,9 +2168,9 @@ static void replay_post(pending *p, const core_recorded_call *r,
     p->comm = r->comm;
     p->local = refusal ? cube_error_clone(refusal) : NULL;
     p->mine = r->call;
-    p->self = to_itself(&r->call, r->comm->rank);
+    p->self = comm_to_itself(&r->call, r->comm->rank);
     if (p->self) {
-        /* paired with its partner (pair_self), as at the group's end */
+        /* paired with its partner (comm_pair_self), as at the group's end */
         p->agree_only = agree_only;
         p->replay_dst = r->dst;
     } else if (r->comm->group->remote) {
@@ -2249,7 +2180,7 @@ static void replay_post(pending *p, const core_recorded_call *r,
     } else {
         p->agree_only = agree_only;
         cube_collective mine = r->call;
-        post(p, &mine, NULL);
+        comm_post(p, &mine, NULL);
     }
 }
 
@@ -2258,7 +2189,7 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
                                    int agree_only)
 {
     /* A send to itself replays with its receive, recorded in its group. */
-    if (n == 1 && !to_itself(&calls->call, calls->comm->rank))
+    if (n == 1 && !comm_to_itself(&calls->call, calls->comm->rank))
         return replay(calls->comm, &calls->call, calls->dst, refusal,
                       agree_only);
     /* Every call of the group is posted before any waits (a send and its
@@ -2293,8 +2224,8 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
             continue; /* no peer can meet it */
         replay_post(&a[posted++], r, refusal, agree_only);
     }
-    pair_self(a, posted);
-    cube_error *err = run_pending(a, posted, NULL);
+    comm_pair_self(a, posted);
+    cube_error *err = comm_run_pending(a, posted, NULL);
     free(a);
     cube_error_free(refusal);
     if (gone) {
@@ -2307,96 +2238,4 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
 int core_comm_remote(const cube_comm *comm)
 {
     return comm->group->remote;
-}
-
-/* --- hardware graphs holding calls between processes --- */
-
-struct core_replay_watch {
-    cube_comm *comm;
-    uint64_t ticket;
-    core_alloc **writes; /* a copy of the graph's, pinned once followed */
-    size_t nwrites;
-};
-
-cube_error *core_comm_replay_begin(cube_comm *comm, core_stream *st,
-                                   core_alloc *const *writes, size_t nwrites,
-                                   core_replay_watch **out)
-{
-    *out = NULL;
-    comm_group *g = comm->group;
-    cube_client *c = comm->client;
-    cube_mutex_lock(&g->lock);
-    int gone = g->alive == 0, aborted = g->aborted;
-    cube_mutex_unlock(&g->lock);
-    if (gone)
-        return cube_error_new(CUBE_ERR_NOT_FOUND,
-                              "cube_graph_replay: rank %u's communicator was "
-                              "destroyed after the graph recorded it",
-                              comm->rank);
-    if (aborted || !comm->impl)
-        return cube_error_new(CUBE_ERR_ABORTED,
-                              "cube_graph_replay: the communicator of rank "
-                              "%u was aborted",
-                              comm->rank);
-    if (!c->vt->comm_replay_begin || !c->vt->comm_replay_end)
-        return cube_error_new(CUBE_ERR_UNSUPPORTED,
-                              "cube_graph_replay: the %s backend cannot "
-                              "follow a graph's calls between processes",
-                              c->props.backend);
-    core_replay_watch *w = calloc(1, sizeof *w);
-    core_alloc **copy = nwrites ? malloc(nwrites * sizeof(core_alloc *)) : NULL;
-    if (!w || (nwrites && !copy)) {
-        free(copy);
-        free(w);
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_graph_replay");
-    }
-    cube_error *err = reserve_inflight(g, "cube_graph_replay");
-    if (!err)
-        err = c->vt->comm_replay_begin(c->server, &st->base, comm->impl,
-                                       &w->ticket);
-    if (err) {
-        free(copy);
-        free(w);
-        return err;
-    }
-    if (nwrites)
-        memcpy(copy, writes, nwrites * sizeof(core_alloc *));
-    w->comm = comm;
-    w->writes = copy;
-    w->nwrites = nwrites;
-    *out = w;
-    return NULL;
-}
-
-cube_error *core_comm_replay_end(core_replay_watch *w, core_stream *st,
-                                 int launched)
-{
-    if (!w)
-        return NULL;
-    cube_comm *comm = w->comm;
-    comm_group *g = comm->group;
-    cube_client *c = comm->client;
-    cube_error *err = c->vt->comm_replay_end(c->server, &st->base, comm->impl,
-                                             w->ticket, launched);
-    if (!err && launched && w->ticket) {
-        /* Followed like a call: its failure goes on every buffer the graph
-         * writes (room was reserved at the beginning). */
-        for (size_t i = 0; i < w->nwrites; i++)
-            core_alloc_pin(c, w->writes[i]);
-        atomic_fetch_add_explicit(&c->comm_inflight, 1, memory_order_release);
-        if (inflight_push(g, (remote_call){w->ticket, NULL,
-                                           CUBE_COLLECTIVE_ALL_REDUCE,
-                                           w->writes, w->nwrites})) {
-            w->writes = NULL;
-        } else {
-            unfollowed(c, w->writes, w->nwrites, "cube_graph_replay");
-            for (size_t i = 0; i < w->nwrites; i++)
-                core_alloc_unpin(c, w->writes[i]);
-            atomic_fetch_sub_explicit(&c->comm_inflight, 1,
-                                      memory_order_release);
-        }
-    }
-    free(w->writes);
-    free(w);
-    return err;
 }
