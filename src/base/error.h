@@ -1,5 +1,9 @@
-/* Error helpers for the library's own code (memory, core, backends), not
- * part of the public API: the constructors are in cubert/backend/errors.h.
+/* Error values for the library's own code (memory, core, backends), not
+ * part of the public API. The error type and its constructors
+ * (cube_error_new, cube_error_wrap, ...) are defined in src/base/error.c
+ * and declared in the public cubert/error.h and cubert/backend/errors.h,
+ * which this header brings in, so that every layer builds errors from the
+ * bottom one.
  *
  * Thread safety: may be called from any thread, with any lock held (the
  * logger's lock comes last in docs/threading.md's order).
@@ -7,6 +11,7 @@
 #ifndef CUBE_BASE_ERROR_H
 #define CUBE_BASE_ERROR_H
 
+#include "cubert/backend/errors.h"
 #include "cubert/error.h"
 
 /* Drops `err` on purpose: logs it at debug level with `why` (the reason it

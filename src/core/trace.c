@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/mutex.h"
 #include "core/config.h"
@@ -71,10 +72,7 @@ static uint32_t next_tid CUBE_GUARDED_BY(trace_lock);
 
 uint64_t core_clock_ns(void)
 {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return cube_clock_ns();
 }
 
 int core_trace_on(void)

@@ -1,7 +1,7 @@
 /* Segregated size-class bins of free blocks (see mem_internal.h). */
 #include <stdlib.h>
 
-#include "cubert/backend/errors.h"
+#include "base/error.h"
 #include "memory/mem_internal.h"
 
 /* Blocks of the request's own bin looked at before the larger bins. */

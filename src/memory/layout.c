@@ -42,7 +42,7 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "cubert/backend/errors.h"
+#include "base/error.h"
 #include "memory/mem_internal.h"
 
 #define MIB (1ull << 20)

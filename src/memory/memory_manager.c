@@ -7,10 +7,10 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "cubert/backend/errors.h"
-#include "cubert/log.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
 #include "memory/mem_internal.h"
 
 #define MEM_SLAB_RECORDS 64
@@ -72,10 +72,7 @@ void mem_record_give(mem_manager *m, mem_block *b)
 
 uint64_t mem_now_ms(void)
 {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return cube_clock_ns() / 1000000u;
 }
 
 void mem_pool_link(mem_pool *p, mem_block *b)

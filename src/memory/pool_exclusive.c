@@ -10,8 +10,8 @@
  * release_after_ms (looked at on alloc and free, with a monotonic clock),
  * and at cleanup.
  */
-#include "cubert/backend/errors.h"
-#include "cubert/log.h"
+#include "base/error.h"
+#include "base/log.h"
 #include "memory/mem_internal.h"
 
 cube_error *mem_exclusive_init(mem_manager *m, mem_pool *p)

@@ -67,8 +67,8 @@
  */
 #include <stdlib.h>
 
-#include "cubert/backend/errors.h"
-#include "cubert/log.h"
+#include "base/error.h"
+#include "base/log.h"
 #include "memory/mem_internal.h"
 
 typedef unsigned long long ull;

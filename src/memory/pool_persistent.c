@@ -6,7 +6,7 @@
  * back. */
 #include <stdlib.h>
 
-#include "cubert/backend/errors.h"
+#include "base/error.h"
 #include "memory/mem_internal.h"
 
 #define MEM_SIZES_MIN 16u

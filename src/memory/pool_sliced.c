@@ -35,8 +35,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
-#include "cubert/backend/errors.h"
-#include "cubert/log.h"
+#include "base/log.h"
 #include "memory/mem_internal.h"
 
 cube_error *mem_sliced_init(mem_manager *m, mem_pool *p)

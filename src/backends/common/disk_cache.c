@@ -36,6 +36,7 @@
 
 #include "backends/common/disk_cache.h"
 #include "backends/common/file_io.h"
+#include "base/path.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -200,15 +201,6 @@ static const char *disk_cache_read_failure(int e, bool record, char *buf,
                  file_strerror(e, eb, sizeof eb));
     }
     return buf;
-}
-
-static char *disk_cache_join(const char *a, const char *b)
-{
-    size_t n = strlen(a) + strlen(b) + 2;
-    char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%s/%s", a, b);
-    return s;
 }
 
 /* --------------------------------------------------------------- the key */
@@ -666,7 +658,7 @@ static char *disk_cache_default_dir(const char *backend, bool *oom)
         return NULL;
     }
     snprintf(tail, n, "%s%s", middle, backend);
-    char *path = disk_cache_join(base, tail);
+    char *path = cube_path_join(base, tail);
     free(tail);
     if (!path)
         *oom = true;

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "backends/common/host_memory.h"
+#include "base/clock.h"
 #include "cubert/backend/errors.h"
 
 /* Asks for transparent huge pages over the whole 2 MiB pages of
@@ -197,9 +198,7 @@ uint64_t host_busy_begin(const cube_server_stream *stream)
 {
     if (!stream->profiling)
         return 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return cube_clock_ns();
 }
 
 void host_busy_end(cube_server_stream *stream, uint64_t t0)

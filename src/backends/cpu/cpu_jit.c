@@ -19,8 +19,10 @@
 #define _GNU_SOURCE
 #endif
 
-#include "backends/cpu/cpu_jit.h"
 #include "backends/common/file_io.h"
+#include "backends/cpu/cpu_jit.h"
+#include "base/clock.h"
+#include "base/path.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -103,13 +105,6 @@ typedef struct cpu_jit_buf {
 } cpu_jit_buf;
 
 /* ---------------------------------------------------------------- helpers */
-
-static double cpu_jit_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void cpu_jit_buf_append(cpu_jit_buf *b, const void *data, size_t len)
 {
@@ -237,15 +232,6 @@ static cube_error *cpu_jit_make_tmpdir(const cpu_jit *jit, const char *what,
     }
     *out = path;
     return NULL;
-}
-
-static char *cpu_jit_join(const char *a, const char *b)
-{
-    size_t n = strlen(a) + strlen(b) + 2;
-    char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%s/%s", a, b);
-    return s;
 }
 
 /* ---------------------------------------------------- running the compiler */
@@ -480,9 +466,9 @@ static cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
 
     char *output = NULL;
     int status = 0;
-    double t0 = cpu_jit_now_ms();
+    double t0 = cube_clock_ms();
     cube_error *err = cpu_jit_run(argv, &output, &status);
-    double ms = cpu_jit_now_ms() - t0;
+    double ms = cube_clock_ms() - t0;
     free(argv);
     free(flags_copy);
     free(cflags_copy);
@@ -634,7 +620,7 @@ static cube_error *cpu_jit_open_bytes(const cpu_jit *jit,
     cube_error *err = cpu_jit_make_tmpdir(jit, "so", &dir);
     if (err)
         return err;
-    char *path = cpu_jit_join(dir, "module.so");
+    char *path = cube_path_join(dir, "module.so");
     if (!path) {
         cpu_jit_remove_dir(dir);
         free(dir);
@@ -705,8 +691,8 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
     cube_error *err = cpu_jit_make_tmpdir(jit, "cc", &dir);
     if (err)
         return err;
-    char *src_path = cpu_jit_join(dir, "kernel.c");
-    char *so_path = cpu_jit_join(dir, "kernel.so");
+    char *src_path = cube_path_join(dir, "kernel.c");
+    char *so_path = cube_path_join(dir, "kernel.so");
     char *stamped = cpu_jit_stamped_source(source, key);
     if (!src_path || !so_path || !stamped) {
         err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
@@ -787,7 +773,7 @@ cube_error *cpu_jit_run_on_source(const cpu_jit *jit, const char *const *argv,
     cube_error *err = cpu_jit_make_tmpdir(jit, "check", &dir);
     if (err)
         return err;
-    char *path = cpu_jit_join(dir, file_name);
+    char *path = cube_path_join(dir, file_name);
     const char **args = calloc(argc + 2, sizeof *args);
     if (!path || !args) {
         err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
@@ -817,7 +803,7 @@ done:
 static bool cpu_jit_load_cached(const cpu_jit *jit, const disk_cache_key *key,
                                 cpu_module **out)
 {
-    double t0 = cpu_jit_now_ms();
+    double t0 = cube_clock_ms();
     unsigned char *bytes = NULL;
     size_t len = 0;
     if (disk_cache_get(jit->cache, key, CPU_JIT_MAX_OBJECT, &bytes, &len) !=
@@ -855,7 +841,7 @@ static bool cpu_jit_load_cached(const cpu_jit *jit, const disk_cache_key *key,
     } else {
         cube_log_write(CUBE_LOG_DEBUG, "compile",
                        "loaded %s from the disk cache in %.2f ms", key->hex,
-                       cpu_jit_now_ms() - t0);
+                       cube_clock_ms() - t0);
         return true;
     }
     disk_cache_remove(jit->cache, key);

@@ -10,6 +10,7 @@
 #endif
 
 #include "backends/cpu/cpu_portability.h"
+#include "base/clock.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -132,13 +133,6 @@ static void cpu_portability_first_error(const char *output, char *buf,
     buf[n] = '\0';
 }
 
-static double cpu_portability_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Runs `cxx` over `text`: as cpu_jit_run_on_source. */
 static cube_error *cpu_portability_run(const cpu_jit *jit, const char *cxx,
                                        const char *flags, const char *text,
@@ -191,7 +185,7 @@ void cpu_portability_check(cpu_portability *p, const cpu_jit *jit,
                        name);
         return;
     }
-    double t0 = cpu_portability_now_ms();
+    double t0 = cube_clock_ms();
     char *output = NULL;
     int status = 0;
     const char *cxx = NULL;
@@ -205,7 +199,7 @@ void cpu_portability_check(cpu_portability *p, const cpu_jit *jit,
             break;
     }
     free(text);
-    double ms = cpu_portability_now_ms() - t0;
+    double ms = cube_clock_ms() - t0;
     if (err && cube_error_code(err) == CUBE_ERR_IO) {
         /* No C++ compiler: say so once, and check nothing more here. */
         pthread_mutex_lock(&p->lock);

@@ -18,8 +18,9 @@
 #include "backends/cpu/cpu_mpi.h"
 #include "backends/cpu/cpu_portability.h"
 #include "backends/cpu/cpu_workers.h"
-#include "cubert/backend/errors.h"
+#include "base/clock.h"
 #include "cubert/backend/config.h"
+#include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
 #include "cubert/cpu_kernel.h"
 #include "cubert/log.h"
@@ -231,13 +232,6 @@ static int mentions_cube_sync(const char *source)
  * this long together last time (about ten wake-ups of a worker). */
 #define CPU_SPREAD_NS 50000u
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static void *symbol(cpu_module *m, const char *prefix, const char *name)
 {
     char buf[256];
@@ -256,7 +250,7 @@ static cube_error *cpu_compile_raw(cpu_server *s, const cube_kernel *kernel,
     size_t size = 0;
     const void *code = cube_kernel_code(kernel, &size);
     int is_source = cube_kernel_format_of(kernel) == CUBE_KERNEL_C_SOURCE;
-    double t0 = now_ms();
+    double t0 = cube_clock_ms();
     cpu_module *m = NULL;
     cpu_jit_origin origin = CPU_JIT_COMPILED;
     cube_error *err = NULL;
@@ -291,7 +285,7 @@ static cube_error *cpu_compile_raw(cpu_server *s, const cube_kernel *kernel,
     impl->module = m;
     impl->raw = fn;
     *out = *cube_kernel_declared(kernel);
-    out->compile_ms = now_ms() - t0;
+    out->compile_ms = cube_clock_ms() - t0;
     out->from_disk_cache = origin == CPU_JIT_DISK;
     out->impl = impl;
     return NULL;
@@ -310,10 +304,10 @@ static int barrier_pass_derive(void *ctx, const char *source, char **text)
 {
     barrier_pass_job *p = ctx;
     char *extra = NULL;
-    double t0 = now_ms();
+    double t0 = cube_clock_ms();
     cpu_barrier_pass_status st = cpu_barrier_pass_transform(
         source, p->name, p->dim, &extra, p->why, sizeof p->why);
-    p->ms = now_ms() - t0;
+    p->ms = cube_clock_ms() - t0;
     p->ran = 1;
     *text = NULL;
     if (st != CPU_BARRIER_PASS_DONE)
@@ -433,7 +427,7 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
                             ? "-DCUBE_CHECKED=0 -DCUBE_VALIDATE=1"
                         : (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
                                                        : "-DCUBE_CHECKED=0";
-    double t0 = now_ms();
+    double t0 = cube_clock_ms();
     cpu_module *m = NULL;
     cpu_jit_origin origin = CPU_JIT_COMPILED;
     uint32_t dim[3];
@@ -508,7 +502,7 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     }
     out->shared_bytes = *shared;
     out->uses_cube_sync = mentions_cube_sync(user);
-    out->compile_ms = now_ms() - t0;
+    out->compile_ms = cube_clock_ms() - t0;
     out->from_disk_cache = origin == CPU_JIT_DISK;
     out->barrier_pass = barrier_pass;
     out->impl = impl;
@@ -760,14 +754,11 @@ static cube_error *run_cubes(cpu_server *s, const cube_compiled *cc,
     uint64_t cube_ns =
         atomic_load_explicit(&impl->cube_ns, memory_order_relaxed);
     int spread = threads > 1 && total > 1 && cube_ns * total >= CPU_SPREAD_NS;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t t0 = cube_clock_ns();
     cube_error *err =
         cpu_workers_run(s->workers, (uint32_t)total,
                         spread ? 1 : (uint32_t)total, run_range, ctx);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
-                  (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec;
+    uint64_t ns = cube_clock_ns() - t0;
     /* Spread, each thread ran about total / threads cubes in that time. */
     uint64_t ran = spread ? (total + threads - 1) / threads : total;
     atomic_store_explicit(&impl->cube_ns, ns / ran + 1, memory_order_relaxed);

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "cubert/log.h"
 
@@ -56,13 +57,6 @@ static void layout_params(cuda_server *s, cuda_kernel *k,
             end = off + size;
     }
     k->packed_bytes = (uint32_t)end;
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 /* The target: the device's own architecture when NVRTC supports it
@@ -468,7 +462,7 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
     }
     source = stamped;
 
-    double t0 = now_ms();
+    double t0 = cube_clock_ms();
     unsigned char *bytes = NULL;
     size_t len = 0;
     cube_error *err = NULL;
@@ -538,7 +532,7 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
     free(bytes);
     free(source);
     free(user_opts);
-    out->compile_ms = now_ms() - t0;
+    out->compile_ms = cube_clock_ms() - t0;
     out->from_disk_cache = from_disk;
     if (!err)
         cube_log_write(CUBE_LOG_DEBUG, "compile",
@@ -574,10 +568,10 @@ cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
     if (format == CUBE_KERNEL_CUDA_BINARY) {
         /* The caller's CUBIN or PTX (a NUL follows the bytes): loaded as
          * it is, nothing to compile or cache. */
-        double t0 = now_ms();
+        double t0 = cube_clock_ms();
         err =
             load_raw_module(s, kernel, cube_kernel_code(kernel, NULL), k, out);
-        out->compile_ms = now_ms() - t0;
+        out->compile_ms = cube_clock_ms() - t0;
     } else {
         err = compile_locked(s, kernel, mode, out, k);
     }

@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "cubert/log.h"
 
@@ -74,13 +75,6 @@ static int wd_started CUBE_GUARDED_BY(wd_lock);
 /* Calls armed and not yet seen to end, plus aborts still wanted: the
  * watchdog sleeps while it is 0. */
 static atomic_size_t wd_busy;
-
-static uint64_t clock_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* The watchdog checks wd_busy under wd_lock before it sleeps: the first
  * increment wakes it under the same lock, so the wake is not lost. The
@@ -168,7 +162,7 @@ static size_t fail_running(cuda_watch *w, cube_error *why)
 static void check(cuda_watch *w)
 {
     const cuda_api *a = w->s->api;
-    uint64_t now = clock_ns();
+    uint64_t now = cube_clock_ns();
     cube_error *why = NULL;
     size_t ended = 0;
     cube_mutex_lock(&w->lock);

@@ -1,12 +1,13 @@
-/* Error values: code, message, optional log, causes. */
+/* Error values: code, message, optional log, causes. The bottom layer's,
+ * so that every layer above (memory, core, backends) builds its errors
+ * here. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
-#include "cubert/backend/errors.h"
-#include "cubert/log.h"
+#include "base/log.h"
 
 struct cube_error {
     cube_code code;
