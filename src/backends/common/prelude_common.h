@@ -264,8 +264,8 @@ static CUBE__INLINE void *cube__zero_sink(void *p)
 
 /* What a validating launch learns of its out-of-range accesses; the
  * runtime zeroes it before the launch and reads it after. Its layout
- * must match cube_oob_record in the backends (cpu_server.c,
- * cuda_launch.c). */
+ * must match validate_record in src/backends/common/validate.h, which
+ * the backends read it as. */
 #define CUBE__OOB_NAME 32
 typedef struct cube__oob_rec {
     unsigned long long count; /* accesses out of range (atomic) */

@@ -10,7 +10,6 @@
 #endif
 
 #include "backends/cpu/cpu_portability.h"
-#include "base/clock.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -20,6 +19,8 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include "backends/common/kernel_source.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "cubert/backend/config.h"
 #include "cubert/backend/errors.h"
@@ -27,7 +28,6 @@
 
 extern const char cube_prelude_portable[];
 extern const char cube_prelude_cuda_portable[];
-extern const char cube_prelude_common[];
 
 /* The C++ compilers tried, in order, when the key cpu_cxx is unset. */
 static const char *const cpu_portability_default_cxx[] = {"c++", "g++"};
@@ -70,17 +70,11 @@ char *cpu_portability_source(const char *name, const char *user)
 {
     if (!name || !user)
         return NULL;
-    size_t cap = strlen(cube_prelude_portable) +
-                 strlen(cube_prelude_cuda_portable) +
-                 strlen(cube_prelude_common) + strlen(name) + strlen(user) + 64;
-    char *text = malloc(cap);
-    if (text)
-        /* #line makes the compiler's messages point into the user's
-         * source, as the real compile's do. */
-        snprintf(text, cap, "%s\n%s\n%s\n#line 1 \"%s.cube.c\"\n%s\n",
-                 cube_prelude_portable, cube_prelude_cuda_portable,
-                 cube_prelude_common, name, user);
-    return text;
+    /* The host stand-ins, then the CUDA prelude the kernel is checked
+     * against, then the common prelude. */
+    const char *preludes[] = {cube_prelude_portable,
+                              cube_prelude_cuda_portable};
+    return kernel_source_cube_c(preludes, 2, name, user);
 }
 
 /* Claims `id` for checking: false when it was checked already, the

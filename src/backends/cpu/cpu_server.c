@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #include "backends/common/host_memory.h"
+#include "backends/common/kernel_source.h"
+#include "backends/common/properties.h"
+#include "backends/common/validate.h"
 #include "backends/cpu/barrier_pass.h"
 #include "backends/cpu/cpu_jit.h"
 #include "backends/cpu/cpu_mpi.h"
@@ -25,7 +28,6 @@
 #include "cubert/cpu_kernel.h"
 #include "cubert/log.h"
 
-extern const char cube_prelude_common[];
 extern const char cube_prelude_cpu[];
 /* cubert/cpu_kernel.h, put in front of raw C source. */
 extern const char cube_prelude_cpu_raw[];
@@ -42,18 +44,8 @@ typedef struct cpu_launch_abi {
     unsigned int count[3];
     void *const *ptr;
     const unsigned long long *len;
-    void *oob; /* a validating launch's record (cpu_oob_record), else NULL */
+    void *oob; /* a validating launch's record (validate_record), else NULL */
 } cpu_launch_abi;
-
-/* Must match cube__oob_rec in src/backends/common/prelude_common.h. */
-#define CPU_OOB_NAME 32
-typedef struct cpu_oob_record {
-    unsigned long long count;
-    unsigned long long index;
-    unsigned long long len;
-    unsigned int param;
-    char name[CPU_OOB_NAME];
-} cpu_oob_record;
 
 typedef void (*cpu_run_fn)(const cpu_launch_abi *, unsigned, unsigned, void *);
 typedef void (*cpu_unit_fn)(const cpu_launch_abi *, unsigned, unsigned, void *);
@@ -147,8 +139,7 @@ static uint64_t cpu_device_memory(void)
 
 static void fill_properties(cube_properties *p, uint32_t threads)
 {
-    memset(p, 0, sizeof *p);
-    snprintf(p->backend, sizeof p->backend, "cpu");
+    properties_defaults(p, "cpu", cpu_device_memory(), CPU_ALIGNMENT);
     read_cpu_name(p->name, sizeof p->name);
 #if defined(__x86_64__)
     snprintf(p->architecture, sizeof p->architecture, "x86_64");
@@ -161,20 +152,10 @@ static void fill_properties(cube_properties *p, uint32_t threads)
     p->max_cube_dim[1] = CPU_MAX_UNITS;
     p->max_cube_dim[2] = 64;
     p->max_units_per_cube = CPU_MAX_UNITS;
-    p->max_cube_count[0] = UINT32_MAX;
-    p->max_cube_count[1] = 65535;
-    p->max_cube_count[2] = 65535;
     p->max_shared_memory = CPU_MAX_SHARED;
-    p->memory_total = cpu_device_memory();
-    p->memory_alignment = CPU_ALIGNMENT;
-    p->max_buffer_size = p->memory_total;
     p->compute_units = threads;
-    p->features = CUBE_FEATURE_ATOMIC_F32_ADD | CUBE_FEATURE_F64 |
-                  CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
-                  CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT |
-                  CUBE_FEATURE_GRAPHS; /* software graphs, in the client */
-    p->features |= CUBE_FEATURE_KERNELS;
-    p->timing = CUBE_TIMING_HOST_CLOCK;
+    /* Graphs are software graphs, in the client. */
+    p->features = PROPERTIES_CUBE_C_FEATURES;
 }
 
 static cube_error *cpu_properties(cube_server *server, cube_properties *out)
@@ -255,12 +236,10 @@ static cube_error *cpu_compile_raw(cpu_server *s, const cube_kernel *kernel,
     cpu_jit_origin origin = CPU_JIT_COMPILED;
     cube_error *err = NULL;
     if (is_source) {
-        size_t cap = strlen(cube_prelude_cpu_raw) + size + strlen(name) + 64;
-        char *source = malloc(cap);
+        char *source =
+            kernel_source_raw_c(cube_prelude_cpu_raw, name, (const char *)code);
         if (!source)
             return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
-        snprintf(source, cap, "%s\n#line 1 \"%s.c\"\n%s\n",
-                 cube_prelude_cpu_raw, name, (const char *)code);
         err = cpu_jit_load(s->jit, source, cube_kernel_options(kernel), &m,
                            &origin);
         free(source);
@@ -415,14 +394,10 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
                               name);
     }
     const char *user = cube_kernel_source(kernel);
-    size_t cap = strlen(cube_prelude_cpu) + strlen(cube_prelude_common) +
-                 strlen(user) + strlen(name) + 64;
-    char *source = malloc(cap);
+    const char *preludes[] = {cube_prelude_cpu};
+    char *source = kernel_source_cube_c(preludes, 1, name, user);
     if (!source)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
-    /* #line makes compiler messages point into the user's source. */
-    snprintf(source, cap, "%s\n%s\n#line 1 \"%s.cube.c\"\n%s\n",
-             cube_prelude_cpu, cube_prelude_common, name, user);
     const char *flags = (mode & CUBE_LAUNCH_VALIDATE)
                             ? "-DCUBE_CHECKED=0 -DCUBE_VALIDATE=1"
                         : (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
@@ -627,7 +602,6 @@ static cube_error *run_range(void *arg, uint32_t begin, uint32_t end,
 
 static cube_error *run_cubes(cpu_server *s, const cube_compiled *cc,
                              cpu_launch_ctx *ctx, uint64_t total);
-static cube_error *oob_report(const cube_compiled *cc, const void *record);
 
 static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
 {
@@ -681,7 +655,7 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
     }
     ctx.abi.ptr = ptr;
     ctx.abi.len = len;
-    cpu_oob_record oob;
+    validate_record oob;
     if ((d->mode & CUBE_LAUNCH_VALIDATE) && !ctx.impl->raw) {
         memset(&oob, 0, sizeof oob);
         ctx.abi.oob = &oob;
@@ -708,30 +682,8 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
         (uint64_t)count[2] * d->cube_dim[2] <= 0x100000000ull;
     cube_error *err = run_cubes(s, cc, &ctx, total);
     if (!err && ctx.abi.oob)
-        err = oob_report(cc, ctx.abi.oob);
+        err = validate_report(cc, ctx.abi.oob);
     return err;
-}
-
-/* A validating launch's verdict, once every unit is done: the first
- * out-of-range access (buffer parameter, index, length) and how many there
- * were, as the launch's failure. */
-static cube_error *oob_report(const cube_compiled *cc, const void *record)
-{
-    const cpu_oob_record *r = record;
-    if (!r->count)
-        return NULL;
-    char name[CPU_OOB_NAME];
-    memcpy(name, r->name, sizeof name);
-    name[CPU_OOB_NAME - 1] = 0;
-    uint32_t elem =
-        r->param < cc->param_count ? cc->params[r->param].elem_size : 0;
-    return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                          "out-of-range access (validating launch): buffer "
-                          "parameter %u '%s' indexed at %llu, its length is "
-                          "%llu elements of %u bytes; %llu out-of-range "
-                          "accesses in all (reads gave 0, writes were "
-                          "dropped)",
-                          r->param, name, r->index, r->len, elem, r->count);
 }
 
 /* Runs the launch's cubes across the pool, or on the caller alone when

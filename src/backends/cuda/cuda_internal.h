@@ -469,19 +469,6 @@ typedef struct cuda_kernel {
     cube_mutex oob_lock;
 } cuda_kernel;
 
-/* A validating module's record, as cube__oob_rec in
- * src/backends/common/prelude_common.h lays it out (three 64-bit fields, a
- * 32-bit position, a 32-byte name, padded to 8). */
-#define CUDA_OOB_NAME 32
-typedef struct cuda_oob_record {
-    unsigned long long count;
-    unsigned long long index;
-    unsigned long long len;
-    unsigned int param;
-    char name[CUDA_OOB_NAME];
-} cuda_oob_record;
-#define CUDA_OOB_RECORD_BYTES ((int)sizeof(cuda_oob_record))
-
 /* The stamp: a device global every module carries, naming the disk cache
  * entry (key and key material) it was built for, added to the source
  * after the key is made (the CPU backend's cube__jit_stamp, on CUDA). */

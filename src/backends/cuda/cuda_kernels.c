@@ -18,12 +18,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "backends/common/kernel_source.h"
+#include "backends/common/validate.h"
 #include "backends/cuda/cuda_internal.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "cubert/log.h"
 
-extern const char cube_prelude_common[];
 extern const char cube_prelude_cuda[];
 
 #define CUDA_MAX_ARTIFACT ((size_t)256 << 20)
@@ -388,61 +389,62 @@ static cube_error *load_raw_module(cuda_server *s, const cube_kernel *kernel,
     return NULL;
 }
 
-/* At most this many words of a raw kernel's options. */
+/* At most this many words of a raw kernel's options, and of all the
+ * options NVRTC is given (the target, the language and cube C's checking
+ * mode before them). */
 #define CUDA_MAX_USER_OPTIONS 64
+#define CUDA_MAX_OPTIONS (3 + CUDA_MAX_USER_OPTIONS)
 
-static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
-                                  uint32_t mode, cube_compiled *out,
-                                  cuda_kernel *k)
+/* The text NVRTC compiles: a raw kernel's source as it is, cube C behind
+ * the CUDA and common preludes. NULL for want of memory. */
+static char *kernel_text(const cube_kernel *kernel, int raw)
 {
-    const char *name = cube_kernel_name(kernel);
     const char *user = cube_kernel_source(kernel);
-    int raw = cube_kernel_format_of(kernel) == CUBE_KERNEL_CUDA_SOURCE;
-    size_t cap = strlen(cube_prelude_cuda) + strlen(cube_prelude_common) +
-                 strlen(user) + strlen(name) + 64;
-    char *source = malloc(cap);
-    /* A raw kernel's options, split into words (cube C has none). */
-    char *user_opts = strdup(cube_kernel_options(kernel));
-    if (!source || !user_opts) {
-        free(source);
-        free(user_opts);
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
-    }
     if (raw)
-        snprintf(source, cap, "%s", user);
-    else
-        snprintf(source, cap, "%s\n%s\n#line 1 \"%s.cube.c\"\n%s\n",
-                 cube_prelude_cuda, cube_prelude_common, name, user);
-    char arch[32];
-    int cubin = 0;
-    pick_target(s, arch, sizeof arch, &cubin);
-    const char *opts[3 + CUDA_MAX_USER_OPTIONS];
-    int nopts = 0;
-    opts[nopts++] = arch;
-    opts[nopts++] = "-std=c++17";
+        return strdup(user);
+    const char *preludes[] = {cube_prelude_cuda};
+    return kernel_source_cube_c(preludes, 1, cube_kernel_name(kernel), user);
+}
+
+/* NVRTC's options: the target `arch`, the language, cube C's checking
+ * mode, then a raw kernel's own options, split in place in `words` (which
+ * opts[] then points into). Errors: CUBE_ERR_COMPILE (too many). */
+static cube_error *kernel_options(const char *name, int raw, uint32_t mode,
+                                  const char *arch, char *words,
+                                  const char *opts[CUDA_MAX_OPTIONS],
+                                  int *nopts)
+{
+    int n = 0;
+    opts[n++] = arch;
+    opts[n++] = "-std=c++17";
     if (!raw)
-        opts[nopts++] = (mode & CUBE_LAUNCH_VALIDATE)  ? "-DCUBE_VALIDATE=1"
-                        : (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
-                                                       : "-DCUBE_CHECKED=0";
+        opts[n++] = (mode & CUBE_LAUNCH_VALIDATE)  ? "-DCUBE_VALIDATE=1"
+                    : (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
+                                                   : "-DCUBE_CHECKED=0";
     char *save = NULL;
-    for (char *w = strtok_r(user_opts, " \t\n\r\v\f", &save); w;
+    for (char *w = strtok_r(words, " \t\n\r\v\f", &save); w;
          w = strtok_r(NULL, " \t\n\r\v\f", &save)) {
-        if (nopts == (int)(sizeof opts / sizeof opts[0])) {
-            free(source);
-            free(user_opts);
+        if (n == CUDA_MAX_OPTIONS)
             return cube_error_new(CUBE_ERR_COMPILE,
                                   "kernel '%s': more than %d options", name,
                                   CUDA_MAX_USER_OPTIONS);
-        }
-        opts[nopts++] = w;
+        opts[n++] = w;
     }
+    *nopts = n;
+    return NULL;
+}
+
+/* The disk cache key: the source, each option (with its length) and the
+ * compiler's version and output kind. */
+static void kernel_key(const cuda_server *s, const char *source,
+                       const char *const *opts, int nopts, int cubin, int raw,
+                       disk_cache_key *key)
+{
     char version[64];
     snprintf(version, sizeof version, "nvrtc %d.%d %s%s", s->api->nvrtc_major,
              s->api->nvrtc_minor, cubin ? "cubin" : "ptx", raw ? " raw" : "");
-    /* The key: the source, each option (with its length) and the
-     * compiler's version and output kind. */
-    const void *parts[2 + (sizeof opts / sizeof opts[0])];
-    size_t lens[2 + (sizeof opts / sizeof opts[0])];
+    const void *parts[2 + CUDA_MAX_OPTIONS];
+    size_t lens[2 + CUDA_MAX_OPTIONS];
     size_t nparts = 0;
     parts[nparts] = source;
     lens[nparts++] = strlen(source);
@@ -452,85 +454,137 @@ static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
     }
     parts[nparts] = version;
     lens[nparts++] = strlen(version);
+    disk_cache_key_make(parts, lens, nparts, key);
+}
+
+static cube_error *load_either(cuda_server *s, const cube_kernel *kernel,
+                               int raw, const unsigned char *bytes,
+                               cuda_kernel *k, cube_compiled *out)
+{
+    return raw ? load_raw_module(s, kernel, bytes, k, out)
+               : load_module(s, cube_kernel_name(kernel), bytes, k, out);
+}
+
+/* Loads the kernel from its disk cache entry, checked to be this kernel's
+ * (its stamp must be in the bytes before the driver sees them, and be the
+ * module's global once loaded). 1 when loaded; 0 when there is no entry,
+ * when it is another kernel's (it is removed) or when the driver refuses
+ * it (a driver change): the kernel is then built again, with k and out
+ * cleared of what the entry left. */
+static int load_cached(cuda_server *s, const cube_kernel *kernel, int raw,
+                       int cubin, const disk_cache_key *key, cuda_kernel *k,
+                       cube_compiled *out)
+{
+    const char *name = cube_kernel_name(kernel);
+    unsigned char *bytes = NULL;
+    size_t len = 0;
+    if (disk_cache_get(s->cache, key, CUDA_MAX_ARTIFACT, &bytes, &len) !=
+        DISK_CACHE_HIT)
+        return 0;
+    cube_error *err = NULL;
+    const char *wrong = cuda_artifact_wrong(bytes, len, cubin, key);
+    if (!wrong) {
+        err = load_either(s, kernel, raw, bytes, k, out);
+        if (!err)
+            wrong = module_wrong(s, k->module, key, &err);
+    }
+    free(bytes);
+    if (!wrong && !err)
+        return 1;
+    if (wrong) {
+        cube_log_write(CUBE_LOG_WARN, "compile",
+                       "disk cache entry %s is not the kernel '%s' it "
+                       "is filed under (%s); removing it and rebuilding",
+                       key->hex, name, wrong);
+        disk_cache_remove(s->cache, key);
+        k->function = NULL;
+        memset(out, 0, sizeof *out);
+    } else {
+        cube_log_write(CUBE_LOG_WARN, "compile",
+                       "kernel '%s': cached module refused (%s); "
+                       "rebuilding",
+                       name, cube_error_message(err));
+        cube_error_free(err);
+    }
+    if (k->module)
+        s->api->cuModuleUnload(k->module);
+    k->module = NULL;
+    return 0;
+}
+
+/* Builds the kernel with NVRTC, loads it and files it in the disk cache
+ * under `key`, unless its stamp cannot be found in the artifact or the
+ * module (the module works, but a cached copy could never be told from
+ * another kernel's). */
+static cube_error *build_and_cache(cuda_server *s, const cube_kernel *kernel,
+                                   int raw, int cubin, const char *source,
+                                   const char *const *opts, int nopts,
+                                   const disk_cache_key *key, cuda_kernel *k,
+                                   cube_compiled *out)
+{
+    const char *name = cube_kernel_name(kernel);
+    unsigned char *bytes = NULL;
+    size_t len = 0;
+    cube_error *err =
+        nvrtc_build(s, name, raw, source, opts, nopts, cubin, &bytes, &len);
+    if (!err)
+        err = load_either(s, kernel, raw, bytes, k, out);
+    const char *wrong = NULL;
+    if (!err)
+        wrong = cuda_artifact_wrong(bytes, len, cubin, key);
+    if (!err && !wrong)
+        wrong = module_wrong(s, k->module, key, &err);
+    if (!err && wrong)
+        cube_log_write(CUBE_LOG_WARN, "compile",
+                       "not caching kernel '%s' (%s): %s", name, key->hex,
+                       wrong);
+    else if (!err)
+        disk_cache_put(s->cache, key, bytes, len);
+    free(bytes);
+    return err;
+}
+
+static cube_error *compile_locked(cuda_server *s, const cube_kernel *kernel,
+                                  uint32_t mode, cube_compiled *out,
+                                  cuda_kernel *k)
+{
+    const char *name = cube_kernel_name(kernel);
+    int raw = cube_kernel_format_of(kernel) == CUBE_KERNEL_CUDA_SOURCE;
+    char *source = kernel_text(kernel, raw);
+    /* A raw kernel's options, split into words (cube C has none). */
+    char *user_opts = strdup(cube_kernel_options(kernel));
+    if (!source || !user_opts) {
+        free(source);
+        free(user_opts);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
+    }
+    char arch[32];
+    int cubin = 0;
+    pick_target(s, arch, sizeof arch, &cubin);
+    const char *opts[CUDA_MAX_OPTIONS];
+    int nopts = 0;
+    cube_error *err =
+        kernel_options(name, raw, mode, arch, user_opts, opts, &nopts);
+    if (err) {
+        free(source);
+        free(user_opts);
+        return err;
+    }
     disk_cache_key key;
-    disk_cache_key_make(parts, lens, nparts, &key);
+    kernel_key(s, source, opts, nopts, cubin, raw, &key);
     char *stamped = cuda_stamped_source(source, &key);
     free(source);
     if (!stamped) {
         free(user_opts);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
     }
-    source = stamped;
 
     double t0 = cube_clock_ms();
-    unsigned char *bytes = NULL;
-    size_t len = 0;
-    cube_error *err = NULL;
-    int from_disk = disk_cache_get(s->cache, &key, CUDA_MAX_ARTIFACT, &bytes,
-                                   &len) == DISK_CACHE_HIT;
-    if (from_disk) {
-        /* Its own stamp must be in the bytes before the driver sees them,
-         * and be the module's global once loaded. */
-        const char *wrong = cuda_artifact_wrong(bytes, len, cubin, &key);
-        if (!wrong) {
-            err = raw ? load_raw_module(s, kernel, bytes, k, out)
-                      : load_module(s, name, bytes, k, out);
-            if (!err)
-                wrong = module_wrong(s, k->module, &key, &err);
-        }
-        if (wrong) {
-            cube_log_write(CUBE_LOG_WARN, "compile",
-                           "disk cache entry %s is not the kernel '%s' it "
-                           "is filed under (%s); removing it and rebuilding",
-                           key.hex, name, wrong);
-            disk_cache_remove(s->cache, &key);
-            if (k->module)
-                s->api->cuModuleUnload(k->module);
-            k->module = NULL;
-            k->function = NULL;
-            memset(out, 0, sizeof *out);
-            free(bytes);
-            bytes = NULL;
-            from_disk = 0;
-        } else if (err) {
-            /* A verified entry the driver refuses (a driver change): build
-             * again rather than fail. */
-            cube_log_write(CUBE_LOG_WARN, "compile",
-                           "kernel '%s': cached module refused (%s); "
-                           "rebuilding",
-                           name, cube_error_message(err));
-            cube_error_free(err);
-            err = NULL;
-            if (k->module)
-                s->api->cuModuleUnload(k->module);
-            k->module = NULL;
-            free(bytes);
-            bytes = NULL;
-            from_disk = 0;
-        }
-    }
-    if (!from_disk) {
-        err =
-            nvrtc_build(s, name, raw, source, opts, nopts, cubin, &bytes, &len);
-        if (!err)
-            err = raw ? load_raw_module(s, kernel, bytes, k, out)
-                      : load_module(s, name, bytes, k, out);
-        const char *wrong = NULL;
-        if (!err)
-            wrong = cuda_artifact_wrong(bytes, len, cubin, &key);
-        if (!err && !wrong)
-            wrong = module_wrong(s, k->module, &key, &err);
-        if (!err && wrong)
-            /* The module works, but a cached copy could never be told
-             * from another kernel's: it is not cached. */
-            cube_log_write(CUBE_LOG_WARN, "compile",
-                           "not caching kernel '%s' (%s): %s", name, key.hex,
-                           wrong);
-        else if (!err)
-            disk_cache_put(s->cache, &key, bytes, len);
-    }
-    free(bytes);
-    free(source);
+    int from_disk = load_cached(s, kernel, raw, cubin, &key, k, out);
+    if (!from_disk)
+        err = build_and_cache(s, kernel, raw, cubin, stamped, opts, nopts, &key,
+                              k, out);
+    free(stamped);
     free(user_opts);
     out->compile_ms = cube_clock_ms() - t0;
     out->from_disk_cache = from_disk;
@@ -588,7 +642,7 @@ cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
     if (format == CUBE_KERNEL_CUBE_C && (mode & CUBE_LAUNCH_VALIDATE)) {
         CUresult r = s->api->cuModuleGetGlobal(&k->oob_addr, &k->oob_bytes,
                                                k->module, "cube__oob_record");
-        if (r != CUDA_SUCCESS || k->oob_bytes != CUDA_OOB_RECORD_BYTES) {
+        if (r != CUDA_SUCCESS || k->oob_bytes != sizeof(validate_record)) {
             err = r != CUDA_SUCCESS
                       ? cuda_fail(s, r, CUBE_ERR_COMPILE,
                                   "kernel '%s': the validating module has "
@@ -596,9 +650,9 @@ cube_error *cuda_compile(cube_server *server, const cube_kernel *kernel,
                                   cube_kernel_name(kernel))
                       : cube_error_new(CUBE_ERR_INTERNAL,
                                        "kernel '%s': cube__oob_record has "
-                                       "%zu bytes, not %d",
+                                       "%zu bytes, not %zu",
                                        cube_kernel_name(kernel), k->oob_bytes,
-                                       CUDA_OOB_RECORD_BYTES);
+                                       sizeof(validate_record));
             s->api->cuModuleUnload(k->module);
             free(k);
             memset(out, 0, sizeof *out);

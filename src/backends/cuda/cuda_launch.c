@@ -4,6 +4,7 @@
  * order. */
 #include <string.h>
 
+#include "backends/common/validate.h"
 #include "backends/cuda/cuda_internal.h"
 
 #define CUDA_ABI_TAG 2
@@ -60,26 +61,6 @@ static cube_error *read_count(cuda_server *s, cuda_stream *st,
 static cube_error *launch_one(cuda_server *s, cube_server_stream *stream,
                               const cube_dispatch *d);
 
-/* A validating launch's verdict, read once the kernel has finished: the
- * first out-of-range access and the count, as the launch's failure. */
-static cube_error *oob_report(const cube_compiled *cc, const cuda_oob_record *r)
-{
-    if (!r->count)
-        return NULL;
-    char name[CUDA_OOB_NAME];
-    memcpy(name, r->name, sizeof name);
-    name[CUDA_OOB_NAME - 1] = 0;
-    uint32_t elem =
-        r->param < cc->param_count ? cc->params[r->param].elem_size : 0;
-    return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                          "out-of-range access (validating launch): buffer "
-                          "parameter %u '%s' indexed at %llu, its length is "
-                          "%llu elements of %u bytes; %llu out-of-range "
-                          "accesses in all (reads gave 0, writes were "
-                          "dropped)",
-                          r->param, name, r->index, r->len, elem, r->count);
-}
-
 /* A validating launch (CUBE_LAUNCH_VALIDATE): the module's record zeroed,
  * the kernel run, the stream waited for and the record read back, with
  * the module's other validating launches kept out meanwhile. The client
@@ -88,7 +69,7 @@ static cube_error *launch_validating(cuda_server *s, cube_server_stream *stream,
                                      const cube_dispatch *d)
 {
     cuda_kernel *k = d->compiled->impl;
-    cuda_oob_record rec;
+    validate_record rec;
     memset(&rec, 0, sizeof rec);
     cuda_stream *st = NULL;
     cube_error *err = cuda_stream_begin(s, stream, &st);
@@ -114,7 +95,8 @@ static cube_error *launch_validating(cuda_server *s, cube_server_stream *stream,
                             "waiting for a validating launch");
     }
     cube_mutex_unlock(&k->oob_lock);
-    return err ? err : oob_report(d->compiled, &rec);
+    /* The verdict, read once the kernel has finished. */
+    return err ? err : validate_report(d->compiled, &rec);
 }
 
 cube_error *cuda_launch(cube_server *server, cube_server_stream *stream,

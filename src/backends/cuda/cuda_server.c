@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/common/properties.h"
 #include "backends/cuda/cuda_internal.h"
 #include "base/error.h"
 #include "cubert/log.h"
@@ -22,8 +23,12 @@ static cube_error *fill_properties(cuda_server *s)
 {
     const cuda_api *a = s->api;
     cube_properties *p = &s->props;
-    memset(p, 0, sizeof *p);
-    snprintf(p->backend, sizeof p->backend, "cuda");
+    size_t total = 0;
+    CUresult r = a->cuDeviceTotalMem(&total, s->device);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(s, r, CUBE_ERR_UNAVAILABLE,
+                         "cannot read the device's memory size");
+    properties_defaults(p, "cuda", total, CUDA_ALIGNMENT);
     char name[128] = "";
     a->cuDeviceGetName(name, (int)sizeof name, s->device);
     snprintf(p->name, sizeof p->name, "%s", name);
@@ -48,21 +53,9 @@ static cube_error *fill_properties(cuda_server *s)
     if (s->optin_shared < plain)
         s->optin_shared = plain;
     p->max_shared_memory = (uint64_t)s->optin_shared;
-    size_t total = 0;
-    CUresult r = a->cuDeviceTotalMem(&total, s->device);
-    if (r != CUDA_SUCCESS)
-        return cuda_fail(s, r, CUBE_ERR_UNAVAILABLE,
-                         "cannot read the device's memory size");
-    p->memory_total = total;
-    p->memory_alignment = CUDA_ALIGNMENT;
-    p->max_buffer_size = total;
     p->compute_units =
         (uint32_t)attr(s, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-    p->features = CUBE_FEATURE_ATOMIC_F32_ADD | CUBE_FEATURE_F64 |
-                  CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
-                  CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT |
-                  CUBE_FEATURE_GRAPHS | CUBE_FEATURE_PINNED_STAGING;
-    p->features |= CUBE_FEATURE_KERNELS;
+    p->features = PROPERTIES_CUBE_C_FEATURES | CUBE_FEATURE_PINNED_STAGING;
     p->timing = CUBE_TIMING_DEVICE;
     return NULL;
 }

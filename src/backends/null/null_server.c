@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "backends/common/host_memory.h"
+#include "backends/common/properties.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
 
@@ -49,27 +50,20 @@ static uint64_t host_memory(void)
  * properties never needs to reach a device. The kernel limits are the
  * smallest the client accepts (one unit, no shared memory) and no feature
  * bit is set: without CUBE_FEATURE_KERNELS callers know not to launch. The
- * cube count limits are wide so that a launch is not refused before it
- * reaches compile, which says why no kernel runs here. */
+ * cube count limits are properties_defaults' wide ones, so that a launch
+ * is not refused before it reaches compile, which says why no kernel runs
+ * here. */
 static void fill_properties(cube_properties *p)
 {
-    memset(p, 0, sizeof *p);
-    snprintf(p->backend, sizeof p->backend, "null");
+    properties_defaults(p, "null", host_memory(), NULL_ALIGNMENT);
     snprintf(p->name, sizeof p->name, "null device (host memory, no kernels)");
     snprintf(p->architecture, sizeof p->architecture, "host");
     for (int i = 0; i < 3; i++)
         p->max_cube_dim[i] = 1;
     p->max_units_per_cube = 1;
-    p->max_cube_count[0] = UINT32_MAX;
-    p->max_cube_count[1] = 65535;
-    p->max_cube_count[2] = 65535;
     p->max_shared_memory = 0;
-    p->memory_total = host_memory();
-    p->memory_alignment = NULL_ALIGNMENT;
-    p->max_buffer_size = p->memory_total;
     p->compute_units = 1;
     p->features = 0;
-    p->timing = CUBE_TIMING_HOST_CLOCK;
 }
 
 /* DeviceService's facts: a copy of what open computed. */
