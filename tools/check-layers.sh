@@ -1,23 +1,91 @@
 #!/bin/sh
-# Checks that the files of the CUDA backend call each other in one
-# direction only. cuda_internal.h lists the files from the bottom layer up
-# (the lines " *   cuda_NAME.c  what it holds" of its first comment); a file
-# may call, or take the address of, only functions defined in files listed
-# before it. Also checked: every cuda_*.c file is listed, no function is
-# defined in two files, and each "--- cuda_NAME.c ---" section of the
-# header declares only functions of that file (its inline helpers count as
-# code of that file).
+# Checks two layerings.
 #
-# Usage: tools/check-layers.sh [BACKEND_DIR]   (default src/backends/cuda)
-# Exit status 0 when the layering holds, 1 with the offending calls listed.
+# The folders of src/, by their #include lines: base includes nothing of
+# src/ but itself, memory only base, core only base and memory, and a
+# backend folder (src/backends/NAME) only itself, src/backends/common, base
+# and memory; src/backends/common only itself, base and memory. The public
+# headers (cubert/...) may be included anywhere. So the layers read
+# base < memory < core, base < memory < common < each backend, and no
+# include points up or sideways.
+#
+# The files of the CUDA backend, which call each other in one direction
+# only. cuda_internal.h lists the files from the bottom layer up (the lines
+# " *   cuda_NAME.c  what it holds" of its first comment); a file may call,
+# or take the address of, only functions defined in files listed before
+# it. Also checked: every cuda_*.c file is listed, no function is defined
+# in two files, and each "--- cuda_NAME.c ---" section of the header
+# declares only functions of that file (its inline helpers count as code
+# of that file).
+#
+# Usage: tools/check-layers.sh [BACKEND_DIR]   (default src/backends/cuda;
+# the src/ folder checked is the one two levels above it)
+# Exit status 0 when both layerings hold, 1 with the offending includes or
+# calls listed.
 set -eu
 dir=${1:-src/backends/cuda}
 [ -f "$dir/cuda_internal.h" ] || {
     echo "check-layers: no $dir/cuda_internal.h" >&2
     exit 2
 }
+src=$(cd "$dir/../.." && pwd)
 
-exec perl -e '
+folders=0
+perl -e '
+use strict;
+use warnings;
+use File::Find;
+
+my $src = $ARGV[0];
+my $status = 0;
+my $files = 0;
+# What each layer may include, besides the public headers.
+my %may = (
+    "base"   => ["base"],
+    "memory" => ["base", "memory"],
+    "core"   => ["base", "memory", "core"],
+    "backends/common" => ["base", "memory", "backends/common"],
+);
+sub allowed {
+    my ($layer) = @_;
+    return @{$may{$layer}} if $may{$layer};
+    return ("base", "memory", "backends/common", $layer)
+        if $layer =~ m{^backends/\w+$};
+    return ();
+}
+find({ no_chdir => 1, wanted => sub {
+    return unless /\.[ch]$/;
+    my $rel = substr($File::Find::name, length($src) + 1);
+    my ($layer) = $rel =~ m{^(backends/\w+|\w+)/};
+    return unless defined $layer;
+    my @ok = allowed($layer);
+    unless (@ok) {
+        print STDERR "check-layers: $rel is in no layer (base, memory, core, backends/NAME)\n";
+        $status = 1;
+        return;
+    }
+    $files++;
+    open(my $fh, "<", $File::Find::name) or die "check-layers: $rel: $!\n";
+    while (my $line = <$fh>) {
+        next unless $line =~ /^\s*#\s*include\s*"([^"]+)"/;
+        my $inc = $1;
+        next if $inc =~ m{^cubert/};
+        my ($to) = $inc =~ m{^(backends/\w+|\w+)/};
+        unless (defined $to && grep { $_ eq $to } @ok) {
+            printf STDERR "check-layers: %s:%d includes \"%s\": %s may include only %s and cubert/\n",
+                $rel, $., $inc, $layer, join(", ", @ok);
+            $status = 1;
+        }
+    }
+    close($fh);
+}}, map { "$src/$_" } grep { -d "$src/$_" } qw(base memory core backends));
+printf "check-layers: %d files of src/ include down only: base < memory < core; base < memory < backends/common < backends/NAME\n", $files
+    if $status == 0;
+exit $status;
+' "$src" || folders=1
+
+calls=0
+perl -e '
 use strict;
 use warnings;
 
@@ -119,4 +187,5 @@ if ($status == 0) {
         scalar(@order), scalar(keys %owner), join(" < ", map { s/\.c$//r } @order);
 }
 exit $status;
-' "$dir"
+' "$dir" || calls=1
+[ "$folders" -eq 0 ] && [ "$calls" -eq 0 ]
