@@ -10,7 +10,11 @@
  *
  * Every slot the client requires is filled; every optional slot is left
  * NULL so the client applies the contract's default (server.h says which,
- * and what the default is). */
+ * and what the default is).
+ *
+ * A backend copied from this file replaces what the TODO(name): comments
+ * mark (grep for them): the device's handle and figures, its memory,
+ * copies in stream order, compile and launch, and finding devices. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +33,8 @@
 /* The server object. A real backend keeps its device handle, its compiler
  * and its queues' shared state here; the null backend only needs the
  * answer to `properties`, computed once when it opens. */
+/* TODO(name): the device handle, the compiler and the queues' shared
+ * state. */
 typedef struct null_server {
     cube_server base; /* first: the client reaches the vtable through it */
     cube_properties props;
@@ -55,6 +61,10 @@ static uint64_t host_memory(void)
  * here. */
 static void fill_properties(cube_properties *p)
 {
+    /* TODO(name): the device's figures (name, architecture, limits, memory
+     * and its alignment, compute units, feature bits once kernels run,
+     * CUBE_TIMING_DEVICE with device timestamps), read from the device
+     * over properties_defaults' common ones. */
     properties_defaults(p, "null", host_memory(), NULL_ALIGNMENT);
     snprintf(p->name, sizeof p->name, "null device (host memory, no kernels)");
     snprintf(p->architecture, sizeof p->architecture, "host");
@@ -89,6 +99,8 @@ static cube_error *null_stream_open(cube_server *server,
     (void)stream;
     /* Host memory (backends/common/host_memory.c), as the CPU backend
      * uses; a device backend hands its own allocator here. */
+    /* TODO(name): device memory: the backend's own alloc/free in
+     * *storage, and a queue in stream->impl (see stream_close). */
     host_storage_ops(server, storage);
     return NULL;
 }
@@ -111,6 +123,9 @@ static cube_error *null_stream_open(cube_server *server,
  * backend whose buffers are host memory. With one device the null
  * backend's communicators have one rank. */
 
+/* TODO(name): read, write, sync and flush of the backend's own, in stream
+ * order on the device's queue, in place of host_read, host_write,
+ * host_sync and host_flush in the vtable below. */
 /* --- kernels --- */
 
 /* compile: the null backend runs no kernels, and says so. The client
@@ -120,6 +135,10 @@ static cube_error *null_stream_open(cube_server *server,
 static cube_error *null_compile(cube_server *server, const cube_kernel *kernel,
                                 uint32_t mode, cube_compiled *out)
 {
+    /* TODO(name): build the kernel (the backend's prelude, then
+     * kernel_source_cube_c from backends/common/kernel_source.h), fill
+     * *out with its signature and impl, and answer CUBE_ERR_COMPILE with
+     * the compiler's log on failure. */
     (void)server;
     (void)mode;
     (void)out;
@@ -134,6 +153,7 @@ static cube_error *null_compile(cube_server *server, const cube_kernel *kernel,
  * free. */
 static void null_compiled_release(cube_server *server, cube_compiled *compiled)
 {
+    /* TODO(name): free what compile put in compiled->impl. */
     (void)server;
     (void)compiled;
 }
@@ -143,6 +163,9 @@ static void null_compiled_release(cube_server *server, cube_compiled *compiled)
 static cube_error *null_launch(cube_server *server, cube_server_stream *stream,
                                const cube_dispatch *dispatch)
 {
+    /* TODO(name): run or enqueue the dispatch on the stream's queue; a
+     * validating launch reports through validate_report
+     * (backends/common/validate.h). */
     (void)server;
     (void)stream;
     (void)dispatch;
@@ -156,6 +179,7 @@ static cube_error *null_launch(cube_server *server, cube_server_stream *stream,
  * closed and all memory went back through host_free. */
 static void null_destroy(cube_server *server)
 {
+    /* TODO(name): release the device handle and what the server holds. */
     free(server);
 }
 
@@ -184,6 +208,8 @@ static const cube_server_vtable null_vtable = {
  * reason instead. */
 static cube_error *null_device_count(uint32_t *out)
 {
+    /* TODO(name): count the devices the driver sees, or answer
+     * CUBE_ERR_UNAVAILABLE with the reason. */
     *out = 1;
     return NULL;
 }
@@ -199,6 +225,7 @@ static cube_error *null_open(uint32_t index, const cube_client_options *options,
     null_server *s = calloc(1, sizeof *s);
     if (!s)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "null server");
+    /* TODO(name): open device `index` and keep its handle in the server. */
     s->base.vt = &null_vtable;
     fill_properties(&s->props);
     *out = &s->base;
