@@ -84,6 +84,7 @@ cube_error *cube_client_open(const char *device,
     }
     c->server = c->dev->server;
     c->vt = c->dev->vt;
+    c->comm = c->dev->backend->comm;
     c->props = c->dev->props;
     snprintf(c->device, sizeof c->device, "%s", c->dev->name);
     cube_mutex_init(&c->failure_lock);

@@ -8,6 +8,7 @@
 
 #include "base/mutex.h"
 #include "cubert/backend/errors.h"
+#include "cubert/backend/comm.h"
 #include "cubert/backend/server.h"
 #include "cubert/cubert.h"
 
@@ -206,11 +207,13 @@ typedef struct core_device {
  * scopes, the profiling windows and graph captures it opened, its graphs,
  * its staging buffers and the streams its threads chose. Everything else
  * is the device's. `server`, `vt` and `props` are the device's, copied
- * for the hot paths. */
+ * for the hot paths; `comm` is the backend's (NULL: no collectives),
+ * copied for the communicators made on the client. */
 struct cube_client {
     core_device *dev;
     cube_server *server;
     const cube_server_vtable *vt;
+    const cube_comm_vtable *comm;
     uint64_t serial; /* process-unique, never reused */
     /* 12 bits in every handle of this client, held by no other open
      * client (handles.c) */

@@ -179,7 +179,7 @@ static cube_error *check_init(cube_client *const *clients, uint32_t n,
         err = check_init_client(clients, i);
     if (err)
         return err;
-    if (!clients[0]->vt->collective)
+    if (!clients[0]->comm || !clients[0]->comm->collective)
         return cube_error_new(CUBE_ERR_UNSUPPORTED,
                               "cube_comm_init_all: the %s backend has no "
                               "collectives",
@@ -208,7 +208,7 @@ static comm_group *group_alloc(uint32_t n)
 
 /* Frees what cube_comm_init_all allocated before its group was made
  * (any of it may be NULL). */
-static void init_undo(comm_group *g, cube_comm *made, void **impls)
+static void init_undo(comm_group *g, cube_comm *made, cube_backend_comm **impls)
 {
     if (g)
         group_arrays_free(g);
@@ -230,7 +230,7 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     comm_group *g = group_alloc(n);
     cube_comm *made = calloc(n, sizeof *made);
     cube_server **servers = calloc(n, sizeof(cube_server *));
-    void **impls = calloc(n, sizeof *impls);
+    cube_backend_comm **impls = calloc(n, sizeof *impls);
     if (!g || !made || !servers || !impls) {
         free(servers);
         init_undo(g, made, impls);
@@ -238,8 +238,8 @@ cube_error *cube_comm_init_all(cube_client *const *clients, uint32_t n,
     }
     for (uint32_t i = 0; i < n; i++)
         servers[i] = clients[i]->server;
-    const cube_server_vtable *vt = clients[0]->vt;
-    err = vt->comm_init ? vt->comm_init(servers, n, timeout_ms, impls) : NULL;
+    const cube_comm_vtable *vt = clients[0]->comm;
+    err = vt->init ? vt->init(servers, n, timeout_ms, impls) : NULL;
     free(servers);
     if (err) {
         init_undo(g, made, impls);
@@ -287,8 +287,8 @@ void cube_comm_destroy(cube_comm *comm)
     comm->destroy_deferred = deferred;
     cube_mutex_unlock(&g->lock);
     if (!deferred) {
-        if (g->vt->comm_destroy)
-            g->vt->comm_destroy(comm->client->server, comm->impl);
+        if (g->vt->destroy && comm->impl)
+            g->vt->destroy(comm->client->server, comm->impl);
         comm->impl = NULL;
     }
     cube_mutex_lock(&g->lock);
@@ -312,14 +312,14 @@ cube_error *cube_comm_abort(cube_comm *comm)
     g->aborted = 1;
     pthread_cond_broadcast(&g->changed);
     cube_mutex_unlock(&g->lock);
-    if (g->vt->comm_abort && g->remote) {
+    if (g->vt->abort && g->remote) {
         if (comm->impl)
-            g->vt->comm_abort(comm->client->server, comm->impl);
-    } else if (g->vt->comm_abort) {
+            g->vt->abort(comm->client->server, comm->impl);
+    } else if (g->vt->abort) {
         cube_comm *first = comm - comm->rank;
         for (uint32_t i = 0; i < g->n; i++)
             if (first[i].impl)
-                g->vt->comm_abort(first[i].client->server, first[i].impl);
+                g->vt->abort(first[i].client->server, first[i].impl);
     }
     return NULL;
 }
@@ -347,14 +347,14 @@ cube_error *cube_comm_id_new(const char *backend, cube_comm_id *out)
                               "cube_comm_id_new: no backend '%s' in this "
                               "build",
                               backend);
-    if (strlen(b->name) >= ID_NAME || !b->comm_id_new)
+    if (strlen(b->name) >= ID_NAME || !b->comm || !b->comm->id_new)
         return cube_error_new(CUBE_ERR_UNSUPPORTED,
                               "cube_comm_id_new: the %s backend has no "
                               "communicators between processes",
                               b->name);
     memcpy(out->bytes, ID_MAGIC, 4);
     memcpy(out->bytes + 4, b->name, strlen(b->name));
-    cube_error *err = b->comm_id_new(out->bytes + 4 + ID_NAME);
+    cube_error *err = b->comm->id_new(out->bytes + 4 + ID_NAME);
     if (err) {
         memset(out, 0, sizeof *out);
         return cube_error_prefix(err, "cube_comm_id_new(%s)", backend);
@@ -473,7 +473,8 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
                               "cube_comm_init_rank: the id is for the %s "
                               "backend and the client is on %s",
                               name, c->device);
-    if (!c->vt->comm_init_rank || !c->vt->collective)
+    const cube_comm_vtable *vt = c->comm;
+    if (!vt || !vt->init_rank || !vt->collective)
         return cube_error_new(CUBE_ERR_UNSUPPORTED,
                               "cube_comm_init_rank: the %s backend has no "
                               "communicators between processes",
@@ -486,9 +487,9 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
         free(comm);
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_comm_init_rank");
     }
-    void *impl = NULL;
-    err = c->vt->comm_init_rank(c->server, id->bytes + 4 + ID_NAME, nranks,
-                                rank, timeout_ms, &impl);
+    cube_backend_comm *impl = NULL;
+    err = vt->init_rank(c->server, id->bytes + 4 + ID_NAME, nranks, rank,
+                        timeout_ms, &impl);
     if (err) {
         free(g);
         free(comm);
@@ -499,7 +500,7 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
     pthread_cond_init(&g->changed, NULL);
     g->n = nranks;
     g->alive = 1;
-    g->vt = c->vt;
+    g->vt = vt;
     g->remote = 1;
     g->timeout_ns = timeout_ms * 1000000ull;
     comm->group = g;
@@ -507,7 +508,7 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
     comm->client = c;
     comm->impl = impl;
     g->remote_rank = comm;
-    if (c->vt->collective_poll)
+    if (vt->poll)
         comm_remote_list(g);
     *out = comm;
     cube_log_write(CUBE_LOG_INFO, "comm",

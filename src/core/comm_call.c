@@ -203,12 +203,12 @@ static int queue_reserve(void)
 
 /* Whether a capture can hold comm's calls: in one process always;
  * between processes when the backend's graphs are software ones, or when
- * it follows a hardware graph's replays (comm_replay_begin and _end). */
+ * it follows a hardware graph's replays (replay_begin and _end). */
 static int capture_holds_calls(const cube_comm *comm)
 {
-    const cube_server_vtable *vt = comm->client->vt;
-    return !comm->group->remote || !vt->begin_capture ||
-           (vt->comm_replay_begin && vt->comm_replay_end);
+    const cube_comm_vtable *cvt = comm->group->vt;
+    return !comm->group->remote || !comm->client->vt->begin_capture ||
+           (cvt->replay_begin && cvt->replay_end);
 }
 
 /* Whether the calling thread's stream captures p's call (p->capturing,
@@ -220,7 +220,7 @@ static int capture_holds_calls(const cube_comm *comm)
  * replays first meet the peers' so that no rank launches device work its
  * peers will not match. Between processes the backend's engine checks
  * that every rank captures (software graphs), or captures its part and
- * follows each replay's device work (hardware graphs, comm_replay_begin).
+ * follows each replay's device work (hardware graphs, replay_begin).
  * A group's calls are recorded together at its end and replayed as a
  * group. */
 static void capture_mode(pending *p, const cube_collective *mine)

@@ -1,5 +1,5 @@
 /* Calls of communicators between processes that the backend follows on
- * the device: each is issued with a ticket, and until collective_poll
+ * the device: each is issued with a ticket, and until the poll slot
  * says how it ended its destination stays pinned, so that a read or a
  * sync of the client (core_comm_reap) can record a failure there. A
  * hardware graph's replay holding such calls is followed the same way,
@@ -36,8 +36,7 @@ static size_t reap_group(comm_group *g)
         remote_call rc = g->inflight[i];
         cube_mutex_unlock(&g->lock);
         int done = 0;
-        cube_error *err =
-            g->vt->collective_poll(c->server, comm->impl, rc.ticket, &done);
+        cube_error *err = g->vt->poll(c->server, comm->impl, rc.ticket, &done);
         if (!done) {
             cube_error_free(err);
             i++;
@@ -101,7 +100,7 @@ void comm_remote_list(comm_group *g)
  * starts on the device) and takes the group off the process's list. */
 void comm_drain_remote(comm_group *g)
 {
-    if (!g->vt->collective_poll)
+    if (!g->vt->poll)
         return;
     uint64_t give_up = comm_now_ns() + 2 * g->timeout_ns + 1000000000ull;
     for (;;) {
@@ -262,7 +261,8 @@ cube_error *comm_issue_remote(pending *p)
     memset(shared, 0, sizeof shared);
     comm_group *g = p->comm->group;
     uint64_t ticket = 0;
-    int followed = c->vt->collective_poll != NULL && !p->capturing;
+    const cube_comm_vtable *vt = p->comm->group->vt;
+    int followed = vt->poll != NULL && !p->capturing;
     if (followed) {
         /* Earlier calls that ended are settled first, so their failures
          * are on their destinations before this call reads them. */
@@ -277,7 +277,7 @@ cube_error *comm_issue_remote(pending *p)
     if (!st)
         return cube_error_clone(p->local);
     core_stream_lock(st);
-    err = c->vt->collective(c->server, &st->base, p->comm->impl, &set);
+    err = vt->collective(c->server, &st->base, p->comm->impl, &set);
     if (!err && ticket)
         follow(p, ticket);
     int ran = !err && !p->local && !p->failure;
@@ -324,7 +324,7 @@ cube_error *core_comm_replay_begin(cube_comm *comm, core_stream *st,
                               "cube_graph_replay: the communicator of rank "
                               "%u was aborted",
                               comm->rank);
-    if (!c->vt->comm_replay_begin || !c->vt->comm_replay_end)
+    if (!g->vt->replay_begin || !g->vt->replay_end)
         return cube_error_new(CUBE_ERR_UNSUPPORTED,
                               "cube_graph_replay: the %s backend cannot "
                               "follow a graph's calls between processes",
@@ -338,8 +338,7 @@ cube_error *core_comm_replay_begin(cube_comm *comm, core_stream *st,
     }
     cube_error *err = reserve_inflight(g, "cube_graph_replay");
     if (!err)
-        err = c->vt->comm_replay_begin(c->server, &st->base, comm->impl,
-                                       &w->ticket);
+        err = g->vt->replay_begin(c->server, &st->base, comm->impl, &w->ticket);
     if (err) {
         free(copy);
         free(w);
@@ -362,8 +361,8 @@ cube_error *core_comm_replay_end(core_replay_watch *w, core_stream *st,
     cube_comm *comm = w->comm;
     comm_group *g = comm->group;
     cube_client *c = comm->client;
-    cube_error *err = c->vt->comm_replay_end(c->server, &st->base, comm->impl,
-                                             w->ticket, launched);
+    cube_error *err = g->vt->replay_end(c->server, &st->base, comm->impl,
+                                        w->ticket, launched);
     if (!err && launched && w->ticket) {
         /* Followed like a call: its failure goes on every buffer the graph
          * writes (room was reserved at the beginning). */

@@ -10,7 +10,7 @@
  *   1. remote_lock (comm_follow.c), the process's list of communicators
  *      between processes: held while their followed calls are reaped;
  *   2. a group's reap_lock: one reaper of the group's followed calls at a
- *      time, held across the backend's collective_poll and while a failed
+ *      time, held across the backend's poll slot and while a failed
  *      call's destination records its failure (which enters the calling
  *      thread's stream);
  *   3. a stream's lock: held around the backend's collective slot (and
@@ -52,7 +52,7 @@ typedef struct comm_call {
 } comm_call;
 
 /* A call of a communicator between processes that the backend follows on
- * the device (its ticket) until collective_poll says how it ended; its
+ * the device (its ticket) until the poll slot says how it ended; its
  * destination pinned so that a failure can be recorded there. */
 typedef struct remote_call {
     uint64_t ticket;
@@ -83,7 +83,7 @@ typedef struct comm_group {
     /* A freed record of each size (collective, p2p), kept for the next
      * call: a steady stream of calls allocates nothing. */
     comm_call *spare[2] CUBE_GUARDED_FIELD(lock);
-    const cube_server_vtable *vt;
+    const cube_comm_vtable *vt; /* the backend's */
     /* Made from an id for ranks in other processes: this process holds
      * one rank, and the backend's engine meets the others
      * (cube_comm_init_rank). */
@@ -104,7 +104,7 @@ struct cube_comm {
     comm_group *group;
     uint32_t rank;
     cube_client *client;
-    void *impl; /* the backend's */
+    cube_backend_comm *impl; /* the backend's, or NULL */
     /* Hardware graphs holding this rank's captured device work: its
      * backend communicator is destroyed when the last of them goes, if
      * cube_comm_destroy came first (destroy_deferred). Under the group's

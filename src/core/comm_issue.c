@@ -35,7 +35,8 @@ static cube_error *issue_set(pending *p, const cube_collective_set *set)
     core_stream_lock(st);
     err = core_stream_refuse_in_capture(st, "collective");
     if (!err)
-        err = c->vt->collective(c->server, &st->base, p->comm->impl, set);
+        err = p->comm->group->vt->collective(c->server, &st->base,
+                                             p->comm->impl, set);
     if (!err)
         st->launches++;
     core_stream_note_failure(st, err);
@@ -149,7 +150,8 @@ static cube_error *capture_part(cube_client *c, core_stream *st,
                                p->call->shared};
     /* A fresh error, not derived from set. */
     // cppcheck-suppress returnDanglingLifetime
-    return c->vt->collective(c->server, &st->base, p->comm->impl, &set);
+    return p->comm->group->vt->collective(c->server, &st->base, p->comm->impl,
+                                          &set);
 }
 
 /* Whether `st` still captures for client `c` (a call made in its capture
@@ -242,10 +244,10 @@ static cube_error *run_part(pending *p)
 
 /* The backend of the calls in a[0..n) that may run, and how many there
  * are (*count; the backend is NULL when none may). */
-static const cube_server_vtable *runnable(const pending *a, size_t n,
-                                          size_t *count)
+static const cube_comm_vtable *runnable(const pending *a, size_t n,
+                                        size_t *count)
 {
-    const cube_server_vtable *vt = NULL;
+    const cube_comm_vtable *vt = NULL;
     *count = 0;
     for (size_t i = 0; i < n; i++)
         if (!a[i].result) {
@@ -284,7 +286,7 @@ cube_error *comm_run_pending(pending *a, size_t n, size_t *first_at)
     for (size_t i = 0; i < n; i++)
         a[i].result = rendezvous_answer(&a[i]);
     size_t count = 0;
-    const cube_server_vtable *vt = runnable(a, n, &count);
+    const cube_comm_vtable *vt = runnable(a, n, &count);
     int grouped = count > 1 && vt->group_begin && !a[0].agree_only;
     if (n > 1) {
         /* Captured calls of one group are replayed as one. */

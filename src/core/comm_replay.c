@@ -29,8 +29,8 @@ void core_comm_release(cube_comm *comm, int hardware)
     cube_mutex_unlock(&g->lock);
     /* The last graph holding this rank's device work is gone (the backend
      * waited for its replays): the rank's destroy can finish. */
-    if (destroy_now && g->vt->comm_destroy && comm->impl)
-        g->vt->comm_destroy(comm->client->server, comm->impl);
+    if (destroy_now && g->vt->destroy && comm->impl)
+        g->vt->destroy(comm->client->server, comm->impl);
     if (destroy_now)
         comm->impl = NULL;
     cube_mutex_lock(&g->lock);
@@ -80,7 +80,7 @@ static cube_error *replay(cube_comm *comm, const cube_collective *call,
     p.self = comm_to_itself(call, comm->rank);
     if (g->remote && !p.self) {
         /* The backend's engine meets the other processes: a hardware
-         * graph's replay has nothing to agree (comm_replay_begin follows
+         * graph's replay has nothing to agree (the replay_begin slot follows
          * its device work), but a refusal is told as a call's is. */
         if (agree_only && !refusal)
             return NULL;

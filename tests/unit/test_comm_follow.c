@@ -2,7 +2,7 @@
  * backend whose part of a call finishes on the device later hands out a
  * ticket (cube_collective_set.ticket); the core keeps the call's
  * destination pinned and asks the backend how the call ended
- * (collective_poll) at the rank's next call, before a read's claim check,
+ * (the poll slot) at the rank's next call, before a read's claim check,
  * after a read's wait, in cube_sync and cube_check, recording a failure on
  * the destination; a destroy waits for calls still running, then marks
  * their destinations.
@@ -11,10 +11,10 @@
  * engine (every rank captures) and recorded; a software replay issues it
  * as a call, followed the same way and marking its destination; a
  * hardware replay (scripted begin_capture/replay here) is bracketed by
- * comm_replay_begin/end and followed as one call whose failure marks
+ * the replay_begin/end slots and followed as one call whose failure marks
  * every buffer the graph writes.
  *
- * The backend here is the null backend with its communication slots
+ * The backend here is the null backend with its communicator table
  * replaced by a scripted engine: each ticket's outcome (running,
  * finished, failed) is set by the test. On CUDA the same contract is
  * checked through NCCL's watchdog with a fake NCCL (tests/gpu). */
@@ -40,34 +40,51 @@ typedef struct engine {
     unsigned polls, issued, destroyed;
     unsigned captured, refusals; /* calls checked in a capture; refused */
     int peer_not_capturing;      /* a capture answers GRAPH_STATE */
-    int aborted;                 /* comm_replay_begin answers ABORTED */
+    int aborted;                 /* replay_begin answers ABORTED */
     unsigned replays, replay_begins, replay_ends, replay_cancels;
 } engine;
 
+/* The rank as the core holds it: the engine behind the base. */
+typedef struct scripted_rank {
+    cube_backend_comm base;
+    engine *e;
+} scripted_rank;
+
 static engine eng;
+static scripted_rank eng_rank;
 static cube_server_vtable scripted;
+static cube_comm_vtable scripted_comm;
+
+static engine *engine_of(cube_backend_comm *comm)
+{
+    assert_ptr_equal(comm, &eng_rank.base);
+    return ((scripted_rank *)comm)->e;
+}
 
 static cube_error *e_init_rank(cube_server *server, const unsigned char *id,
                                uint32_t nranks, uint32_t rank,
-                               uint64_t timeout_ms, void **impl)
+                               uint64_t timeout_ms, cube_backend_comm **out)
 {
     (void)server, (void)id, (void)nranks, (void)rank, (void)timeout_ms;
     memset(&eng, 0, sizeof eng);
-    *impl = &eng;
+    eng_rank.base.vt = &scripted_comm;
+    eng_rank.e = &eng;
+    *out = &eng_rank.base;
     return NULL;
 }
 
-static void e_destroy(cube_server *server, void *impl)
+static void e_destroy(cube_server *server, cube_backend_comm *comm)
 {
     (void)server;
-    ((engine *)impl)->destroyed++;
+    engine_of(comm)->destroyed++;
 }
 
 static cube_error *e_collective(cube_server *server, cube_server_stream *stream,
-                                void *impl, const cube_collective_set *set)
+                                cube_backend_comm *comm,
+                                const cube_collective_set *set)
 {
     (void)server, (void)stream;
-    engine *e = impl;
+    engine *e = engine_of(comm);
     assert_true(set->remote);
     if (set->refused || set->failed) {
         e->refusals++;
@@ -89,11 +106,11 @@ static cube_error *e_collective(cube_server *server, cube_server_stream *stream,
     return NULL;
 }
 
-static cube_error *e_poll(cube_server *server, void *impl, uint64_t ticket,
-                          int *done)
+static cube_error *e_poll(cube_server *server, cube_backend_comm *comm,
+                          uint64_t ticket, int *done)
 {
     (void)server;
-    engine *e = impl;
+    engine *e = engine_of(comm);
     e->polls++;
     assert_true(ticket > 0 && ticket <= e->next);
     *done = e->outcome[ticket] != RUNNING;
@@ -136,11 +153,11 @@ static void h_graph_destroy(cube_server *server, cube_server_stream *stream,
 }
 
 static cube_error *h_replay_begin(cube_server *server,
-                                  cube_server_stream *stream, void *impl,
-                                  uint64_t *ticket)
+                                  cube_server_stream *stream,
+                                  cube_backend_comm *comm, uint64_t *ticket)
 {
     (void)server, (void)stream;
-    engine *e = impl;
+    engine *e = engine_of(comm);
     if (e->aborted)
         return cube_error_new(CUBE_ERR_ABORTED, "aborted");
     e->replay_begins++;
@@ -151,10 +168,11 @@ static cube_error *h_replay_begin(cube_server *server,
 }
 
 static cube_error *h_replay_end(cube_server *server, cube_server_stream *stream,
-                                void *impl, uint64_t ticket, int launched)
+                                cube_backend_comm *comm, uint64_t ticket,
+                                int launched)
 {
     (void)server, (void)stream;
-    engine *e = impl;
+    engine *e = engine_of(comm);
     assert_int_equal(ticket, e->next);
     if (launched)
         e->replay_ends++;
@@ -188,19 +206,21 @@ static int open_rank(void **state, int hardware_graphs)
     cube_client_options o = cube_client_options_default();
     assert_null(cube_client_open("null", &o, &f.c));
     scripted = *f.c->vt;
-    scripted.comm_init_rank = e_init_rank;
-    scripted.comm_destroy = e_destroy;
-    scripted.collective = e_collective;
-    scripted.collective_poll = e_poll;
+    memset(&scripted_comm, 0, sizeof scripted_comm);
+    scripted_comm.init_rank = e_init_rank;
+    scripted_comm.destroy = e_destroy;
+    scripted_comm.collective = e_collective;
+    scripted_comm.poll = e_poll;
     if (hardware_graphs) {
         scripted.begin_capture = h_begin_capture;
         scripted.end_capture = h_end_capture;
         scripted.replay = h_replay;
         scripted.graph_destroy = h_graph_destroy;
-        scripted.comm_replay_begin = h_replay_begin;
-        scripted.comm_replay_end = h_replay_end;
+        scripted_comm.replay_begin = h_replay_begin;
+        scripted_comm.replay_end = h_replay_end;
     }
     f.c->vt = &scripted;
+    f.c->comm = &scripted_comm;
     /* An id as cube_comm_id_new makes them: magic, backend, payload. */
     cube_comm_id id;
     memset(&id, 0, sizeof id);
@@ -451,7 +471,7 @@ static void test_a_capture_some_ranks_do_not_make_is_refused(void **state)
 }
 
 /* A hardware graph: the backend captured its part; each replay is
- * bracketed by comm_replay_begin/end and followed as one call, whose
+ * bracketed by replay_begin/end and followed as one call, whose
  * failure marks what the graph writes. */
 static void test_a_hardware_replay_is_followed(void **state)
 {

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/common/host_memory.h"
+#include "cubert/backend/comm.h"
 #include "cubert/backend/server.h"
 #include "cubert/cubert.h"
 
@@ -85,14 +87,23 @@ static void test_slots(void **state)
     assert_null(vt->start_profile);
     assert_null(vt->end_profile);
     assert_null(vt->abandon_profile);
-    /* ServerCommunication from the shared host-memory code. */
+    /* ServerCommunication from the shared host-memory code: the peer
+     * copy, and the communicator table with the collective slot alone
+     * (no per-rank state, no grouping, nothing between processes). */
     assert_non_null(vt->copy_to_peer);
-    assert_non_null(vt->collective);
-    assert_null(vt->comm_init);
-    assert_null(vt->comm_destroy);
-    assert_null(vt->comm_abort);
-    assert_null(vt->group_begin);
-    assert_null(vt->group_end);
+    const cube_comm_vtable *comm = cube_backend_null.comm;
+    assert_ptr_equal(comm, &host_comm_vtable);
+    assert_non_null(comm->collective);
+    assert_null(comm->init);
+    assert_null(comm->init_rank);
+    assert_null(comm->id_new);
+    assert_null(comm->destroy);
+    assert_null(comm->abort);
+    assert_null(comm->poll);
+    assert_null(comm->replay_begin);
+    assert_null(comm->replay_end);
+    assert_null(comm->group_begin);
+    assert_null(comm->group_end);
     vt->destroy(s);
 }
 

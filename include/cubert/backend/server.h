@@ -30,6 +30,8 @@ extern "C" {
 #endif
 
 typedef struct cube_server_vtable cube_server_vtable;
+/* A backend's communicators (cubert/backend/comm.h). */
+typedef struct cube_comm_vtable cube_comm_vtable;
 
 /* The core's record of an open device (opaque to backends). */
 struct core_device;
@@ -227,80 +229,6 @@ typedef struct cube_dispatch {
     int *ran_nothing;
 } cube_dispatch;
 
-/* The backend's part of a cube_comm_id. */
-#define CUBE_COMM_ID_PAYLOAD 128
-
-/* Collectives as the core hands them to a backend (cubert/comm.h). */
-typedef enum cube_collective_kind {
-    CUBE_COLLECTIVE_ALL_REDUCE = 1,
-    CUBE_COLLECTIVE_BROADCAST = 2,
-    CUBE_COLLECTIVE_REDUCE = 3,
-    CUBE_COLLECTIVE_ALL_GATHER = 4,
-    CUBE_COLLECTIVE_REDUCE_SCATTER = 5,
-    CUBE_COLLECTIVE_SEND = 6,
-    CUBE_COLLECTIVE_RECV = 7
-} cube_collective_kind;
-
-/* One rank's call: its buffers (storage NULL where the call has none:
- * a broadcast's source off the root, a reduce's destination off it, the
- * destination of a send, the source of a receive) and the call's
- * arguments, checked by the core. */
-typedef struct cube_collective {
-    cube_collective_kind kind;
-    cube_binding src, dst;
-    uint64_t count;  /* elements per rank, as in cubert/comm.h */
-    uint32_t dtype;  /* cube_dtype */
-    uint32_t op;     /* cube_reduce_op, for reductions */
-    uint32_t root;   /* broadcast, reduce */
-    uint32_t peer;   /* send, receive */
-    uint32_t rank;   /* the caller's rank */
-    uint32_t nranks; /* the communicator's size */
-} cube_collective;
-
-/* Every call of one collective, handed to each rank's collective slot
- * once all of them arrived and agreed: `calls` by rank (nranks entries),
- * or for a send and its receive the two calls ([0] the send, [1] the
- * receive; both the same rank's for a send to itself, which the core
- * pairs and hands over this way on a communicator between processes
- * too, with `remote` 0, inside group_begin/group_end). The caller's own call is calls[index]. `shared` is
- * CUBE_COLLECTIVE_SHARED bytes the core zeroes for the calls of this one
- * collective to coordinate through (host backends share its work out
- * there); it lives until every call of it returned. */
-#define CUBE_COLLECTIVE_SHARED 128
-typedef struct cube_collective_set {
-    const cube_collective *calls;
-    uint32_t count;
-    uint32_t index;
-    void *shared;
-    /* A communicator between processes (made by comm_init_rank): `calls`
-     * is this rank's call alone, which the backend's engine matches with
-     * the other processes'. `refused` (this rank refused the call: its
-     * arguments, its buffers) or `failed` (its source carries a failure)
-     * set: the backend moves no data and tells the other ranks, so that
-     * they answer an error rather than wait (an engine that cannot tell
-     * them aborts the communicator), and returns NULL (the core answers
-     * for this rank). The backend answers CUBE_ERR_INVALID_ARGUMENT or
-     * CUBE_ERR_SEVERAL for a refusal or a failure of another rank's. */
-    int remote;
-    const cube_error *refused;
-    const cube_error *failed;
-    /* remote only (else NULL): where a backend whose part finishes on the
-     * device later, and may fail there past the call (a peer process that
-     * never comes: its watchdog aborts the communicator), puts a nonzero
-     * ticket for collective_poll. Left 0: nothing to follow. */
-    uint64_t *ticket;
-    /* remote only: the call is made on a capturing stream, to be recorded
-     * in a graph rather than run. A backend with software graphs (no
-     * begin_capture) moves no data: its engine checks that every rank
-     * captures the call too and answers CUBE_ERR_GRAPH_STATE on every
-     * rank when some do not (NULL: the core records it; each replay then
-     * issues it as a call). A backend with hardware graphs captures its
-     * part into the stream's graph as it would issue it; it need not ask
-     * the peers (the graph's replays are followed through
-     * comm_replay_begin). */
-    int capturing;
-} cube_collective_set;
-
 /* A backend's read in flight; the client waits on it with read_wait. */
 typedef struct cube_pending cube_pending;
 
@@ -426,8 +354,10 @@ struct cube_server_vtable {
     void (*abandon_profile)(cube_server *server, cube_server_stream *stream,
                             uint64_t token);
 
-    /* (optional) ServerCommunication. Default: collectives answer
-     * CUBE_ERR_UNSUPPORTED, and cube_copy_peer goes through host memory.
+    /* (optional) ServerCommunication between servers. Default:
+     * cube_copy_peer goes through host memory. Communicators and
+     * collectives are not server slots: a backend has them through
+     * cube_backend.comm (cubert/backend/comm.h).
      *
      * copy_to_peer: copies `src` (this server's) into `dst` (of `peer`, a
      * server of the same backend, maybe this one) on `peer_stream`:
@@ -440,66 +370,6 @@ struct cube_server_vtable {
                                 const cube_binding *src, cube_server *peer,
                                 cube_server_stream *peer_stream,
                                 const cube_binding *dst);
-
-    /* comm_init: makes the backend's state of each rank of a new
-     * communicator over `servers` (n ranks, one server each, all of this
-     * backend) into impls[i] (NULL when it keeps none), giving up after
-     * `timeout_ms`. Called once for the whole communicator, from one
-     * thread. comm_destroy frees one rank's; comm_abort stops one rank's
-     * work in flight (never blocks). */
-    cube_error *(*comm_init)(cube_server *const *servers, uint32_t n,
-                             uint64_t timeout_ms, void **impls);
-    /* comm_init_rank: makes rank `rank` of `nranks` of a communicator
-     * between processes, named by `id` (what the backend's comm_id_new
-     * made in one of them, CUBE_COMM_ID_PAYLOAD bytes), in *impl; every
-     * rank makes its own, in its own process. Gives up after `timeout_ms`
-     * (CUBE_ERR_TIMEOUT). (optional: without it such communicators are
-     * CUBE_ERR_UNSUPPORTED) */
-    cube_error *(*comm_init_rank)(cube_server *server, const unsigned char *id,
-                                  uint32_t nranks, uint32_t rank,
-                                  uint64_t timeout_ms, void **impl);
-    void (*comm_destroy)(cube_server *server, void *impl);
-    void (*comm_abort)(cube_server *server, void *impl);
-    /* collective: issues the calling rank's part (set->calls[set->index])
-     * of a collective on `stream`, ordered like a launch that reads src
-     * and writes dst. Every call of the set is made, by whichever threads
-     * issued them; a call returns once its rank's part is issued (a host
-     * backend: done, destinations written). An error means the part did
-     * not run; the core records it on the destination. */
-    cube_error *(*collective)(cube_server *server, cube_server_stream *stream,
-                              void *impl, const cube_collective_set *set);
-    /* (optional, with tickets) collective_poll: how the call `ticket`
-     * (from set->ticket) of rank `impl` ended on the device. *done 0: it
-     * has not finished yet (NULL returned); 1: it finished (NULL) or
-     * failed (the error: its destination cannot be trusted). A ticket
-     * answered done is forgotten; one never polled is forgotten when its
-     * rank is destroyed. Any thread; never blocks. */
-    cube_error *(*collective_poll)(cube_server *server, void *impl,
-                                   uint64_t ticket, int *done);
-    /* (optional, with hardware graphs and collective_poll)
-     * comm_replay_begin / comm_replay_end: bracket the launch of a
-     * hardware graph that captured calls of communicator `impl` (between
-     * processes) on `stream`. Begin holds the communicator (the backend
-     * does not abort it until end) and starts following the replay's
-     * device work in *ticket; CUBE_ERR_ABORTED when the communicator was
-     * aborted (the graph holds work of it and must not launch). End, with
-     * `launched` 1, marks the end of the replay's work on the stream (the
-     * ticket then answers through collective_poll, failed when the work
-     * did not end within the timeout after it started, or the
-     * communicator was aborted first); with `launched` 0 forgets the
-     * ticket. End lets the communicator go in either case. Errors of
-     * begin: CUBE_ERR_ABORTED, CUBE_ERR_OUT_OF_MEMORY, a driver error; of
-     * end: a driver error (the ticket is then forgotten). */
-    cube_error *(*comm_replay_begin)(cube_server *server,
-                                     cube_server_stream *stream, void *impl,
-                                     uint64_t *ticket);
-    cube_error *(*comm_replay_end)(cube_server *server,
-                                   cube_server_stream *stream, void *impl,
-                                   uint64_t ticket, int launched);
-    /* (optional) group_begin / group_end: bracket the parts one thread
-     * issues for several ranks at once (NCCL's group calls). */
-    void (*group_begin)(void);
-    cube_error *(*group_end)(void);
 
     /* (optional) Interop (cubert/interop.h). native_stream: the stream's
      * native queue (a CUstream); NULL slot: none (work done at call time).
@@ -552,10 +422,11 @@ typedef struct cube_backend {
     /* Nonzero when cube_client_options.cpu_threads shapes its servers (a
      * second open asking for other threads is then refused). */
     int uses_cpu_threads;
-    /* (optional) Fills the CUBE_COMM_ID_PAYLOAD bytes that name a new
-     * communicator between processes (cube_comm_id_new). Errors:
-     * CUBE_ERR_UNAVAILABLE (the engine cannot be loaded or started). */
-    cube_error *(*comm_id_new)(unsigned char *id);
+    /* (optional) Communicators and collectives (cubert/backend/comm.h);
+     * NULL: the backend has none, and cube_comm_init_all,
+     * cube_comm_init_rank and cube_comm_id_new answer
+     * CUBE_ERR_UNSUPPORTED. */
+    const cube_comm_vtable *comm;
     /* The backend's configuration keys (cubert/backend/config.h), ended by
      * an entry whose name is NULL; NULL when it has none. */
     const struct cube_config_key *config_keys;

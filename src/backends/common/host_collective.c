@@ -332,10 +332,11 @@ static uint64_t chunk_plan(const cube_collective_set *set, uint64_t *per,
 }
 
 cube_error *host_collective(cube_server *server, cube_server_stream *stream,
-                            void *impl, const cube_collective_set *set)
+                            cube_backend_comm *comm,
+                            const cube_collective_set *set)
 {
     (void)server;
-    (void)impl;
+    (void)comm;
     uint64_t t0 = host_busy_begin(stream);
     chunk_counter *cc = set->shared;
     uint64_t per, elems, total = chunk_plan(set, &per, &elems);
@@ -377,3 +378,10 @@ cube_error *host_copy_to_peer(cube_server *server, cube_server_stream *stream,
     host_busy_end(peer_stream, t0);
     return NULL;
 }
+
+/* The ranks need no state of their own (init is left out, so every
+ * rank's is NULL) and nothing is grouped: a thread that drives several
+ * ranks does each one's share as it issues it. */
+const cube_comm_vtable host_comm_vtable = {
+    .collective = host_collective,
+};

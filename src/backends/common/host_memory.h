@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cubert/backend/comm.h"
 #include "cubert/backend/server.h"
 
 /* cube_storage_ops.alloc over aligned_alloc: `size` bytes rounded up to
@@ -83,10 +84,15 @@ cube_error *host_wrap_memory(cube_server *server, cube_server_stream *stream,
 
 /* ServerCommunication for host-memory backends (host_collective.c): the
  * collective slot over ranks that are threads of this process (every
- * rank's call shares out the work and returns when it is all done), and
+ * rank's call shares out the work and returns when it is all done; the
+ * rank keeps no state, `comm` is unused), host_comm_vtable, the
+ * communicator table of a backend with only such ranks (the null
+ * backend; the CPU backend adds MPI's between processes, cpu_mpi.c), and
  * copy_to_peer as one memmove at call time. */
 cube_error *host_collective(cube_server *server, cube_server_stream *stream,
-                            void *impl, const cube_collective_set *set);
+                            cube_backend_comm *comm,
+                            const cube_collective_set *set);
+extern const cube_comm_vtable host_comm_vtable;
 cube_error *host_copy_to_peer(cube_server *server, cube_server_stream *stream,
                               const cube_binding *src, cube_server *peer,
                               cube_server_stream *peer_stream,

@@ -1,5 +1,7 @@
-/* The CPU backend's communicators between processes, through MPI
- * (Open MPI, loaded at run time: mpi_api.h).
+/* The CPU backend's communicators (cpu_comm_vtable, at the end): ranks
+ * in this process are threads over host memory (host_collective.c);
+ * ranks in other processes go through MPI (Open MPI, loaded at run time:
+ * mpi_api.h), which the rest of this file is about.
  *
  * The processes are the ranks of one MPI job; a communicator is a
  * duplicate of MPI_COMM_WORLD. Every call first exchanges a small header
@@ -49,7 +51,9 @@ static const mpi_api *mpi;
 #define TAG_HEADER 7001
 #define TAG_DATA 7002
 
+/* A rank between processes; a rank in this process has none (NULL). */
 typedef struct cpu_mpi_rank {
+    cube_backend_comm base; /* first: what the core holds */
     MPI_Comm comm;
     uint32_t rank, nranks;
     uint64_t timeout_ns;
@@ -181,7 +185,7 @@ static int wait_all(MPI_Request *req, int n, uint64_t deadline, int *rc)
 
 /* --- ids and communicators --- */
 
-cube_error *cpu_mpi_comm_id_new(unsigned char *id)
+static cube_error *cpu_mpi_comm_id_new(unsigned char *id)
 {
     /* MPI needs no id: the job's ranks are the communicator's. The bytes
      * name it, so that ranks given different ids are told apart. */
@@ -202,9 +206,11 @@ static int64_t id_digest(const unsigned char *id)
     return (int64_t)(h >> 1);
 }
 
-cube_error *cpu_mpi_comm_init_rank(cube_server *server, const unsigned char *id,
-                                   uint32_t nranks, uint32_t rank,
-                                   uint64_t timeout_ms, void **impl)
+static cube_error *cpu_mpi_comm_init_rank(cube_server *server,
+                                          const unsigned char *id,
+                                          uint32_t nranks, uint32_t rank,
+                                          uint64_t timeout_ms,
+                                          cube_backend_comm **impl)
 {
     (void)server;
     *impl = NULL;
@@ -230,6 +236,7 @@ cube_error *cpu_mpi_comm_init_rank(cube_server *server, const unsigned char *id,
     cpu_mpi_rank *r = calloc(1, sizeof *r);
     if (!r)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "MPI communicator");
+    r->base.vt = &cpu_comm_vtable;
     r->rank = rank;
     r->nranks = nranks;
     r->timeout_ns = timeout_ms * 1000000ull;
@@ -270,16 +277,16 @@ cube_error *cpu_mpi_comm_init_rank(cube_server *server, const unsigned char *id,
                    : cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                                     "the ranks were given different ids");
     }
-    *impl = r;
+    *impl = &r->base;
     cube_log_write(CUBE_LOG_INFO, "cpu", "MPI (%s): rank %u of %u", mpi->path,
                    rank, nranks);
     return NULL;
 }
 
-void cpu_mpi_comm_destroy(cube_server *server, void *impl)
+static void cpu_mpi_comm_destroy(cube_server *server, cube_backend_comm *impl)
 {
     (void)server;
-    cpu_mpi_rank *r = impl;
+    cpu_mpi_rank *r = (cpu_mpi_rank *)impl;
     if (!r)
         return;
     /* A communicator that timed out may still have MPI work that never
@@ -292,10 +299,10 @@ void cpu_mpi_comm_destroy(cube_server *server, void *impl)
     free(r);
 }
 
-void cpu_mpi_comm_abort(cube_server *server, void *impl)
+static void cpu_mpi_comm_abort(cube_server *server, cube_backend_comm *impl)
 {
     (void)server;
-    cpu_mpi_rank *r = impl;
+    cpu_mpi_rank *r = (cpu_mpi_rank *)impl;
     if (r)
         atomic_store(&r->broken, 1);
 }
@@ -514,11 +521,13 @@ static int start_data(cpu_mpi_rank *r, const cube_collective *c,
     return -1;
 }
 
-cube_error *cpu_mpi_collective(cube_server *server, cube_server_stream *stream,
-                               void *impl, const cube_collective_set *set)
+static cube_error *cpu_mpi_collective(cube_server *server,
+                                      cube_server_stream *stream,
+                                      cube_backend_comm *impl,
+                                      const cube_collective_set *set)
 {
     (void)server;
-    cpu_mpi_rank *r = impl;
+    cpu_mpi_rank *r = (cpu_mpi_rank *)impl;
     const cube_collective *c = &set->calls[set->index];
     if (atomic_load(&r->broken))
         return cube_error_new(CUBE_ERR_ABORTED,
@@ -570,3 +579,27 @@ cube_error *cpu_mpi_collective(cube_server *server, cube_server_stream *stream,
     host_busy_end(stream, t0);
     return err;
 }
+
+/* --- the table --- */
+
+/* The collective slot: ranks in this process are threads over host
+ * memory (host_collective); ranks in other processes go through MPI. */
+static cube_error *cpu_collective(cube_server *server,
+                                  cube_server_stream *stream,
+                                  cube_backend_comm *comm,
+                                  const cube_collective_set *set)
+{
+    return set->remote ? cpu_mpi_collective(server, stream, comm, set)
+                       : host_collective(server, stream, comm, set);
+}
+
+/* In one process the ranks keep no state (no init: each is NULL, which
+ * destroy and abort leave alone); between processes each is a
+ * cpu_mpi_rank. Nothing is grouped or followed on a device. */
+const cube_comm_vtable cpu_comm_vtable = {
+    .init_rank = cpu_mpi_comm_init_rank,
+    .id_new = cpu_mpi_comm_id_new,
+    .destroy = cpu_mpi_comm_destroy,
+    .abort = cpu_mpi_comm_abort,
+    .collective = cpu_collective,
+};

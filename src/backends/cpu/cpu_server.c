@@ -726,18 +726,6 @@ static cube_error *cpu_launch(cube_server *server, cube_server_stream *stream,
     return err;
 }
 
-/* --- communication ---
- *
- * Ranks in this process are threads over host memory (host_collective);
- * ranks in other processes go through MPI (cpu_mpi.c). */
-static cube_error *cpu_collective(cube_server *server,
-                                  cube_server_stream *stream, void *impl,
-                                  const cube_collective_set *set)
-{
-    return set->remote ? cpu_mpi_collective(server, stream, impl, set)
-                       : host_collective(server, stream, impl, set);
-}
-
 /* --- lifetime --- */
 
 static void cpu_destroy(cube_server *server)
@@ -762,10 +750,6 @@ static const cube_server_vtable cpu_vtable = {
     .launch = cpu_launch,
     .flush = host_flush,
     .copy_to_peer = host_copy_to_peer,
-    .comm_init_rank = cpu_mpi_comm_init_rank,
-    .comm_destroy = cpu_mpi_comm_destroy,
-    .comm_abort = cpu_mpi_comm_abort,
-    .collective = cpu_collective,
     .wrap_memory = host_wrap_memory,
 };
 
@@ -840,5 +824,5 @@ const cube_backend cube_backend_cpu = {"cpu",
                                        .device_properties =
                                            cpu_device_properties,
                                        .uses_cpu_threads = 1,
-                                       .comm_id_new = cpu_mpi_comm_id_new,
+                                       .comm = &cpu_comm_vtable,
                                        .config_keys = cpu_config_keys};

@@ -1,7 +1,8 @@
-/* ServerCommunication on CUDA: copies between devices' buffers and NCCL
- * collectives, each ordered on the calling stream like a launch (after
- * the last writers of what it reads and the other streams' uses of what
- * it writes, and marked as a use of both).
+/* Communicators on CUDA (cube_backend.comm, cuda_comm_vtable): NCCL
+ * communicators and collectives, each ordered on the calling stream like
+ * a launch (after the last writers of what it reads and the other
+ * streams' uses of what it writes, and marked as a use of both). Copies
+ * between devices are cuda_peer.c's.
  *
  * The core has matched and checked every rank's call before a part comes
  * here, so NCCL only ever sees calls that pair up: every rank of a
@@ -21,153 +22,14 @@
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/nccl_api.h"
 #include "base/error.h"
-#include "cubert/backend/config.h"
 #include "cubert/comm.h"
 #include "cubert/log.h"
 
-/* --- copies between buffers --- */
-
-/* Lets `dst`'s context reach `src`'s memory directly, once per pair;
- * without peer access the driver stages the copy itself. */
-static void enable_peer_access(cuda_server *dst, cuda_server *src)
-{
-    int ordinal = src->ordinal;
-    if (ordinal < 0 || ordinal >= CUDA_MAX_PEERS)
-        return;
-    if (atomic_exchange(&dst->peer_tried[ordinal], 1))
-        return;
-    cube_config_value off;
-    if (cube_config_lookup("cuda_peer_access", &off) == 0 &&
-        off.origin != CUBE_CONFIG_UNSET && off.number == 0) {
-        cube_log_write(CUBE_LOG_INFO, "cuda",
-                       "peer access from device %d to %d left off "
-                       "(CUBERT_CUDA_PEER_ACCESS=0)",
-                       dst->ordinal, src->ordinal);
-        return;
-    }
-    int can = 0;
-    const cuda_api *a = dst->api;
-    if (a->cuDeviceCanAccessPeer(&can, dst->device, src->device) !=
-            CUDA_SUCCESS ||
-        !can) {
-        cube_log_write(CUBE_LOG_INFO, "cuda",
-                       "no peer access from device %d to %d: copies between "
-                       "them go through the host",
-                       dst->ordinal, src->ordinal);
-        return;
-    }
-    CUresult r = a->cuCtxEnablePeerAccess(src->ctx, 0);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
-        cube_log_write(CUBE_LOG_WARN, "cuda",
-                       "cannot enable peer access from device %d to %d: %s",
-                       dst->ordinal, src->ordinal, cuda_result_text(a, r));
-}
-
-/* Marks the copy just enqueued on `st` as a read of `src` and a write of
- * `dst` (both blocks of st's server). */
-static cube_error *note_copy(cuda_server *s, cuda_stream *st, cuda_block *src,
-                             cuda_block *dst)
-{
-    uint64_t seq = cuda_stream_next(st);
-    int shared = 0;
-    if (src)
-        shared |= cuda_block_used(st, src, seq, 0);
-    if (dst)
-        shared |= cuda_block_used(st, dst, seq, 1);
-    return shared ? cuda_stream_record(s, st) : NULL;
-}
-
-/* Both buffers on one device: one device-to-device copy on the
- * destination's stream. */
-static cube_error *copy_on_device(cuda_server *s, cube_server_stream *stream,
-                                  const cube_binding *src,
-                                  const cube_binding *dst)
-{
-    cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_begin(s, stream, &st);
-    if (!err)
-        err = cuda_block_before_use(s, st, src->storage->cookie, 0);
-    if (!err)
-        err = cuda_block_before_use(s, st, dst->storage->cookie, 1);
-    if (err)
-        return err;
-    CUresult r = s->api->cuMemcpyDtoDAsync(dst->storage->address + dst->offset,
-                                           src->storage->address + src->offset,
-                                           dst->size, st->cu);
-    if (r != CUDA_SUCCESS)
-        return cuda_fail(s, r, CUBE_ERR_INTERNAL, "cuMemcpyDtoDAsync");
-    return note_copy(s, st, src->storage->cookie, dst->storage->cookie);
-}
-
-cube_error *cuda_copy_to_peer(cube_server *server, cube_server_stream *stream,
-                              const cube_binding *src, cube_server *peer,
-                              cube_server_stream *peer_stream,
-                              const cube_binding *dst)
-{
-    cuda_server *a = (cuda_server *)server, *b = (cuda_server *)peer;
-    if (a == b)
-        return copy_on_device(a, peer_stream, src, dst);
-    /* The source's side: after its last writer, an event the copy waits
-     * for. */
-    cuda_stream *sa = NULL, *sb = NULL;
-    CUevent ready = NULL, done = NULL;
-    cube_error *err = cuda_stream_begin(a, stream, &sa);
-    if (!err)
-        err = cuda_block_before_use(a, sa, src->storage->cookie, 0);
-    if (!err)
-        err = cuda_event_get(a, &ready);
-    if (!err) {
-        CUresult r = a->api->cuEventRecord(ready, sa->cu);
-        if (r != CUDA_SUCCESS)
-            err = cuda_fail(a, r, CUBE_ERR_INTERNAL, "cuEventRecord");
-    }
-    /* The destination's side: the copy, after the destination's other
-     * uses and the source's event. */
-    if (!err)
-        err = cuda_stream_begin(b, peer_stream, &sb);
-    if (!err)
-        err = cuda_block_before_use(b, sb, dst->storage->cookie, 1);
-    if (!err) {
-        enable_peer_access(b, a);
-        CUresult r = b->api->cuStreamWaitEvent(sb->cu, ready, 0);
-        if (r == CUDA_SUCCESS)
-            r = b->api->cuMemcpyPeerAsync(
-                dst->storage->address + dst->offset, b->ctx,
-                src->storage->address + src->offset, a->ctx, dst->size, sb->cu);
-        if (r != CUDA_SUCCESS)
-            err = cuda_fail(b, r, CUBE_ERR_INTERNAL, "cuMemcpyPeerAsync");
-    }
-    if (!err)
-        err = note_copy(b, sb, NULL, dst->storage->cookie);
-    /* Back on the source's stream: later writers of the source there wait
-     * for the copy. */
-    if (!err)
-        err = cuda_event_get(b, &done);
-    if (!err) {
-        CUresult r = b->api->cuEventRecord(done, sb->cu);
-        if (r == CUDA_SUCCESS) {
-            err = cuda_enter(a);
-            if (!err)
-                r = a->api->cuStreamWaitEvent(sa->cu, done, 0);
-        }
-        if (!err && r != CUDA_SUCCESS)
-            err = cuda_fail(a, r, CUBE_ERR_INTERNAL, "cuStreamWaitEvent");
-    }
-    if (!err)
-        err = note_copy(a, sa, src->storage->cookie, NULL);
-    /* An event may go back to its pool once the waits are enqueued: a
-     * wait takes the record it sees when it is made. */
-    if (ready)
-        cuda_event_put(a, ready);
-    if (done)
-        cuda_event_put(b, done);
-    return err;
-}
-
 /* --- NCCL communicators --- */
 
-/* One rank's NCCL state: a collective slot's impl. */
+/* One rank's NCCL state: what the core holds of the rank. */
 typedef struct cuda_rank {
+    cube_backend_comm base; /* first: the core's handle of the rank */
     const nccl_api *nccl;
     ncclComm_t comm;
     uint64_t timeout_ns;
@@ -251,8 +113,9 @@ static cube_error *nccl_failure(const nccl_api *n, ncclResult_t r,
                           "%s: %s", what, nccl_result_text(n, r, comm));
 }
 
-cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
-                           uint64_t timeout_ms, void **impls)
+static cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
+                                  uint64_t timeout_ms,
+                                  cube_backend_comm **impls)
 {
     const nccl_api *nccl = NULL;
     cube_error *err = nccl_api_load(&nccl);
@@ -315,9 +178,10 @@ cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
             return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL communicator");
         }
         *one = ranks[i];
+        one->base.vt = &cuda_comm_vtable;
         one->nccl = nccl;
         one->timeout_ns = timeout_ms * 1000000ull;
-        impls[i] = one;
+        impls[i] = &one->base;
     }
     free(ranks);
     cube_log_write(CUBE_LOG_INFO, "cuda",
@@ -326,7 +190,7 @@ cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
     return NULL;
 }
 
-cube_error *cuda_comm_id_new(unsigned char *id)
+static cube_error *cuda_comm_id_new(unsigned char *id)
 {
     const nccl_api *nccl = NULL;
     cube_error *err = nccl_api_load(&nccl);
@@ -342,9 +206,10 @@ cube_error *cuda_comm_id_new(unsigned char *id)
     return NULL;
 }
 
-cube_error *cuda_comm_init_rank(cube_server *server, const unsigned char *id,
-                                uint32_t nranks, uint32_t rank,
-                                uint64_t timeout_ms, void **impl)
+static cube_error *cuda_comm_init_rank(cube_server *server,
+                                       const unsigned char *id, uint32_t nranks,
+                                       uint32_t rank, uint64_t timeout_ms,
+                                       cube_backend_comm **impl)
 {
     cuda_server *s = (cuda_server *)server;
     *impl = NULL;
@@ -357,6 +222,7 @@ cube_error *cuda_comm_init_rank(cube_server *server, const unsigned char *id,
     cuda_rank *one = calloc(1, sizeof *one);
     if (!one)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL communicator");
+    one->base.vt = &cuda_comm_vtable;
     one->nccl = nccl;
     one->timeout_ns = timeout_ms * 1000000ull;
     one->remote = 1;
@@ -388,16 +254,16 @@ cube_error *cuda_comm_init_rank(cube_server *server, const unsigned char *id,
         free(one);
         return err;
     }
-    *impl = one;
+    *impl = &one->base;
     cube_log_write(CUBE_LOG_INFO, "cuda",
                    "NCCL %d (%s): rank %u of %u between processes",
                    nccl->version, nccl->path, rank, nranks);
     return NULL;
 }
 
-void cuda_comm_destroy(cube_server *server, void *impl)
+static void cuda_comm_destroy(cube_server *server, cube_backend_comm *impl)
 {
-    cuda_rank *rank = impl;
+    cuda_rank *rank = (cuda_rank *)impl;
     if (!rank)
         return;
     cuda_server *s = (cuda_server *)server;
@@ -430,10 +296,10 @@ void cuda_comm_destroy(cube_server *server, void *impl)
     }
 }
 
-void cuda_comm_abort(cube_server *server, void *impl)
+static void cuda_comm_abort(cube_server *server, cube_backend_comm *impl)
 {
     (void)server;
-    cuda_rank *rank = impl;
+    cuda_rank *rank = (cuda_rank *)impl;
     if (!rank || rank->aborted)
         return;
     if (rank->watch) {
@@ -506,70 +372,103 @@ static ncclResult_t enqueue(const nccl_api *n, ncclComm_t comm,
     return ncclInvalidArgument;
 }
 
-/* Issues the rank's part on its stream; `watch` (a rank between
- * processes, held) follows it on the device when the core asks. */
-static cube_error *issue_part(cuda_server *s, cube_server_stream *stream,
-                              cuda_rank *rank, const cube_collective_set *set,
-                              cuda_watch *watch)
+/* A part on its way: its stream, its buffers' blocks, and the ticket
+ * that follows it on the device (0: not followed). */
+typedef struct part {
+    const cube_collective *c;
+    cuda_stream *st;
+    cuda_block *src, *dst;
+    uint64_t ticket;
+} part;
+
+/* Before the part is enqueued: its stream is entered and waits for the
+ * last users of its buffers; a part `watch` follows (a rank between
+ * processes, held, when the core asks for a ticket and the stream does
+ * not capture) has its start recorded. */
+static cube_error *part_begin(cuda_server *s, cube_server_stream *stream,
+                              const cube_collective_set *set, cuda_watch *watch,
+                              part *p)
 {
-    const cube_collective *c = &set->calls[set->index];
-    cuda_stream *st = NULL;
-    cube_error *err = cuda_stream_begin(s, stream, &st);
-    cuda_block *src = c->src.storage ? c->src.storage->cookie : NULL;
-    cuda_block *dst = c->dst.storage ? c->dst.storage->cookie : NULL;
-    if (!err && src)
-        err = cuda_block_before_use(s, st, src, 0);
-    if (!err && dst)
-        err = cuda_block_before_use(s, st, dst, 1);
-    uint64_t ticket = 0;
-    int follow = watch && set->ticket && !st->capturing;
+    p->c = &set->calls[set->index];
+    p->src = p->c->src.storage ? p->c->src.storage->cookie : NULL;
+    p->dst = p->c->dst.storage ? p->c->dst.storage->cookie : NULL;
+    p->ticket = 0;
+    p->st = NULL;
+    cube_error *err = cuda_stream_begin(s, stream, &p->st);
+    if (!err && p->src)
+        err = cuda_block_before_use(s, p->st, p->src, 0);
+    if (!err && p->dst)
+        err = cuda_block_before_use(s, p->st, p->dst, 1);
+    int follow = !err && watch && set->ticket && !p->st->capturing;
     if (!err && follow && in_group && group_end_count == GROUP_RECORDS)
         err = cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
                              "more than %d calls between processes in one "
                              "group",
                              GROUP_RECORDS);
     if (!err && follow)
-        err = cuda_watch_begin(watch, st->cu, &ticket);
-    if (err)
-        return err;
-    ncclResult_t r = enqueue(rank->nccl, rank->comm, c, st->cu);
+        err = cuda_watch_begin(watch, p->st->cu, &p->ticket);
+    return err;
+}
+
+/* Enqueues the part with NCCL; outside a group, waits until NCCL took
+ * it (past the timeout the communicator is aborted). */
+static cube_error *part_enqueue(cuda_rank *rank, cuda_watch *watch,
+                                const part *p)
+{
+    ncclResult_t r = enqueue(rank->nccl, rank->comm, p->c, p->st->cu);
     int timed_out = 0;
     if (r == ncclInProgress && !in_group)
         r = settle(rank->nccl, rank->comm, watch, clock_ns() + rank->timeout_ns,
                    &timed_out);
     else if (r == ncclInProgress)
         r = ncclSuccess; /* enqueued at the group's end */
-    if (r != ncclSuccess) {
-        if (ticket)
-            cuda_watch_cancel(watch, ticket);
-        if (timed_out)
-            rank->aborted = 1;
-        return nccl_failure(rank->nccl, r, rank->comm, timed_out, "NCCL");
-    }
-    if (ticket && !in_group) {
-        err = cuda_watch_end(watch, st->cu, ticket);
+    if (r == ncclSuccess)
+        return NULL;
+    if (p->ticket)
+        cuda_watch_cancel(watch, p->ticket);
+    if (timed_out)
+        rank->aborted = 1;
+    return nccl_failure(rank->nccl, r, rank->comm, timed_out, "NCCL");
+}
+
+/* After the part was enqueued: its end is recorded for the watch (in a
+ * group: at the group's end) and its ticket handed to the core. */
+static cube_error *part_follow(cuda_watch *watch,
+                               const cube_collective_set *set, const part *p)
+{
+    if (!p->ticket)
+        return NULL;
+    if (!in_group) {
+        cube_error *err = cuda_watch_end(watch, p->st->cu, p->ticket);
         if (err)
             return err;
-    } else if (ticket) {
+    } else {
         group_ends[group_end_count].watch = watch;
-        group_ends[group_end_count].st = st;
-        group_ends[group_end_count].ticket = ticket;
+        group_ends[group_end_count].st = p->st;
+        group_ends[group_end_count].ticket = p->ticket;
         group_end_count++;
     }
-    if (ticket)
-        *set->ticket = ticket;
-    if (st->capturing)
+    *set->ticket = p->ticket;
+    return NULL;
+}
+
+/* Marks the part as a read of its source and a write of its destination
+ * on its stream; a buffer other streams use gets the stream's event
+ * recorded after it (in a group: after ncclGroupEnd). */
+static cube_error *part_mark(cuda_server *s, const part *p)
+{
+    if (p->st->capturing)
         return NULL; /* captured, not run: no buffer changes */
-    uint64_t seq = cuda_stream_next(st);
+    uint64_t seq = cuda_stream_next(p->st);
     int shared = 0;
-    if (src)
-        shared |= cuda_block_used(st, src, seq, 0);
-    if (dst)
-        shared |= cuda_block_used(st, dst, seq, 1);
+    if (p->src)
+        shared |= cuda_block_used(p->st, p->src, seq, 0);
+    if (p->dst)
+        shared |= cuda_block_used(p->st, p->dst, seq, 1);
     if (!shared)
         return NULL;
     if (!in_group)
-        return cuda_stream_record(s, st);
+        return cuda_stream_record(s, p->st);
     /* NCCL enqueues grouped parts at ncclGroupEnd: the event that marks
      * them is recorded after it. */
     if (group_record_count == GROUP_RECORDS)
@@ -577,9 +476,26 @@ static cube_error *issue_part(cuda_server *s, cube_server_stream *stream,
                               "more than %d shared buffers in one group",
                               GROUP_RECORDS);
     group_records[group_record_count].s = s;
-    group_records[group_record_count].st = st;
+    group_records[group_record_count].st = p->st;
     group_record_count++;
     return NULL;
+}
+
+/* Issues the rank's part on its stream; `watch` (a rank between
+ * processes, held) follows it on the device when the core asks. */
+static cube_error *issue_part(cuda_server *s, cube_server_stream *stream,
+                              cuda_rank *rank, const cube_collective_set *set,
+                              cuda_watch *watch)
+{
+    part p;
+    cube_error *err = part_begin(s, stream, set, watch, &p);
+    if (!err)
+        err = part_enqueue(rank, watch, &p);
+    if (!err)
+        err = part_follow(watch, set, &p);
+    if (!err)
+        err = part_mark(s, &p);
+    return err;
 }
 
 /* Whether this thread's group already holds `w`. */
@@ -591,11 +507,13 @@ static int group_holds(const cuda_rank *rank)
     return 0;
 }
 
-cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
-                            void *impl, const cube_collective_set *set)
+static cube_error *cuda_collective(cube_server *server,
+                                   cube_server_stream *stream,
+                                   cube_backend_comm *impl,
+                                   const cube_collective_set *set)
 {
     cuda_server *s = (cuda_server *)server;
-    cuda_rank *rank = impl;
+    cuda_rank *rank = (cuda_rank *)impl;
     cuda_watch *w = rank->watch;
     if (!w) {
         if (rank->aborted)
@@ -632,11 +550,12 @@ cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
     return err;
 }
 
-cube_error *cuda_collective_poll(cube_server *server, void *impl,
-                                 uint64_t ticket, int *done)
+static cube_error *cuda_collective_poll(cube_server *server,
+                                        cube_backend_comm *impl,
+                                        uint64_t ticket, int *done)
 {
     (void)server;
-    cuda_rank *rank = impl;
+    cuda_rank *rank = (cuda_rank *)impl;
     if (!rank->watch) {
         *done = 1; /* in one process nothing is followed */
         return NULL;
@@ -649,12 +568,13 @@ cube_error *cuda_collective_poll(cube_server *server, void *impl,
  * (the watchdog aborts it only after end), and the replay's work is
  * followed as a call's is, its timeout running from when the graph
  * starts on the device. */
-cube_error *cuda_comm_replay_begin(cube_server *server,
-                                   cube_server_stream *stream, void *impl,
-                                   uint64_t *ticket)
+static cube_error *cuda_comm_replay_begin(cube_server *server,
+                                          cube_server_stream *stream,
+                                          cube_backend_comm *impl,
+                                          uint64_t *ticket)
 {
     cuda_server *s = (cuda_server *)server;
-    cuda_rank *rank = impl;
+    cuda_rank *rank = (cuda_rank *)impl;
     *ticket = 0;
     if (!rank->watch)
         return cube_error_new(CUBE_ERR_INTERNAL,
@@ -673,12 +593,13 @@ cube_error *cuda_comm_replay_begin(cube_server *server,
     return err;
 }
 
-cube_error *cuda_comm_replay_end(cube_server *server,
-                                 cube_server_stream *stream, void *impl,
-                                 uint64_t ticket, int launched)
+static cube_error *cuda_comm_replay_end(cube_server *server,
+                                        cube_server_stream *stream,
+                                        cube_backend_comm *impl,
+                                        uint64_t ticket, int launched)
 {
     cuda_server *s = (cuda_server *)server;
-    cuda_rank *rank = impl;
+    cuda_rank *rank = (cuda_rank *)impl;
     cuda_watch *w = rank->watch;
     if (!w)
         return NULL;
@@ -692,7 +613,7 @@ cube_error *cuda_comm_replay_end(cube_server *server,
     return err;
 }
 
-void cuda_group_begin(void)
+static void cuda_group_begin(void)
 {
     const nccl_api *nccl = NULL;
     cube_error *err = nccl_api_load(&nccl);
@@ -708,7 +629,7 @@ void cuda_group_begin(void)
     group_held_count = 0;
 }
 
-cube_error *cuda_group_end(void)
+static cube_error *cuda_group_end(void)
 {
     const nccl_api *nccl = NULL;
     cube_error *err = nccl_api_load(&nccl);
@@ -744,3 +665,17 @@ cube_error *cuda_group_end(void)
         err = nccl_failure(nccl, r, NULL, timed_out, "ncclGroupEnd");
     return err;
 }
+
+const cube_comm_vtable cuda_comm_vtable = {
+    .init = cuda_comm_init,
+    .init_rank = cuda_comm_init_rank,
+    .id_new = cuda_comm_id_new,
+    .destroy = cuda_comm_destroy,
+    .abort = cuda_comm_abort,
+    .collective = cuda_collective,
+    .poll = cuda_collective_poll,
+    .replay_begin = cuda_comm_replay_begin,
+    .replay_end = cuda_comm_replay_end,
+    .group_begin = cuda_group_begin,
+    .group_end = cuda_group_end,
+};

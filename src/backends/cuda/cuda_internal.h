@@ -45,8 +45,9 @@
  *   cuda_launch.c    launches: arguments, dynamic cube counts
  *   cuda_watchdog.c  the thread that aborts a stalled NCCL communicator
  *                    between processes, and how its calls ended
- *   cuda_collective.c  copies between devices, NCCL communicators and
- *                    collectives (NCCL through nccl_api.h)
+ *   cuda_peer.c      copies between devices (copy_to_peer)
+ *   cuda_collective.c  NCCL communicators and collectives, the
+ *                    backend's comm table (NCCL through nccl_api.h)
  *   cuda_graph.c     capture, replay, destroy
  *   cuda_profile.c   profiling windows
  *   cuda_server.c    properties, open and destroy, the vtable, the backend
@@ -66,6 +67,7 @@
 #include "backends/common/vm_defer.h"
 #include "backends/cuda/cuda_api.h"
 #include "backends/cuda/nccl_api.h"
+#include "cubert/backend/comm.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
 #include "memory/memory_manager.h"
@@ -524,37 +526,21 @@ void cuda_watch_abort(cuda_watch *w);
 cube_error *cuda_watch_begin(cuda_watch *w, CUstream cu, uint64_t *ticket);
 cube_error *cuda_watch_end(cuda_watch *w, CUstream cu, uint64_t ticket);
 void cuda_watch_cancel(cuda_watch *w, uint64_t ticket);
-/* How call `ticket` ended (the collective_poll slot's contract). */
+/* How call `ticket` ended (the comm table's poll slot's contract). */
 cube_error *cuda_watch_poll(cuda_watch *w, uint64_t ticket, int *done);
 
-/* --- cuda_collective.c --- */
-/* ServerCommunication slots of the vtable. */
+/* --- cuda_peer.c --- */
+/* The copy_to_peer slot of the vtable. */
 cube_error *cuda_copy_to_peer(cube_server *server, cube_server_stream *stream,
                               const cube_binding *src, cube_server *peer,
                               cube_server_stream *peer_stream,
                               const cube_binding *dst);
-cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
-                           uint64_t timeout_ms, void **impls);
-/* Communicators between processes: NCCL's unique id as the id's payload,
- * and one rank joining it. */
-cube_error *cuda_comm_id_new(unsigned char *id);
-cube_error *cuda_comm_init_rank(cube_server *server, const unsigned char *id,
-                                uint32_t nranks, uint32_t rank,
-                                uint64_t timeout_ms, void **impl);
-void cuda_comm_destroy(cube_server *server, void *impl);
-void cuda_comm_abort(cube_server *server, void *impl);
-cube_error *cuda_collective(cube_server *server, cube_server_stream *stream,
-                            void *impl, const cube_collective_set *set);
-cube_error *cuda_collective_poll(cube_server *server, void *impl,
-                                 uint64_t ticket, int *done);
-cube_error *cuda_comm_replay_begin(cube_server *server,
-                                   cube_server_stream *stream, void *impl,
-                                   uint64_t *ticket);
-cube_error *cuda_comm_replay_end(cube_server *server,
-                                 cube_server_stream *stream, void *impl,
-                                 uint64_t ticket, int launched);
-void cuda_group_begin(void);
-cube_error *cuda_group_end(void);
+
+/* --- cuda_collective.c --- */
+/* cube_backend.comm: NCCL communicators in one process (one group,
+ * blocking) and between processes (NCCL's unique id as the id's payload,
+ * non-blocking, watched by cuda_watchdog.c). */
+extern const cube_comm_vtable cuda_comm_vtable;
 
 /* --- cuda_graph.c --- */
 cube_error *cuda_begin_capture(cube_server *server, cube_server_stream *stream);

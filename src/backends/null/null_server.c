@@ -118,10 +118,10 @@ static cube_error *null_stream_open(cube_server *server,
  * memory when a write returns, and nothing is ever left to wait for. A
  * device backend writes its own, in stream order.
  *
- * copy_to_peer and collective (ServerCommunication): host_copy_to_peer
- * and host_collective (backends/common/host_collective.c) work on any
- * backend whose buffers are host memory. With one device the null
- * backend's communicators have one rank. */
+ * copy_to_peer and the communicators (ServerCommunication):
+ * host_copy_to_peer and host_comm_vtable (backends/common/
+ * host_collective.c) work on any backend whose buffers are host memory.
+ * With one device the null backend's communicators have one rank. */
 
 /* TODO(name): read, write, sync and flush of the backend's own, in stream
  * order on the device's queue, in place of host_read, host_write,
@@ -198,7 +198,6 @@ static const cube_server_vtable null_vtable = {
     .launch = null_launch,
     .flush = host_flush,
     .copy_to_peer = host_copy_to_peer,
-    .collective = host_collective,
     .wrap_memory = host_wrap_memory,
 };
 
@@ -246,7 +245,13 @@ static cube_error *null_device_properties(uint32_t index,
 
 /* What the registry knows: cmake/backends.cmake's registration promises
  * that this folder defines cube_backend_null, named "null". No
- * configuration keys; the CPU threads option means nothing here. */
-const cube_backend cube_backend_null = {
-    "null", null_device_count, null_open,
-    .device_properties = null_device_properties, .config_keys = NULL};
+ * configuration keys; the communicators of host memory, ranks that are
+ * threads of this process (host_comm_vtable); the CPU threads option
+ * means nothing here. */
+const cube_backend cube_backend_null = {"null",
+                                        null_device_count,
+                                        null_open,
+                                        .device_properties =
+                                            null_device_properties,
+                                        .comm = &host_comm_vtable,
+                                        .config_keys = NULL};
