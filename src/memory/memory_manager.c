@@ -98,16 +98,33 @@ void mem_pool_unlink(mem_pool *p, mem_block *b)
     b->prev = b->next = NULL;
 }
 
+mem_block *mem_pool_page_new(mem_manager *m, mem_pool *p, uint64_t address,
+                             uint64_t extent)
+{
+    mem_block *b = mem_record_take(m);
+    b->address = address;
+    b->size = extent;
+    b->pool = p;
+    mem_pool_link(p, b);
+    mem_stats_page_add(m, &p->st, extent);
+    return b;
+}
+
+void mem_pool_page_drop(mem_manager *m, mem_pool *p, mem_block *b)
+{
+    mem_pool_unlink(p, b);
+    mem_storage_put(m, b->address, b->size);
+    mem_stats_page_remove(m, &p->st, b->size);
+    mem_record_give(m, b);
+}
+
 void mem_pool_drop_all(mem_manager *m, mem_pool *p)
 {
     while (p->blocks) {
         mem_block *b = p->blocks;
         if (b->requested)
             mem_stats_live_remove(m, &p->st, b->requested, b->size);
-        mem_pool_unlink(p, b);
-        mem_storage_put(m, b->address, b->size);
-        mem_stats_page_remove(m, &p->st, b->size);
-        mem_record_give(m, b);
+        mem_pool_page_drop(m, p, b);
     }
 }
 
@@ -607,10 +624,9 @@ void mem_free(mem_manager *m, cube_storage *storage)
         tail_free(m, b);
     else if (p == &m->pools[MEM_PERSISTENT])
         mem_persistent_free(m, b);
-    else if (p->config.kind == CUBE_POOL_SLICED)
-        mem_sliced_free(m, b);
-    else if (p->config.kind == CUBE_POOL_EXPANDABLE)
-        mem_expandable_free(m, b);
+    else if (p->config.kind == CUBE_POOL_SLICED ||
+             p->config.kind == CUBE_POOL_EXPANDABLE)
+        mem_hot_free(m, b);
     else
         mem_exclusive_free(m, b);
     m->tot.frees++;

@@ -425,16 +425,11 @@ cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
                                  mem_block **out)
 {
     uint64_t extent = mem_round(m, size);
-    mem_block *b = p->hot;
-    *out = NULL;
-    if (b && b->size == extent) {
-        /* The block freed last, of this very extent, pages still mapped. */
-        p->hot = NULL;
-        b->requested = size;
-        mem_stats_live_add(m, &p->st, size, extent);
-        *out = b;
+    /* The block freed last, of this very extent, pages still mapped. */
+    mem_block *b = mem_hot_take(m, p, size, extent);
+    *out = b;
+    if (b)
         return NULL;
-    }
     mem_hot_file(m, p);
     cube_error *err = NULL;
     if (!p->vm_size && (err = range_reserve(m, p)) != NULL)
@@ -464,19 +459,7 @@ cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         return cube_error_prefix(err, "pool %u: a block of %llu bytes",
                                  (unsigned)p->index, (ull)extent);
     }
-    mem_stats_live_add(m, &p->st, size, extent);
-    *out = b;
-    return NULL;
-}
-
-void mem_expandable_free(mem_manager *m, mem_block *b)
-{
-    mem_pool *p = b->pool;
-    /* The previous hot block first, while `b` still counts as live. */
-    mem_hot_file(m, p);
-    mem_stats_live_remove(m, &p->st, b->requested, b->size);
-    b->requested = 0;
-    p->hot = b;
+    return mem_hand_out(m, p, b, size, extent, out);
 }
 
 uint64_t mem_expandable_release(mem_manager *m, mem_pool *p)
@@ -503,14 +486,7 @@ void mem_expandable_fini(mem_manager *m, mem_pool *p)
 {
     p->hot = NULL; /* every block goes, filed or not */
     if (p->vm_size) {
-        mem_block *b = p->vm_first;
-        while (b) {
-            mem_block *next = b->next;
-            if (b->requested)
-                mem_stats_live_remove(m, &p->st, b->requested, b->size);
-            mem_record_give(m, b);
-            b = next;
-        }
+        mem_chain_give(m, p, p->vm_first);
         unmap_inside(m, p, 0, p->vm_size / p->vm_page, UINT64_MAX);
         m->ops.release(m->ops.self, p->vm_base, p->vm_size);
         free(p->vm_mapped);
