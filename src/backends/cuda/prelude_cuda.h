@@ -110,21 +110,27 @@ struct cube__unit {
                      &cube__sink CUBE__EACH(CUBE__KA, N, __VA_ARGS__));        \
     }
 
-/* cube_atomic_<op>_<suffix>(p, v): the CUDA atomic fn on T as its type CT. */
-#define CUBE__ATOMIC_CUDA_OP(op, fn, suffix, T, CT)                            \
-    __device__ static inline T cube_atomic_##op##_##suffix(T *p, T v)          \
-    {                                                                          \
-        return (T)fn((CT *)p, (CT)v);                                          \
-    }
 #define CUBE__ATOMIC_CUDA(suffix, T, CT)                                       \
-    CUBE__ATOMIC_CUDA_OP(add, atomicAdd, suffix, T, CT)                        \
-    CUBE__ATOMIC_CUDA_OP(exchange, atomicExch, suffix, T, CT)                  \
+    __device__ static inline T cube_atomic_add_##suffix(T *p, T v)             \
+    {                                                                          \
+        return (T)atomicAdd((CT *)p, (CT)v);                                   \
+    }                                                                          \
+    __device__ static inline T cube_atomic_exchange_##suffix(T *p, T v)        \
+    {                                                                          \
+        return (T)atomicExch((CT *)p, (CT)v);                                  \
+    }                                                                          \
     __device__ static inline T cube_atomic_cas_##suffix(T *p, T e, T d)        \
     {                                                                          \
         return (T)atomicCAS((CT *)p, (CT)e, (CT)d);                            \
     }                                                                          \
-    CUBE__ATOMIC_CUDA_OP(max, atomicMax, suffix, T, CT)                        \
-    CUBE__ATOMIC_CUDA_OP(min, atomicMin, suffix, T, CT)                        \
+    __device__ static inline T cube_atomic_max_##suffix(T *p, T v)             \
+    {                                                                          \
+        return (T)atomicMax((CT *)p, (CT)v);                                   \
+    }                                                                          \
+    __device__ static inline T cube_atomic_min_##suffix(T *p, T v)             \
+    {                                                                          \
+        return (T)atomicMin((CT *)p, (CT)v);                                   \
+    }                                                                          \
     __device__ static inline T cube_atomic_sub_##suffix(T *p, T v)             \
     {                                                                          \
         return (T)atomicAdd((CT *)p, (CT)(0 - v));                             \
