@@ -244,6 +244,9 @@ static inline uint64_t mem_round(const mem_manager *m, uint64_t size)
  * least MEM_SPARE_MIN before it routes). */
 #define MEM_SPARE_MIN 2
 mem_block *mem_record_take(mem_manager *m) CUBE_REQUIRES(m->lock);
+/* A spare record for the free block [address, address + size) of `p`. */
+mem_block *mem_record_for(mem_manager *m, mem_pool *p, uint64_t address,
+                          uint64_t size) CUBE_REQUIRES(m->lock);
 void mem_record_give(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
 
 /* Maps [address, address + size) of an expandable pool's range, with the
@@ -424,6 +427,10 @@ cube_error *mem_sliced_init(mem_manager *m, mem_pool *p);
 void mem_merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
     CUBE_REQUIRES(m->lock);
 void mem_hot_file(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
+/* Sliced and expandable pools: cuts block `b` (in no bin) to `extent`
+ * bytes; the rest, if any, becomes a free block right after it, filed. */
+void mem_split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
+    CUBE_REQUIRES(m->lock);
 /* Sliced and expandable pools: the hot block (the one freed last), when
  * it is of `extent` bytes, handed out for a request of `size` (see
  * mem_hand_out); else NULL, the hot block left as it is. */

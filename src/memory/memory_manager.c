@@ -59,6 +59,16 @@ mem_block *mem_record_take(mem_manager *m)
     return b;
 }
 
+mem_block *mem_record_for(mem_manager *m, mem_pool *p, uint64_t address,
+                          uint64_t size)
+{
+    mem_block *b = mem_record_take(m);
+    b->address = address;
+    b->size = size;
+    b->pool = p;
+    return b;
+}
+
 void mem_record_give(mem_manager *m, mem_block *b)
 {
     b->requested = 0;
@@ -101,10 +111,7 @@ void mem_pool_unlink(mem_pool *p, mem_block *b)
 mem_block *mem_pool_page_new(mem_manager *m, mem_pool *p, uint64_t address,
                              uint64_t extent)
 {
-    mem_block *b = mem_record_take(m);
-    b->address = address;
-    b->size = extent;
-    b->pool = p;
+    mem_block *b = mem_record_for(m, p, address, extent);
     mem_pool_link(p, b);
     mem_stats_page_add(m, &p->st, extent);
     return b;
@@ -295,16 +302,8 @@ static cube_error *tail_alloc(mem_manager *m, uint64_t size, mem_block **out)
     cube_error *err = mem_storage_get(m, extent, &address);
     if (err)
         return err;
-    mem_block *b = mem_record_take(m);
-    b->address = address;
-    b->size = extent;
-    b->requested = size;
-    b->pool = p;
-    mem_pool_link(p, b);
-    mem_stats_page_add(m, &p->st, extent);
-    mem_stats_live_add(m, &p->st, size, extent);
-    *out = b;
-    return NULL;
+    mem_block *b = mem_pool_page_new(m, p, address, extent);
+    return mem_hand_out(m, p, b, size, extent, out);
 }
 
 static void tail_free(mem_manager *m, mem_block *b)

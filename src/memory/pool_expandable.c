@@ -348,10 +348,7 @@ static cube_error *range_reserve(mem_manager *m, mem_pool *p)
                                  "space",
                                  (unsigned)p->index, (ull)size);
     }
-    mem_block *b = mem_record_take(m);
-    b->address = base;
-    b->size = size;
-    b->pool = p;
+    mem_block *b = mem_record_for(m, p, base, size);
     p->vm_base = base;
     p->vm_size = size;
     p->vm_first = b;
@@ -363,28 +360,6 @@ static cube_error *range_reserve(mem_manager *m, mem_pool *p)
                    "(pages of %llu bytes)",
                    (unsigned)p->index, (ull)size, (ull)base, (ull)p->vm_page);
     return NULL;
-}
-
-/* Cuts the free block `b` (out of the bins) to `extent` bytes; the rest
- * stays free, right after it. */
-static void split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
-    CUBE_REQUIRES(m->lock);
-
-static void split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
-{
-    if (b->size == extent)
-        return;
-    mem_block *rest = mem_record_take(m);
-    rest->address = b->address + extent;
-    rest->size = b->size - extent;
-    rest->pool = p;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next)
-        b->next->prev = rest;
-    b->next = rest;
-    b->size = extent;
-    mem_bins_insert(&p->bins, rest);
 }
 
 /* Pages [address, address + extent) would map. */
@@ -447,7 +422,7 @@ cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
     }
     b = refit(p, b, extent);
     mem_bins_remove(&p->bins, b);
-    split(m, p, b, extent);
+    mem_split(m, p, b, extent);
     /* Live while its pages are mapped: an out-of-memory release in
      * between must leave them alone. */
     b->requested = size;

@@ -105,10 +105,7 @@ static mem_block *page_new(mem_manager *m, mem_pool *p, uint64_t size,
                                  (unsigned)p->index);
         return NULL;
     }
-    mem_block *b = mem_record_take(m);
-    b->address = address;
-    b->size = size;
-    b->pool = p;
+    mem_block *b = mem_record_for(m, p, address, size);
     b->page = page;
     page->address = address;
     page->size = size;
@@ -173,22 +170,25 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         if (!b)
             return err;
     }
-    if (b->size > extent) {
-        /* The rest of the slice stays free, right after the new one. */
-        mem_block *rest = mem_record_take(m);
-        rest->address = b->address + extent;
-        rest->size = b->size - extent;
-        rest->pool = p;
-        rest->page = b->page;
-        rest->prev = b;
-        rest->next = b->next;
-        if (b->next)
-            b->next->prev = rest;
-        b->next = rest;
-        b->size = extent;
-        mem_bins_insert(&p->bins, rest);
-    }
+    /* The rest of the slice stays free, right after the new one. */
+    mem_split(m, p, b, extent);
     return mem_hand_out(m, p, b, size, extent, out);
+}
+
+void mem_split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
+{
+    if (b->size <= extent)
+        return;
+    mem_block *rest =
+        mem_record_for(m, p, b->address + extent, b->size - extent);
+    rest->page = b->page;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next)
+        b->next->prev = rest;
+    b->next = rest;
+    b->size = extent;
+    mem_bins_insert(&p->bins, rest);
 }
 
 void mem_merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
