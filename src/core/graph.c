@@ -22,6 +22,7 @@
  * its device work as it follows a call (its watchdog aborts the
  * communicator when the replay's work does not end within the timeout
  * after it started) and the graph's outputs carry that failure. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,10 +43,15 @@ typedef struct graph_entry {
     core_recorded_call coll;
 } graph_entry;
 
-/* A set of allocations, each named once. */
+/* A set of allocations, each named once, in the order they were added
+ * (replays walk them in that order). A capture may name thousands, so
+ * membership goes through an open-addressing table of the same pointers,
+ * at most half full. */
 typedef struct alloc_set {
     core_alloc **items;
     size_t count, cap;
+    core_alloc **slots; /* NULL: empty; nslots a power of two, or 0 */
+    size_t nslots;
 } alloc_set;
 
 struct core_graph {
@@ -72,11 +78,27 @@ struct core_graph {
 
 static atomic_uint_fast64_t next_graph_id = 1;
 
-static int set_add(alloc_set *s, core_alloc *a)
+/* The slot of `a` in a table of `nslots` (a power of two): where it is,
+ * or the empty one where it would go. */
+static size_t set_slot(core_alloc *const *slots, size_t nslots,
+                       const core_alloc *a)
 {
-    for (size_t i = 0; i < s->count; i++)
-        if (s->items[i] == a)
-            return 0;
+    uint64_t h = (uint64_t)(uintptr_t)a * 0x9E3779B97F4A7C15ull;
+    size_t i = (size_t)(h ^ (h >> 32)) & (nslots - 1);
+    while (slots[i] && slots[i] != a)
+        i = (i + 1) & (nslots - 1);
+    return i;
+}
+
+static int set_has(const alloc_set *s, const core_alloc *a)
+{
+    return s->nslots && s->slots[set_slot(s->slots, s->nslots, a)] == a;
+}
+
+/* Makes room for one more item, in the list and in the table (kept at
+ * most half full). -1, the set unchanged, when memory runs out. */
+static int set_reserve(alloc_set *s)
+{
     if (s->count == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 8;
         core_alloc **grown = realloc(s->items, cap * sizeof(core_alloc *));
@@ -85,8 +107,37 @@ static int set_add(alloc_set *s, core_alloc *a)
         s->items = grown;
         s->cap = cap;
     }
+    if ((s->count + 1) * 2 <= s->nslots)
+        return 0;
+    size_t nslots = s->nslots ? s->nslots * 2 : 16;
+    core_alloc **slots = calloc(nslots, sizeof(core_alloc *));
+    if (!slots)
+        return -1;
+    for (size_t i = 0; i < s->count; i++)
+        slots[set_slot(slots, nslots, s->items[i])] = s->items[i];
+    free(s->slots);
+    s->slots = slots;
+    s->nslots = nslots;
+    return 0;
+}
+
+/* 1: `a` added; 0: it was there already; -1: out of memory, the set
+ * unchanged. */
+static int set_add(alloc_set *s, core_alloc *a)
+{
+    if (set_has(s, a))
+        return 0;
+    if (set_reserve(s) != 0)
+        return -1;
+    s->slots[set_slot(s->slots, s->nslots, a)] = a;
     s->items[s->count++] = a;
     return 1;
+}
+
+static void set_free(alloc_set *s)
+{
+    free(s->items);
+    free(s->slots);
 }
 
 static void graph_free(cube_client *c, core_graph *g)
@@ -100,11 +151,11 @@ static void graph_free(cube_client *c, core_graph *g)
     for (size_t i = 0; i < g->count; i++)
         if (g->entries[i].kind == ENTRY_COLLECTIVE)
             core_comm_release(g->entries[i].coll.comm, g->hardware_collectives);
-    free(g->pinned.items);
-    free(g->reads.items);
-    free(g->writes.items);
-    free(g->clears.items);
-    free(g->dynamic_clears.items);
+    set_free(&g->pinned);
+    set_free(&g->reads);
+    set_free(&g->writes);
+    set_free(&g->clears);
+    set_free(&g->dynamic_clears);
     free(g->entries);
     free(g);
 }
@@ -149,13 +200,9 @@ static cube_error *note(cube_client *c, core_graph *g, core_alloc *const *read,
     /* An input is what the graph reads before it rewrites it: a buffer an
      * earlier recorded launch fully wrote (CUBE_OUT) holds the graph's own
      * result by then, whatever the failure store said before the replay. */
-    for (size_t i = 0; i < nread && !err; i++) {
-        int own = 0;
-        for (size_t k = 0; k < g->clears.count; k++)
-            own |= g->clears.items[k] == read[i];
-        if (!own && set_add(&g->reads, read[i]) < 0)
+    for (size_t i = 0; i < nread && !err; i++)
+        if (!set_has(&g->clears, read[i]) && set_add(&g->reads, read[i]) < 0)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
-    }
     for (size_t i = 0; i < nwritten && !err; i++)
         if (set_add(&g->writes, written[i]) < 0)
             err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
@@ -532,6 +579,120 @@ static cube_error *replay_entry(cube_client *c, core_stream *s,
     return c->vt->launch(c->server, &s->base, &d);
 }
 
+/* Why a replay on `s` is refused before anything runs: a capturing
+ * stream first, whatever the id; then an id that names no graph. A
+ * refusal runs nothing and fails nothing. */
+static cube_error *replay_refusal(const core_stream *s, const core_graph *g,
+                                  cube_graph_id id) CUBE_REQUIRES(s->lock)
+{
+    if (s->capture)
+        return cube_error_new(CUBE_ERR_GRAPH_STATE,
+                              "cube_graph_replay: the calling stream is "
+                              "capturing; replay after cube_graph_end");
+    if (!g)
+        return not_found("cube_graph_replay", id);
+    return NULL;
+}
+
+/* Inputs first: a replay over bytes that cannot be trusted would hand
+ * its outputs the same problem. */
+static cube_error *check_inputs(cube_client *c, const core_graph *g,
+                                cube_graph_id id)
+{
+    cube_error *err = NULL;
+    for (size_t i = 0; i < g->reads.count && !err; i++) {
+        cube_error *f = core_failure_get(c, g->reads.items[i]);
+        if (f)
+            err = cube_error_wrap(f, CUBE_ERR_SEVERAL,
+                                  "cube_graph_replay(%llu): an input "
+                                  "buffer cannot be trusted",
+                                  (unsigned long long)id);
+    }
+    return err;
+}
+
+/* How far a replay came, for what it fails or trusts again after. */
+typedef struct replay_progress {
+    int ran_nothing; /* a dynamic count of zero cubes, at least one */
+    size_t reached;  /* entries handed on, the failing one included */
+    int agreed;      /* a hardware graph's collectives met the peers' */
+} replay_progress;
+
+/* A hardware graph's replay; the entries it ran (all of them, or none). */
+static size_t replay_hardware(cube_client *c, core_stream *s, core_graph *g,
+                              replay_progress *pr, cube_error **err)
+    CUBE_REQUIRES(s->lock)
+{
+    if (g->collectives) {
+        /* The graph's device work waits for the peers' matching
+         * kernels: launch it only once every rank's replay reached
+         * each of its collectives, in order. */
+        core_stream_unlock(s);
+        *err = agree_all(g, &pr->reached);
+        pr->agreed = 1;
+        core_stream_lock(s);
+        if (*err)
+            return 0;
+    }
+    *err = launch_hardware(c, s, g);
+    if (*err && g->collectives) {
+        /* Every peer agreed and launches its part, which would
+         * wait for this rank's forever: abort their
+         * communicators so that their work ends (with errors). */
+        core_stream_unlock(s);
+        abort_comms(g);
+        core_stream_lock(s);
+    }
+    return *err ? 0 : g->count;
+}
+
+/* Runs the graph's entries on `s`, hardware or software, and traces the
+ * replay. */
+static cube_error *replay_entries(cube_client *c, core_stream *s, core_graph *g,
+                                  cube_graph_id id, replay_progress *pr)
+    CUBE_REQUIRES(s->lock)
+{
+    cube_error *err = NULL;
+    uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
+    size_t done = 0;
+    if (g->hardware)
+        done = replay_hardware(c, s, g, pr, &err);
+    while (!g->hardware && done < g->count && !err) {
+        size_t next = done + 1;
+        err = replay_entry(c, s, g, done, &next, &pr->ran_nothing);
+        done = next; /* the failing entry (or run) counts as reached */
+    }
+    pr->reached = done;
+    /* A replayed collective counts itself, as the call it is; a
+     * hardware graph's run as part of it. */
+    if (!err)
+        s->launches += g->hardware ? g->count : g->count - g->collectives;
+    if (t0) {
+        char args[64];
+        snprintf(args, sizeof args, "{\"graph\":%llu,\"launches\":%zu}",
+                 (unsigned long long)id, done);
+        core_trace_span("launch", "graph replay", s->base.id, t0,
+                        core_clock_ns(), args);
+    }
+    return err;
+}
+
+/* After the replay, outside the stream: a failure marks the graph's
+ * outputs; a replay that landed trusts again what it fully rewrote. */
+static void replay_settle(cube_client *c, const core_graph *g,
+                          const cube_error *err, int failed, int ran_nothing)
+{
+    if (failed) {
+        for (size_t i = 0; i < g->writes.count; i++)
+            core_failure_record(c, g->writes.items[i], err);
+    } else if (!err) {
+        for (size_t i = 0; i < g->clears.count; i++)
+            core_failure_clear(c, g->clears.items[i]);
+        for (size_t i = 0; i < g->dynamic_clears.count && !ran_nothing; i++)
+            core_failure_clear(c, g->dynamic_clears.items[i]);
+    }
+}
+
 static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_replay");
@@ -543,80 +704,22 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
      * reference frees the graph, which can wait for the device. */
     core_graph *g = acquire(c, id);
     core_stream_lock(s);
-    /* A capturing stream refuses first, whatever the id; then an id that
-     * names no graph. A refusal runs nothing and fails nothing. */
-    if (s->capture)
-        err = cube_error_new(CUBE_ERR_GRAPH_STATE,
-                             "cube_graph_replay: the calling stream is "
-                             "capturing; replay after cube_graph_end");
-    else if (!g)
-        err = not_found("cube_graph_replay", id);
+    err = replay_refusal(s, g, id);
     if (err || core_dry_run_active(c)) {
         core_stream_unlock(s);
         if (g)
             release(c, g);
         return err;
     }
-    /* Inputs first: a replay over bytes that cannot be trusted would hand
-     * its outputs the same problem. */
-    for (size_t i = 0; i < g->reads.count && !err; i++) {
-        cube_error *f = core_failure_get(c, g->reads.items[i]);
-        if (f)
-            err = cube_error_wrap(f, CUBE_ERR_SEVERAL,
-                                  "cube_graph_replay(%llu): an input "
-                                  "buffer cannot be trusted",
-                                  (unsigned long long)id);
-    }
-    int ran_nothing = 0; /* a dynamic count of zero cubes, at least one */
-    size_t reached = 0;  /* entries handed on, the failing one included */
-    int agreed = 0;      /* a hardware graph's collectives met the peers' */
-    if (!err) {
-        uint64_t t0 = core_trace_on() ? core_clock_ns() : 0;
-        size_t done = 0;
-        if (g->hardware && g->collectives) {
-            /* The graph's device work waits for the peers' matching
-             * kernels: launch it only once every rank's replay reached
-             * each of its collectives, in order. */
-            core_stream_unlock(s);
-            err = agree_all(g, &reached);
-            agreed = 1;
-            core_stream_lock(s);
-        }
-        if (g->hardware && !err) {
-            err = launch_hardware(c, s, g);
-            done = err ? 0 : g->count;
-            if (err && g->collectives) {
-                /* Every peer agreed and launches its part, which would
-                 * wait for this rank's forever: abort their
-                 * communicators so that their work ends (with errors). */
-                core_stream_unlock(s);
-                abort_comms(g);
-                core_stream_lock(s);
-            }
-        }
-        while (!g->hardware && done < g->count && !err) {
-            size_t next = done + 1;
-            err = replay_entry(c, s, g, done, &next, &ran_nothing);
-            done = next; /* the failing entry (or run) counts as reached */
-        }
-        reached = done;
-        /* A replayed collective counts itself, as the call it is; a
-         * hardware graph's run as part of it. */
-        if (!err)
-            s->launches += g->hardware ? g->count : g->count - g->collectives;
-        if (t0) {
-            char args[64];
-            snprintf(args, sizeof args, "{\"graph\":%llu,\"launches\":%zu}",
-                     (unsigned long long)id, done);
-            core_trace_span("launch", "graph replay", s->base.id, t0,
-                            core_clock_ns(), args);
-        }
-    }
+    err = check_inputs(c, g, id);
+    replay_progress pr = {0, 0, 0};
+    if (!err)
+        err = replay_entries(c, s, g, id, &pr);
     /* The peers wait for the collectives this replay will not reach: each
      * is posted as a refusal, so every rank answers the error. */
-    if (err && g->collectives && !agreed) {
+    if (err && g->collectives && !pr.agreed) {
         core_stream_unlock(s);
-        refuse_from(g, reached, err, 0);
+        refuse_from(g, pr.reached, err, 0);
         core_stream_lock(s);
     }
     /* A refusal from the backend ran nothing and failed nothing (a
@@ -628,15 +731,7 @@ static cube_error *graph_replay_call(cube_client *c, cube_graph_id id)
         core_stream_note_failure(s, err);
     core_stream_unlock(s);
     core_fault_note(c, err);
-    if (failed) {
-        for (size_t i = 0; i < g->writes.count; i++)
-            core_failure_record(c, g->writes.items[i], err);
-    } else if (!err) {
-        for (size_t i = 0; i < g->clears.count; i++)
-            core_failure_clear(c, g->clears.items[i]);
-        for (size_t i = 0; i < g->dynamic_clears.count && !ran_nothing; i++)
-            core_failure_clear(c, g->dynamic_clears.items[i]);
-    }
+    replay_settle(c, g, err, failed, pr.ran_nothing);
     release(c, g);
     return err;
 }

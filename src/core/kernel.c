@@ -125,28 +125,9 @@ static int is_source_format(cube_kernel_format f)
     return f == CUBE_KERNEL_CUDA_SOURCE || f == CUBE_KERNEL_C_SOURCE;
 }
 
-/* Everything of a raw desc that can be wrong, before anything is
- * allocated. */
-static cube_error *check_raw(const cube_raw_kernel_desc *d, uint32_t dim[3])
+/* A raw desc's code: a source, or a binary with no compiler options. */
+static cube_error *check_raw_code(const cube_raw_kernel_desc *d)
 {
-    if (!d->name || !is_identifier(d->name) || strlen(d->name) > 200)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              RAW_FN ": desc->name must be a C identifier of "
-                                     "at most 200 characters");
-    switch (d->format) {
-    case CUBE_KERNEL_CUDA_SOURCE:
-    case CUBE_KERNEL_CUDA_BINARY:
-    case CUBE_KERNEL_C_SOURCE:
-    case CUBE_KERNEL_SHARED_OBJECT: break;
-    default:
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              RAW_FN ": desc->format %d is not a raw kernel "
-                                     "format (CUBE_KERNEL_CUDA_SOURCE, "
-                                     "CUBE_KERNEL_CUDA_BINARY, "
-                                     "CUBE_KERNEL_C_SOURCE, "
-                                     "CUBE_KERNEL_SHARED_OBJECT)",
-                              (int)d->format);
-    }
     if (is_source_format(d->format)) {
         if (!d->source || !*d->source)
             return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -173,6 +154,64 @@ static cube_error *check_raw(const cube_raw_kernel_desc *d, uint32_t dim[3])
             return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                                   RAW_FN ": desc->binary_size is too large");
     }
+    return NULL;
+}
+
+/* Raw parameter `i`'s kind and size. */
+static cube_error *check_raw_param(const cube_raw_param *p, uint32_t i)
+{
+    switch (p->kind) {
+    case CUBE_RAW_BUFFER_IN:
+    case CUBE_RAW_BUFFER_OUT:
+    case CUBE_RAW_BUFFER_INOUT:
+        if (p->size == 0)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  RAW_FN ": desc->params[%u] is a buffer "
+                                         "with an element size of 0",
+                                  i);
+        break;
+    case CUBE_RAW_SCALAR:
+        if (p->size != 1 && p->size != 2 && p->size != 4 && p->size != 8)
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                                  RAW_FN ": desc->params[%u] is a scalar "
+                                         "of %u bytes; a scalar has 1, 2, "
+                                         "4 or 8",
+                                  i, p->size);
+        break;
+    default:
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              RAW_FN ": desc->params[%u].kind %d is not a "
+                                     "cube_raw_param_kind",
+                              i, (int)p->kind);
+    }
+    return NULL;
+}
+
+/* Everything of a raw desc that can be wrong, before anything is
+ * allocated. */
+static cube_error *check_raw(const cube_raw_kernel_desc *d, uint32_t dim[3])
+{
+    if (!d->name || !is_identifier(d->name) || strlen(d->name) > 200)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              RAW_FN ": desc->name must be a C identifier of "
+                                     "at most 200 characters");
+    switch (d->format) {
+    case CUBE_KERNEL_CUDA_SOURCE:
+    case CUBE_KERNEL_CUDA_BINARY:
+    case CUBE_KERNEL_C_SOURCE:
+    case CUBE_KERNEL_SHARED_OBJECT: break;
+    default:
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              RAW_FN ": desc->format %d is not a raw kernel "
+                                     "format (CUBE_KERNEL_CUDA_SOURCE, "
+                                     "CUBE_KERNEL_CUDA_BINARY, "
+                                     "CUBE_KERNEL_C_SOURCE, "
+                                     "CUBE_KERNEL_SHARED_OBJECT)",
+                              (int)d->format);
+    }
+    cube_error *err = check_raw_code(d);
+    if (err)
+        return err;
     if (d->nparams > CUBE_MAX_PARAMS)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               RAW_FN ": desc->nparams is %u; at most %d",
@@ -181,33 +220,10 @@ static cube_error *check_raw(const cube_raw_kernel_desc *d, uint32_t dim[3])
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               RAW_FN ": desc->params is NULL with nparams = %u",
                               d->nparams);
-    for (uint32_t i = 0; i < d->nparams; i++) {
-        const cube_raw_param *p = &d->params[i];
-        switch (p->kind) {
-        case CUBE_RAW_BUFFER_IN:
-        case CUBE_RAW_BUFFER_OUT:
-        case CUBE_RAW_BUFFER_INOUT:
-            if (p->size == 0)
-                return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                      RAW_FN ": desc->params[%u] is a buffer "
-                                             "with an element size of 0",
-                                      i);
-            break;
-        case CUBE_RAW_SCALAR:
-            if (p->size != 1 && p->size != 2 && p->size != 4 && p->size != 8)
-                return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                      RAW_FN ": desc->params[%u] is a scalar "
-                                             "of %u bytes; a scalar has 1, 2, "
-                                             "4 or 8",
-                                      i, p->size);
-            break;
-        default:
-            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                                  RAW_FN ": desc->params[%u].kind %d is not a "
-                                         "cube_raw_param_kind",
-                                  i, (int)p->kind);
-        }
-    }
+    for (uint32_t i = 0; i < d->nparams && !err; i++)
+        err = check_raw_param(&d->params[i], i);
+    if (err)
+        return err;
     return check_dim(RAW_FN, d->cube_dim, dim);
 }
 

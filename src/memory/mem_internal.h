@@ -244,6 +244,9 @@ static inline uint64_t mem_round(const mem_manager *m, uint64_t size)
  * least MEM_SPARE_MIN before it routes). */
 #define MEM_SPARE_MIN 2
 mem_block *mem_record_take(mem_manager *m) CUBE_REQUIRES(m->lock);
+/* A spare record for the free block [address, address + size) of `p`. */
+mem_block *mem_record_for(mem_manager *m, mem_pool *p, uint64_t address,
+                          uint64_t size) CUBE_REQUIRES(m->lock);
 void mem_record_give(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
 
 /* Maps [address, address + size) of an expandable pool's range, with the
@@ -371,6 +374,22 @@ static inline void mem_stats_live_remove(mem_manager *m, mem_stats *st,
 #define mem_stats_page_remove(m, st, size)                                     \
     mem_stats_pages_remove(m, st, 1, size)
 
+/* Hands block `b` of `extent` bytes out for a request of `size`: live,
+ * counted, in *out. Returns NULL (no error), for the pools' alloc. */
+static inline cube_error *mem_hand_out(mem_manager *m, mem_pool *p,
+                                       mem_block *b, uint64_t size,
+                                       uint64_t extent, mem_block **out)
+    CUBE_REQUIRES(m->lock);
+static inline cube_error *mem_hand_out(mem_manager *m, mem_pool *p,
+                                       mem_block *b, uint64_t size,
+                                       uint64_t extent, mem_block **out)
+{
+    b->requested = size;
+    mem_stats_live_add(m, &p->st, size, extent);
+    *out = b;
+    return NULL;
+}
+
 /* Whether the pool's cap leaves room for `bytes` more. */
 static inline int mem_pool_room(const mem_pool *p, uint64_t bytes)
 {
@@ -381,6 +400,15 @@ static inline int mem_pool_room(const mem_pool *p, uint64_t bytes)
 /* Links `b` at the head of the pool's block list (not for sliced pools). */
 void mem_pool_link(mem_pool *p, mem_block *b);
 void mem_pool_unlink(mem_pool *p, mem_block *b);
+/* A block for a page of `extent` bytes the storage gave at `address`,
+ * linked into the pool's block list and counted as a page of it (not for
+ * sliced pools). Never fails: records are taken from the spares. */
+mem_block *mem_pool_page_new(mem_manager *m, mem_pool *p, uint64_t address,
+                             uint64_t extent) CUBE_REQUIRES(m->lock);
+/* Unlinks a free block from the pool's block list and gives its page back
+ * to the storage, and its record to the spares (not for sliced pools). */
+void mem_pool_page_drop(mem_manager *m, mem_pool *p, mem_block *b)
+    CUBE_REQUIRES(m->lock);
 /* Gives every block of the pool's block list back to the storage, live or
  * not (not for sliced pools). */
 void mem_pool_drop_all(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
@@ -399,9 +427,24 @@ cube_error *mem_sliced_init(mem_manager *m, mem_pool *p);
 void mem_merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
     CUBE_REQUIRES(m->lock);
 void mem_hot_file(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
+/* Sliced and expandable pools: cuts block `b` (in no bin) to `extent`
+ * bytes; the rest, if any, becomes a free block right after it, filed. */
+void mem_split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
+    CUBE_REQUIRES(m->lock);
+/* Sliced and expandable pools: the hot block (the one freed last), when
+ * it is of `extent` bytes, handed out for a request of `size` (see
+ * mem_hand_out); else NULL, the hot block left as it is. */
+mem_block *mem_hot_take(mem_manager *m, mem_pool *p, uint64_t size,
+                        uint64_t extent) CUBE_REQUIRES(m->lock);
+/* Sliced and expandable pools' free: `b` becomes the hot block, not yet
+ * merged nor filed, and the previous hot block is filed first. */
+void mem_hot_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
+/* Sliced and expandable pools' fini: gives the records of the chain of
+ * blocks from `b` on (next) back to the spares, live or not. */
+void mem_chain_give(mem_manager *m, mem_pool *p, mem_block *b)
+    CUBE_REQUIRES(m->lock);
 cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
                              mem_block **out) CUBE_REQUIRES(m->lock);
-void mem_sliced_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
 uint64_t mem_sliced_release(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
 void mem_sliced_fini(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);
 
@@ -426,7 +469,6 @@ uint64_t mem_persistent_release(mem_manager *m, mem_pool *p)
 cube_error *mem_expandable_init(mem_manager *m, mem_pool *p);
 cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
                                  mem_block **out) CUBE_REQUIRES(m->lock);
-void mem_expandable_free(mem_manager *m, mem_block *b) CUBE_REQUIRES(m->lock);
 uint64_t mem_expandable_release(mem_manager *m, mem_pool *p)
     CUBE_REQUIRES(m->lock);
 void mem_expandable_fini(mem_manager *m, mem_pool *p) CUBE_REQUIRES(m->lock);

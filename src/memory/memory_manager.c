@@ -59,6 +59,16 @@ mem_block *mem_record_take(mem_manager *m)
     return b;
 }
 
+mem_block *mem_record_for(mem_manager *m, mem_pool *p, uint64_t address,
+                          uint64_t size)
+{
+    mem_block *b = mem_record_take(m);
+    b->address = address;
+    b->size = size;
+    b->pool = p;
+    return b;
+}
+
 void mem_record_give(mem_manager *m, mem_block *b)
 {
     b->requested = 0;
@@ -95,16 +105,30 @@ void mem_pool_unlink(mem_pool *p, mem_block *b)
     b->prev = b->next = NULL;
 }
 
+mem_block *mem_pool_page_new(mem_manager *m, mem_pool *p, uint64_t address,
+                             uint64_t extent)
+{
+    mem_block *b = mem_record_for(m, p, address, extent);
+    mem_pool_link(p, b);
+    mem_stats_page_add(m, &p->st, extent);
+    return b;
+}
+
+void mem_pool_page_drop(mem_manager *m, mem_pool *p, mem_block *b)
+{
+    mem_pool_unlink(p, b);
+    mem_storage_put(m, b->address, b->size);
+    mem_stats_page_remove(m, &p->st, b->size);
+    mem_record_give(m, b);
+}
+
 void mem_pool_drop_all(mem_manager *m, mem_pool *p)
 {
     while (p->blocks) {
         mem_block *b = p->blocks;
         if (b->requested)
             mem_stats_live_remove(m, &p->st, b->requested, b->size);
-        mem_pool_unlink(p, b);
-        mem_storage_put(m, b->address, b->size);
-        mem_stats_page_remove(m, &p->st, b->size);
-        mem_record_give(m, b);
+        mem_pool_page_drop(m, p, b);
     }
 }
 
@@ -275,16 +299,8 @@ static cube_error *tail_alloc(mem_manager *m, uint64_t size, mem_block **out)
     cube_error *err = mem_storage_get(m, extent, &address);
     if (err)
         return err;
-    mem_block *b = mem_record_take(m);
-    b->address = address;
-    b->size = extent;
-    b->requested = size;
-    b->pool = p;
-    mem_pool_link(p, b);
-    mem_stats_page_add(m, &p->st, extent);
-    mem_stats_live_add(m, &p->st, size, extent);
-    *out = b;
-    return NULL;
+    mem_block *b = mem_pool_page_new(m, p, address, extent);
+    return mem_hand_out(m, p, b, size, extent, out);
 }
 
 static void tail_free(mem_manager *m, mem_block *b)
@@ -604,10 +620,9 @@ void mem_free(mem_manager *m, cube_storage *storage)
         tail_free(m, b);
     else if (p == &m->pools[MEM_PERSISTENT])
         mem_persistent_free(m, b);
-    else if (p->config.kind == CUBE_POOL_SLICED)
-        mem_sliced_free(m, b);
-    else if (p->config.kind == CUBE_POOL_EXPANDABLE)
-        mem_expandable_free(m, b);
+    else if (p->config.kind == CUBE_POOL_SLICED ||
+             p->config.kind == CUBE_POOL_EXPANDABLE)
+        mem_hot_free(m, b);
     else
         mem_exclusive_free(m, b);
     m->tot.frees++;

@@ -51,10 +51,7 @@ static void page_drop(mem_manager *m, mem_pool *p, mem_block *b)
 {
     mem_bins_remove(&p->bins, b);
     lru_unlink(p, b);
-    mem_pool_unlink(p, b);
-    mem_storage_put(m, b->address, b->size);
-    mem_stats_page_remove(m, &p->st, b->size);
-    mem_record_give(m, b);
+    mem_pool_page_drop(m, p, b);
 }
 
 cube_error *mem_exclusive_alloc(mem_manager *m, mem_pool *p, uint64_t size,
@@ -82,17 +79,9 @@ cube_error *mem_exclusive_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         if (err)
             return cube_error_prefix(err, "a new page of pool %u",
                                      (unsigned)p->index);
-        b = mem_record_take(m);
-        b->address = address;
-        b->size = extent;
-        b->pool = p;
-        mem_pool_link(p, b);
-        mem_stats_page_add(m, &p->st, extent);
+        b = mem_pool_page_new(m, p, address, extent);
     }
-    b->requested = size;
-    mem_stats_live_add(m, &p->st, size, b->size);
-    *out = b;
-    return NULL;
+    return mem_hand_out(m, p, b, size, b->size, out);
 }
 
 void mem_exclusive_free(mem_manager *m, mem_block *b)

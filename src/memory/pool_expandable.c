@@ -348,10 +348,7 @@ static cube_error *range_reserve(mem_manager *m, mem_pool *p)
                                  "space",
                                  (unsigned)p->index, (ull)size);
     }
-    mem_block *b = mem_record_take(m);
-    b->address = base;
-    b->size = size;
-    b->pool = p;
+    mem_block *b = mem_record_for(m, p, base, size);
     p->vm_base = base;
     p->vm_size = size;
     p->vm_first = b;
@@ -363,28 +360,6 @@ static cube_error *range_reserve(mem_manager *m, mem_pool *p)
                    "(pages of %llu bytes)",
                    (unsigned)p->index, (ull)size, (ull)base, (ull)p->vm_page);
     return NULL;
-}
-
-/* Cuts the free block `b` (out of the bins) to `extent` bytes; the rest
- * stays free, right after it. */
-static void split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
-    CUBE_REQUIRES(m->lock);
-
-static void split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
-{
-    if (b->size == extent)
-        return;
-    mem_block *rest = mem_record_take(m);
-    rest->address = b->address + extent;
-    rest->size = b->size - extent;
-    rest->pool = p;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next)
-        b->next->prev = rest;
-    b->next = rest;
-    b->size = extent;
-    mem_bins_insert(&p->bins, rest);
 }
 
 /* Pages [address, address + extent) would map. */
@@ -425,16 +400,11 @@ cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
                                  mem_block **out)
 {
     uint64_t extent = mem_round(m, size);
-    mem_block *b = p->hot;
-    *out = NULL;
-    if (b && b->size == extent) {
-        /* The block freed last, of this very extent, pages still mapped. */
-        p->hot = NULL;
-        b->requested = size;
-        mem_stats_live_add(m, &p->st, size, extent);
-        *out = b;
+    /* The block freed last, of this very extent, pages still mapped. */
+    mem_block *b = mem_hot_take(m, p, size, extent);
+    *out = b;
+    if (b)
         return NULL;
-    }
     mem_hot_file(m, p);
     cube_error *err = NULL;
     if (!p->vm_size && (err = range_reserve(m, p)) != NULL)
@@ -452,7 +422,7 @@ cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
     }
     b = refit(p, b, extent);
     mem_bins_remove(&p->bins, b);
-    split(m, p, b, extent);
+    mem_split(m, p, b, extent);
     /* Live while its pages are mapped: an out-of-memory release in
      * between must leave them alone. */
     b->requested = size;
@@ -464,19 +434,7 @@ cube_error *mem_expandable_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         return cube_error_prefix(err, "pool %u: a block of %llu bytes",
                                  (unsigned)p->index, (ull)extent);
     }
-    mem_stats_live_add(m, &p->st, size, extent);
-    *out = b;
-    return NULL;
-}
-
-void mem_expandable_free(mem_manager *m, mem_block *b)
-{
-    mem_pool *p = b->pool;
-    /* The previous hot block first, while `b` still counts as live. */
-    mem_hot_file(m, p);
-    mem_stats_live_remove(m, &p->st, b->requested, b->size);
-    b->requested = 0;
-    p->hot = b;
+    return mem_hand_out(m, p, b, size, extent, out);
 }
 
 uint64_t mem_expandable_release(mem_manager *m, mem_pool *p)
@@ -503,14 +461,7 @@ void mem_expandable_fini(mem_manager *m, mem_pool *p)
 {
     p->hot = NULL; /* every block goes, filed or not */
     if (p->vm_size) {
-        mem_block *b = p->vm_first;
-        while (b) {
-            mem_block *next = b->next;
-            if (b->requested)
-                mem_stats_live_remove(m, &p->st, b->requested, b->size);
-            mem_record_give(m, b);
-            b = next;
-        }
+        mem_chain_give(m, p, p->vm_first);
         unmap_inside(m, p, 0, p->vm_size / p->vm_page, UINT64_MAX);
         m->ops.release(m->ops.self, p->vm_base, p->vm_size);
         free(p->vm_mapped);

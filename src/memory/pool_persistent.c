@@ -88,17 +88,9 @@ cube_error *mem_persistent_alloc(mem_manager *m, mem_pool *p, uint64_t size,
             p->sizes.used++;
         }
         slot->blocks++;
-        b = mem_record_take(m);
-        b->address = address;
-        b->size = extent;
-        b->pool = p;
-        mem_pool_link(p, b);
-        mem_stats_page_add(m, &p->st, extent);
+        b = mem_pool_page_new(m, p, address, extent);
     }
-    b->requested = size;
-    mem_stats_live_add(m, &p->st, size, extent);
-    *out = b;
-    return NULL;
+    return mem_hand_out(m, p, b, size, extent, out);
 }
 
 void mem_persistent_free(mem_manager *m, mem_block *b)
@@ -122,10 +114,7 @@ uint64_t mem_persistent_release(mem_manager *m, mem_pool *p)
             slot->free = b->fnext;
             slot->blocks--;
             released += b->size;
-            mem_pool_unlink(p, b);
-            mem_storage_put(m, b->address, b->size);
-            mem_stats_page_remove(m, &p->st, b->size);
-            mem_record_give(m, b);
+            mem_pool_page_drop(m, p, b);
         }
     }
     return released;

@@ -104,10 +104,7 @@ static mem_block *page_new(mem_manager *m, mem_pool *p, uint64_t size,
                                  (unsigned)p->index);
         return NULL;
     }
-    mem_block *b = mem_record_take(m);
-    b->address = address;
-    b->size = size;
-    b->pool = p;
+    mem_block *b = mem_record_for(m, p, address, size);
     b->page = page;
     page->address = address;
     page->size = size;
@@ -142,12 +139,9 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
                              mem_block **out)
 {
     uint64_t extent = mem_round(m, size);
-    mem_block *b = p->hot;
-    if (b && b->size == extent) {
-        /* The slice freed last, of this very extent: no search, no split. */
-        p->hot = NULL;
-        b->requested = size;
-        mem_stats_live_add(m, &p->st, size, extent);
+    /* The slice freed last, of this very extent: no search, no split. */
+    mem_block *b = mem_hot_take(m, p, size, extent);
+    if (b) {
         *out = b;
         return NULL;
     }
@@ -175,25 +169,25 @@ cube_error *mem_sliced_alloc(mem_manager *m, mem_pool *p, uint64_t size,
         if (!b)
             return err;
     }
-    if (b->size > extent) {
-        /* The rest of the slice stays free, right after the new one. */
-        mem_block *rest = mem_record_take(m);
-        rest->address = b->address + extent;
-        rest->size = b->size - extent;
-        rest->pool = p;
-        rest->page = b->page;
-        rest->prev = b;
-        rest->next = b->next;
-        if (b->next)
-            b->next->prev = rest;
-        b->next = rest;
-        b->size = extent;
-        mem_bins_insert(&p->bins, rest);
-    }
-    b->requested = size;
-    mem_stats_live_add(m, &p->st, size, extent);
-    *out = b;
-    return NULL;
+    /* The rest of the slice stays free, right after the new one. */
+    mem_split(m, p, b, extent);
+    return mem_hand_out(m, p, b, size, extent, out);
+}
+
+void mem_split(mem_manager *m, mem_pool *p, mem_block *b, uint64_t extent)
+{
+    if (b->size <= extent)
+        return;
+    mem_block *rest =
+        mem_record_for(m, p, b->address + extent, b->size - extent);
+    rest->page = b->page;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next)
+        b->next->prev = rest;
+    b->next = rest;
+    b->size = extent;
+    mem_bins_insert(&p->bins, rest);
 }
 
 void mem_merge_and_file(mem_manager *m, mem_pool *p, mem_block *b)
@@ -229,15 +223,38 @@ void mem_hot_file(mem_manager *m, mem_pool *p)
     mem_merge_and_file(m, p, b);
 }
 
-void mem_sliced_free(mem_manager *m, mem_block *b)
+mem_block *mem_hot_take(mem_manager *m, mem_pool *p, uint64_t size,
+                        uint64_t extent)
+{
+    mem_block *b = p->hot;
+    if (!b || b->size != extent)
+        return NULL;
+    p->hot = NULL;
+    b->requested = size;
+    mem_stats_live_add(m, &p->st, size, extent);
+    return b;
+}
+
+void mem_hot_free(mem_manager *m, mem_block *b)
 {
     mem_pool *p = b->pool;
-    /* The previous hot slice first, while `b` still counts as live: it
-     * must not merge with a slice that is in no bin. */
+    /* The previous hot block first, while `b` still counts as live: it
+     * must not merge with a block that is in no bin. */
     mem_hot_file(m, p);
     mem_stats_live_remove(m, &p->st, b->requested, b->size);
     b->requested = 0;
     p->hot = b;
+}
+
+void mem_chain_give(mem_manager *m, mem_pool *p, mem_block *b)
+{
+    while (b) {
+        mem_block *next = b->next;
+        if (b->requested)
+            mem_stats_live_remove(m, &p->st, b->requested, b->size);
+        mem_record_give(m, b);
+        b = next;
+    }
 }
 
 uint64_t mem_sliced_release(mem_manager *m, mem_pool *p)
@@ -264,14 +281,7 @@ void mem_sliced_fini(mem_manager *m, mem_pool *p)
     p->hot = NULL; /* every page goes, filed or not */
     while (p->pages) {
         mem_page *page = p->pages;
-        mem_block *b = page->first;
-        while (b) {
-            mem_block *next = b->next;
-            if (b->requested)
-                mem_stats_live_remove(m, &p->st, b->requested, b->size);
-            mem_record_give(m, b);
-            b = next;
-        }
+        mem_chain_give(m, p, page->first);
         page_drop(m, p, page);
     }
     mem_bins_fini(&p->bins);

@@ -79,6 +79,31 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
 #define CUBE__SINK_DECL cube__sink_t cube__sink;
 #endif
 
+/* The launch's shape, into a cube__unit v (the cube and unit positions are
+ * the caller's). */
+#define CUBE__SHAPE(v)                                                         \
+    v.dx = cube__l->dim[0];                                                    \
+    v.dy = cube__l->dim[1];                                                    \
+    v.dz = cube__l->dim[2];                                                    \
+    v.nx = cube__l->count[0];                                                  \
+    v.ny = cube__l->count[1];                                                  \
+    v.nz = cube__l->count[2];
+
+/* Cube c's position in the grid, into v (after CUBE__SHAPE(v)). */
+#define CUBE__CUBE_POS(v, c)                                                   \
+    v.cx = c % v.nx;                                                           \
+    v.cy = (c / v.nx) % v.ny;                                                  \
+    v.cz = c / (v.nx * v.ny);
+
+/* An exported entry the runtime calls for cubes [begin, end) of a launch:
+ * its declaration (for the visibility) and the head of its definition. */
+#define CUBE__RANGE_FN(fn)                                                     \
+    CUBE__EXPORT void fn(const cube_cpu_launch *cube__l,                       \
+                         unsigned int cube__begin, unsigned int cube__end,     \
+                         void *cube__shmem);                                   \
+    void fn(const cube_cpu_launch *cube__l, unsigned int cube__begin,          \
+            unsigned int cube__end, void *cube__shmem)
+
 #define CUBE__ENTRY(name, N, ...)                                              \
     CUBE__EXPORT const cube__param_sig cube__sig_##name[] = {                  \
         CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                \
@@ -120,12 +145,7 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
         void *cube__sinkp CUBE__EACH(CUBE__PARAM, N, __VA_ARGS__))             \
     {                                                                          \
         cube__unit cube__v;                                                    \
-        cube__v.dx = cube__l->dim[0];                                          \
-        cube__v.dy = cube__l->dim[1];                                          \
-        cube__v.dz = cube__l->dim[2];                                          \
-        cube__v.nx = cube__l->count[0];                                        \
-        cube__v.ny = cube__l->count[1];                                        \
-        cube__v.nz = cube__l->count[2];                                        \
+        CUBE__SHAPE(cube__v)                                                   \
         if (cube__v.dy == 1 && cube__v.dz == 1 && cube__v.ny == 1 &&           \
             cube__v.nz == 1 &&                                                 \
             (unsigned long long)cube__end * cube__v.dx <= 0x7FFFFFFFull) {     \
@@ -140,9 +160,7 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
         }                                                                      \
         for (unsigned int cube__c = cube__begin; cube__c < cube__end;          \
              cube__c++) {                                                      \
-            cube__v.cx = cube__c % cube__v.nx;                                 \
-            cube__v.cy = (cube__c / cube__v.nx) % cube__v.ny;                  \
-            cube__v.cz = cube__c / (cube__v.nx * cube__v.ny);                  \
+            CUBE__CUBE_POS(cube__v, cube__c)                                   \
             const unsigned int cube__bx = cube__v.cx * cube__v.dx;             \
             const unsigned int cube__ex = cube__bx + cube__v.dx;               \
             for (unsigned int cube__z = 0; cube__z < cube__v.dz; cube__z++)    \
@@ -164,12 +182,7 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
                 }                                                              \
         }                                                                      \
     }                                                                          \
-    CUBE__EXPORT void cube__run_##name(                                        \
-        const cube_cpu_launch *cube__l, unsigned int cube__begin,              \
-        unsigned int cube__end, void *cube__shmem);                            \
-    void cube__run_##name(const cube_cpu_launch *cube__l,                      \
-                          unsigned int cube__begin, unsigned int cube__end,    \
-                          void *cube__shmem)                                   \
+    CUBE__RANGE_FN(cube__run_##name)                                           \
     {                                                                          \
         CUBE__UNPACK(name)                                                     \
         name##__loop(cube__l, cube__begin, cube__end,                          \
@@ -184,15 +197,8 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
     {                                                                          \
         CUBE__UNPACK(name)                                                     \
         cube__unit cube__w;                                                    \
-        cube__w.dx = cube__l->dim[0];                                          \
-        cube__w.dy = cube__l->dim[1];                                          \
-        cube__w.dz = cube__l->dim[2];                                          \
-        cube__w.nx = cube__l->count[0];                                        \
-        cube__w.ny = cube__l->count[1];                                        \
-        cube__w.nz = cube__l->count[2];                                        \
-        cube__w.cx = cube__c % cube__w.nx;                                     \
-        cube__w.cy = (cube__c / cube__w.nx) % cube__w.ny;                      \
-        cube__w.cz = cube__c / (cube__w.nx * cube__w.ny);                      \
+        CUBE__SHAPE(cube__w)                                                   \
+        CUBE__CUBE_POS(cube__w, cube__c)                                       \
         cube__w.ux = cube__unitpos % cube__w.dx;                               \
         cube__w.uy = (cube__unitpos / cube__w.dx) % cube__w.dy;                \
         cube__w.uz = cube__unitpos / (cube__w.dx * cube__w.dy);                \
@@ -223,28 +229,16 @@ CUBE__EXPORT void (*cube__trap_fn)(void);
     static CUBE__CUBES_ATTR void name##__cubes(                                \
         const cube__unit cube__p, CUBE__UNUSED void *cube__sinkp CUBE__EACH(   \
                                       CUBE__PARAM, N, __VA_ARGS__));           \
-    CUBE__EXPORT void cube__cubes_##name(                                      \
-        const cube_cpu_launch *cube__l, unsigned int cube__begin,              \
-        unsigned int cube__end, void *cube__shmem);                            \
-    void cube__cubes_##name(const cube_cpu_launch *cube__l,                    \
-                            unsigned int cube__begin, unsigned int cube__end,  \
-                            void *cube__shmem)                                 \
+    CUBE__RANGE_FN(cube__cubes_##name)                                         \
     {                                                                          \
         CUBE__UNPACK(name)                                                     \
         cube__unit cube__v;                                                    \
-        cube__v.dx = cube__l->dim[0];                                          \
-        cube__v.dy = cube__l->dim[1];                                          \
-        cube__v.dz = cube__l->dim[2];                                          \
-        cube__v.nx = cube__l->count[0];                                        \
-        cube__v.ny = cube__l->count[1];                                        \
-        cube__v.nz = cube__l->count[2];                                        \
+        CUBE__SHAPE(cube__v)                                                   \
         cube__v.ux = cube__v.uy = cube__v.uz = 0;                              \
         cube__v.ax = cube__v.ay = cube__v.az = 0;                              \
         for (unsigned int cube__c = cube__begin; cube__c < cube__end;          \
              cube__c++) {                                                      \
-            cube__v.cx = cube__c % cube__v.nx;                                 \
-            cube__v.cy = (cube__c / cube__v.nx) % cube__v.ny;                  \
-            cube__v.cz = cube__c / (cube__v.nx * cube__v.ny);                  \
+            CUBE__CUBE_POS(cube__v, cube__c)                                   \
             name##__cubes(cube__v,                                             \
                           &cube__sink CUBE__EACH(CUBE__ARG, N, __VA_ARGS__));  \
         }                                                                      \
