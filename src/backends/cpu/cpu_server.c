@@ -172,7 +172,7 @@ static void fill_properties(cube_properties *p, uint32_t threads)
                   CUBE_FEATURE_SHARED_MEMORY | CUBE_FEATURE_CUBE_SYNC |
                   CUBE_FEATURE_BOUNDS_CHECK | CUBE_FEATURE_DYNAMIC_COUNT |
                   CUBE_FEATURE_GRAPHS; /* software graphs, in the client */
-    p->features |= CUBE_FEATURE_KERNELS;
+    p->features |= CUBE_FEATURE_KERNELS | CUBE_FEATURE_HOST_MEMORY;
     p->timing = CUBE_TIMING_HOST_CLOCK;
 }
 

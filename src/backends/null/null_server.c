@@ -68,7 +68,7 @@ static void fill_properties(cube_properties *p)
     p->memory_alignment = NULL_ALIGNMENT;
     p->max_buffer_size = p->memory_total;
     p->compute_units = 1;
-    p->features = 0;
+    p->features = CUBE_FEATURE_HOST_MEMORY; /* and no kernel bit */
     p->timing = CUBE_TIMING_HOST_CLOCK;
 }
 
