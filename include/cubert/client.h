@@ -132,7 +132,13 @@ typedef enum cube_timing_method {
  *   (cube_utilities.software_graphs). Without the bit (the null backend)
  *   the graph calls still keep their lifecycle and their refusals, but a
  *   launch in a capture fails as every launch there does, so graphs hold
- *   nothing and a replay changes nothing. */
+ *   nothing and a replay changes nothing.
+ * - CUBE_FEATURE_HOST_MEMORY: buffers live in host memory the program
+ *   could address (the cpu and null backends): cube_native_buffer_get
+ *   gives a host pointer with host_accessible set, cube_wrap_memory takes
+ *   host memory, and the pools are built over the host's virtual memory,
+ *   so every pool kind installs (CUBE_POOL_EXPANDABLE included). Without
+ *   it (CUDA) buffers are device memory the host cannot dereference. */
 enum {
     CUBE_FEATURE_ATOMIC_F32_ADD = 1u << 0,
     CUBE_FEATURE_F64 = 1u << 1,
@@ -142,7 +148,8 @@ enum {
     CUBE_FEATURE_DYNAMIC_COUNT = 1u << 5,
     CUBE_FEATURE_GRAPHS = 1u << 6,
     CUBE_FEATURE_PINNED_STAGING = 1u << 7,
-    CUBE_FEATURE_KERNELS = 1u << 8
+    CUBE_FEATURE_KERNELS = 1u << 8,
+    CUBE_FEATURE_HOST_MEMORY = 1u << 9
 };
 
 /* The name of one CUBE_FEATURE_* bit, as its enumerator spells it in

@@ -134,7 +134,6 @@ void conf_expect_refused_at(cube_handle h, uint64_t size, cube_code cause,
 
 cube_kernel *conf_kernel(const char *name, const char *source, uint32_t dx,
                          uint32_t dy, uint32_t dz);
-int conf_is_cpu(void);
 /* Whether the backend compiles and runs kernels (CUBE_FEATURE_KERNELS). */
 int conf_runs_kernels(void);
 uint32_t conf_div_up(uint64_t n, uint32_t d);
@@ -496,6 +495,20 @@ CONF_TESTS(CONF_DECLARE)
  * the backend reports every bit of `features` (CUBE_FEATURE_*) in
  * cube_properties.features; `names` spells them for the message. */
 void conf_require(uint32_t features, const char *names);
+
+/* What a backend does that no CUBE_FEATURE_* bit says (backends.c): each
+ * behaviour has a name there, with the backends that have it and why. A
+ * test asks these instead of comparing the backend's name, so a backend
+ * with no entries (a copy of one under another name) follows only its
+ * properties. An unknown name fails the test. */
+/* The reason the backend under test has behaviour `what`, or NULL. */
+const char *conf_backend_note(const char *what);
+/* Nonzero, after printing the reason, when the backend has `what`: the
+ * caller then leaves out the rest of the test. */
+int conf_backend_skips_rest(const char *what);
+/* Skips the running test unless the backend has `what`; `needs` says in
+ * words what the test needs, for the message. */
+void conf_require_backend(const char *what, const char *needs);
 
 /* Defines test `name`, which runs only on backends that report every bit
  * of `features` and is skipped on the others, with a body that takes no

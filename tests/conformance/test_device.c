@@ -19,14 +19,20 @@
 
 /* --- sizes --- */
 
+/* Whether big problems only cost time here (backends.c). */
+static int d_small(void)
+{
+    return conf_backend_note("small_problems") != NULL;
+}
+
 static uint32_t d_n(void)
 {
-    return conf_is_cpu() ? (1u << 14) : (1u << 20);
+    return d_small() ? (1u << 14) : (1u << 20);
 }
 
 static uint32_t d_iters(void)
 {
-    return conf_is_cpu() ? 8u : 2048u;
+    return d_small() ? 8u : 2048u;
 }
 
 /* --- helpers --- */
@@ -273,7 +279,7 @@ CONF_TEST_NEEDS(
 {
     /* A size no earlier test asked for, odd, so no cached block fits. */
     const uint64_t big =
-        conf_is_cpu() ? (3ull << 20) + 4 * 37 : (96ull << 20) + 4 * 37;
+        d_small() ? (3ull << 20) + 4 * 37 : (96ull << 20) + 4 * 37;
     const uint32_t bn = (uint32_t)(big / 4);
     const uint32_t n = d_n(), iters = d_iters();
     const uint64_t bytes = n * 4ull;
@@ -701,7 +707,7 @@ done:
 CONF_TEST_NEEDS(device_eight_threads_own_streams_200_rounds_share_one_input,
                 CUBE_FEATURE_KERNELS)
 {
-    const uint32_t nmax = conf_is_cpu() ? 3000u : (1u << 18);
+    const uint32_t nmax = d_small() ? 3000u : (1u << 18);
     const uint64_t bytes = nmax * 4ull;
     /* Compiled before the threads start. */
     cube_handle warm = conf_empty(256);

@@ -3,8 +3,10 @@
  * declared signature driving argument checks and the failure store,
  * graphs, profiling, Skip mode, and a kernel for another backend.
  *
- * The C and shared-object tests run on the CPU backend, the CUDA source
- * and PTX tests on CUDA; each is skipped elsewhere. */
+ * The C and shared-object tests run on the backends that run those
+ * formats, the CUDA source and PTX tests on those that run CUDA's
+ * (backends.c lists them: cubert/kernel.h ties each format to a backend);
+ * each is skipped elsewhere. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,25 +17,24 @@
 
 #define EXEC CUBE_LAUNCH_EXECUTE
 
-static int is_cuda(void)
+static int runs_c(void)
 {
-    return strcmp(conf.props.backend, "cuda") == 0;
+    return conf_backend_note("raw_c_kernels") != NULL;
 }
 
-static void require_cpu(void)
+static int runs_cuda(void)
 {
-    if (!conf_is_cpu()) {
-        print_message("skipped: raw C kernels run on the CPU backend\n");
-        skip();
-    }
+    return conf_backend_note("raw_cuda_kernels") != NULL;
 }
 
-static void require_cuda(void)
+static void require_raw_c(void)
 {
-    if (!is_cuda()) {
-        print_message("skipped: raw CUDA kernels run on the CUDA backend\n");
-        skip();
-    }
+    conf_require_backend("raw_c_kernels", "raw C kernels");
+}
+
+static void require_raw_cuda(void)
+{
+    conf_require_backend("raw_cuda_kernels", "raw CUDA kernels");
 }
 
 static cube_raw_param rp(cube_raw_param_kind kind, uint32_t size)
@@ -355,7 +356,7 @@ CONF_TEST(raw_kernel_of_another_backend_fails_on_its_declared_outputs)
     static const unsigned char junk[8] = {0x7f, 'E', 'L', 'F', 2, 1, 1, 0};
     struct {
         cube_kernel_format format;
-        int runs_on_cpu, runs_on_cuda;
+        int c, cuda; /* the format is C's, CUDA's */
     } formats[4] = {{CUBE_KERNEL_CUDA_SOURCE, 0, 1},
                     {CUBE_KERNEL_CUDA_BINARY, 0, 1},
                     {CUBE_KERNEL_C_SOURCE, 1, 0},
@@ -365,8 +366,7 @@ CONF_TEST(raw_kernel_of_another_backend_fails_on_its_declared_outputs)
         rp(CUBE_RAW_BUFFER_INOUT, 4), rp(CUBE_RAW_SCALAR, 4)};
     int tried = 0;
     for (int f = 0; f < 4; f++) {
-        if ((conf_is_cpu() && formats[f].runs_on_cpu) ||
-            (is_cuda() && formats[f].runs_on_cuda))
+        if ((runs_c() && formats[f].c) || (runs_cuda() && formats[f].cuda))
             continue;
         int src = formats[f].format == CUBE_KERNEL_CUDA_SOURCE ||
                   formats[f].format == CUBE_KERNEL_C_SOURCE;
@@ -452,7 +452,7 @@ static void check_saxpy(cube_kernel *k, uint32_t n)
 CONF_TEST_NEEDS(raw_c_source_saxpy_over_many_cubes_with_4_and_8_byte_scalars,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cpu();
+    require_raw_c();
     cube_raw_kernel_desc d = raw_desc("raw_saxpy", CUBE_KERNEL_C_SOURCE,
                                       C_SAXPY, NULL, 0, SAXPY_PARAMS, 4, 64);
     d.options = "-O2 -DUNUSED_BY_THE_KERNEL=1";
@@ -478,7 +478,7 @@ CONF_TEST_NEEDS(raw_c_source_saxpy_over_many_cubes_with_4_and_8_byte_scalars,
 CONF_TEST_NEEDS(raw_c_source_2d_cube_count_reaches_every_cube_with_its_abi,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cpu();
+    require_raw_c();
     cube_raw_param params[5] = {
         rp(CUBE_RAW_BUFFER_OUT, 4), rp(CUBE_RAW_BUFFER_OUT, 8),
         rp(CUBE_RAW_SCALAR, 8), rp(CUBE_RAW_SCALAR, 1), rp(CUBE_RAW_SCALAR, 2)};
@@ -568,7 +568,7 @@ static unsigned char *build_shared_object(const char *source, size_t *size)
 CONF_TEST_NEEDS(raw_shared_object_built_by_cc_runs_like_the_source,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cpu();
+    require_raw_c();
     size_t size = 0;
     unsigned char *bytes = build_shared_object(SO_SAXPY, &size);
     cube_raw_kernel_desc d = raw_desc("raw_saxpy", CUBE_KERNEL_SHARED_OBJECT,
@@ -585,7 +585,7 @@ CONF_TEST_NEEDS(raw_shared_object_built_by_cc_runs_like_the_source,
 CONF_TEST_NEEDS(raw_shared_object_refused_or_missing_entry_is_compile_error,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cpu();
+    require_raw_c();
     float host[64] = {0};
     /* Bytes the dynamic loader refuses: a compile error with its
      * message, on the declared outputs. */
@@ -639,7 +639,7 @@ CONF_TEST_NEEDS(
     raw_c_source_compile_error_has_the_log_and_fails_declared_outputs,
     CUBE_FEATURE_KERNELS)
 {
-    require_cpu();
+    require_raw_c();
     cube_raw_param params[4] = {
         rp(CUBE_RAW_BUFFER_IN, 4), rp(CUBE_RAW_BUFFER_OUT, 4),
         rp(CUBE_RAW_BUFFER_INOUT, 4), rp(CUBE_RAW_SCALAR, 4)};
@@ -692,7 +692,7 @@ CONF_TEST_NEEDS(
 CONF_TEST_NEEDS(raw_launch_arguments_are_checked_against_the_declaration,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cpu();
+    require_raw_c();
     cube_raw_param params[3] = {rp(CUBE_RAW_BUFFER_IN, 4),
                                 rp(CUBE_RAW_BUFFER_OUT, 4),
                                 rp(CUBE_RAW_SCALAR, 4)};
@@ -753,7 +753,7 @@ CONF_TEST_NEEDS(raw_launch_arguments_are_checked_against_the_declaration,
 CONF_TEST_NEEDS(raw_untrusted_input_fails_the_launch_and_its_outputs,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cpu();
+    require_raw_c();
     cube_raw_kernel_desc d = raw_desc("raw_double", CUBE_KERNEL_C_SOURCE,
                                       C_DOUBLE, NULL, 0, DOUBLE_PARAMS, 2, 16);
     cube_kernel *k = raw_make(&d);
@@ -773,7 +773,7 @@ CONF_TEST_NEEDS(raw_untrusted_input_fails_the_launch_and_its_outputs,
 CONF_TEST_NEEDS(raw_kernel_in_a_graph_replays_with_rewritten_input,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cpu();
+    require_raw_c();
     enum { N = 300 };
     cube_raw_kernel_desc d = raw_desc("raw_double", CUBE_KERNEL_C_SOURCE,
                                       C_DOUBLE, NULL, 0, DOUBLE_PARAMS, 2, 64);
@@ -817,7 +817,7 @@ CONF_TEST_NEEDS(raw_kernel_in_a_graph_replays_with_rewritten_input,
 CONF_TEST_NEEDS(raw_kernel_in_a_profile_window_and_skip_mode,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cpu();
+    require_raw_c();
     enum { N = 1 << 16 };
     /* Options make it a kernel no earlier test compiled: the Skip launch
      * compiles it, and a launch after it runs. */
@@ -876,7 +876,7 @@ static const cube_raw_param CUDA_SAXPY_PARAMS[5] = {{CUBE_RAW_BUFFER_IN, 4},
 
 CONF_TEST_NEEDS(raw_cuda_source_saxpy_and_compile_error, CUBE_FEATURE_KERNELS)
 {
-    require_cuda();
+    require_raw_cuda();
     cube_raw_kernel_desc d =
         raw_desc("raw_saxpy_n", CUBE_KERNEL_CUDA_SOURCE, CUDA_SAXPY_N, NULL, 0,
                  CUDA_SAXPY_PARAMS, 5, 128);
@@ -931,7 +931,7 @@ CONF_TEST_NEEDS(raw_cuda_source_saxpy_and_compile_error, CUBE_FEATURE_KERNELS)
 CONF_TEST_NEEDS(raw_cuda_declared_parameters_must_match_the_entry,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cuda();
+    require_raw_cuda();
     cube_raw_param params[5];
     struct {
         uint32_t nparams;
@@ -996,7 +996,7 @@ static const char PTX_FILL[] = ".version 7.8\n"
 CONF_TEST_NEEDS(raw_cuda_ptx_binary_runs_and_bad_binary_is_compile_error,
                 CUBE_FEATURE_KERNELS)
 {
-    require_cuda();
+    require_raw_cuda();
     cube_raw_param params[2] = {rp(CUBE_RAW_BUFFER_OUT, 4),
                                 rp(CUBE_RAW_SCALAR, 4)};
     /* Without its NUL: the kernel keeps one after its copy. */

@@ -211,11 +211,6 @@ cube_kernel *conf_kernel(const char *name, const char *source, uint32_t dx,
     return k;
 }
 
-int conf_is_cpu(void)
-{
-    return strcmp(conf.props.backend, "cpu") == 0;
-}
-
 int conf_runs_kernels(void)
 {
     return (conf.props.features & CUBE_FEATURE_KERNELS) != 0;

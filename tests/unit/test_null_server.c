@@ -117,7 +117,7 @@ static void test_properties(void **state)
     assert_null(s->vt->properties(s, &p));
     assert_string_equal(p.backend, "null");
     assert_int_equal(p.features & CUBE_FEATURE_KERNELS, 0);
-    assert_int_equal(p.features, 0);
+    assert_int_equal(p.features, CUBE_FEATURE_HOST_MEMORY);
     assert_int_equal(p.timing, CUBE_TIMING_HOST_CLOCK);
     assert_int_equal(p.memory_alignment, 64);
     assert_true(p.memory_total > 0);

@@ -155,7 +155,7 @@ static void fill_properties(cube_properties *p, uint32_t threads)
     p->max_shared_memory = CPU_MAX_SHARED;
     p->compute_units = threads;
     /* Graphs are software graphs, in the client. */
-    p->features = PROPERTIES_CUBE_C_FEATURES;
+    p->features = PROPERTIES_CUBE_C_FEATURES | CUBE_FEATURE_HOST_MEMORY;
 }
 
 static cube_error *cpu_properties(cube_server *server, cube_properties *out)

@@ -54,8 +54,9 @@ static uint64_t host_memory(void)
 
 /* Filled once at open: the client asks once and keeps the answer, so
  * properties never needs to reach a device. The kernel limits are the
- * smallest the client accepts (one unit, no shared memory) and no feature
- * bit is set: without CUBE_FEATURE_KERNELS callers know not to launch. The
+ * smallest the client accepts (one unit, no shared memory) and no kernel
+ * feature bit is set (only CUBE_FEATURE_HOST_MEMORY): without
+ * CUBE_FEATURE_KERNELS callers know not to launch. The
  * cube count limits are properties_defaults' wide ones, so that a launch
  * is not refused before it reaches compile, which says why no kernel runs
  * here. */
@@ -73,7 +74,7 @@ static void fill_properties(cube_properties *p)
     p->max_units_per_cube = 1;
     p->max_shared_memory = 0;
     p->compute_units = 1;
-    p->features = 0;
+    p->features = CUBE_FEATURE_HOST_MEMORY; /* and no kernel bit */
 }
 
 /* DeviceService's facts: a copy of what open computed. */
