@@ -19,9 +19,8 @@
  * call sees the closing bit and backs out without touching anything
  * else). The decrement releases what the call did to the client; close's
  * load acquires it before the teardown. */
-#include <sched.h>
-#include <time.h>
 
+#include "base/backoff.h"
 #include "core/client_internal.h"
 
 _Thread_local uint32_t core_thread_call_shard;
@@ -55,14 +54,8 @@ static void drain(core_call_shard *sh)
     for (unsigned spins = 0;
          atomic_load_explicit(&sh->n, memory_order_acquire) !=
          CORE_CALLS_CLOSING;
-         spins++) {
-        if (spins < 64) {
-            sched_yield();
-        } else {
-            struct timespec pause = {0, 100000}; /* 0.1 ms */
-            nanosleep(&pause, NULL);
-        }
-    }
+         spins++)
+        cube_backoff(spins);
 }
 
 void core_calls_close(cube_client *c)

@@ -102,13 +102,13 @@ void comm_drain_remote(comm_group *g)
 {
     if (!g->vt->poll)
         return;
-    uint64_t give_up = comm_now_ns() + 2 * g->timeout_ns + 1000000000ull;
+    uint64_t give_up = cube_clock_ns() + 2 * g->timeout_ns + 1000000000ull;
     for (;;) {
         reap_group(g);
         cube_mutex_lock(&g->lock);
         size_t left = g->inflight_len;
         cube_mutex_unlock(&g->lock);
-        if (!left || comm_now_ns() >= give_up)
+        if (!left || cube_clock_ns() >= give_up)
             break;
         struct timespec pause = {0, 1000000}; /* 1 ms */
         nanosleep(&pause, NULL);

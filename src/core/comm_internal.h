@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "core/client_internal.h"
 #include "cubert/comm.h"
 
@@ -156,13 +157,6 @@ typedef struct pending {
 } pending;
 
 /* --- names and small predicates --- */
-
-static inline uint64_t comm_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static inline int comm_is_reduction(cube_collective_kind kind)
 {

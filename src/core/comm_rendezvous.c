@@ -294,9 +294,9 @@ cube_error *comm_await(pending *p)
     /* The timeout runs from here: a call whose peers are already there
      * never reads the clock. */
     if (!k->ready && !k->cancelled && !g->aborted)
-        p->deadline_ns = comm_now_ns() + g->timeout_ns;
+        p->deadline_ns = cube_clock_ns() + g->timeout_ns;
     while (!k->ready && !k->cancelled && !g->aborted) {
-        if (comm_now_ns() >= p->deadline_ns || missing_gone(g, k)) {
+        if (cube_clock_ns() >= p->deadline_ns || missing_gone(g, k)) {
             /* Every rank of it answers the same from now on. */
             k->cancelled = 1;
             pthread_cond_broadcast(&g->changed);

@@ -11,9 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/error.h"
+#include "base/backoff.h"
 #include "core/client_internal.h"
 #include "core/trace.h"
 
@@ -354,11 +354,8 @@ void core_futures_detach(cube_client *c)
                                   memory_order_release);
         } else if (!left) {
             return;
-        } else if (spins < 64) {
-            sched_yield(); /* a wait on another thread is finishing */
         } else {
-            struct timespec pause = {0, 100000}; /* 0.1 ms */
-            nanosleep(&pause, NULL);
+            cube_backoff(spins); /* a wait on another thread is finishing */
         }
     }
 }
@@ -463,14 +460,8 @@ cube_error *cube_future_wait(cube_future *f)
         for (unsigned spins = 0;
              atomic_load_explicit(&f->state, memory_order_acquire) !=
              FUTURE_DETACHED;
-             spins++) {
-            if (spins < 64) {
-                sched_yield();
-            } else {
-                struct timespec pause = {0, 100000}; /* 0.1 ms */
-                nanosleep(&pause, NULL);
-            }
-        }
+             spins++)
+            cube_backoff(spins);
     }
     f->done = 1;
     cube_error *result = f->result;

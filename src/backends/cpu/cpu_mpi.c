@@ -32,6 +32,7 @@
 #include "backends/common/host_memory.h"
 #include "backends/cpu/cpu_mpi.h"
 #include "backends/cpu/mpi_api.h"
+#include "base/clock.h"
 #include "base/mutex.h"
 #include "cubert/backend/errors.h"
 #include "cubert/comm.h"
@@ -59,13 +60,6 @@ typedef struct cpu_mpi_rank {
     uint64_t timeout_ns;
     atomic_int broken; /* an exchange timed out: MPI cannot take it back */
 } cpu_mpi_rank;
-
-static uint64_t clock_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static cube_error *mpi_failure(int code, const char *what)
 {
@@ -172,7 +166,7 @@ static int wait_all(MPI_Request *req, int n, uint64_t deadline, int *rc)
         cube_mutex_unlock(&mpi_lock);
         if (*rc != MPI_SUCCESS || done)
             return 1;
-        if (clock_ns() >= deadline)
+        if (cube_clock_ns() >= deadline)
             return 0;
         if (spins < 256) {
             sched_yield();
@@ -193,7 +187,7 @@ static cube_error *cpu_mpi_comm_id_new(unsigned char *id)
     memcpy(id, ID_TAG, sizeof ID_TAG - 1);
     if (getrandom(id + 16, 16, 0) != 16)
         for (int i = 0; i < 16; i++)
-            id[16 + i] = (unsigned char)(clock_ns() >> (i % 8 * 8));
+            id[16 + i] = (unsigned char)(cube_clock_ns() >> (i % 8 * 8));
     return NULL;
 }
 
@@ -240,7 +234,7 @@ static cube_error *cpu_mpi_comm_init_rank(cube_server *server,
     r->rank = rank;
     r->nranks = nranks;
     r->timeout_ns = timeout_ms * 1000000ull;
-    uint64_t deadline = clock_ns() + r->timeout_ns;
+    uint64_t deadline = cube_clock_ns() + r->timeout_ns;
     MPI_Request req;
     int rc;
     cube_mutex_lock(&mpi_lock);
@@ -540,7 +534,7 @@ static cube_error *cpu_mpi_collective(cube_server *server,
                               "rank and call (%llu bytes asked)",
                               (unsigned long long)bytes);
     uint64_t t0 = host_busy_begin(stream);
-    uint64_t deadline = clock_ns() + r->timeout_ns;
+    uint64_t deadline = cube_clock_ns() + r->timeout_ns;
     int go = 0;
     cube_error *err = exchange(r, set, deadline, &go);
     if (err || !go) {

@@ -21,6 +21,7 @@
 
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/nccl_api.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "cubert/comm.h"
 #include "cubert/log.h"
@@ -62,13 +63,6 @@ static _Thread_local size_t group_end_count;
 static _Thread_local struct cuda_rank *group_held[GROUP_RECORDS];
 static _Thread_local size_t group_held_count;
 
-static uint64_t clock_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Polls a non-blocking communicator until NCCL is done with the last
  * call on it; past `deadline` the communicator is aborted. */
 static ncclResult_t settle(const nccl_api *n, ncclComm_t comm,
@@ -81,7 +75,7 @@ static ncclResult_t settle(const nccl_api *n, ncclComm_t comm,
             return r;
         if (state != ncclInProgress)
             return state;
-        if (clock_ns() >= deadline) {
+        if (cube_clock_ns() >= deadline) {
             *timed_out = 1;
             if (watch)
                 cuda_watch_abort_locked(watch); /* held by the caller */
@@ -128,7 +122,7 @@ static cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
     cuda_rank *ranks = calloc(n, sizeof *ranks);
     if (!ranks)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL communicator");
-    uint64_t deadline = clock_ns() + timeout_ms * 1000000ull;
+    uint64_t deadline = cube_clock_ns() + timeout_ms * 1000000ull;
     /* Blocking: every rank is made here, in one group, and the core lets
      * a collective reach NCCL only once every rank's call has arrived, so
      * no call can wait on a rank that never comes; a blocking call also
@@ -237,7 +231,7 @@ static cube_error *cuda_comm_init_rank(cube_server *server,
                                                   (int)rank, &cfg);
     int timed_out = 0;
     if (r == ncclSuccess || r == ncclInProgress)
-        r = settle(nccl, one->comm, NULL, clock_ns() + one->timeout_ns,
+        r = settle(nccl, one->comm, NULL, cube_clock_ns() + one->timeout_ns,
                    &timed_out);
     if (r != ncclSuccess) {
         err = nccl_failure(nccl, r, one->comm, timed_out,
@@ -283,8 +277,8 @@ static void cuda_comm_destroy(cube_server *server, cube_backend_comm *impl)
     int timed_out = 0;
     ncclResult_t r = rank->nccl->ncclCommFinalize(rank->comm);
     if (r == ncclSuccess || r == ncclInProgress)
-        r = settle(rank->nccl, rank->comm, NULL, clock_ns() + rank->timeout_ns,
-                   &timed_out);
+        r = settle(rank->nccl, rank->comm, NULL,
+                   cube_clock_ns() + rank->timeout_ns, &timed_out);
     if (timed_out)
         free(rank); /* settle aborted it, which frees it */
     else {
@@ -418,8 +412,8 @@ static cube_error *part_enqueue(cuda_rank *rank, cuda_watch *watch,
     ncclResult_t r = enqueue(rank->nccl, rank->comm, p->c, p->st->cu);
     int timed_out = 0;
     if (r == ncclInProgress && !in_group)
-        r = settle(rank->nccl, rank->comm, watch, clock_ns() + rank->timeout_ns,
-                   &timed_out);
+        r = settle(rank->nccl, rank->comm, watch,
+                   cube_clock_ns() + rank->timeout_ns, &timed_out);
     else if (r == ncclInProgress)
         r = ncclSuccess; /* enqueued at the group's end */
     if (r == ncclSuccess)
@@ -645,7 +639,7 @@ static cube_error *cuda_group_end(void)
     int timed_out = 0;
     for (size_t i = 0; i < group_held_count && r == ncclSuccess; i++)
         r = settle(nccl, group_held[i]->comm, group_held[i]->watch,
-                   clock_ns() + group_held[i]->timeout_ns, &timed_out);
+                   cube_clock_ns() + group_held[i]->timeout_ns, &timed_out);
     for (size_t i = 0; i < group_end_count; i++) {
         cuda_stream *st = group_ends[i].st;
         if (r == ncclSuccess && !err)

@@ -147,6 +147,17 @@ static cube_error *cuda_device_count(uint32_t *out)
     return NULL;
 }
 
+/* The device `index` as s->device, and its properties in s->props (needs
+ * only s->api). Errors: CUBE_ERR_UNAVAILABLE, a driver error. */
+static cube_error *describe_device(cuda_server *s, uint32_t index)
+{
+    CUresult r = s->api->cuDeviceGet(&s->device, (int)index);
+    if (r != CUDA_SUCCESS)
+        return cuda_error(s->api, r, CUBE_ERR_UNAVAILABLE,
+                          "cannot open CUDA device %u", index);
+    return fill_properties(s);
+}
+
 static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
                              cube_server **out)
 {
@@ -175,12 +186,7 @@ static cube_error *cuda_open(uint32_t index, const cube_client_options *options,
     cube_mutex_init(&s->events_lock);
     cube_mutex_init(&s->deferred_lock);
     pthread_cond_init(&s->frees_idle, NULL);
-    CUresult r = a->cuDeviceGet(&s->device, (int)index);
-    if (r != CUDA_SUCCESS)
-        err = cuda_error(a, r, CUBE_ERR_UNAVAILABLE,
-                         "cannot open CUDA device %u", index);
-    if (!err)
-        err = fill_properties(s);
+    err = describe_device(s, index);
     if (!err)
         err = cuda_context_create(s);
     if (!err)
@@ -227,12 +233,7 @@ static cube_error *cuda_device_properties(uint32_t index,
     if (!s)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cuda device");
     s->api = a;
-    CUresult r = a->cuDeviceGet(&s->device, (int)index);
-    if (r != CUDA_SUCCESS)
-        err = cuda_error(a, r, CUBE_ERR_UNAVAILABLE,
-                         "cannot open CUDA device %u", index);
-    if (!err)
-        err = fill_properties(s);
+    err = describe_device(s, index);
     if (!err)
         *out = s->props;
     free(s);
