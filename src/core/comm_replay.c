@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 
+#include "base/error.h"
 #include "core/comm_internal.h"
 
 void core_comm_hold(cube_comm *comm, int hardware)
@@ -144,8 +145,10 @@ cube_error *core_comm_replay_calls(const core_recorded_call *calls, size_t n,
                                          n);
         for (size_t i = 0; i < n; i++) {
             const core_recorded_call *r = nth(calls, stride, i);
-            cube_error_free(replay(r->comm, &r->call, r->dst,
-                                   cube_error_clone(err), agree_only));
+            cube_error_ignore(replay(r->comm, &r->call, r->dst,
+                                     cube_error_clone(err), agree_only),
+                              "each call is refused with the out-of-memory "
+                              "returned for the group");
         }
         cube_error_free(refusal);
         return err;
