@@ -4,6 +4,8 @@
  *   CUBE__RESTRICT, CUBE__TYPEOF(x), CUBE__INLINE
  *   CUBE__ENTRY(name, nparams, plist)   the backend's entry points
  *   CUBE__UNUSED (marks a parameter that may go unused)
+ * and may define CUBE__U64, CUBE__GLOBAL, CUBE__LOCAL, CUBE__SINK_AS and
+ * CUBE__CONST_AS (below)
  * and the unit context `cube__unit` with fields ux, uy, uz, cx, cy, cz,
  * dx, dy, dz, nx, ny, nz, ax, ay, az (unit position, cube position, cube
  * dimension, cube count, absolute position).
@@ -12,6 +14,26 @@
  * the parameter list into one piece of code: the body's parameter list, the
  * arguments an entry passes, the signature table, the shared-memory struct.
  */
+
+/* Address spaces and the 64-bit type, for a backend whose pointers carry
+ * them (OpenCL C 1.2 has no generic address space, and its `long long` is
+ * 128 bits): buffers, shared arrays, the per-unit sink and string
+ * literals. Empty, and unsigned long long, elsewhere. */
+#ifndef CUBE__U64
+#define CUBE__U64 unsigned long long
+#endif
+#ifndef CUBE__GLOBAL
+#define CUBE__GLOBAL
+#endif
+#ifndef CUBE__LOCAL
+#define CUBE__LOCAL
+#endif
+#ifndef CUBE__SINK_AS
+#define CUBE__SINK_AS
+#endif
+#ifndef CUBE__CONST_AS
+#define CUBE__CONST_AS
+#endif
 
 /* --- parameter kinds --- */
 #define CUBE_IN(T, name) (cube__in, T, name, 1)
@@ -30,7 +52,7 @@
 typedef struct cube__param_sig {
     unsigned int kind;
     unsigned int elem_size;
-    unsigned long long extent;
+    CUBE__U64 extent;
 } cube__param_sig;
 
 /* --- preprocessor machinery
@@ -118,21 +140,22 @@ typedef struct cube__param_sig {
 
 /* --- view: the body's parameter list (each item starts with a comma) --- */
 #define CUBE__PARAM_cube__in(i, T, n, e)                                       \
-    , const T *CUBE__RESTRICT n,                                               \
-        CUBE__UNUSED unsigned long long n##__len CUBE__PI_PARAM(n)
+    , CUBE__GLOBAL const T *CUBE__RESTRICT n,                                               \
+        CUBE__UNUSED CUBE__U64 n##__len CUBE__PI_PARAM(n)
 #define CUBE__PARAM_cube__out(i, T, n, e)                                      \
-    , T *CUBE__RESTRICT n,                                                     \
-        CUBE__UNUSED unsigned long long n##__len CUBE__PI_PARAM(n)
+    , CUBE__GLOBAL T *CUBE__RESTRICT n,                                                     \
+        CUBE__UNUSED CUBE__U64 n##__len CUBE__PI_PARAM(n)
 #define CUBE__PARAM_cube__inout(i, T, n, e)                                    \
-    , T *CUBE__RESTRICT n,                                                     \
-        CUBE__UNUSED unsigned long long n##__len CUBE__PI_PARAM(n)
+    , CUBE__GLOBAL T *CUBE__RESTRICT n,                                                     \
+        CUBE__UNUSED CUBE__U64 n##__len CUBE__PI_PARAM(n)
 #define CUBE__PARAM_cube__scalar(i, T, n, e) , const T n
-#define CUBE__PARAM_cube__shared(i, T, n, e) , T *CUBE__RESTRICT n
+#define CUBE__PARAM_cube__shared(i, T, n, e)                                   \
+    , CUBE__LOCAL T *CUBE__RESTRICT n
 
 /* --- view: the arguments an entry passes (from ptr[], len[], shared) --- */
 #define CUBE__ARG_BUF(i, T, n)                                                 \
     , (T *)cube__ptr[i],                                                       \
-        (unsigned long long)(cube__len[i] / sizeof(T)) CUBE__PI_ARG(i)
+        (CUBE__U64)(cube__len[i] / sizeof(T)) CUBE__PI_ARG(i)
 #define CUBE__ARG_cube__in(i, T, n, e) CUBE__ARG_BUF(i, T, n)
 #define CUBE__ARG_cube__out(i, T, n, e) CUBE__ARG_BUF(i, T, n)
 #define CUBE__ARG_cube__inout(i, T, n, e) CUBE__ARG_BUF(i, T, n)
@@ -181,12 +204,12 @@ typedef struct cube__param_sig {
     } name##__shared_t;                                                        \
     static CUBE__INLINE void name##__body(                                     \
         const cube__unit cube__u,                                              \
-        CUBE__UNUSED void *cube__sinkp CUBE__EACH(                             \
+        CUBE__UNUSED CUBE__SINK_AS void *cube__sinkp CUBE__EACH(                             \
             CUBE__PARAM, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__));              \
     CUBE__ENTRY(name, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__)                   \
     static CUBE__INLINE void name##__body(                                     \
         const cube__unit cube__u,                                              \
-        CUBE__UNUSED void *cube__sinkp CUBE__EACH(                             \
+        CUBE__UNUSED CUBE__SINK_AS void *cube__sinkp CUBE__EACH(                             \
             CUBE__PARAM, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__))
 
 /* --- positions
@@ -231,14 +254,14 @@ typedef struct cube__param_sig {
 /* Validating (CUBE_LAUNCH_VALIDATE): as checked, and the access is counted
  * and the launch's first one recorded (cube__oob, below). */
 #define CUBE_AT(buf, i)                                                        \
-    (*(((unsigned long long)(i) < buf##__len)                                  \
+    (*(((CUBE__U64)(i) < buf##__len)                                  \
            ? &(buf)[i]                                                         \
            : (CUBE__TYPEOF(&(buf)[0]))cube__oob(cube__sinkp, buf##__pi, #buf,  \
-                                                (unsigned long long)(i),       \
+                                                (CUBE__U64)(i),       \
                                                 buf##__len)))
 #elif CUBE_CHECKED
 #define CUBE_AT(buf, i)                                                        \
-    (*(((unsigned long long)(i) < buf##__len)                                  \
+    (*(((CUBE__U64)(i) < buf##__len)                                  \
            ? &(buf)[i]                                                         \
            : (CUBE__TYPEOF(&(buf)[0]))cube__zero_sink(cube__sinkp)))
 #else
@@ -247,16 +270,16 @@ typedef struct cube__param_sig {
 
 /* A per-unit slot big enough for any element type. */
 typedef union cube__sink_t {
-    unsigned long long u[8];
+    CUBE__U64 u[8];
     double d[8];
     unsigned char bytes[64];
 } cube__sink_t;
 
 /* Zeroed byte by byte: character stores may alias the element type the
  * slot is then read as, so the compiler cannot drop them. */
-static CUBE__INLINE void *cube__zero_sink(void *p)
+static CUBE__INLINE CUBE__SINK_AS void *cube__zero_sink(CUBE__SINK_AS void *p)
 {
-    unsigned char *b = (unsigned char *)p;
+    CUBE__SINK_AS unsigned char *b = (CUBE__SINK_AS unsigned char *)p;
     for (int k = 0; k < 64; k++)
         b[k] = 0;
     return p;
@@ -268,9 +291,9 @@ static CUBE__INLINE void *cube__zero_sink(void *p)
  * the backends read it as. */
 #define CUBE__OOB_NAME 32
 typedef struct cube__oob_rec {
-    unsigned long long count; /* accesses out of range (atomic) */
-    unsigned long long index; /* the first one's index and buffer length */
-    unsigned long long len;
+    CUBE__U64 count; /* accesses out of range (atomic) */
+    CUBE__U64 index; /* the first one's index and buffer length */
+    CUBE__U64 len;
     unsigned int param;        /* its parameter position */
     char name[CUBE__OOB_NAME]; /* its parameter name, NUL-terminated */
 } cube__oob_rec;
@@ -279,7 +302,7 @@ typedef struct cube__oob_rec {
  * clears it), then where to report. */
 typedef struct cube__vsink_t {
     cube__sink_t sink;
-    cube__oob_rec *rec;
+    CUBE__SINK_AS cube__oob_rec *rec;
 } cube__vsink_t;
 
 #if CUBE_VALIDATE
@@ -290,12 +313,13 @@ CUBE__OOB_GLOBAL /* the backend's record, where it keeps one per module */
      * launch's first (the unit whose increment saw 0 writes the fields; the
      * runtime reads them once every unit is done), and hands out the zeroed
      * slot as checked mode does. */
-    CUBE__COLD void *
-    cube__oob(void *sinkp, unsigned int param, const char *name,
-              unsigned long long index, unsigned long long len)
+    CUBE__COLD CUBE__SINK_AS void *
+    cube__oob(CUBE__SINK_AS void *sinkp, unsigned int param,
+              CUBE__CONST_AS const char *name,
+              CUBE__U64 index, CUBE__U64 len)
 {
-    cube__vsink_t *v = (cube__vsink_t *)sinkp;
-    cube__oob_rec *r = v->rec;
+    CUBE__SINK_AS cube__vsink_t *v = (CUBE__SINK_AS cube__vsink_t *)sinkp;
+    CUBE__SINK_AS cube__oob_rec *r = v->rec;
     if (CUBE__OOB_INC(&r->count) == 0) {
         r->index = index;
         r->len = len;
