@@ -138,7 +138,11 @@ typedef enum cube_timing_method {
  *   gives a host pointer with host_accessible set, cube_wrap_memory takes
  *   host memory, and the pools are built over the host's virtual memory,
  *   so every pool kind installs (CUBE_POOL_EXPANDABLE included). Without
- *   it (CUDA) buffers are device memory the host cannot dereference. */
+ *   it (CUDA) buffers are device memory the host cannot dereference.
+ * - CUBE_FEATURE_COLLECTIVES: the backend has communicators
+ *   (cubert/comm.h): cube_comm_init_all, cube_comm_init_rank and
+ *   cube_comm_id_new work. Without it (OpenCL, for now) they answer
+ *   CUBE_ERR_UNSUPPORTED; cube_copy_peer works either way. */
 enum {
     CUBE_FEATURE_ATOMIC_F32_ADD = 1u << 0,
     CUBE_FEATURE_F64 = 1u << 1,
@@ -149,7 +153,8 @@ enum {
     CUBE_FEATURE_GRAPHS = 1u << 6,
     CUBE_FEATURE_PINNED_STAGING = 1u << 7,
     CUBE_FEATURE_KERNELS = 1u << 8,
-    CUBE_FEATURE_HOST_MEMORY = 1u << 9
+    CUBE_FEATURE_HOST_MEMORY = 1u << 9,
+    CUBE_FEATURE_COLLECTIVES = 1u << 10
 };
 
 /* The name of one CUBE_FEATURE_* bit, as its enumerator spells it in

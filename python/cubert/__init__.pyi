@@ -87,6 +87,7 @@ _LaunchArg = Union["Buffer", np.generic, _Tobytes, float, int]
 _Feature = Literal[
     "atomic_f32_add", "f64", "shared_memory", "cube_sync", "bounds_check",
     "dynamic_count", "graphs", "pinned_staging", "kernels", "host_memory",
+    "collectives",
 ]
 
 class _Properties(TypedDict):

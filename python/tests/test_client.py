@@ -33,7 +33,7 @@ CODE_NAMES = {
 
 FEATURES = {"atomic_f32_add", "f64", "shared_memory", "cube_sync",
             "bounds_check", "dynamic_count", "graphs", "pinned_staging",
-            "kernels", "host_memory"}
+            "kernels", "host_memory", "collectives"}
 
 
 # --- opening -----------------------------------------------------------------

@@ -377,6 +377,7 @@ const char *cube_feature_name(uint32_t feature)
     case CUBE_FEATURE_PINNED_STAGING: return "pinned_staging";
     case CUBE_FEATURE_KERNELS: return "kernels";
     case CUBE_FEATURE_HOST_MEMORY: return "host_memory";
+    case CUBE_FEATURE_COLLECTIVES: return "collectives";
     default: return NULL;
     }
 }

@@ -163,6 +163,8 @@ static cube_error *device_open(const cube_backend *backend, uint32_t index,
     d->vt = d->server->vt;
     d->server->device = d;
     err = d->vt->properties(d->server, &d->props);
+    if (!err && backend->comm)
+        d->props.features |= CUBE_FEATURE_COLLECTIVES; /* the core's to say */
     if (err) {
         d->vt->destroy(d->server);
         device_free(d);
@@ -278,6 +280,8 @@ cube_error *cube_device_describe(const char *device, cube_device_info *out)
     cube_client_options opts = cube_client_options_default();
     opts.cpu_threads = cfg->cpu_threads;
     err = b->device_properties(index, &opts, &out->properties);
+    if (!err && b->comm)
+        out->properties.features |= CUBE_FEATURE_COLLECTIVES;
     return err ? cube_error_prefix(err, "cube_device_describe(%s)", device)
                : NULL;
 }

@@ -695,16 +695,17 @@ static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
         return err;
     }
     a->stream = st;
-    if (core_dry_run_active(c)) {
+    /* A size that can never fit is refused before any memory is asked
+     * for (on OpenCL the largest buffer is smaller than the device). */
+    if (size > c->props.max_buffer_size)
+        err = cube_error_new(CUBE_ERR_BUFFER_TOO_BIG,
+                             "a buffer of %llu bytes can never fit: the "
+                             "largest this device holds is %llu bytes",
+                             (unsigned long long)size,
+                             (unsigned long long)c->props.max_buffer_size);
+    else if (core_dry_run_active(c)) {
         /* A dry run hands out buffers without backing; they get memory at
-         * their first real use. A size that can never fit is still
-         * refused now. */
-        if (size > c->props.max_buffer_size)
-            err = cube_error_new(CUBE_ERR_BUFFER_TOO_BIG,
-                                 "a buffer of %llu bytes can never fit: the "
-                                 "largest this device holds is %llu bytes",
-                                 (unsigned long long)size,
-                                 (unsigned long long)c->props.max_buffer_size);
+         * their first real use. */
         atomic_store_explicit(&a->deferred, 1, memory_order_relaxed);
         a->storage.size = size;
     } else {

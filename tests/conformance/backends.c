@@ -45,6 +45,9 @@ static const conf_backend_entry entries[] = {
     {"cuda", "default_layout_may_be_expandable",
      "with the driver's virtual memory management the streams' first "
      "layout is the expandable preset (cuda_memory_preset)"},
+    {"cuda", "cuda_default_streams",
+     "its native streams are CUstreams, and CUBE_NATIVE_STREAM_LEGACY and "
+     "_PER_THREAD name the driver's default streams (cubert/interop.h)"},
     {"cuda", "device_fault_lasts_the_process",
      "the CUDA driver keeps a sticky fault until the process exits: a "
      "reopen says so, and a new process shows the recovery"},

@@ -239,7 +239,7 @@ static void mark_failed(cube_client *c, cube_handle h)
 
 /* ------------------------------------------------ every dtype and op */
 
-CONF_TEST(comm_all_reduce_every_dtype_and_op_matches_the_host)
+CONF_TEST_NEEDS(comm_all_reduce_every_dtype_and_op_matches_the_host, CUBE_FEATURE_COLLECTIVES)
 {
     static const cube_dtype types[] = {
         CUBE_DTYPE_I8,  CUBE_DTYPE_U8,  CUBE_DTYPE_I32, CUBE_DTYPE_U32,
@@ -432,7 +432,7 @@ static void run_rank_threads(cube_comm **comm, cube_client **c, uint32_t n,
             fail_msg("%s", jobs[r].why);
 }
 
-CONF_TEST(comm_every_collective_with_a_thread_per_rank_matches_the_host)
+CONF_TEST_NEEDS(comm_every_collective_with_a_thread_per_rank_matches_the_host, CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t have = open_ranks(4, c);
@@ -448,7 +448,7 @@ CONF_TEST(comm_every_collective_with_a_thread_per_rank_matches_the_host)
 
 /* ------------------------------------------------------------ in place */
 
-CONF_TEST(comm_in_place_layouts_work_and_other_overlaps_are_refused)
+CONF_TEST_NEEDS(comm_in_place_layouts_work_and_other_overlaps_are_refused, CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(3, c);
@@ -541,7 +541,7 @@ CONF_TEST(comm_in_place_layouts_work_and_other_overlaps_are_refused)
 
 /* ----------------------------------------------------------- failures */
 
-CONF_TEST(comm_failed_source_refuses_on_every_rank_and_marks_destinations)
+CONF_TEST_NEEDS(comm_failed_source_refuses_on_every_rank_and_marks_destinations, CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(3, c);
@@ -590,7 +590,7 @@ CONF_TEST(comm_failed_source_refuses_on_every_rank_and_marks_destinations)
                   "after the failure");
 }
 
-CONF_TEST(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)
+CONF_TEST_NEEDS(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on, CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(3, c);
@@ -652,7 +652,7 @@ CONF_TEST(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on)
                   "after the refusals");
 }
 
-CONF_TEST(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on)
+CONF_TEST_NEEDS(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on, CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -720,7 +720,7 @@ static void *abort_later(void *arg)
 
 /* A communicator of one rank answers as any rank does, whether its call
  * runs alone or inside a group (which goes through the rendezvous). */
-CONF_TEST(comm_one_rank_answers_alone_as_in_a_group)
+CONF_TEST_NEEDS(comm_one_rank_answers_alone_as_in_a_group, CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(1, c);
@@ -815,7 +815,7 @@ static cube_error *self_pair(cube_comm *comm, cube_handle src, cube_handle dst,
 /* A ring on a communicator of one rank is a send to itself and its
  * receive: paired in their group, in order, judged as a pair of ranks'
  * calls are; a lone one, or one outside a group, is refused at once. */
-CONF_TEST(comm_send_to_the_calling_rank_pairs_with_its_receive_in_a_group)
+CONF_TEST_NEEDS(comm_send_to_the_calling_rank_pairs_with_its_receive_in_a_group, CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -920,7 +920,7 @@ CONF_TEST(comm_send_to_the_calling_rank_pairs_with_its_receive_in_a_group)
     close_ranks(c, n);
 }
 
-CONF_TEST(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls)
+CONF_TEST_NEEDS(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls, CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -951,7 +951,7 @@ CONF_TEST(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls)
 
 /* ------------------------------------------------- hostile arguments */
 
-CONF_TEST(comm_hostile_arguments_get_clear_errors_and_change_nothing)
+CONF_TEST_NEEDS(comm_hostile_arguments_get_clear_errors_and_change_nothing, CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -1129,7 +1129,7 @@ static void *scale_on_another_stream(void *arg)
 }
 
 CONF_TEST_NEEDS(comm_kernel_on_another_stream_sees_the_reduced_buffer,
-                CUBE_FEATURE_KERNELS)
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -1458,20 +1458,23 @@ static void graph_run(int mode, uint32_t want)
 }
 
 CONF_TEST_NEEDS(comm_graph_step_with_all_reduce_replays_like_the_host,
-                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS |
+                    CUBE_FEATURE_COLLECTIVES)
 {
     graph_run(G_REPLAY, 3);
 }
 
 CONF_TEST_NEEDS(comm_graph_group_of_sends_and_receives_replays_as_a_group,
-                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS |
+                    CUBE_FEATURE_COLLECTIVES)
 {
     graph_run(G_RING, 3);
 }
 
 /* The ring on one rank: each replay sends to itself and receives it. */
 CONF_TEST_NEEDS(comm_graph_ring_on_one_rank_replays_its_send_to_itself,
-                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS |
+                    CUBE_FEATURE_COLLECTIVES)
 {
     graph_run(G_RING, 1);
 }
@@ -1493,7 +1496,8 @@ static void *replay_driven(void *arg)
 }
 
 CONF_TEST_NEEDS(comm_graph_group_driven_by_one_thread_replays_per_rank,
-                CUBE_FEATURE_GRAPHS)
+                CUBE_FEATURE_GRAPHS |
+                    CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(3, c);
@@ -1560,7 +1564,8 @@ CONF_TEST_NEEDS(comm_graph_group_driven_by_one_thread_replays_per_rank,
 }
 
 CONF_TEST_NEEDS(comm_graph_capture_on_one_rank_only_is_refused_on_every_rank,
-                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS |
+                    CUBE_FEATURE_COLLECTIVES)
 {
     graph_run(G_MIXED, 2);
 }
@@ -1588,7 +1593,8 @@ static void g_step_all(cube_client **c, cube_comm **comm, cube_handle (*h)[4],
  * out can: a busy machine cannot make the others late for the short
  * timeout. */
 CONF_TEST_NEEDS(comm_graph_replay_without_the_peer_times_out_and_marks_outputs,
-                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS |
+                    CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -1651,19 +1657,22 @@ CONF_TEST_NEEDS(comm_graph_replay_without_the_peer_times_out_and_marks_outputs,
 }
 
 CONF_TEST_NEEDS(comm_graph_mismatched_replays_are_refused_on_every_rank,
-                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS |
+                    CUBE_FEATURE_COLLECTIVES)
 {
     graph_run(G_MISMATCH, 2);
 }
 
 CONF_TEST_NEEDS(comm_graph_replay_after_the_comm_is_destroyed_is_refused,
-                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS |
+                    CUBE_FEATURE_COLLECTIVES)
 {
     graph_outlives_comm(0);
 }
 
 CONF_TEST_NEEDS(comm_graph_replay_after_an_abort_is_refused,
-                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS)
+                CUBE_FEATURE_KERNELS | CUBE_FEATURE_GRAPHS |
+                    CUBE_FEATURE_COLLECTIVES)
 {
     graph_outlives_comm(1);
 }

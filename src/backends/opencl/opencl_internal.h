@@ -52,6 +52,12 @@
  * at least the device's CL_DEVICE_MEM_BASE_ADDR_ALIGN and a cache line. */
 #define OPENCL_MIN_ALIGNMENT 128u
 
+/* A page: its memory object and size (for wrapping part of it). */
+typedef struct opencl_page {
+    cl_mem mem;
+    uint64_t size;
+} opencl_page;
+
 typedef struct opencl_server {
     cube_server base; /* first: the client reaches the vtable through it */
     const opencl_api *api;
@@ -76,7 +82,7 @@ typedef struct opencl_server {
 
     /* The page table: chunks are made on demand and kept to the end, so a
      * lookup needs no lock. */
-    cl_mem *_Atomic chunks[OPENCL_PAGE_CHUNKS];
+    opencl_page *_Atomic chunks[OPENCL_PAGE_CHUNKS];
     cube_mutex pages_lock;
     uint32_t page_next CUBE_GUARDED_BY(pages_lock); /* slots used so far */
     uint32_t *page_free CUBE_GUARDED_BY(pages_lock); /* freed slots */
@@ -147,6 +153,16 @@ cube_error *opencl_sync(cube_server *server, cube_server_stream *stream,
 cube_error *opencl_flush(cube_server *server, cube_server_stream *stream);
 cube_error *opencl_native_stream(cube_server *server,
                                  cube_server_stream *stream, void **out);
+/* wrap_memory: [address, address + size) must lie in one of this
+ * device's pages (an address cube_native_buffer_get gave); the storage
+ * names it as it is. native_wait: the stream waits for the work issued
+ * so far on `foreign`, a command queue of this device's context (NULL:
+ * nothing to wait for; CUDA's stream names are refused). */
+cube_error *opencl_wrap_memory(cube_server *server, cube_server_stream *stream,
+                               uint64_t address, uint64_t size,
+                               cube_storage *out);
+cube_error *opencl_native_wait(cube_server *server, cube_server_stream *stream,
+                               void *foreign);
 
 /* --- opencl_kernels.c --- */
 cube_error *opencl_compile(cube_server *server, const cube_kernel *kernel,

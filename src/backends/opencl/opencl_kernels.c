@@ -567,6 +567,12 @@ cube_error *opencl_launch(cube_server *server, cube_server_stream *stream,
             *dispatch->ran_nothing = 1;
             return NULL;
         }
+        for (int i = 0; i < 3; i++)
+            if (count[i] > s->props.max_cube_count[i])
+                return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                                      "a dynamic cube count of %u along "
+                                      "axis %d is over the device's %u",
+                                      count[i], i, s->props.max_cube_count[i]);
     }
     size_t global[3], local[3];
     uint64_t units = 1;

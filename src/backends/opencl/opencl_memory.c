@@ -11,20 +11,27 @@
 
 /* --- pages --- */
 
-static cl_mem *chunk_at(opencl_server *s, uint32_t slot)
+static opencl_page *chunk_at(opencl_server *s, uint32_t slot)
 {
     return atomic_load_explicit(&s->chunks[slot / OPENCL_CHUNK_PAGES],
                                 memory_order_acquire);
 }
 
-cl_mem opencl_page_of(opencl_server *s, uint64_t address, uint64_t *offset)
+/* The page behind a made-up address, or NULL. */
+static const opencl_page *page_at(opencl_server *s, uint64_t address)
 {
     uint64_t slot = address >> OPENCL_PAGE_SHIFT;
-    *offset = address & OPENCL_OFFSET_MASK;
     if (slot == 0 || slot >= (uint64_t)OPENCL_PAGE_CHUNKS * OPENCL_CHUNK_PAGES)
         return NULL;
-    cl_mem *chunk = chunk_at(s, (uint32_t)slot);
-    return chunk ? chunk[slot % OPENCL_CHUNK_PAGES] : NULL;
+    opencl_page *chunk = chunk_at(s, (uint32_t)slot);
+    return chunk ? &chunk[slot % OPENCL_CHUNK_PAGES] : NULL;
+}
+
+cl_mem opencl_page_of(opencl_server *s, uint64_t address, uint64_t *offset)
+{
+    const opencl_page *page = page_at(s, address);
+    *offset = address & OPENCL_OFFSET_MASK;
+    return page ? page->mem : NULL;
 }
 
 /* A free slot, its chunk made. 0 when the table is full or for want of
@@ -40,7 +47,7 @@ static uint32_t slot_take(opencl_server *s) CUBE_REQUIRES(s->pages_lock)
         return 0;
     uint32_t c = slot / OPENCL_CHUNK_PAGES;
     if (!atomic_load_explicit(&s->chunks[c], memory_order_relaxed)) {
-        cl_mem *chunk = calloc(OPENCL_CHUNK_PAGES, sizeof *chunk);
+        opencl_page *chunk = calloc(OPENCL_CHUNK_PAGES, sizeof *chunk);
         if (!chunk) {
             s->page_free[s->page_free_count++] = slot;
             return 0;
@@ -80,8 +87,11 @@ static cube_error *page_alloc(void *self, uint64_t size, uint64_t align,
     }
     if (s->page_free_cap > s->page_next + 1)
         slot = slot_take(s);
-    if (slot)
-        chunk_at(s, slot)[slot % OPENCL_CHUNK_PAGES] = mem;
+    if (slot) {
+        opencl_page *page = &chunk_at(s, slot)[slot % OPENCL_CHUNK_PAGES];
+        page->size = size;
+        page->mem = mem;
+    }
     cube_mutex_unlock(&s->pages_lock);
     if (!slot) {
         s->api->clReleaseMemObject(mem);
@@ -104,7 +114,9 @@ static void page_free(void *self, uint64_t address, uint64_t size)
     if (!mem || offset)
         return;
     cube_mutex_lock(&s->pages_lock);
-    chunk_at(s, (uint32_t)slot)[slot % OPENCL_CHUNK_PAGES] = NULL;
+    opencl_page *page = &chunk_at(s, (uint32_t)slot)[slot % OPENCL_CHUNK_PAGES];
+    page->mem = NULL;
+    page->size = 0;
     s->page_free[s->page_free_count++] = (uint32_t)slot;
     cube_mutex_unlock(&s->pages_lock);
     s->api->clReleaseMemObject(mem);
@@ -157,6 +169,57 @@ cube_error *opencl_native_stream(cube_server *server,
     (void)server;
     *out = ((opencl_stream *)stream->impl)->queue;
     return NULL;
+}
+
+cube_error *opencl_wrap_memory(cube_server *server, cube_server_stream *stream,
+                               uint64_t address, uint64_t size,
+                               cube_storage *out)
+{
+    (void)stream;
+    const opencl_page *page = page_at((opencl_server *)server, address);
+    uint64_t offset = address & OPENCL_OFFSET_MASK;
+    if (!page || !page->mem)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "0x%llx is not memory of this OpenCL device (an "
+                              "address cube_native_buffer_get gave)",
+                              (unsigned long long)address);
+    if (offset > page->size || size > page->size - offset)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "[0x%llx, +%llu) runs past the end of its "
+                              "allocation (%llu bytes)",
+                              (unsigned long long)address,
+                              (unsigned long long)size,
+                              (unsigned long long)page->size);
+    memset(out, 0, sizeof *out);
+    out->address = address;
+    out->size = size;
+    return NULL;
+}
+
+cube_error *opencl_native_wait(cube_server *server, cube_server_stream *stream,
+                               void *foreign)
+{
+    opencl_server *s = (opencl_server *)server;
+    opencl_stream *st = stream->impl;
+    if (!foreign)
+        return NULL;
+    if (foreign == (void *)(uintptr_t)1 || foreign == (void *)(uintptr_t)2)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "CUDA's default streams do not exist on "
+                              "OpenCL: name a cl_command_queue");
+    cl_event done = NULL;
+    cl_int r = s->api->clEnqueueMarkerWithWaitList(
+        (cl_command_queue)foreign, 0, NULL, &done);
+    if (r != CL_SUCCESS)
+        return opencl_fail(r, CUBE_ERR_INVALID_ARGUMENT,
+                           "cube_native_wait: not a command queue of this "
+                           "device");
+    r = s->api->clEnqueueMarkerWithWaitList(st->queue, 1, &done, NULL);
+    s->api->clReleaseEvent(done);
+    opencl_enqueued(st);
+    return r == CL_SUCCESS ? NULL
+                           : opencl_fail(r, CUBE_ERR_INTERNAL,
+                                         "cube_native_wait");
 }
 
 cube_error *opencl_sinks(opencl_server *s, opencl_stream *st, uint64_t bytes,

@@ -276,14 +276,14 @@ static void opencl_destroy(cube_server *server)
     opencl_server *s = (opencl_server *)server;
     const opencl_api *a = s->api;
     for (uint32_t c = 0; c < OPENCL_PAGE_CHUNKS; c++) {
-        cl_mem *chunk = atomic_load(&s->chunks[c]);
+        opencl_page *chunk = atomic_load(&s->chunks[c]);
         if (!chunk)
             continue;
         /* Every page went back through the storage's free before this;
          * what is left is a leak of the manager's, released anyway. */
         for (uint32_t i = 0; i < OPENCL_CHUNK_PAGES; i++)
-            if (chunk[i])
-                a->clReleaseMemObject(chunk[i]);
+            if (chunk[i].mem)
+                a->clReleaseMemObject(chunk[i].mem);
         free(chunk);
     }
     if (s->trap)
@@ -313,6 +313,8 @@ static const cube_server_vtable opencl_vtable = {
     .end_profile = opencl_end_profile,
     .abandon_profile = opencl_abandon_profile,
     .native_stream = opencl_native_stream,
+    .wrap_memory = opencl_wrap_memory,
+    .native_wait = opencl_native_wait,
 };
 
 /* The server of device `index`, described but not opened (no context).
