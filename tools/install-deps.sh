@@ -11,13 +11,16 @@ set -eu
 # openmpi-bin: the CPU backend's communicators between processes load
 # Open MPI at run time, and their tests run ranks with mpirun.
 # zlib1g-dev: bench_memory reads the compressed allocation traces.
+# pocl-opencl-icd, ocl-icd-libopencl1: an OpenCL driver for this machine's
+# CPU and the ICD loader, which the OpenCL backend loads at run time; its
+# conformance run needs them (without them it reports itself skipped).
 # python3-*: the Python package is built against Debian's interpreter and
 # its tests run there with pytest and NumPy; python3-venv makes the fresh
 # environment in which the README's Python example is run after `pip
 # install .`. (python3-matplotlib, for
 # cubert.memviz's drawing tests, is not here: it brings ~330 MB; CI names
 # it as an extra, elsewhere those two tests skip.)
-PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev libclang-dev zlib1g-dev openmpi-bin python3-dev python3-numpy python3-pytest python3-venv $*"
+PACKAGES="build-essential cmake pkg-config libcmocka-dev libxxhash-dev libjansson-dev libclang-dev zlib1g-dev pocl-opencl-icd ocl-icd-libopencl1 openmpi-bin python3-dev python3-numpy python3-pytest python3-venv $*"
 
 # Without Debian's package tools, check what the build itself needs and
 # name what is missing (package names differ between systems).

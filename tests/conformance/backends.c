@@ -34,6 +34,10 @@ static const conf_backend_entry entries[] = {
      "kernels run on the host's cores and a launch's work is done before "
      "the call returns: big buffers and long loops prove nothing more "
      "there and only cost time"},
+    {"opencl", "small_problems",
+     "the suite runs it on PoCL, whose kernels run on the host's cores: "
+     "big buffers and long loops there only cost time (on a GPU through "
+     "OpenCL the CUDA backend's run covers them)"},
     {"cpu", "cpu_threads_shape_the_device",
      "cube_client_options.cpu_threads sizes the device's workers, fixed by "
      "its first open: another number is refused while the suite's client "

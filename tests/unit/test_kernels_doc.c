@@ -173,16 +173,19 @@ static void check_kernel(cube_client *client, const char *name,
     cube_error_free(err);
 }
 
-static void test_every_kernel_in_the_doc_compiles(void **state)
+/* Every kernel of the page through `device`'s compiler. A backend that
+ * cannot run here is skipped when `optional`, with the reason. */
+static void every_kernel_compiles_on(const char *device, int optional)
 {
-    (void)state;
-    char *path = doc_path();
-    char *doc = read_file(path);
-
     cube_client_options options = cube_client_options_default();
     options.cpu_threads = 2;
     cube_client *client = NULL;
-    cube_error *err = cube_client_open("cpu", &options, &client);
+    cube_error *err = cube_client_open(device, &options, &client);
+    if (err && optional && cube_error_code(err) == CUBE_ERR_UNAVAILABLE) {
+        print_message("%s: %s\n", device, cube_error_message(err));
+        cube_error_free(err);
+        skip();
+    }
     if (err) {
         char *text = cube_error_format(err);
         print_error("cube_client_open: %s\n", text ? text : "?");
@@ -190,6 +193,8 @@ static void test_every_kernel_in_the_doc_compiles(void **state)
         cube_error_free(err);
         fail();
     }
+    char *path = doc_path();
+    char *doc = read_file(path);
 
     size_t kernels = 0, blocks = 0;
     const char *p = doc;
@@ -235,10 +240,31 @@ static void test_every_kernel_in_the_doc_compiles(void **state)
     assert_true(kernels >= MIN_KERNELS);
 }
 
+static void test_every_kernel_in_the_doc_compiles(void **state)
+{
+    (void)state;
+    every_kernel_compiles_on("cpu", 0);
+}
+
+/* The same through OpenCL C, where the machine has an OpenCL device. */
+static void test_every_kernel_in_the_doc_compiles_for_opencl(void **state)
+{
+    (void)state;
+    const char *const *names = cube_backend_names();
+    for (size_t i = 0; names[i]; i++)
+        if (strcmp(names[i], "opencl") == 0) {
+            every_kernel_compiles_on("opencl", 1);
+            return;
+        }
+    print_message("the opencl backend is not part of this build\n");
+    skip();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_kernel_in_the_doc_compiles),
+        cmocka_unit_test(test_every_kernel_in_the_doc_compiles_for_opencl),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

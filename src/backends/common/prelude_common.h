@@ -34,6 +34,15 @@
 #ifndef CUBE__CONST_AS
 #define CUBE__CONST_AS
 #endif
+/* What kernels write before a pointer's type in a helper's parameters:
+ * `CUBE_GLOBAL float *` for a buffer, `CUBE_LOCAL float *` for a shared
+ * array. __global and __local on OpenCL, nothing elsewhere. */
+#ifndef CUBE_GLOBAL
+#define CUBE_GLOBAL
+#endif
+#ifndef CUBE_LOCAL
+#define CUBE_LOCAL
+#endif
 
 /* --- parameter kinds --- */
 #define CUBE_IN(T, name) (cube__in, T, name, 1)
