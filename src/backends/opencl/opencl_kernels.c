@@ -38,7 +38,27 @@ typedef struct opencl_kernel {
     int checked;   /* built with sinks: CUBE_CHECKED or CUBE_VALIDATE */
     int validate;
     cube_mutex lock; /* the kernel object's arguments, see the header */
+    /* The arguments as last set (under `lock`): a launch sets only those
+     * that changed, since OpenCL keeps them on the kernel object. */
+    unsigned char set[OPENCL_FIXED_ARGS + 3 * CUBE_MAX_PARAMS][8]
+        CUBE_GUARDED_BY(lock);
+    unsigned char known[OPENCL_FIXED_ARGS + 3 * CUBE_MAX_PARAMS]
+        CUBE_GUARDED_BY(lock);
 } opencl_kernel;
+
+/* clSetKernelArg unless argument `i` already holds these `size` (at most
+ * 8) bytes. */
+static cl_int set_arg(const opencl_api *a, opencl_kernel *k, cl_uint i,
+                      size_t size, const void *value) CUBE_REQUIRES(k->lock)
+{
+    if (k->known[i] && memcmp(k->set[i], value, size) == 0)
+        return CL_SUCCESS;
+    cl_int r = a->clSetKernelArg(k->kernel, i, size, value);
+    k->known[i] = r == CL_SUCCESS;
+    if (r == CL_SUCCESS)
+        memcpy(k->set[i], value, size);
+    return r;
+}
 
 /* ------------------------------------------------------------ the text */
 
@@ -471,6 +491,7 @@ static cube_error *read_count(opencl_server *s, cube_server_stream *stream,
 /* The arguments after the fixed three, from the dispatch. */
 static cl_int set_params(const opencl_api *a, opencl_server *s,
                          opencl_kernel *k, const cube_dispatch *d)
+    CUBE_REQUIRES(k->lock)
 {
     const cube_compiled *cc = d->compiled;
     cl_uint arg = OPENCL_FIXED_ARGS;
@@ -480,8 +501,7 @@ static cl_int set_params(const opencl_api *a, opencl_server *s,
         if (param->kind == CUBE_PARAM_SHARED)
             continue;
         if (param->kind == CUBE_PARAM_SCALAR) {
-            r = a->clSetKernelArg(k->kernel, arg++, param->elem_size,
-                                  d->scalars[p]);
+            r = set_arg(a, k, arg++, param->elem_size, d->scalars[p]);
             continue;
         }
         const cube_binding *b = &d->bindings[p];
@@ -489,11 +509,11 @@ static cl_int set_params(const opencl_api *a, opencl_server *s,
         cl_mem mem = opencl_page_of(s, b->storage->address + b->offset,
                                     (uint64_t *)&offset);
         cl_ulong len = param->elem_size ? b->size / param->elem_size : 0;
-        r = a->clSetKernelArg(k->kernel, arg++, sizeof mem, &mem);
+        r = set_arg(a, k, arg++, sizeof mem, &mem);
         if (r == CL_SUCCESS)
-            r = a->clSetKernelArg(k->kernel, arg++, sizeof offset, &offset);
+            r = set_arg(a, k, arg++, sizeof offset, &offset);
         if (r == CL_SUCCESS)
-            r = a->clSetKernelArg(k->kernel, arg++, sizeof len, &len);
+            r = set_arg(a, k, arg++, sizeof len, &len);
     }
     return r;
 }
@@ -506,11 +526,11 @@ static cube_error *enqueue_locked(opencl_server *s, cube_server_stream *stream,
     const opencl_api *a = s->api;
     opencl_stream *st = stream->impl;
     cl_mem record = k->record;
-    cl_int r = a->clSetKernelArg(k->kernel, 0, sizeof sinks, &sinks);
+    cl_int r = set_arg(a, k, 0, sizeof sinks, &sinks);
     if (r == CL_SUCCESS)
-        r = a->clSetKernelArg(k->kernel, 1, sizeof record, &record);
+        r = set_arg(a, k, 1, sizeof record, &record);
     if (r == CL_SUCCESS)
-        r = a->clSetKernelArg(k->kernel, 2, sizeof s->trap, &s->trap);
+        r = set_arg(a, k, 2, sizeof s->trap, &s->trap);
     if (r == CL_SUCCESS)
         r = set_params(a, s, k, d);
     if (r != CL_SUCCESS)
