@@ -7,7 +7,8 @@
 # Usage: tools/gpu-check.sh DEB_DIR RESULTS_DIR [STEPS]
 # DEB_DIR holds the -dev packages as .deb files (see offline-build.sh).
 # STEPS (default "tests sanitize demo bench") picks what runs after the
-# build; "build" alone only builds; "comm" runs the communication
+# build; "build" alone only builds; "opencl" runs the conformance suite,
+# the demo and bench_opencl through NVIDIA's and PoCL's OpenCL; "comm" runs the communication
 # benchmarks (a data-parallel training step beside PyTorch DDP among
 # them), "asan" the fuzz corpus and conformance suite under ASan,
 # "python" the Python package's tests and benchmarks (WHEEL_DIR: a folder
@@ -80,6 +81,23 @@ for s in $steps; do
             --json "$results/bench_cuda.json"
         step peers 300 python3 bench/gpu/peers_torch_cupy.py \
             --json "$results/peers.json"
+        ;;
+    opencl)
+        # The conformance suite and the demo through each OpenCL platform
+        # (NVIDIA's driver on the GPU, PoCL on the host's cores), and
+        # bench_opencl beside raw OpenCL calls on each (and beside the
+        # CUDA backend on the GPU).
+        for platform in nvidia pocl; do
+            step "conformance_opencl_$platform" 900 env \
+                CUBERT_OPENCL_PLATFORM=$platform \
+                build-gpu/tests/conformance opencl
+            step "demo_opencl_$platform" 300 env \
+                CUBERT_OPENCL_PLATFORM=$platform \
+                build-gpu/cubert demo --device opencl
+            step "bench_opencl_$platform" 300 env \
+                CUBERT_OPENCL_PLATFORM=$platform POCL_KERNEL_CACHE=0 \
+                build-gpu/bench/bench_opencl
+        done
         ;;
     comm)
         # Collectives and peer copies: cubert beside raw NCCL and the
