@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/common/library.h"
 #include "backends/cpu/cpu_jit_internal.h"
 #include "base/error.h"
 #include "cubert/log.h"
@@ -132,24 +133,18 @@ const cube_config_key cpu_config_keys[] = {
      .default_text = "none",
      .doc = "extra options for every CPU kernel compilation, separated by "
             "blanks"},
-    {.name = "cpu_libclang",
-     .type = CUBE_CONFIG_TEXT,
-     .max_len = CUBE_CONFIG_TEXT_MAX,
-     .default_text = "libclang.so.1, else libclang-<N>.so.1 (N 19 to 11)",
-     .doc = "the libclang library the CPU backend's barrier pass loads: a "
-            "path or a name the dynamic loader finds"},
+    LIBRARY_CONFIG_KEY(
+        "cpu_libclang", "libclang.so.1, else libclang-<N>.so.1 (N 19 to 11)",
+        "the libclang library the CPU backend's barrier pass loads"),
     {.name = "cpu_barriers",
      .type = CUBE_CONFIG_WORD,
      .words = cpu_barriers_words,
      .default_text = "auto",
      .doc = "auto: kernels with cube_sync() run their units as loops where "
             "the barrier pass can; fibers: always as fibers"},
-    {.name = "mpi_library",
-     .type = CUBE_CONFIG_TEXT,
-     .max_len = CUBE_CONFIG_TEXT_MAX,
-     .default_text = "libmpi.so.40, else libmpi.so",
-     .doc = "the Open MPI library the CPU backend's communicators between "
-            "processes load: a path or a name the dynamic loader finds"},
+    LIBRARY_CONFIG_KEY("mpi_library", "libmpi.so.40, else libmpi.so",
+                       "the Open MPI library the CPU backend's communicators "
+                       "between processes load"),
     {.name = "cpu_devices",
      .type = CUBE_CONFIG_UINT,
      .min = 1,

@@ -14,28 +14,14 @@ static mpi_api api;
 static char load_failure[1024]; /* empty: loaded */
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
-/* Open MPI loads its components as plugins that resolve symbols of
- * libmpi itself: the library must be global. */
-static void *open_mpi(void)
-{
-    static const char *const names[] = {"libmpi.so.40", "libmpi.so", NULL};
-    return library_open("mpi_library", names, RTLD_NOW | RTLD_GLOBAL, api.path,
-                        sizeof api.path, load_failure, sizeof load_failure);
-}
-
 static void load(void)
 {
-    void *lib = open_mpi();
-    if (!lib)
-        return;
-    struct {
-        void **slot;
-        const char *name;
-    } syms[] = {
-#define FN(name) {(void **)&api.name, #name}
+    static const char *const names[] = {"libmpi.so.40", "libmpi.so", NULL};
+    const library_symbol syms[] = {
+#define FN(name) {(void **)&api.name, #name, 0}
 #define GLOBAL(field, name)                                                    \
     {                                                                          \
-        (void **)&api.field, name                                              \
+        (void **)&api.field, name, 0                                           \
     }
         FN(MPI_Initialized),
         FN(MPI_Finalized),
@@ -77,18 +63,12 @@ static void load(void)
 #undef FN
 #undef GLOBAL
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        *syms[i].slot = dlsym(lib, syms[i].name);
-        if (!*syms[i].slot) {
-            char why[256];
-            snprintf(why, sizeof why,
-                     "has no symbol %s (Open MPI 4 or later is needed)",
-                     syms[i].name);
-            snprintf(load_failure, sizeof load_failure, "%s: %s", api.path,
-                     why);
-            return;
-        }
-    }
+    /* Open MPI loads its components as plugins that resolve symbols of
+     * libmpi itself: the library must be global. */
+    library_load("mpi_library", names, RTLD_NOW | RTLD_GLOBAL, syms,
+                 sizeof syms / sizeof syms[0], "symbol",
+                 "Open MPI 4 or later is needed", api.path, sizeof api.path,
+                 load_failure, sizeof load_failure);
 }
 
 cube_error *mpi_api_load(const mpi_api **out)

@@ -13,23 +13,11 @@ static nccl_api api;
 static char load_failure[1024]; /* empty: loaded */
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
-static void *open_nccl(void)
-{
-    static const char *const names[] = {"libnccl.so.2", "libnccl.so", NULL};
-    return library_open("nccl_library", names, RTLD_NOW | RTLD_LOCAL, api.path,
-                        sizeof api.path, load_failure, sizeof load_failure);
-}
-
 static void load(void)
 {
-    void *lib = open_nccl();
-    if (!lib)
-        return; /* load_failure names each library tried */
-    struct {
-        void **slot;
-        const char *name;
-    } fns[] = {
-#define FN(name) {(void **)&api.name, #name}
+    static const char *const names[] = {"libnccl.so.2", "libnccl.so", NULL};
+    const library_symbol fns[] = {
+#define FN(name) {(void **)&api.name, #name, 0}
         FN(ncclGetVersion),
         FN(ncclGetErrorString),
         FN(ncclGetLastError),
@@ -50,19 +38,12 @@ static void load(void)
         FN(ncclGroupEnd),
 #undef FN
     };
-    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
-        *fns[i].slot = dlsym(lib, fns[i].name);
-        if (!*fns[i].slot) {
-            char why[256];
-            snprintf(why, sizeof why,
-                     "has no entry point %s (NCCL 2.18 or later is needed)",
-                     fns[i].name);
-            snprintf(load_failure, sizeof load_failure, "%s: %s", api.path,
-                     why);
-            return;
-        }
-    }
-    api.ncclGetVersion(&api.version);
+    /* On failure load_failure names each library tried. */
+    if (library_load("nccl_library", names, RTLD_NOW | RTLD_LOCAL, fns,
+                     sizeof fns / sizeof fns[0], "entry point",
+                     "NCCL 2.18 or later is needed", api.path, sizeof api.path,
+                     load_failure, sizeof load_failure))
+        api.ncclGetVersion(&api.version);
 }
 
 cube_error *nccl_api_load(const nccl_api **out)
