@@ -41,6 +41,21 @@ static unsigned char *at(const cube_binding *b)
 
 /* --- halves --- */
 
+/* A float's bits, and the float of some bits. */
+static uint32_t f32_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return x;
+}
+
+static float f32_of_bits(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 static float f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31u,
@@ -62,15 +77,12 @@ static float f16_to_f32(uint16_t h)
     } else {
         bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
     }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return f32_of_bits(bits);
 }
 
 static uint16_t f32_to_f16(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, 4);
+    uint32_t x = f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t exp = (x >> 23) & 255u, man = x & 0x7fffffu;
     if (exp == 255) /* inf, nan (kept quiet) */
@@ -98,16 +110,12 @@ static uint16_t f32_to_f16(float f)
 
 static float bf16_to_f32(uint16_t h)
 {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return f32_of_bits((uint32_t)h << 16);
 }
 
 static uint16_t f32_to_bf16(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, 4);
+    uint32_t x = f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) /* nan: keep it one */
         return (uint16_t)((x >> 16) | 0x40u);
     x += 0x7fffu + ((x >> 16) & 1u);
