@@ -259,6 +259,19 @@ static void reduce_chunk(unsigned char *acc, const cube_collective *calls,
         host_reduce_divide(acc, n, dtype, ranks);
 }
 
+/* Copies `bytes` from `s` to every rank's destination at `off`, but for a
+ * destination that is `s` itself (in place). */
+static void copy_to_every_rank(const cube_collective_set *set, uint32_t ranks,
+                               const unsigned char *s, uint64_t off,
+                               size_t bytes)
+{
+    for (uint32_t r = 0; r < ranks; r++) {
+        unsigned char *d = at(&set->calls[r].dst) + off;
+        if (d != s)
+            memmove(d, s, bytes);
+    }
+}
+
 /* Runs chunk `c` of the set's collective. `per` is the chunks of one
  * destination range of `count` elements. */
 static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
@@ -287,26 +300,15 @@ static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
                      first->op);
         store_chunk(at(&set->calls[first->root].dst) + off, acc, bytes, stream);
         break;
-    case CUBE_COLLECTIVE_BROADCAST: {
-        const unsigned char *s = at(&set->calls[first->root].src) + off;
-        for (uint32_t r = 0; r < ranks; r++) {
-            unsigned char *d = at(&set->calls[r].dst) + off;
-            if (d != s)
-                memcpy(d, s, bytes);
-        }
+    case CUBE_COLLECTIVE_BROADCAST:
+        copy_to_every_rank(set, ranks, at(&set->calls[first->root].src) + off,
+                           off, bytes);
         break;
-    }
-    case CUBE_COLLECTIVE_ALL_GATHER: {
+    case CUBE_COLLECTIVE_ALL_GATHER:
         /* Part `part` is rank part's contribution, at part * count. */
-        const unsigned char *s = at(&set->calls[part].src) + off;
-        uint64_t doff = part * first->count * es + off;
-        for (uint32_t r = 0; r < ranks; r++) {
-            unsigned char *d = at(&set->calls[r].dst) + doff;
-            if (d != s)
-                memmove(d, s, bytes);
-        }
+        copy_to_every_rank(set, ranks, at(&set->calls[part].src) + off,
+                           part * first->count * es + off, bytes);
         break;
-    }
     case CUBE_COLLECTIVE_REDUCE_SCATTER: {
         /* Part `part` is rank part's result, from part * count of every
          * source. */
