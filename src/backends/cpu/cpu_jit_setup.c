@@ -66,7 +66,7 @@ static char *cpu_jit_probe_cpu(bool *known)
                                          "CPU implementer", "CPU part"};
     enum { NFIELDS = sizeof fields / sizeof fields[0] };
     cpu_jit_buf id = {0};
-    cpu_jit_buf_append(&id, "", 0);
+    text_buf_append(&id, "", 0);
     *known = false;
     FILE *f = fopen("/proc/cpuinfo", "re");
     if (f) {
@@ -82,7 +82,7 @@ static char *cpu_jit_probe_cpu(bool *known)
                     continue;
                 seen[i] = true;
                 found++;
-                cpu_jit_buf_append(&id, line, strlen(line));
+                text_buf_append(&id, line, strlen(line));
             }
         }
         /* Every field found, or the whole file read without one missed. */
@@ -175,8 +175,8 @@ static char *cpu_jit_filter_cflags(const char *cflags, const char *where)
 {
     char *copy = strdup(cflags);
     cpu_jit_buf kept = {0}, dropped = {0};
-    cpu_jit_buf_append(&kept, "", 0);
-    cpu_jit_buf_append(&dropped, "", 0);
+    text_buf_append(&kept, "", 0);
+    text_buf_append(&dropped, "", 0);
     if (!copy) {
         free(kept.data);
         free(dropped.data);
@@ -192,10 +192,10 @@ static char *cpu_jit_filter_cflags(const char *cflags, const char *where)
             if (cpu_jit_names_cube_macro(w, true))
                 to = &dropped;
             if (to->len)
-                cpu_jit_buf_append(to, " ", 1);
-            cpu_jit_buf_append(to, pending, strlen(pending));
-            cpu_jit_buf_append(to, " ", 1);
-            cpu_jit_buf_append(to, w, strlen(w));
+                text_buf_append(to, " ", 1);
+            text_buf_append(to, pending, strlen(pending));
+            text_buf_append(to, " ", 1);
+            text_buf_append(to, w, strlen(w));
             pending = NULL;
             continue;
         }
@@ -206,13 +206,13 @@ static char *cpu_jit_filter_cflags(const char *cflags, const char *where)
         if (cpu_jit_names_cube_macro(w, false))
             to = &dropped;
         if (to->len)
-            cpu_jit_buf_append(to, " ", 1);
-        cpu_jit_buf_append(to, w, strlen(w));
+            text_buf_append(to, " ", 1);
+        text_buf_append(to, w, strlen(w));
     }
     if (pending) { /* a lone -D at the end: the compiler will say */
         if (kept.len)
-            cpu_jit_buf_append(&kept, " ", 1);
-        cpu_jit_buf_append(&kept, pending, strlen(pending));
+            text_buf_append(&kept, " ", 1);
+        text_buf_append(&kept, pending, strlen(pending));
     }
     if (dropped.len && !dropped.failed)
         cube_log_write(CUBE_LOG_WARN, "config",
