@@ -17,6 +17,12 @@ static void note_try(char *tried, size_t cap, const char *name, const char *why)
              why ? why : "not found");
 }
 
+const char *library_once_run(library_once *l, void (*load)(void))
+{
+    pthread_once(&l->once, load);
+    return l->failure[0] ? l->failure : NULL;
+}
+
 void *library_open(const char *key, const char *const *names, int flags,
                    char *path, size_t path_cap, char *tried, size_t tried_cap)
 {

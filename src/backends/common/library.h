@@ -5,6 +5,7 @@
 #ifndef CUBE_BACKENDS_COMMON_LIBRARY_H
 #define CUBE_BACKENDS_COMMON_LIBRARY_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "cubert/backend/config.h"
@@ -18,6 +19,21 @@
         .max_len = CUBE_CONFIG_TEXT_MAX, .default_text = defaults,             \
         .doc = what ": a path or a name the dynamic loader finds"              \
     }
+
+/* A library loaded once per process: its loader runs once and writes why
+ * loading failed into `failure` (left empty: loaded). */
+typedef struct library_once {
+    pthread_once_t once;
+    char failure[1024];
+} library_once;
+#define LIBRARY_ONCE_INIT                                                      \
+    {                                                                          \
+        PTHREAD_ONCE_INIT, ""                                                  \
+    }
+
+/* Runs `load` the first time it is called for `l` (pthread_once); returns
+ * NULL when the library loaded, else why not (l->failure). */
+const char *library_once_run(library_once *l, void (*load)(void));
 
 /* Opens the library configuration key `key` names, or else the first of
  * `names` (NULL-terminated) that loads, with dlopen `flags`. On success
@@ -34,6 +50,18 @@ typedef struct library_symbol {
     const char *name;
     int optional;
 } library_symbol;
+
+/* The entries of a table of symbols: `slot` (an lvalue: the field of the
+ * table of entry points that receives the address) and the name the
+ * library exports. */
+#define LIBRARY_SYMBOL(slot, name)                                             \
+    {                                                                          \
+        (void **)&(slot), name, 0                                              \
+    }
+#define LIBRARY_SYMBOL_OPTIONAL(slot, name)                                    \
+    {                                                                          \
+        (void **)&(slot), name, 1                                              \
+    }
 
 /* Resolves syms[0, n) in `lib` with dlsym. Returns NULL when every symbol
  * that is not optional resolved, else the name of the first one missing

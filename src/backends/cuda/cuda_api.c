@@ -13,8 +13,7 @@
 #include "cubert/memory.h"
 
 static cuda_api api;
-static char load_failure[512]; /* empty: loaded */
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static library_once loading = LIBRARY_ONCE_INIT;
 
 static const cube_config_word cuda_preset_words[] = {
     {"subslices", CUBE_PRESET_SUBSLICES, 0},
@@ -49,7 +48,7 @@ const cube_config_key cuda_config_keys[] = {
 
 /* Opens the library configuration key `key` names, else the first of
  * `names` that loads; records the path. On failure says so in
- * load_failure: "<what>: <why><hint>". */
+ * loading.failure: "<what>: <why><hint>". */
 static void *open_first(const char *key, const char *const *names, char *path,
                         size_t cap, const char *what, const char *hint)
 {
@@ -63,8 +62,8 @@ static void *open_first(const char *key, const char *const *names, char *path,
             snprintf(why, sizeof why, "%s: cannot load '%s': %s",
                      cube_config_where(&forced, where, sizeof where),
                      forced.text, dlerror());
-            snprintf(load_failure, sizeof load_failure, "%s: %s%s", what, why,
-                     hint);
+            snprintf(loading.failure, sizeof loading.failure, "%s: %s%s", what,
+                     why, hint);
         } else {
             snprintf(path, cap, "%s", forced.text);
         }
@@ -82,20 +81,15 @@ static void *open_first(const char *key, const char *const *names, char *path,
     snprintf(why, sizeof why, "none of %s%s%s could be loaded (last: %s)",
              names[0], names[1] ? ", " : "", names[1] ? names[1] : "",
              last ? last : "");
-    snprintf(load_failure, sizeof load_failure, "%s: %s%s", what, why, hint);
+    snprintf(loading.failure, sizeof loading.failure, "%s: %s%s", what, why,
+             hint);
     return NULL;
 }
 
 /* Every entry point: `symbol` is the versioned name the driver exports for
  * the ABI declared in cuda_api.h; an optional one may be missing. */
-#define FN(field, symbol)                                                      \
-    {                                                                          \
-        (void **)&api.field, symbol, 0                                         \
-    }
-#define FN_OPT(field, symbol)                                                  \
-    {                                                                          \
-        (void **)&api.field, symbol, 1                                         \
-    }
+#define FN(field, symbol) LIBRARY_SYMBOL(api.field, symbol)
+#define FN_OPT(field, symbol) LIBRARY_SYMBOL_OPTIONAL(api.field, symbol)
 static const library_symbol drv_symbols[] = {
     FN(cuInit, "cuInit"),
     FN(cuDriverGetVersion, "cuDriverGetVersion"),
@@ -195,7 +189,7 @@ static void load(void)
 
     CUresult r = api.cuInit(0);
     if (r != CUDA_SUCCESS) {
-        snprintf(load_failure, sizeof load_failure,
+        snprintf(loading.failure, sizeof loading.failure,
                  "the CUDA driver (%s) did not initialize: %s", api.driver_path,
                  cuda_result_text(&api, r));
         return;
@@ -204,7 +198,7 @@ static void load(void)
     int count = 0;
     r = api.cuDeviceGetCount(&count);
     if (r != CUDA_SUCCESS || count == 0) {
-        snprintf(load_failure, sizeof load_failure,
+        snprintf(loading.failure, sizeof loading.failure,
                  "the CUDA driver (%s) sees no device%s%s", api.driver_path,
                  r ? ": " : "", r ? cuda_result_text(&api, r) : "");
         return;
@@ -222,7 +216,7 @@ static void load(void)
     api.nvrtcVersion(&api.nvrtc_major, &api.nvrtc_minor);
     return;
 fail:
-    snprintf(load_failure, sizeof load_failure,
+    snprintf(loading.failure, sizeof loading.failure,
              "CUDA cannot be used: the library has no entry point %s (too "
              "old?)",
              missing);
@@ -231,9 +225,9 @@ fail:
 cube_error *cuda_api_load(const cuda_api **out)
 {
     *out = NULL;
-    pthread_once(&load_once, load);
-    if (load_failure[0])
-        return cube_error_new(CUBE_ERR_UNAVAILABLE, "%s", load_failure);
+    const char *failure = library_once_run(&loading, load);
+    if (failure)
+        return cube_error_new(CUBE_ERR_UNAVAILABLE, "%s", failure);
     *out = &api;
     return NULL;
 }

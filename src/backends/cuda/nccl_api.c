@@ -10,51 +10,55 @@
 #include "cubert/backend/errors.h"
 
 static nccl_api api;
-static char load_failure[1024]; /* empty: loaded */
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static library_once loading = LIBRARY_ONCE_INIT;
+
+/* The entry points. */
+static const library_symbol symbols[] = {
+#define FN(name) LIBRARY_SYMBOL(api.name, #name)
+    /* versions and errors */
+    FN(ncclGetVersion),
+    FN(ncclGetErrorString),
+    FN(ncclGetLastError),
+    /* communicators */
+    FN(ncclGetUniqueId),
+    FN(ncclCommInitRankConfig),
+    FN(ncclCommGetAsyncError),
+    FN(ncclCommFinalize),
+    FN(ncclCommDestroy),
+    FN(ncclCommAbort),
+    /* collectives, point to point, groups */
+    FN(ncclAllReduce),
+    FN(ncclBroadcast),
+    FN(ncclReduce),
+    FN(ncclAllGather),
+    FN(ncclReduceScatter),
+    FN(ncclSend),
+    FN(ncclRecv),
+    FN(ncclGroupStart),
+    FN(ncclGroupEnd),
+#undef FN
+};
 
 static void load(void)
 {
     static const char *const names[] = {"libnccl.so.2", "libnccl.so", NULL};
-    const library_symbol fns[] = {
-#define FN(name) {(void **)&api.name, #name, 0}
-        FN(ncclGetVersion),
-        FN(ncclGetErrorString),
-        FN(ncclGetLastError),
-        FN(ncclGetUniqueId),
-        FN(ncclCommInitRankConfig),
-        FN(ncclCommGetAsyncError),
-        FN(ncclCommFinalize),
-        FN(ncclCommDestroy),
-        FN(ncclCommAbort),
-        FN(ncclAllReduce),
-        FN(ncclBroadcast),
-        FN(ncclReduce),
-        FN(ncclAllGather),
-        FN(ncclReduceScatter),
-        FN(ncclSend),
-        FN(ncclRecv),
-        FN(ncclGroupStart),
-        FN(ncclGroupEnd),
-#undef FN
-    };
-    /* On failure load_failure names each library tried. */
-    if (library_load("nccl_library", names, RTLD_NOW | RTLD_LOCAL, fns,
-                     sizeof fns / sizeof fns[0], "entry point",
+    /* On failure loading.failure names each library tried. */
+    if (library_load("nccl_library", names, RTLD_NOW | RTLD_LOCAL, symbols,
+                     sizeof symbols / sizeof symbols[0], "entry point",
                      "NCCL 2.18 or later is needed", api.path, sizeof api.path,
-                     load_failure, sizeof load_failure))
+                     loading.failure, sizeof loading.failure))
         api.ncclGetVersion(&api.version);
 }
 
 cube_error *nccl_api_load(const nccl_api **out)
 {
     *out = NULL;
-    pthread_once(&load_once, load);
-    if (load_failure[0])
+    const char *failure = library_once_run(&loading, load);
+    if (failure)
         return cube_error_new(CUBE_ERR_UNAVAILABLE,
                               "NCCL could not be loaded (tried %s); set "
                               "CUBERT_NCCL_LIBRARY to its path",
-                              load_failure);
+                              failure);
     *out = &api;
     return NULL;
 }
