@@ -417,6 +417,19 @@ static int disk_cache_write_temp(const disk_cache *cache, const char *prefix,
     return rc;
 }
 
+/* Removes the temporary files `a` and `b` (NULL: none) from the cache,
+ * keeping errno: what failed before is what gets reported. */
+static void disk_cache_drop_temps(const disk_cache *cache, const char *a,
+                                  const char *b)
+{
+    int e = errno;
+    if (a)
+        unlinkat(cache->fd, a, 0);
+    if (b)
+        unlinkat(cache->fd, b, 0);
+    errno = e;
+}
+
 /* Order: both files are written and synced under temporary names; then the
  * artifact is renamed into place, then the record. A reader that finds a
  * record therefore finds a complete artifact (a new one, or an older one
@@ -443,24 +456,17 @@ void disk_cache_put(const disk_cache *cache, const disk_cache_key *key,
     snprintf(prefix, sizeof prefix, ".%s.tmp-", record);
     if (disk_cache_write_temp(cache, prefix, meta, strlen(meta), record_tmp,
                               sizeof record_tmp) != 0) {
-        int e = errno;
-        unlinkat(cache->fd, artifact_tmp, 0);
-        errno = e;
+        disk_cache_drop_temps(cache, artifact_tmp, NULL);
         goto fail;
     }
     step = "rename the artifact";
     if (renameat(cache->fd, artifact_tmp, cache->fd, artifact) != 0) {
-        int e = errno;
-        unlinkat(cache->fd, artifact_tmp, 0);
-        unlinkat(cache->fd, record_tmp, 0);
-        errno = e;
+        disk_cache_drop_temps(cache, artifact_tmp, record_tmp);
         goto fail;
     }
     step = "rename the record";
     if (renameat(cache->fd, record_tmp, cache->fd, record) != 0) {
-        int e = errno;
-        unlinkat(cache->fd, record_tmp, 0);
-        errno = e;
+        disk_cache_drop_temps(cache, record_tmp, NULL);
         goto fail;
     }
     /* Make the renames durable; a crash before this only loses the entry

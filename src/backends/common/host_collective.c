@@ -41,6 +41,21 @@ static unsigned char *at(const cube_binding *b)
 
 /* --- halves --- */
 
+/* A float's bits, and the float of some bits. */
+static uint32_t f32_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return x;
+}
+
+static float f32_of_bits(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 static float f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31u,
@@ -62,15 +77,12 @@ static float f16_to_f32(uint16_t h)
     } else {
         bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
     }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return f32_of_bits(bits);
 }
 
 static uint16_t f32_to_f16(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, 4);
+    uint32_t x = f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t exp = (x >> 23) & 255u, man = x & 0x7fffffu;
     if (exp == 255) /* inf, nan (kept quiet) */
@@ -98,16 +110,12 @@ static uint16_t f32_to_f16(float f)
 
 static float bf16_to_f32(uint16_t h)
 {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return f32_of_bits((uint32_t)h << 16);
 }
 
 static uint16_t f32_to_bf16(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, 4);
+    uint32_t x = f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) /* nan: keep it one */
         return (uint16_t)((x >> 16) | 0x40u);
     x += 0x7fffu + ((x >> 16) & 1u);
@@ -251,6 +259,19 @@ static void reduce_chunk(unsigned char *acc, const cube_collective *calls,
         host_reduce_divide(acc, n, dtype, ranks);
 }
 
+/* Copies `bytes` from `s` to every rank's destination at `off`, but for a
+ * destination that is `s` itself (in place). */
+static void copy_to_every_rank(const cube_collective_set *set, uint32_t ranks,
+                               const unsigned char *s, uint64_t off,
+                               size_t bytes)
+{
+    for (uint32_t r = 0; r < ranks; r++) {
+        unsigned char *d = at(&set->calls[r].dst) + off;
+        if (d != s)
+            memmove(d, s, bytes);
+    }
+}
+
 /* Runs chunk `c` of the set's collective. `per` is the chunks of one
  * destination range of `count` elements. */
 static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
@@ -279,26 +300,15 @@ static void run_chunk(const cube_collective_set *set, uint64_t c, uint64_t per,
                      first->op);
         store_chunk(at(&set->calls[first->root].dst) + off, acc, bytes, stream);
         break;
-    case CUBE_COLLECTIVE_BROADCAST: {
-        const unsigned char *s = at(&set->calls[first->root].src) + off;
-        for (uint32_t r = 0; r < ranks; r++) {
-            unsigned char *d = at(&set->calls[r].dst) + off;
-            if (d != s)
-                memcpy(d, s, bytes);
-        }
+    case CUBE_COLLECTIVE_BROADCAST:
+        copy_to_every_rank(set, ranks, at(&set->calls[first->root].src) + off,
+                           off, bytes);
         break;
-    }
-    case CUBE_COLLECTIVE_ALL_GATHER: {
+    case CUBE_COLLECTIVE_ALL_GATHER:
         /* Part `part` is rank part's contribution, at part * count. */
-        const unsigned char *s = at(&set->calls[part].src) + off;
-        uint64_t doff = part * first->count * es + off;
-        for (uint32_t r = 0; r < ranks; r++) {
-            unsigned char *d = at(&set->calls[r].dst) + doff;
-            if (d != s)
-                memmove(d, s, bytes);
-        }
+        copy_to_every_rank(set, ranks, at(&set->calls[part].src) + off,
+                           part * first->count * es + off, bytes);
         break;
-    }
     case CUBE_COLLECTIVE_REDUCE_SCATTER: {
         /* Part `part` is rank part's result, from part * count of every
          * source. */

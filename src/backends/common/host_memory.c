@@ -147,6 +147,14 @@ void host_storage_ops(cube_server *server, cube_storage_ops *ops)
     ops->release = host_storage_release;
 }
 
+cube_error *host_stream_open(cube_server *server, cube_server_stream *stream,
+                             cube_storage_ops *storage)
+{
+    (void)stream;
+    host_storage_ops(server, storage);
+    return NULL;
+}
+
 void host_copy_op(const cube_copy_op *op, unsigned char *host, int to_host)
 {
     unsigned char *dev =

@@ -51,6 +51,12 @@ void host_storage_release(void *self, uint64_t base, uint64_t size);
  * host's virtual memory with a granularity of HOST_VM_GRANULARITY. */
 void host_storage_ops(cube_server *server, cube_storage_ops *ops);
 
+/* The stream_open slot of a backend whose work runs at issue time and whose
+ * memory is host memory: the stream needs no state (stream->impl stays
+ * NULL) and its storage is host_storage_ops. */
+cube_error *host_stream_open(cube_server *server, cube_server_stream *stream,
+                             cube_storage_ops *storage);
+
 /* Copies one op's elements between its binding and packed host bytes:
  * to the host when `to_host`, else from it. Strided layouts go row by row
  * (a row is the innermost dimension, one memcpy when it is dense). */

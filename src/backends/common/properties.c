@@ -3,6 +3,19 @@
 #include <string.h>
 
 #include "backends/common/properties.h"
+#include "cubert/backend/errors.h"
+
+cube_error *properties_check_count(const cube_properties *p,
+                                   const uint32_t count[3], const char *limit)
+{
+    for (int i = 0; i < 3; i++)
+        if (count[i] > p->max_cube_count[i])
+            return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
+                                  "dynamic cube count %u along axis %d is "
+                                  "over %s of %u",
+                                  count[i], i, limit, p->max_cube_count[i]);
+    return NULL;
+}
 
 void properties_defaults(cube_properties *p, const char *backend,
                          uint64_t total, uint64_t alignment)

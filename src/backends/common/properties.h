@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "cubert/client.h"
+#include "cubert/error.h"
 
 /* What a backend that compiles and runs cube C offers of itself (atomics,
  * doubles, shared memory, cube_sync, bounds checks, dynamic counts, graphs,
@@ -28,5 +29,12 @@
  * buffer, each buffer's address a multiple of `alignment`. */
 void properties_defaults(cube_properties *p, const char *backend,
                          uint64_t total, uint64_t alignment);
+
+/* NULL when a dynamic cube count (read from its buffer) is within
+ * p->max_cube_count along every axis, else CUBE_ERR_RESOURCE_LIMIT naming
+ * the first axis over it and `limit` ("the maximum"). Caller owns the
+ * error. */
+cube_error *properties_check_count(const cube_properties *p,
+                                   const uint32_t count[3], const char *limit);
 
 #endif /* CUBE_BACKENDS_COMMON_PROPERTIES_H */

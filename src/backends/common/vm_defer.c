@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/common/grow.h"
 #include "cubert/backend/errors.h"
 
 char vm_defer_done[1];
@@ -55,15 +56,12 @@ cube_error *vm_defer_add(vm_defer *d, uint64_t first, uint64_t count,
             CUBE_ERR_INTERNAL, "deferring pages %llu..%llu of %llu",
             (unsigned long long)first, (unsigned long long)(first + count),
             (unsigned long long)d->pages);
-    if (d->batch_count == d->batch_cap) {
-        size_t cap = d->batch_cap ? d->batch_cap * 2 : 8;
-        vm_defer_batch *grown = realloc(d->batches, cap * sizeof *grown);
-        if (!grown)
-            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                                  "no host memory to defer an unmap");
-        d->batches = grown;
-        d->batch_cap = cap;
-    }
+    vm_defer_batch *room = grow_for_one(d->batches, d->batch_count,
+                                        &d->batch_cap, sizeof *room, 8);
+    if (!room)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "no host memory to defer an unmap");
+    d->batches = room;
     vm_defer_batch *b = &d->batches[d->batch_count++];
     b->first = first;
     b->count = count;

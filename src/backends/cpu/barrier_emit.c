@@ -12,27 +12,6 @@
 
 /* ------------------------------------------------------------- the text */
 
-static void bp_put(bp_buf *b, const char *s, size_t len)
-{
-    if (b->failed)
-        return;
-    if (b->len + len + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 4096;
-        while (c < b->len + len + 1)
-            c *= 2;
-        char *g = realloc(b->data, c);
-        if (!g) {
-            b->failed = 1;
-            return;
-        }
-        b->data = g;
-        b->cap = c;
-    }
-    memcpy(b->data + b->len, s, len);
-    b->len += len;
-    b->data[b->len] = '\0';
-}
-
 static void bp_printf(barrier_pass *bp, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void bp_printf(barrier_pass *bp, const char *fmt, ...)
@@ -45,7 +24,7 @@ static void bp_printf(barrier_pass *bp, const char *fmt, ...)
     if (n < 0)
         return;
     if ((size_t)n < sizeof small) {
-        bp_put(&bp->out, small, (size_t)n);
+        text_buf_append(&bp->out, small, (size_t)n);
         return;
     }
     char *big = malloc((size_t)n + 1);
@@ -56,7 +35,7 @@ static void bp_printf(barrier_pass *bp, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(big, (size_t)n + 1, fmt, ap);
     va_end(ap);
-    bp_put(&bp->out, big, (size_t)n);
+    text_buf_append(&bp->out, big, (size_t)n);
     free(big);
 }
 
@@ -65,7 +44,7 @@ static void bp_printf(barrier_pass *bp, const char *fmt, ...)
 static void bp_text(barrier_pass *bp, unsigned a, unsigned b)
 {
     if (a < b && b <= bp->srclen)
-        bp_put(&bp->out, bp->src + a, b - a);
+        text_buf_append(&bp->out, bp->src + a, b - a);
 }
 
 /* Source text [a, b) of region `r`, its returns turned into jumps to the
@@ -552,7 +531,7 @@ static void bp_emit_stride(barrier_pass *bp, int r, unsigned char *need)
               bp->dim[0], v->type);
     for (int side = 0; side < 2; side++) {
         bp_open_units(bp, side ? (int)bp->dim[0] - 1 : 0);
-        bp_put(&bp->out, ik.data, ik.len);
+        text_buf_append(&bp->out, ik.data, ik.len);
         bp_printf(bp, "cube__i%d = %s;\ncube__c%d = (", side, v->name, side);
         bp_text(bp, cs, ce);
         bp_printf(bp, ");\n");
@@ -592,7 +571,7 @@ static void bp_emit_stride(barrier_pass *bp, int r, unsigned char *need)
     bp_open_units(bp, -1);
     bp_prologue(bp, r, need);
     bp_printf(bp, "{\n");
-    bp_put(&bp->out, ik.data, ik.len);
+    text_buf_append(&bp->out, ik.data, ik.len);
     bp_text(bp, bs, be);
     bp_printf(bp, "\n}\n");
     bp_stores(bp, r, need);
@@ -602,7 +581,7 @@ static void bp_emit_stride(barrier_pass *bp, int r, unsigned char *need)
     bp_printf(bp, "if (!cube__done[cube__i]) {\n");
     bp_prologue(bp, r, need);
     bp_printf(bp, "{\n");
-    bp_put(&bp->out, ik.data, ik.len);
+    text_buf_append(&bp->out, ik.data, ik.len);
     bp_printf(bp, "if (");
     bp_text(bp, cs, ce);
     bp_printf(bp, ") {\ncube__active = 1;\n");

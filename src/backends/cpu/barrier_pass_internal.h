@@ -42,6 +42,7 @@
 
 #ifdef CUBE_HAVE_LIBCLANG
 
+#include "backends/common/text_buf.h"
 #include "backends/cpu/cpu_libclang.h"
 
 #include <stddef.h>
@@ -104,11 +105,7 @@ typedef struct bp_region {
     int has_return;
 } bp_region;
 
-typedef struct bp_buf {
-    char *data;
-    size_t len, cap;
-    int failed;
-} bp_buf;
+typedef text_buf bp_buf;
 
 /* The pass over one kernel: its source, the tree (n), its locals (v),
  * the main file's macro invocations (m), the regions (r) and the output. */

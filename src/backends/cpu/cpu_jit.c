@@ -166,6 +166,35 @@ static cube_error *cpu_jit_make_tmpdir(const cpu_jit *jit, const char *what,
     return NULL;
 }
 
+/* A new private temporary directory (named for `tag`) and the path of the
+ * file `name` in it, written with `text` unless that is NULL: *dir and
+ * *path, for cpu_jit_drop_private to remove even when this fails. `fn`
+ * names the caller in messages. */
+static cube_error *cpu_jit_private_file(const cpu_jit *jit, const char *tag,
+                                        const char *name, const char *text,
+                                        char **dir, char **path, const char *fn)
+{
+    cube_error *err = cpu_jit_make_tmpdir(jit, tag, dir);
+    if (err)
+        return err;
+    *path = cube_path_join(*dir, name);
+    if (!*path)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    return text ? cpu_jit_write_new(*path, text, fn) : NULL;
+}
+
+/* Removes what cpu_jit_private_file made and frees the names: the file by
+ * name first, so the directory goes too when it cannot be listed. */
+static void cpu_jit_drop_private(char *dir, char *path)
+{
+    if (path)
+        unlink(path);
+    if (dir)
+        cpu_jit_remove_dir(dir);
+    free(path);
+    free(dir);
+}
+
 /* --------------------------------------------------------------- the key */
 
 /* Names the entry for (source, flags): everything the object depends on.
@@ -277,16 +306,12 @@ static cube_error *cpu_jit_open_bytes(const cpu_jit *jit,
                                       const unsigned char *bytes, size_t len,
                                       cube_code refused, cpu_module **out)
 {
-    char *dir = NULL;
-    cube_error *err = cpu_jit_make_tmpdir(jit, "so", &dir);
-    if (err)
+    char *dir = NULL, *path = NULL;
+    cube_error *err = cpu_jit_private_file(jit, "so", "module.so", NULL, &dir,
+                                           &path, "cpu_jit_load");
+    if (err) {
+        cpu_jit_drop_private(dir, path);
         return err;
-    char *path = cube_path_join(dir, "module.so");
-    if (!path) {
-        cpu_jit_remove_dir(dir);
-        free(dir);
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                              "cpu_jit_load: out of memory");
     }
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 || file_write_all(fd, bytes, len) != 0) {
@@ -301,13 +326,8 @@ static cube_error *cpu_jit_open_bytes(const cpu_jit *jit,
     }
     if (!err)
         err = cpu_jit_dlopen(path, refused, out);
-    /* The mapping outlives the name. The file goes by its name first, so
-     * the directory goes too when it cannot be listed (no descriptor
-     * left). */
-    unlink(path);
-    cpu_jit_remove_dir(dir);
-    free(path);
-    free(dir);
+    /* The mapping outlives the name (and no descriptor is left). */
+    cpu_jit_drop_private(dir, path);
     return err;
 }
 
@@ -348,20 +368,16 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
         cube_log_write(CUBE_LOG_TRACE, "compile",
                        "source of %s (flags '%s'):\n%s", key->hex,
                        flags ? flags : "", source);
-    char *dir = NULL;
-    cube_error *err = cpu_jit_make_tmpdir(jit, "cc", &dir);
-    if (err)
-        return err;
-    char *src_path = cube_path_join(dir, "kernel.c");
-    char *so_path = cube_path_join(dir, "kernel.so");
+    char *dir = NULL, *src_path = NULL, *so_path = NULL;
     char *stamped = cpu_jit_stamped_source(source, key);
-    if (!src_path || !so_path || !stamped) {
+    cube_error *err =
+        stamped ? cpu_jit_private_file(jit, "cc", "kernel.c", stamped, &dir,
+                                       &src_path, "cpu_jit_load")
+                : cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                                 "cpu_jit_load: out of memory");
+    if (!err && !(so_path = cube_path_join(dir, "kernel.so")))
         err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                              "cpu_jit_load: out of memory");
-        goto done;
-    }
-
-    err = cpu_jit_write_new(src_path, stamped, "cpu_jit_load");
     if (err)
         goto done;
 
@@ -401,15 +417,11 @@ static cube_error *cpu_jit_build(const cpu_jit *jit, const char *source,
 done:
     /* The files made here go by name first, so the directory goes too
      * when it cannot be listed. */
-    if (src_path)
-        unlink(src_path);
     if (so_path)
         unlink(so_path);
-    cpu_jit_remove_dir(dir);
-    free(stamped);
-    free(src_path);
     free(so_path);
-    free(dir);
+    cpu_jit_drop_private(dir, src_path);
+    free(stamped);
     return err;
 }
 
@@ -430,18 +442,13 @@ cube_error *cpu_jit_run_on_source(const cpu_jit *jit, const char *const *argv,
     size_t argc = 0;
     while (argv[argc])
         argc++;
-    char *dir = NULL;
-    cube_error *err = cpu_jit_make_tmpdir(jit, "check", &dir);
-    if (err)
-        return err;
-    char *path = cube_path_join(dir, file_name);
+    char *dir = NULL, *path = NULL;
     const char **args = calloc(argc + 2, sizeof *args);
-    if (!path || !args) {
-        err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
-                             "cpu_jit_run_on_source: out of memory");
-        goto done;
-    }
-    err = cpu_jit_write_new(path, source, "cpu_jit_run_on_source");
+    cube_error *err =
+        args ? cpu_jit_private_file(jit, "check", file_name, source, &dir,
+                                    &path, "cpu_jit_run_on_source")
+             : cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
+                              "cpu_jit_run_on_source: out of memory");
     if (err)
         goto done;
     memcpy(args, argv, argc * sizeof *args);
@@ -449,12 +456,8 @@ cube_error *cpu_jit_run_on_source(const cpu_jit *jit, const char *const *argv,
     args[argc + 1] = NULL;
     err = cpu_jit_run(args, output, status);
 done:
-    if (path)
-        unlink(path);
-    cpu_jit_remove_dir(dir);
+    cpu_jit_drop_private(dir, path);
     free(args);
-    free(path);
-    free(dir);
     return err;
 }
 

@@ -53,27 +53,6 @@ static const char *const cpu_jit_required[] = {"-fPIC", "-shared",
     (sizeof cpu_jit_required / sizeof cpu_jit_required[0])
 #define CPU_JIT_FIXED_COUNT (CPU_JIT_DEFAULTS_COUNT + CPU_JIT_REQUIRED_COUNT)
 
-void cpu_jit_buf_append(cpu_jit_buf *b, const void *data, size_t len)
-{
-    if (b->failed)
-        return;
-    if (b->len + len + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + len + 1)
-            cap *= 2;
-        char *grown = realloc(b->data, cap);
-        if (!grown) {
-            b->failed = true;
-            return;
-        }
-        b->data = grown;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, data, len);
-    b->len += len;
-    b->data[b->len] = '\0';
-}
-
 /* ---------------------------------------------------- running the compiler */
 
 cube_error *cpu_jit_run(const char *const *argv, char **output, int *status)
@@ -150,7 +129,7 @@ cube_error *cpu_jit_run(const char *const *argv, char **output, int *status)
     }
 
     cpu_jit_buf out = {0};
-    cpu_jit_buf_append(&out, "", 0);
+    text_buf_append(&out, "", 0);
     bool clipped = false;
     char chunk[4096];
     for (;;) {
@@ -161,13 +140,13 @@ cube_error *cpu_jit_run(const char *const *argv, char **output, int *status)
             break;
         /* Keep draining past the limit so the compiler never blocks. */
         if (out.len + (size_t)n <= CPU_JIT_MAX_LOG)
-            cpu_jit_buf_append(&out, chunk, (size_t)n);
+            text_buf_append(&out, chunk, (size_t)n);
         else
             clipped = true;
     }
     close(fds[0]);
     if (clipped)
-        cpu_jit_buf_append(&out, "\n[output truncated]\n", 20);
+        text_buf_append(&out, "\n[output truncated]\n", 20);
 
     int wstatus = 0;
     pid_t w;
@@ -342,17 +321,17 @@ cube_error *cpu_jit_compile(const cpu_jit *jit, const char *flags,
 char *cpu_jit_join_fixed_flags(void)
 {
     cpu_jit_buf b = {0};
-    cpu_jit_buf_append(&b, "", 0);
+    text_buf_append(&b, "", 0);
     for (size_t i = 0; i < CPU_JIT_FIXED_COUNT; i++) {
         const char *f = i < CPU_JIT_DEFAULTS_COUNT
                             ? cpu_jit_defaults[i]
                             : cpu_jit_required[i - CPU_JIT_DEFAULTS_COUNT];
         if (i)
-            cpu_jit_buf_append(&b, " ", 1);
+            text_buf_append(&b, " ", 1);
         /* The user's flags go between the two groups. */
         if (i == CPU_JIT_DEFAULTS_COUNT)
-            cpu_jit_buf_append(&b, "| ", 2);
-        cpu_jit_buf_append(&b, f, strlen(f));
+            text_buf_append(&b, "| ", 2);
+        text_buf_append(&b, f, strlen(f));
     }
     if (b.failed) {
         free(b.data);

@@ -16,6 +16,7 @@
 #include <stddef.h>
 
 #include "backends/common/disk_cache.h"
+#include "backends/common/text_buf.h"
 #include "backends/cpu/cpu_jit.h"
 #include "cubert/error.h"
 
@@ -34,17 +35,8 @@ struct cpu_jit {
     disk_cache *cache;  /* the disk cache (possibly disabled) */
 };
 
-/* A growable byte buffer; `failed` records an allocation failure. */
-typedef struct cpu_jit_buf {
-    char *data;
-    size_t len;
-    size_t cap;
-    bool failed;
-} cpu_jit_buf;
-
-/* Appends `len` bytes of `data` (and keeps a NUL after them); on a failed
- * allocation sets b->failed and appends nothing more. */
-void cpu_jit_buf_append(cpu_jit_buf *b, const void *data, size_t len);
+/* A growable byte buffer (text_buf_append appends to it). */
+typedef text_buf cpu_jit_buf;
 
 /* Runs argv (argv[0] looked up in PATH, no shell) with stdin on /dev/null
  * and stdout+stderr captured. On success *output is the captured text (NUL

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/common/library.h"
 #include "backends/cpu/cpu_jit_internal.h"
 #include "base/error.h"
 #include "cubert/log.h"
@@ -65,7 +66,7 @@ static char *cpu_jit_probe_cpu(bool *known)
                                          "CPU implementer", "CPU part"};
     enum { NFIELDS = sizeof fields / sizeof fields[0] };
     cpu_jit_buf id = {0};
-    cpu_jit_buf_append(&id, "", 0);
+    text_buf_append(&id, "", 0);
     *known = false;
     FILE *f = fopen("/proc/cpuinfo", "re");
     if (f) {
@@ -81,7 +82,7 @@ static char *cpu_jit_probe_cpu(bool *known)
                     continue;
                 seen[i] = true;
                 found++;
-                cpu_jit_buf_append(&id, line, strlen(line));
+                text_buf_append(&id, line, strlen(line));
             }
         }
         /* Every field found, or the whole file read without one missed. */
@@ -132,24 +133,18 @@ const cube_config_key cpu_config_keys[] = {
      .default_text = "none",
      .doc = "extra options for every CPU kernel compilation, separated by "
             "blanks"},
-    {.name = "cpu_libclang",
-     .type = CUBE_CONFIG_TEXT,
-     .max_len = CUBE_CONFIG_TEXT_MAX,
-     .default_text = "libclang.so.1, else libclang-<N>.so.1 (N 19 to 11)",
-     .doc = "the libclang library the CPU backend's barrier pass loads: a "
-            "path or a name the dynamic loader finds"},
+    LIBRARY_CONFIG_KEY(
+        "cpu_libclang", "libclang.so.1, else libclang-<N>.so.1 (N 19 to 11)",
+        "the libclang library the CPU backend's barrier pass loads"),
     {.name = "cpu_barriers",
      .type = CUBE_CONFIG_WORD,
      .words = cpu_barriers_words,
      .default_text = "auto",
      .doc = "auto: kernels with cube_sync() run their units as loops where "
             "the barrier pass can; fibers: always as fibers"},
-    {.name = "mpi_library",
-     .type = CUBE_CONFIG_TEXT,
-     .max_len = CUBE_CONFIG_TEXT_MAX,
-     .default_text = "libmpi.so.40, else libmpi.so",
-     .doc = "the Open MPI library the CPU backend's communicators between "
-            "processes load: a path or a name the dynamic loader finds"},
+    LIBRARY_CONFIG_KEY("mpi_library", "libmpi.so.40, else libmpi.so",
+                       "the Open MPI library the CPU backend's communicators "
+                       "between processes load"),
     {.name = "cpu_devices",
      .type = CUBE_CONFIG_UINT,
      .min = 1,
@@ -180,8 +175,8 @@ static char *cpu_jit_filter_cflags(const char *cflags, const char *where)
 {
     char *copy = strdup(cflags);
     cpu_jit_buf kept = {0}, dropped = {0};
-    cpu_jit_buf_append(&kept, "", 0);
-    cpu_jit_buf_append(&dropped, "", 0);
+    text_buf_append(&kept, "", 0);
+    text_buf_append(&dropped, "", 0);
     if (!copy) {
         free(kept.data);
         free(dropped.data);
@@ -197,10 +192,10 @@ static char *cpu_jit_filter_cflags(const char *cflags, const char *where)
             if (cpu_jit_names_cube_macro(w, true))
                 to = &dropped;
             if (to->len)
-                cpu_jit_buf_append(to, " ", 1);
-            cpu_jit_buf_append(to, pending, strlen(pending));
-            cpu_jit_buf_append(to, " ", 1);
-            cpu_jit_buf_append(to, w, strlen(w));
+                text_buf_append(to, " ", 1);
+            text_buf_append(to, pending, strlen(pending));
+            text_buf_append(to, " ", 1);
+            text_buf_append(to, w, strlen(w));
             pending = NULL;
             continue;
         }
@@ -211,13 +206,13 @@ static char *cpu_jit_filter_cflags(const char *cflags, const char *where)
         if (cpu_jit_names_cube_macro(w, false))
             to = &dropped;
         if (to->len)
-            cpu_jit_buf_append(to, " ", 1);
-        cpu_jit_buf_append(to, w, strlen(w));
+            text_buf_append(to, " ", 1);
+        text_buf_append(to, w, strlen(w));
     }
     if (pending) { /* a lone -D at the end: the compiler will say */
         if (kept.len)
-            cpu_jit_buf_append(&kept, " ", 1);
-        cpu_jit_buf_append(&kept, pending, strlen(pending));
+            text_buf_append(&kept, " ", 1);
+        text_buf_append(&kept, pending, strlen(pending));
     }
     if (dropped.len && !dropped.failed)
         cube_log_write(CUBE_LOG_WARN, "config",

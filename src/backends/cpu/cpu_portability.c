@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include "backends/common/grow.h"
 #include "backends/common/kernel_source.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -88,15 +89,13 @@ static bool cpu_portability_claim(cpu_portability *p, uint64_t id)
     for (size_t i = 0; claim && i < p->count; i++)
         if (p->checked[i] == id)
             claim = false;
-    if (claim && p->count == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 16;
-        uint64_t *grown = realloc(p->checked, cap * sizeof *grown);
-        if (grown) {
-            p->checked = grown;
-            p->cap = cap;
-        } else {
+    if (claim) {
+        uint64_t *room =
+            grow_for_one(p->checked, p->count, &p->cap, sizeof *room, 16);
+        if (room)
+            p->checked = room;
+        else
             claim = false;
-        }
     }
     if (claim)
         p->checked[p->count++] = id;

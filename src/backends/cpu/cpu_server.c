@@ -167,16 +167,8 @@ static cube_error *cpu_properties(cube_server *server, cube_properties *out)
 /* --- streams and memory ---
  *
  * Work runs at issue time, so a stream needs no state here; its memory is
- * aligned host memory, pooled by the stream's manager (the client's). */
-
-static cube_error *cpu_stream_open(cube_server *server,
-                                   cube_server_stream *stream,
-                                   cube_storage_ops *storage)
-{
-    (void)stream;
-    host_storage_ops(server, storage);
-    return NULL;
-}
+ * aligned host memory, pooled by the stream's manager (the client's):
+ * host_stream_open opens the streams. */
 
 /* --- copies --- */
 
@@ -220,6 +212,19 @@ static void *symbol(cpu_module *m, const char *prefix, const char *name)
     return cpu_module_symbol(m, buf);
 }
 
+/* A kernel's state, owning module `m`; for want of memory, `m` is closed
+ * and the error returned. */
+static cube_error *cpu_kernel_impl_new(cpu_module *m, cpu_kernel_impl **out)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out) {
+        cpu_module_close(m);
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel");
+    }
+    (*out)->module = m;
+    return NULL;
+}
+
 /* A raw kernel: C source through the JIT (after the ABI header, with the
  * kernel's options as the last flags, cached on disk like cube C), or a
  * shared object loaded from its bytes; then its entry by name. Its
@@ -256,12 +261,10 @@ static cube_error *cpu_compile_raw(cpu_server *s, const cube_kernel *kernel,
             CUBE_ERR_COMPILE, "kernel '%s': the %s exports no symbol '%s'",
             name, is_source ? "compiled source" : "shared object", name);
     }
-    cpu_kernel_impl *impl = calloc(1, sizeof *impl);
-    if (!impl) {
-        cpu_module_close(m);
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel");
-    }
-    impl->module = m;
+    cpu_kernel_impl *impl = NULL;
+    err = cpu_kernel_impl_new(m, &impl);
+    if (err)
+        return err;
     impl->raw = fn;
     *out = *cube_kernel_declared(kernel);
     out->compile_ms = cube_clock_ms() - t0;
@@ -452,12 +455,10 @@ static cube_error *cpu_compile(cube_server *server, const cube_kernel *kernel,
     }
     *sync_fn = cpu_sync_yield;
     *trap_fn = cpu_trap;
-    cpu_kernel_impl *impl = calloc(1, sizeof *impl);
-    if (!impl) {
-        cpu_module_close(m);
-        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel");
-    }
-    impl->module = m;
+    cpu_kernel_impl *impl = NULL;
+    err = cpu_kernel_impl_new(m, &impl);
+    if (err)
+        return err;
     impl->run = run;
     impl->unit = unit;
     impl->cubes = (cpu_cubes_fn)symbol(m, "cube__cubes_", name);
@@ -613,12 +614,10 @@ static cube_error *run_launch(cpu_server *s, const cube_dispatch *d)
     if (d->count_buffer) {
         /* Stream order: everything before this launch has completed. */
         memcpy(count, addr(d->count_buffer), sizeof count);
-        for (int i = 0; i < 3; i++)
-            if (count[i] > s->props.max_cube_count[i])
-                return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
-                                      "dynamic cube count %u along axis %d "
-                                      "is over the maximum of %u",
-                                      count[i], i, s->props.max_cube_count[i]);
+        cube_error *err =
+            properties_check_count(&s->props, count, "the maximum");
+        if (err)
+            return err;
     }
     uint64_t total = (uint64_t)count[0] * count[1] * count[2];
     if (total == 0) {
@@ -741,7 +740,7 @@ static const cube_server_vtable cpu_vtable = {
     .name = "cpu",
     .destroy = cpu_destroy,
     .properties = cpu_properties,
-    .stream_open = cpu_stream_open,
+    .stream_open = host_stream_open,
     .read = host_read,
     .write = host_write,
     .sync = host_sync,

@@ -213,6 +213,19 @@ typedef struct cpu_fiber_ctx {
 
 #endif
 
+/* Saves the running context in `save` and resumes `load`; returns when
+ * something resumes `save`. Always inlined, so the switch stays in the
+ * caller's frame and under the caller's sanitizer attributes. */
+__attribute__((always_inline)) static inline void
+cpu_fiber_swap(cpu_fiber_ctx *save, cpu_fiber_ctx *load)
+{
+#if defined(CPU_FIBER_UCONTEXT)
+    swapcontext(&save->uc, &load->uc);
+#else
+    cpu_fiber_switch(&save->sp, load->sp);
+#endif
+}
+
 /* ------------------------------------------------------------------------ */
 /* Fiber set                                                                */
 /* ------------------------------------------------------------------------ */
@@ -350,11 +363,7 @@ CPU_FIBER_NO_SANITIZE CPU_FIBER_NOINLINE static void cpu_fiber_entry(void)
     cpu_fiber *fb = &f->fib[f->cur];
     cpu_fiber_leave(f, fb, 1, NULL);
     CPU_FIBER_TSAN_SWITCH(f->sched_tsan);
-#if defined(CPU_FIBER_UCONTEXT)
-    swapcontext(&fb->ctx.uc, &f->sched.uc);
-#else
-    cpu_fiber_switch(&fb->ctx.sp, f->sched.sp);
-#endif
+    cpu_fiber_swap(&fb->ctx, &f->sched);
     /* Unreachable: nothing resumes a finished fiber, and there is no frame
      * to return to. Stop here rather than run off the stack. */
     __builtin_trap();
@@ -602,11 +611,7 @@ cube_error *cpu_fibers_run(cpu_fibers *fibers, uint32_t n, cpu_fiber_fn fn,
         cpu_fiber *fb = &f->fib[f->cur];
         cpu_fiber_leave(f, NULL, 0, fb);
         CPU_FIBER_TSAN_SWITCH(fb->tsan_fiber);
-#if defined(CPU_FIBER_UCONTEXT)
-        swapcontext(&f->sched.uc, &fb->ctx.uc);
-#else
-        cpu_fiber_switch(&f->sched.sp, fb->ctx.sp);
-#endif
+        cpu_fiber_swap(&f->sched, &fb->ctx);
         cpu_fiber_arrive(f, NULL, 0);
         uint32_t done = f->cur;
         if (--f->live == 0)
@@ -640,11 +645,7 @@ void cpu_fibers_yield(cpu_fibers *fibers)
     f->cur = next;
     cpu_fiber_leave(f, self, 0, to);
     CPU_FIBER_TSAN_SWITCH(to->tsan_fiber);
-#if defined(CPU_FIBER_UCONTEXT)
-    swapcontext(&self->ctx.uc, &to->ctx.uc);
-#else
-    cpu_fiber_switch(&self->ctx.sp, to->ctx.sp);
-#endif
+    cpu_fiber_swap(&self->ctx, &to->ctx);
     cpu_fiber_arrive(f, self, 0);
 }
 

@@ -8,12 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/common/library.h"
 #include "cubert/backend/errors.h"
 #include "cubert/memory.h"
 
 static cuda_api api;
-static char load_failure[512]; /* empty: loaded */
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static library_once loading = LIBRARY_ONCE_INIT;
 
 static const cube_config_word cuda_preset_words[] = {
     {"subslices", CUBE_PRESET_SUBSLICES, 0},
@@ -22,25 +22,14 @@ static const cube_config_word cuda_preset_words[] = {
     {NULL, 0, 0}};
 
 const cube_config_key cuda_config_keys[] = {
-    {.name = "cuda_library",
-     .type = CUBE_CONFIG_TEXT,
-     .max_len = CUBE_CONFIG_TEXT_MAX,
-     .default_text = "libcuda.so.1, else libcuda.so",
-     .doc = "the CUDA driver library to load: a path or a name the dynamic "
-            "loader finds"},
-    {.name = "nvrtc_library",
-     .type = CUBE_CONFIG_TEXT,
-     .max_len = CUBE_CONFIG_TEXT_MAX,
-     .default_text = "libnvrtc.so.13, .12, libnvrtc.so, then "
-                     "/usr/local/cuda/lib64/libnvrtc.so",
-     .doc = "the NVRTC library to load: a path or a name the dynamic loader "
-            "finds"},
-    {.name = "nccl_library",
-     .type = CUBE_CONFIG_TEXT,
-     .max_len = CUBE_CONFIG_TEXT_MAX,
-     .default_text = "libnccl.so.2, else libnccl.so",
-     .doc = "the NCCL library CUDA collectives load: a path or a name the "
-            "dynamic loader finds"},
+    LIBRARY_CONFIG_KEY("cuda_library", "libcuda.so.1, else libcuda.so",
+                       "the CUDA driver library to load"),
+    LIBRARY_CONFIG_KEY("nvrtc_library",
+                       "libnvrtc.so.13, .12, libnvrtc.so, then "
+                       "/usr/local/cuda/lib64/libnvrtc.so",
+                       "the NVRTC library to load"),
+    LIBRARY_CONFIG_KEY("nccl_library", "libnccl.so.2, else libnccl.so",
+                       "the NCCL library CUDA collectives load"),
     {.name = "cuda_memory_preset",
      .type = CUBE_CONFIG_WORD,
      .words = cuda_preset_words,
@@ -58,19 +47,23 @@ const cube_config_key cuda_config_keys[] = {
     {.name = NULL}};
 
 /* Opens the library configuration key `key` names, else the first of
- * `names` that loads; records the path. */
+ * `names` that loads; records the path. On failure says so in
+ * loading.failure: "<what>: <why><hint>". */
 static void *open_first(const char *key, const char *const *names, char *path,
-                        size_t cap, char *why, size_t why_cap)
+                        size_t cap, const char *what, const char *hint)
 {
+    char why[400];
     cube_config_value forced;
     cube_config_lookup(key, &forced);
     if (forced.text && *forced.text) {
         void *h = dlopen(forced.text, RTLD_NOW | RTLD_LOCAL);
         if (!h) {
             char where[512];
-            snprintf(why, why_cap, "%s: cannot load '%s': %s",
+            snprintf(why, sizeof why, "%s: cannot load '%s': %s",
                      cube_config_where(&forced, where, sizeof where),
                      forced.text, dlerror());
+            snprintf(loading.failure, sizeof loading.failure, "%s: %s%s", what,
+                     why, hint);
         } else {
             snprintf(path, cap, "%s", forced.text);
         }
@@ -85,116 +78,118 @@ static void *open_first(const char *key, const char *const *names, char *path,
         }
         last = dlerror();
     }
-    snprintf(why, why_cap, "none of %s%s%s could be loaded (last: %s)",
+    snprintf(why, sizeof why, "none of %s%s%s could be loaded (last: %s)",
              names[0], names[1] ? ", " : "", names[1] ? names[1] : "",
              last ? last : "");
+    snprintf(loading.failure, sizeof loading.failure, "%s: %s%s", what, why,
+             hint);
     return NULL;
 }
 
-/* Resolves every entry point: `symbol` is the versioned name the driver
- * exports for the ABI declared in cuda_api.h. */
-static int resolve(void *lib, void **slot, const char *symbol, int optional,
-                   char *why, size_t cap)
-{
-    *slot = dlsym(lib, symbol);
-    if (!*slot && !optional) {
-        snprintf(why, cap, "the library has no entry point %s (too old?)",
-                 symbol);
-        return -1;
-    }
-    return 0;
-}
-
-#define DRV(field, symbol)                                                     \
-    if (resolve(drv, (void **)&api.field, symbol, 0, why, sizeof why))         \
-        goto fail;
-#define DRV_OPT(field, symbol)                                                 \
-    resolve(drv, (void **)&api.field, symbol, 1, why, sizeof why);
-#define RTC(field, symbol)                                                     \
-    if (resolve(rtc, (void **)&api.field, symbol, 0, why, sizeof why))         \
-        goto fail;
-#define RTC_OPT(field, symbol)                                                 \
-    resolve(rtc, (void **)&api.field, symbol, 1, why, sizeof why);
+/* Every entry point: `symbol` is the versioned name the driver exports for
+ * the ABI declared in cuda_api.h; an optional one may be missing. */
+#define FN(field, symbol) LIBRARY_SYMBOL(api.field, symbol)
+#define FN_OPT(field, symbol) LIBRARY_SYMBOL_OPTIONAL(api.field, symbol)
+static const library_symbol drv_symbols[] = {
+    FN(cuInit, "cuInit"),
+    FN(cuDriverGetVersion, "cuDriverGetVersion"),
+    FN(cuGetErrorName, "cuGetErrorName"),
+    FN(cuGetErrorString, "cuGetErrorString"),
+    FN(cuDeviceGetCount, "cuDeviceGetCount"),
+    FN(cuDeviceGet, "cuDeviceGet"),
+    FN(cuDeviceGetName, "cuDeviceGetName"),
+    FN(cuDeviceGetAttribute, "cuDeviceGetAttribute"),
+    FN(cuDeviceTotalMem, "cuDeviceTotalMem_v2"),
+    FN(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+    FN(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
+    FN_OPT(cuFuncGetParamInfo, "cuFuncGetParamInfo"),
+    FN_OPT(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity"),
+    FN_OPT(cuMemAddressReserve, "cuMemAddressReserve"),
+    FN_OPT(cuMemAddressFree, "cuMemAddressFree"),
+    FN_OPT(cuMemCreate, "cuMemCreate"),
+    FN_OPT(cuMemRelease, "cuMemRelease"),
+    FN_OPT(cuMemMap, "cuMemMap"),
+    FN_OPT(cuMemUnmap, "cuMemUnmap"),
+    FN_OPT(cuMemSetAccess, "cuMemSetAccess"),
+    FN(cuCtxSetCurrent, "cuCtxSetCurrent"),
+    FN(cuCtxGetCurrent, "cuCtxGetCurrent"),
+    FN(cuMemGetInfo, "cuMemGetInfo_v2"),
+    FN(cuPointerGetAttributes, "cuPointerGetAttributes"),
+    FN(cuMemAlloc, "cuMemAlloc_v2"),
+    FN(cuMemFree, "cuMemFree_v2"),
+    FN(cuMemHostAlloc, "cuMemHostAlloc"),
+    FN(cuMemFreeHost, "cuMemFreeHost"),
+    FN(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
+    FN(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+    FN(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
+    FN(cuMemcpyPeerAsync, "cuMemcpyPeerAsync"),
+    FN(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer"),
+    FN(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess"),
+    FN(cuMemcpy2DAsync, "cuMemcpy2DAsync_v2"),
+    FN(cuMemcpyDtoH, "cuMemcpyDtoH_v2"),
+    FN(cuStreamCreate, "cuStreamCreate"),
+    FN(cuStreamDestroy, "cuStreamDestroy_v2"),
+    FN(cuStreamSynchronize, "cuStreamSynchronize"),
+    FN(cuStreamQuery, "cuStreamQuery"),
+    FN(cuStreamWaitEvent, "cuStreamWaitEvent"),
+    FN(cuEventCreate, "cuEventCreate"),
+    FN(cuEventDestroy, "cuEventDestroy_v2"),
+    FN(cuEventRecord, "cuEventRecord"),
+    FN(cuEventQuery, "cuEventQuery"),
+    FN(cuEventSynchronize, "cuEventSynchronize"),
+    FN(cuEventElapsedTime, "cuEventElapsedTime"),
+    FN(cuModuleLoadData, "cuModuleLoadData"),
+    FN(cuModuleUnload, "cuModuleUnload"),
+    FN(cuModuleGetFunction, "cuModuleGetFunction"),
+    FN(cuModuleGetGlobal, "cuModuleGetGlobal_v2"),
+    FN(cuFuncGetAttribute, "cuFuncGetAttribute"),
+    FN(cuFuncSetAttribute, "cuFuncSetAttribute"),
+    FN(cuLaunchKernel, "cuLaunchKernel"),
+    FN(cuStreamBeginCapture, "cuStreamBeginCapture_v2"),
+    FN(cuStreamEndCapture, "cuStreamEndCapture"),
+    FN(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode"),
+    FN(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"),
+    FN(cuGraphLaunch, "cuGraphLaunch"),
+    FN(cuGraphExecDestroy, "cuGraphExecDestroy"),
+    FN(cuGraphDestroy, "cuGraphDestroy"),
+};
+static const library_symbol rtc_symbols[] = {
+    FN(nvrtcVersion, "nvrtcVersion"),
+    FN(nvrtcGetErrorString, "nvrtcGetErrorString"),
+    FN(nvrtcCreateProgram, "nvrtcCreateProgram"),
+    FN(nvrtcDestroyProgram, "nvrtcDestroyProgram"),
+    FN(nvrtcCompileProgram, "nvrtcCompileProgram"),
+    FN(nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize"),
+    FN(nvrtcGetProgramLog, "nvrtcGetProgramLog"),
+    FN(nvrtcGetPTXSize, "nvrtcGetPTXSize"),
+    FN(nvrtcGetPTX, "nvrtcGetPTX"),
+    FN_OPT(nvrtcGetCUBINSize, "nvrtcGetCUBINSize"),
+    FN_OPT(nvrtcGetCUBIN, "nvrtcGetCUBIN"),
+    FN_OPT(nvrtcGetNumSupportedArchs, "nvrtcGetNumSupportedArchs"),
+    FN_OPT(nvrtcGetSupportedArchs, "nvrtcGetSupportedArchs"),
+};
+#undef FN
+#undef FN_OPT
 
 static void load(void)
 {
-    char why[400] = "";
     static const char *const drv_names[] = {"libcuda.so.1", "libcuda.so", NULL};
     static const char *const rtc_names[] = {
         "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
         "/usr/local/cuda/lib64/libnvrtc.so", NULL};
     void *drv = open_first("cuda_library", drv_names, api.driver_path,
-                           sizeof api.driver_path, why, sizeof why);
-    if (!drv) {
-        snprintf(load_failure, sizeof load_failure,
-                 "no CUDA driver: %s (is the NVIDIA driver installed?)", why);
+                           sizeof api.driver_path, "no CUDA driver",
+                           " (is the NVIDIA driver installed?)");
+    if (!drv)
         return;
-    }
-    DRV(cuInit, "cuInit")
-    DRV(cuDriverGetVersion, "cuDriverGetVersion")
-    DRV(cuGetErrorName, "cuGetErrorName")
-    DRV(cuGetErrorString, "cuGetErrorString")
-    DRV(cuDeviceGetCount, "cuDeviceGetCount")
-    DRV(cuDeviceGet, "cuDeviceGet")
-    DRV(cuDeviceGetName, "cuDeviceGetName")
-    DRV(cuDeviceGetAttribute, "cuDeviceGetAttribute")
-    DRV(cuDeviceTotalMem, "cuDeviceTotalMem_v2")
-    DRV(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")
-    DRV(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2")
-    DRV_OPT(cuFuncGetParamInfo, "cuFuncGetParamInfo")
-    DRV_OPT(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity")
-    DRV_OPT(cuMemAddressReserve, "cuMemAddressReserve")
-    DRV_OPT(cuMemAddressFree, "cuMemAddressFree")
-    DRV_OPT(cuMemCreate, "cuMemCreate")
-    DRV_OPT(cuMemRelease, "cuMemRelease")
-    DRV_OPT(cuMemMap, "cuMemMap")
-    DRV_OPT(cuMemUnmap, "cuMemUnmap")
-    DRV_OPT(cuMemSetAccess, "cuMemSetAccess")
-    DRV(cuCtxSetCurrent, "cuCtxSetCurrent")
-    DRV(cuCtxGetCurrent, "cuCtxGetCurrent")
-    DRV(cuMemGetInfo, "cuMemGetInfo_v2")
-    DRV(cuPointerGetAttributes, "cuPointerGetAttributes")
-    DRV(cuMemAlloc, "cuMemAlloc_v2")
-    DRV(cuMemFree, "cuMemFree_v2")
-    DRV(cuMemHostAlloc, "cuMemHostAlloc")
-    DRV(cuMemFreeHost, "cuMemFreeHost")
-    DRV(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2")
-    DRV(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
-    DRV(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2")
-    DRV(cuMemcpyPeerAsync, "cuMemcpyPeerAsync")
-    DRV(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer")
-    DRV(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess")
-    DRV(cuMemcpy2DAsync, "cuMemcpy2DAsync_v2")
-    DRV(cuMemcpyDtoH, "cuMemcpyDtoH_v2")
-    DRV(cuStreamCreate, "cuStreamCreate")
-    DRV(cuStreamDestroy, "cuStreamDestroy_v2")
-    DRV(cuStreamSynchronize, "cuStreamSynchronize")
-    DRV(cuStreamQuery, "cuStreamQuery")
-    DRV(cuStreamWaitEvent, "cuStreamWaitEvent")
-    DRV(cuEventCreate, "cuEventCreate")
-    DRV(cuEventDestroy, "cuEventDestroy_v2")
-    DRV(cuEventRecord, "cuEventRecord")
-    DRV(cuEventQuery, "cuEventQuery")
-    DRV(cuEventSynchronize, "cuEventSynchronize")
-    DRV(cuEventElapsedTime, "cuEventElapsedTime")
-    DRV(cuModuleLoadData, "cuModuleLoadData")
-    DRV(cuModuleUnload, "cuModuleUnload")
-    DRV(cuModuleGetFunction, "cuModuleGetFunction")
-    DRV(cuModuleGetGlobal, "cuModuleGetGlobal_v2")
-    DRV(cuFuncGetAttribute, "cuFuncGetAttribute")
-    DRV(cuFuncSetAttribute, "cuFuncSetAttribute")
-    DRV(cuLaunchKernel, "cuLaunchKernel")
-    DRV(cuStreamBeginCapture, "cuStreamBeginCapture_v2")
-    DRV(cuStreamEndCapture, "cuStreamEndCapture")
-    DRV(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode")
-    DRV(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags")
-    DRV(cuGraphLaunch, "cuGraphLaunch")
-    DRV(cuGraphExecDestroy, "cuGraphExecDestroy")
-    DRV(cuGraphDestroy, "cuGraphDestroy")
+    const char *missing = library_resolve(
+        drv, drv_symbols, sizeof drv_symbols / sizeof drv_symbols[0]);
+    if (missing)
+        goto fail;
 
     CUresult r = api.cuInit(0);
     if (r != CUDA_SUCCESS) {
-        snprintf(load_failure, sizeof load_failure,
+        snprintf(loading.failure, sizeof loading.failure,
                  "the CUDA driver (%s) did not initialize: %s", api.driver_path,
                  cuda_result_text(&api, r));
         return;
@@ -203,44 +198,36 @@ static void load(void)
     int count = 0;
     r = api.cuDeviceGetCount(&count);
     if (r != CUDA_SUCCESS || count == 0) {
-        snprintf(load_failure, sizeof load_failure,
+        snprintf(loading.failure, sizeof loading.failure,
                  "the CUDA driver (%s) sees no device%s%s", api.driver_path,
                  r ? ": " : "", r ? cuda_result_text(&api, r) : "");
         return;
     }
 
     void *rtc = open_first("nvrtc_library", rtc_names, api.nvrtc_path,
-                           sizeof api.nvrtc_path, why, sizeof why);
-    if (!rtc) {
-        snprintf(load_failure, sizeof load_failure,
-                 "no NVRTC (the CUDA runtime compiler): %s", why);
+                           sizeof api.nvrtc_path,
+                           "no NVRTC (the CUDA runtime compiler)", "");
+    if (!rtc)
         return;
-    }
-    RTC(nvrtcVersion, "nvrtcVersion")
-    RTC(nvrtcGetErrorString, "nvrtcGetErrorString")
-    RTC(nvrtcCreateProgram, "nvrtcCreateProgram")
-    RTC(nvrtcDestroyProgram, "nvrtcDestroyProgram")
-    RTC(nvrtcCompileProgram, "nvrtcCompileProgram")
-    RTC(nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize")
-    RTC(nvrtcGetProgramLog, "nvrtcGetProgramLog")
-    RTC(nvrtcGetPTXSize, "nvrtcGetPTXSize")
-    RTC(nvrtcGetPTX, "nvrtcGetPTX")
-    RTC_OPT(nvrtcGetCUBINSize, "nvrtcGetCUBINSize")
-    RTC_OPT(nvrtcGetCUBIN, "nvrtcGetCUBIN")
-    RTC_OPT(nvrtcGetNumSupportedArchs, "nvrtcGetNumSupportedArchs")
-    RTC_OPT(nvrtcGetSupportedArchs, "nvrtcGetSupportedArchs")
+    missing = library_resolve(rtc, rtc_symbols,
+                              sizeof rtc_symbols / sizeof rtc_symbols[0]);
+    if (missing)
+        goto fail;
     api.nvrtcVersion(&api.nvrtc_major, &api.nvrtc_minor);
     return;
 fail:
-    snprintf(load_failure, sizeof load_failure, "CUDA cannot be used: %s", why);
+    snprintf(loading.failure, sizeof loading.failure,
+             "CUDA cannot be used: the library has no entry point %s (too "
+             "old?)",
+             missing);
 }
 
 cube_error *cuda_api_load(const cuda_api **out)
 {
     *out = NULL;
-    pthread_once(&load_once, load);
-    if (load_failure[0])
-        return cube_error_new(CUBE_ERR_UNAVAILABLE, "%s", load_failure);
+    const char *failure = library_once_run(&loading, load);
+    if (failure)
+        return cube_error_new(CUBE_ERR_UNAVAILABLE, "%s", failure);
     *out = &api;
     return NULL;
 }

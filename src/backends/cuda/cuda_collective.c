@@ -107,18 +107,28 @@ static cube_error *nccl_failure(const nccl_api *n, ncclResult_t r,
                           "%s: %s", what, nccl_result_text(n, r, comm));
 }
 
+/* Loads NCCL into *nccl and makes a new unique id (a communicator's
+ * rendezvous). */
+static cube_error *nccl_new_id(const nccl_api **nccl, ncclUniqueId *id)
+{
+    cube_error *err = nccl_api_load(nccl);
+    if (err)
+        return err;
+    ncclResult_t r = (*nccl)->ncclGetUniqueId(id);
+    if (r != ncclSuccess)
+        return nccl_failure(*nccl, r, NULL, 0, "ncclGetUniqueId");
+    return NULL;
+}
+
 static cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
                                   uint64_t timeout_ms,
                                   cube_backend_comm **impls)
 {
     const nccl_api *nccl = NULL;
-    cube_error *err = nccl_api_load(&nccl);
+    ncclUniqueId id;
+    cube_error *err = nccl_new_id(&nccl, &id);
     if (err)
         return err;
-    ncclUniqueId id;
-    ncclResult_t r = nccl->ncclGetUniqueId(&id);
-    if (r != ncclSuccess)
-        return nccl_failure(nccl, r, NULL, 0, "ncclGetUniqueId");
     cuda_rank *ranks = calloc(n, sizeof *ranks);
     if (!ranks)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL communicator");
@@ -131,7 +141,7 @@ static cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
     nccl_config_init(&cfg, 1);
     /* Every rank of this process, from this thread: inside one group, as
      * NCCL requires when one thread makes several ranks. */
-    r = nccl->ncclGroupStart();
+    ncclResult_t r = nccl->ncclGroupStart();
     for (uint32_t i = 0; i < n && r == ncclSuccess && !err; i++) {
         cuda_server *s = (cuda_server *)servers[i];
         err = cuda_enter(s);
@@ -187,13 +197,10 @@ static cube_error *cuda_comm_init(cube_server *const *servers, uint32_t n,
 static cube_error *cuda_comm_id_new(unsigned char *id)
 {
     const nccl_api *nccl = NULL;
-    cube_error *err = nccl_api_load(&nccl);
+    ncclUniqueId uid;
+    cube_error *err = nccl_new_id(&nccl, &uid);
     if (err)
         return err;
-    ncclUniqueId uid;
-    ncclResult_t r = nccl->ncclGetUniqueId(&uid);
-    if (r != ncclSuccess)
-        return nccl_failure(nccl, r, NULL, 0, "ncclGetUniqueId");
     _Static_assert(sizeof uid == CUBE_COMM_ID_PAYLOAD,
                    "NCCL's unique id fills the id's payload");
     memcpy(id, &uid, sizeof uid);

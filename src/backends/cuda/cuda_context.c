@@ -20,35 +20,53 @@ cube_error *cuda_enter(cuda_server *s)
     return NULL;
 }
 
-cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
-                      const char *fmt, ...)
+/* cuda_fail, or with `alloc` cuda_fail_alloc, on fmt's arguments: a
+ * failed allocation that met no fault is CUBE_ERR_OUT_OF_MEMORY, or a
+ * device fault when the context broke earlier; a fault itself is logged
+ * the first time, whatever failed. */
+static cube_error *fail_v(cuda_server *s, CUresult r, cube_code code, int alloc,
+                          const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
+static cube_error *fail_v(cuda_server *s, CUresult r, cube_code code, int alloc,
+                          const char *fmt, va_list ap)
 {
     char context[384];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(context, sizeof context, fmt, ap);
-    va_end(ap);
+    if (alloc && !cuda_result_is_fault(r)) {
+        if (cuda_alloc_code(r, atomic_load(&s->faulted)) ==
+            CUBE_ERR_DEVICE_FAULT)
+            return cube_error_new(CUBE_ERR_DEVICE_FAULT,
+                                  "%s: %s after a device fault; the device "
+                                  "context is broken, reopen the client",
+                                  context, cuda_result_text(s->api, r));
+        return cuda_error(s->api, r, CUBE_ERR_OUT_OF_MEMORY, "%s", context);
+    }
+    if (alloc)
+        code = CUBE_ERR_DEVICE_FAULT;
     if (cuda_result_is_fault(r) && !atomic_exchange(&s->faulted, 1))
         cube_log_write(CUBE_LOG_ERROR, "cuda", "device fault: %s: %s", context,
                        cuda_result_text(s->api, r));
     return cuda_error(s->api, r, code, "%s", context);
 }
 
-cube_error *cuda_fail_alloc(cuda_server *s, CUresult r, const char *fmt, ...)
+cube_error *cuda_fail(cuda_server *s, CUresult r, cube_code code,
+                      const char *fmt, ...)
 {
-    char context[384];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(context, sizeof context, fmt, ap);
+    cube_error *err = fail_v(s, r, code, 0, fmt, ap);
     va_end(ap);
-    if (cuda_result_is_fault(r))
-        return cuda_fail(s, r, CUBE_ERR_DEVICE_FAULT, "%s", context);
-    if (cuda_alloc_code(r, atomic_load(&s->faulted)) == CUBE_ERR_DEVICE_FAULT)
-        return cube_error_new(CUBE_ERR_DEVICE_FAULT,
-                              "%s: %s after a device fault; the device "
-                              "context is broken, reopen the client",
-                              context, cuda_result_text(s->api, r));
-    return cuda_error(s->api, r, CUBE_ERR_OUT_OF_MEMORY, "%s", context);
+    return err;
+}
+
+cube_error *cuda_fail_alloc(cuda_server *s, CUresult r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    /* fail_v picks the code: out of memory, or a device fault. */
+    cube_error *err = fail_v(s, r, CUBE_ERR_OUT_OF_MEMORY, 1, fmt, ap);
+    va_end(ap);
+    return err;
 }
 
 cube_error *cuda_context_create(cuda_server *s)

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "backends/common/grow.h"
 
 cube_error *cuda_event_get(cuda_server *s, CUevent *out)
 {
@@ -21,17 +22,14 @@ cube_error *cuda_event_get(cuda_server *s, CUevent *out)
 void cuda_event_put(cuda_server *s, CUevent ev)
 {
     cube_mutex_lock(&s->events_lock);
-    if (s->free_event_count == s->free_event_cap) {
-        size_t cap = s->free_event_cap ? s->free_event_cap * 2 : 32;
-        CUevent *grown = realloc(s->free_events, cap * sizeof *grown);
-        if (!grown) {
-            cube_mutex_unlock(&s->events_lock);
-            s->api->cuEventDestroy(ev);
-            return;
-        }
-        s->free_events = grown;
-        s->free_event_cap = cap;
+    CUevent *room = grow_for_one(s->free_events, s->free_event_count,
+                                 &s->free_event_cap, sizeof *room, 32);
+    if (!room) {
+        cube_mutex_unlock(&s->events_lock);
+        s->api->cuEventDestroy(ev);
+        return;
     }
+    s->free_events = room;
     s->free_events[s->free_event_count++] = ev;
     cube_mutex_unlock(&s->events_lock);
 }

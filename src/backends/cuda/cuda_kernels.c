@@ -244,9 +244,11 @@ static const char *module_wrong(cuda_server *s, CUmodule m,
     return cuda_module_stamp_wrong(found, got, key);
 }
 
-static cube_error *load_module(cuda_server *s, const char *name,
-                               const unsigned char *bytes, cuda_kernel *k,
-                               cube_compiled *out)
+/* Loads `bytes` as k's module and finds its entry: cube__kernel_<name>
+ * for cube C, the extern "C" function <name> for a raw kernel. */
+static cube_error *load_entry(cuda_server *s, const char *name,
+                              const unsigned char *bytes, cuda_kernel *k,
+                              int raw)
 {
     const cuda_api *a = s->api;
     CUresult r = a->cuModuleLoadData(&k->module, bytes);
@@ -256,17 +258,33 @@ static cube_error *load_module(cuda_server *s, const char *name,
                          name);
     char sym[256];
     snprintf(sym, sizeof sym, "cube__kernel_%s", name);
-    r = a->cuModuleGetFunction(&k->function, k->module, sym);
-    if (r != CUDA_SUCCESS)
+    r = a->cuModuleGetFunction(&k->function, k->module, raw ? name : sym);
+    if (r == CUDA_SUCCESS)
+        return NULL;
+    if (raw)
         return cube_error_new(CUBE_ERR_COMPILE,
-                              "kernel '%s': the source defines no "
-                              "CUBE_KERNEL(%s, ...)",
+                              "kernel '%s': the module has no entry '%s' (an "
+                              "extern \"C\" __global__ function)",
                               name, name);
+    return cube_error_new(CUBE_ERR_COMPILE,
+                          "kernel '%s': the source defines no "
+                          "CUBE_KERNEL(%s, ...)",
+                          name, name);
+}
+
+static cube_error *load_module(cuda_server *s, const char *name,
+                               const unsigned char *bytes, cuda_kernel *k,
+                               cube_compiled *out)
+{
+    const cuda_api *a = s->api;
+    cube_error *err = load_entry(s, name, bytes, k, 0);
+    if (err)
+        return err;
     unsigned nparams = 0;
     unsigned long long shared = 0;
     size_t got = 0, got_shared = 0;
-    cube_error *err = read_global(s, k->module, "cube__nparams_", name,
-                                  &nparams, sizeof nparams, &got);
+    err = read_global(s, k->module, "cube__nparams_", name, &nparams,
+                      sizeof nparams, &got);
     if (!err)
         err = read_global(s, k->module, "cube__shared_", name, &shared,
                           sizeof shared, &got_shared);
@@ -306,7 +324,7 @@ static cube_error *load_module(cuda_server *s, const char *name,
     /* Above the static limit a function must opt in, once. */
     if (shared > CUDA_STATIC_SHARED_LIMIT &&
         shared <= (unsigned long long)s->optin_shared) {
-        r = a->cuFuncSetAttribute(
+        CUresult r = a->cuFuncSetAttribute(
             k->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             (int)shared);
         if (r != CUDA_SUCCESS)
@@ -327,17 +345,9 @@ static cube_error *load_raw_module(cuda_server *s, const cube_kernel *kernel,
 {
     const cuda_api *a = s->api;
     const char *name = cube_kernel_name(kernel);
-    CUresult r = a->cuModuleLoadData(&k->module, bytes);
-    if (r != CUDA_SUCCESS)
-        return cuda_fail(s, r, CUBE_ERR_COMPILE,
-                         "kernel '%s': the driver cannot load the module",
-                         name);
-    r = a->cuModuleGetFunction(&k->function, k->module, name);
-    if (r != CUDA_SUCCESS)
-        return cube_error_new(CUBE_ERR_COMPILE,
-                              "kernel '%s': the module has no entry '%s' (an "
-                              "extern \"C\" __global__ function)",
-                              name, name);
+    cube_error *err = load_entry(s, name, bytes, k, 1);
+    if (err)
+        return err;
     const cube_compiled *declared = cube_kernel_declared(kernel);
     *out = *declared;
     k->raw = 1;
@@ -349,7 +359,7 @@ static cube_error *load_raw_module(cuda_server *s, const cube_kernel *kernel,
     size_t end = 0;
     for (uint32_t i = 0; i <= n && i < CUDA_ENTRY_PARAMS; i++) {
         size_t off = 0, size = 0;
-        r = a->cuFuncGetParamInfo(k->function, i, &off, &size);
+        CUresult r = a->cuFuncGetParamInfo(k->function, i, &off, &size);
         if (i == n && r != CUDA_SUCCESS)
             break; /* the entry ends where the declaration does */
         if (r != CUDA_SUCCESS || i == n) {

@@ -4,6 +4,7 @@
  * order. */
 #include <string.h>
 
+#include "backends/common/properties.h"
 #include "backends/common/validate.h"
 #include "backends/cuda/cuda_internal.h"
 
@@ -49,13 +50,7 @@ static cube_error *read_count(cuda_server *s, cuda_stream *st,
             return err;
     }
     memcpy(count, host, 3 * sizeof(uint32_t));
-    for (int i = 0; i < 3; i++)
-        if (count[i] > s->props.max_cube_count[i])
-            return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
-                                  "dynamic cube count %u along axis %d is "
-                                  "over the device's maximum of %u",
-                                  count[i], i, s->props.max_cube_count[i]);
-    return NULL;
+    return properties_check_count(&s->props, count, "the device's maximum");
 }
 
 static cube_error *launch_one(cuda_server *s, cube_server_stream *stream,

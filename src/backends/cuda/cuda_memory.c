@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "backends/common/grow.h"
 #include "base/error.h"
 #include "cubert/log.h"
 
@@ -75,22 +76,18 @@ void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
         cuda_free_end(s);
         return;
     }
-    if (s->deferred_count == s->deferred_cap) {
-        size_t cap = s->deferred_cap ? s->deferred_cap * 2 : 16;
-        cuda_deferred *grown = realloc(s->deferred, cap * sizeof *grown);
-        if (!grown) {
-            cube_mutex_unlock(&s->deferred_lock);
-            /* Cannot remember it: leak it rather than break a capture. */
-            cube_log_write(CUBE_LOG_WARN, "memory",
-                           "out of host memory while a capture runs; %s "
-                           "memory at 0x%llx is not freed",
-                           st ? "device" : "pinned",
-                           (unsigned long long)address);
-            return;
-        }
-        s->deferred = grown;
-        s->deferred_cap = cap;
+    cuda_deferred *room = grow_for_one(s->deferred, s->deferred_count,
+                                       &s->deferred_cap, sizeof *room, 16);
+    if (!room) {
+        cube_mutex_unlock(&s->deferred_lock);
+        /* Cannot remember it: leak it rather than break a capture. */
+        cube_log_write(CUBE_LOG_WARN, "memory",
+                       "out of host memory while a capture runs; %s "
+                       "memory at 0x%llx is not freed",
+                       st ? "device" : "pinned", (unsigned long long)address);
+        return;
     }
+    s->deferred = room;
     s->deferred[s->deferred_count].stream = st;
     s->deferred[s->deferred_count].address = address;
     s->deferred_count++;
@@ -376,24 +373,22 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
         return;
     }
     cube_mutex_lock(&owner->pending_lock);
-    if (owner->pending_count == owner->pending_cap) {
-        size_t cap = owner->pending_cap ? owner->pending_cap * 2 : 16;
-        cuda_pending_free *grown = realloc(owner->pending, cap * sizeof *grown);
-        if (!grown) {
-            cube_mutex_unlock(&owner->pending_lock);
-            /* Cannot keep it aside: wait for its users here. */
-            cube_error_ignore(cuda_enter(s), "waiting for other streams' "
-                                             "uses goes on without the "
-                                             "context");
-            for (uint32_t k = 0; k < p.count; k++)
-                use_done(s, p.waits[k].index, p.waits[k].seq, 1);
-            mem_free(owner->base->memory, &blk->inner);
-            block_recycle(s, blk);
-            return;
-        }
-        owner->pending = grown;
-        owner->pending_cap = cap;
+    cuda_pending_free *room =
+        grow_for_one(owner->pending, owner->pending_count, &owner->pending_cap,
+                     sizeof *room, 16);
+    if (!room) {
+        cube_mutex_unlock(&owner->pending_lock);
+        /* Cannot keep it aside: wait for its users here. */
+        cube_error_ignore(cuda_enter(s), "waiting for other streams' "
+                                         "uses goes on without the "
+                                         "context");
+        for (uint32_t k = 0; k < p.count; k++)
+            use_done(s, p.waits[k].index, p.waits[k].seq, 1);
+        mem_free(owner->base->memory, &blk->inner);
+        block_recycle(s, blk);
+        return;
     }
+    owner->pending = room;
     owner->pending[owner->pending_count++] = p;
     atomic_store_explicit(&owner->has_pending, 1, memory_order_release);
     cube_mutex_unlock(&owner->pending_lock);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "backends/common/grow.h"
 
 /* Notes `blk` as used by the capture in progress on `st`. */
 static cube_error *capture_note(cuda_stream *st, cuda_block *blk)
@@ -12,14 +13,11 @@ static cube_error *capture_note(cuda_stream *st, cuda_block *blk)
     for (size_t i = 0; i < st->captured_count; i++)
         if (st->captured[i] == blk)
             return NULL;
-    if (st->captured_count == st->captured_cap) {
-        size_t cap = st->captured_cap ? st->captured_cap * 2 : 32;
-        cuda_block **grown = realloc(st->captured, cap * sizeof *grown);
-        if (!grown)
-            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
-        st->captured = grown;
-        st->captured_cap = cap;
-    }
+    cuda_block **room = grow_for_one(st->captured, st->captured_count,
+                                     &st->captured_cap, sizeof *room, 32);
+    if (!room)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    st->captured = room;
     st->captured[st->captured_count++] = blk;
     return NULL;
 }

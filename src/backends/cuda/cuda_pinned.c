@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "backends/common/grow.h"
 
 /* Pinned bytes a stream may have in flight from writes before a new one
  * waits for the oldest. */
@@ -85,18 +86,15 @@ cube_error *cuda_staging(cube_server *server, const uint64_t *sizes, size_t n,
         if (err)
             break;
         cube_mutex_lock(&s->staging_lock);
-        if (s->staging_count == s->staging_cap) {
-            size_t cap = s->staging_cap ? s->staging_cap * 2 : 16;
-            cube_storage *grown = realloc(s->staging, cap * sizeof *grown);
-            if (!grown) {
-                cube_mutex_unlock(&s->staging_lock);
-                mem_free(s->pinned, &b);
-                err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "staging");
-                break;
-            }
-            s->staging = grown;
-            s->staging_cap = cap;
+        cube_storage *room = grow_for_one(s->staging, s->staging_count,
+                                          &s->staging_cap, sizeof *room, 16);
+        if (!room) {
+            cube_mutex_unlock(&s->staging_lock);
+            mem_free(s->pinned, &b);
+            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "staging");
+            break;
         }
+        s->staging = room;
         s->staging[s->staging_count++] = b;
         cube_mutex_unlock(&s->staging_lock);
         out[made] = (void *)(uintptr_t)b.address;

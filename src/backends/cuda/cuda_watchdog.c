@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "backends/common/grow.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "cubert/log.h"
@@ -391,16 +392,13 @@ static void event_put(cuda_watch *w, CUevent ev) CUBE_REQUIRES(w->lock)
 {
     if (!ev)
         return;
-    if (w->spare_count == w->spare_cap) {
-        size_t cap = w->spare_cap ? w->spare_cap * 2 : 8;
-        CUevent *grown = realloc(w->spare, cap * sizeof *grown);
-        if (!grown) {
-            w->s->api->cuEventDestroy(ev);
-            return;
-        }
-        w->spare = grown;
-        w->spare_cap = cap;
+    CUevent *room =
+        grow_for_one(w->spare, w->spare_count, &w->spare_cap, sizeof *room, 8);
+    if (!room) {
+        w->s->api->cuEventDestroy(ev);
+        return;
     }
+    w->spare = room;
     w->spare[w->spare_count++] = ev;
 }
 
@@ -420,16 +418,12 @@ cube_error *cuda_watch_begin(cuda_watch *w, CUstream cu, uint64_t *ticket)
     *ticket = 0;
     cube_mutex_lock(&w->lock);
     cube_error *err = NULL;
-    if (w->count == w->cap) {
-        size_t cap = w->cap ? w->cap * 2 : 16;
-        watch_call *grown = realloc(w->calls, cap * sizeof *grown);
-        if (!grown)
-            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL watchdog");
-        else {
-            w->calls = grown;
-            w->cap = cap;
-        }
-    }
+    watch_call *room =
+        grow_for_one(w->calls, w->count, &w->cap, sizeof *room, 16);
+    if (!room)
+        err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL watchdog");
+    else
+        w->calls = room;
     watch_call c;
     memset(&c, 0, sizeof c);
     if (!err)

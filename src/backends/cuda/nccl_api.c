@@ -10,70 +10,55 @@
 #include "cubert/backend/errors.h"
 
 static nccl_api api;
-static char load_failure[1024]; /* empty: loaded */
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static library_once loading = LIBRARY_ONCE_INIT;
 
-static void *open_nccl(void)
-{
-    static const char *const names[] = {"libnccl.so.2", "libnccl.so", NULL};
-    return library_open("nccl_library", names, RTLD_NOW | RTLD_LOCAL, api.path,
-                        sizeof api.path, load_failure, sizeof load_failure);
-}
+/* The entry points. */
+static const library_symbol symbols[] = {
+#define FN(name) LIBRARY_SYMBOL(api.name, #name)
+    /* versions and errors */
+    FN(ncclGetVersion),
+    FN(ncclGetErrorString),
+    FN(ncclGetLastError),
+    /* communicators */
+    FN(ncclGetUniqueId),
+    FN(ncclCommInitRankConfig),
+    FN(ncclCommGetAsyncError),
+    FN(ncclCommFinalize),
+    FN(ncclCommDestroy),
+    FN(ncclCommAbort),
+    /* collectives, point to point, groups */
+    FN(ncclAllReduce),
+    FN(ncclBroadcast),
+    FN(ncclReduce),
+    FN(ncclAllGather),
+    FN(ncclReduceScatter),
+    FN(ncclSend),
+    FN(ncclRecv),
+    FN(ncclGroupStart),
+    FN(ncclGroupEnd),
+#undef FN
+};
 
 static void load(void)
 {
-    void *lib = open_nccl();
-    if (!lib)
-        return; /* load_failure names each library tried */
-    struct {
-        void **slot;
-        const char *name;
-    } fns[] = {
-#define FN(name) {(void **)&api.name, #name}
-        FN(ncclGetVersion),
-        FN(ncclGetErrorString),
-        FN(ncclGetLastError),
-        FN(ncclGetUniqueId),
-        FN(ncclCommInitRankConfig),
-        FN(ncclCommGetAsyncError),
-        FN(ncclCommFinalize),
-        FN(ncclCommDestroy),
-        FN(ncclCommAbort),
-        FN(ncclAllReduce),
-        FN(ncclBroadcast),
-        FN(ncclReduce),
-        FN(ncclAllGather),
-        FN(ncclReduceScatter),
-        FN(ncclSend),
-        FN(ncclRecv),
-        FN(ncclGroupStart),
-        FN(ncclGroupEnd),
-#undef FN
-    };
-    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
-        *fns[i].slot = dlsym(lib, fns[i].name);
-        if (!*fns[i].slot) {
-            char why[256];
-            snprintf(why, sizeof why,
-                     "has no entry point %s (NCCL 2.18 or later is needed)",
-                     fns[i].name);
-            snprintf(load_failure, sizeof load_failure, "%s: %s", api.path,
-                     why);
-            return;
-        }
-    }
-    api.ncclGetVersion(&api.version);
+    static const char *const names[] = {"libnccl.so.2", "libnccl.so", NULL};
+    /* On failure loading.failure names each library tried. */
+    if (library_load("nccl_library", names, RTLD_NOW | RTLD_LOCAL, symbols,
+                     sizeof symbols / sizeof symbols[0], "entry point",
+                     "NCCL 2.18 or later is needed", api.path, sizeof api.path,
+                     loading.failure, sizeof loading.failure))
+        api.ncclGetVersion(&api.version);
 }
 
 cube_error *nccl_api_load(const nccl_api **out)
 {
     *out = NULL;
-    pthread_once(&load_once, load);
-    if (load_failure[0])
+    const char *failure = library_once_run(&loading, load);
+    if (failure)
         return cube_error_new(CUBE_ERR_UNAVAILABLE,
                               "NCCL could not be loaded (tried %s); set "
                               "CUBERT_NCCL_LIBRARY to its path",
-                              load_failure);
+                              failure);
     *out = &api;
     return NULL;
 }

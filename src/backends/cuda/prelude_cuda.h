@@ -74,6 +74,12 @@ struct cube__unit {
 #define CUBE__SINK_DECL cube__sink_t cube__sink;
 #endif
 
+/* The unit's fields <f>x, <f>y, <f>z from a CUDA dim3 or uint3. */
+#define CUBE__UNIT_XYZ(f, v)                                                   \
+    cube__w.f##x = v.x;                                                        \
+    cube__w.f##y = v.y;                                                        \
+    cube__w.f##z = v.z;
+
 #define CUBE__ENTRY(name, N, ...)                                              \
     extern "C" __device__ const cube__param_sig cube__sig_##name[] = {         \
         CUBE__EACH(CUBE__SIG, N, __VA_ARGS__)};                                \
@@ -89,18 +95,10 @@ struct cube__unit {
             (name##__shared_t *)cube__dynamic_shared;                          \
         CUBE__SINK_DECL                                                        \
         cube__unit cube__w;                                                    \
-        cube__w.ux = threadIdx.x;                                              \
-        cube__w.uy = threadIdx.y;                                              \
-        cube__w.uz = threadIdx.z;                                              \
-        cube__w.cx = blockIdx.x;                                               \
-        cube__w.cy = blockIdx.y;                                               \
-        cube__w.cz = blockIdx.z;                                               \
-        cube__w.dx = blockDim.x;                                               \
-        cube__w.dy = blockDim.y;                                               \
-        cube__w.dz = blockDim.z;                                               \
-        cube__w.nx = gridDim.x;                                                \
-        cube__w.ny = gridDim.y;                                                \
-        cube__w.nz = gridDim.z;                                                \
+        CUBE__UNIT_XYZ(u, threadIdx)                                           \
+        CUBE__UNIT_XYZ(c, blockIdx)                                            \
+        CUBE__UNIT_XYZ(d, blockDim)                                            \
+        CUBE__UNIT_XYZ(n, gridDim)                                             \
         cube__w.ax = blockIdx.x * blockDim.x + threadIdx.x;                    \
         cube__w.ay = blockIdx.y * blockDim.y + threadIdx.y;                    \
         cube__w.az = blockIdx.z * blockDim.z + threadIdx.z;                    \
@@ -110,27 +108,21 @@ struct cube__unit {
                      &cube__sink CUBE__EACH(CUBE__KA, N, __VA_ARGS__));        \
     }
 
+/* `name`: `fn` on T through the CUDA type CT it takes. */
+#define CUBE__ATOMIC_CUDA_RMW(name, T, CT, fn)                                 \
+    __device__ static inline T name(T *p, T v)                                 \
+    {                                                                          \
+        return (T)fn((CT *)p, (CT)v);                                          \
+    }
 #define CUBE__ATOMIC_CUDA(suffix, T, CT)                                       \
-    __device__ static inline T cube_atomic_add_##suffix(T *p, T v)             \
-    {                                                                          \
-        return (T)atomicAdd((CT *)p, (CT)v);                                   \
-    }                                                                          \
-    __device__ static inline T cube_atomic_exchange_##suffix(T *p, T v)        \
-    {                                                                          \
-        return (T)atomicExch((CT *)p, (CT)v);                                  \
-    }                                                                          \
+    CUBE__ATOMIC_CUDA_RMW(cube_atomic_add_##suffix, T, CT, atomicAdd)          \
+    CUBE__ATOMIC_CUDA_RMW(cube_atomic_exchange_##suffix, T, CT, atomicExch)    \
     __device__ static inline T cube_atomic_cas_##suffix(T *p, T e, T d)        \
     {                                                                          \
         return (T)atomicCAS((CT *)p, (CT)e, (CT)d);                            \
     }                                                                          \
-    __device__ static inline T cube_atomic_max_##suffix(T *p, T v)             \
-    {                                                                          \
-        return (T)atomicMax((CT *)p, (CT)v);                                   \
-    }                                                                          \
-    __device__ static inline T cube_atomic_min_##suffix(T *p, T v)             \
-    {                                                                          \
-        return (T)atomicMin((CT *)p, (CT)v);                                   \
-    }                                                                          \
+    CUBE__ATOMIC_CUDA_RMW(cube_atomic_max_##suffix, T, CT, atomicMax)          \
+    CUBE__ATOMIC_CUDA_RMW(cube_atomic_min_##suffix, T, CT, atomicMin)          \
     __device__ static inline T cube_atomic_sub_##suffix(T *p, T v)             \
     {                                                                          \
         return (T)atomicAdd((CT *)p, (CT)(0 - v));                             \
