@@ -2,7 +2,6 @@
 #include "backends/opencl/opencl_api.h"
 
 #include <dlfcn.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -10,78 +9,66 @@
 #include "cubert/backend/errors.h"
 
 static opencl_api api;
-static char load_failure[768]; /* empty: loaded */
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static library_once loading = LIBRARY_ONCE_INIT;
 
-/* Every entry point the backend calls, by its field in opencl_api: the
- * loader exports each under its own name. */
-#define OPENCL_SYMBOLS(X)                                                      \
-    X(clGetPlatformIDs)                                                        \
-    X(clGetPlatformInfo)                                                       \
-    X(clGetDeviceIDs)                                                          \
-    X(clGetDeviceInfo)                                                         \
-    X(clCreateContext)                                                         \
-    X(clReleaseContext)                                                        \
-    X(clCreateCommandQueue)                                                    \
-    X(clReleaseCommandQueue)                                                   \
-    X(clCreateBuffer)                                                          \
-    X(clReleaseMemObject)                                                      \
-    X(clEnqueueReadBuffer)                                                     \
-    X(clEnqueueWriteBuffer)                                                    \
-    X(clEnqueueFillBuffer)                                                     \
-    X(clEnqueueMarkerWithWaitList)                                             \
-    X(clCreateProgramWithSource)                                               \
-    X(clCreateProgramWithBinary)                                               \
-    X(clBuildProgram)                                                          \
-    X(clGetProgramInfo)                                                        \
-    X(clGetProgramBuildInfo)                                                   \
-    X(clReleaseProgram)                                                        \
-    X(clCreateKernel)                                                          \
-    X(clReleaseKernel)                                                         \
-    X(clSetKernelArg)                                                          \
-    X(clEnqueueNDRangeKernel)                                                  \
-    X(clFlush)                                                                 \
-    X(clFinish)                                                                \
-    X(clWaitForEvents)                                                         \
-    X(clGetEventInfo)                                                          \
-    X(clGetEventProfilingInfo)                                                 \
-    X(clReleaseEvent)
+/* Every entry point the backend calls: the loader exports each under its
+ * own name. */
+static const library_symbol symbols[] = {
+#define FN(name) LIBRARY_SYMBOL(api.name, #name)
+    FN(clGetPlatformIDs),
+    FN(clGetPlatformInfo),
+    FN(clGetDeviceIDs),
+    FN(clGetDeviceInfo),
+    FN(clCreateContext),
+    FN(clReleaseContext),
+    FN(clCreateCommandQueue),
+    FN(clReleaseCommandQueue),
+    FN(clCreateBuffer),
+    FN(clReleaseMemObject),
+    FN(clEnqueueReadBuffer),
+    FN(clEnqueueWriteBuffer),
+    FN(clEnqueueFillBuffer),
+    FN(clEnqueueMarkerWithWaitList),
+    FN(clCreateProgramWithSource),
+    FN(clCreateProgramWithBinary),
+    FN(clBuildProgram),
+    FN(clGetProgramInfo),
+    FN(clGetProgramBuildInfo),
+    FN(clReleaseProgram),
+    FN(clCreateKernel),
+    FN(clReleaseKernel),
+    FN(clSetKernelArg),
+    FN(clEnqueueNDRangeKernel),
+    FN(clFlush),
+    FN(clFinish),
+    FN(clWaitForEvents),
+    FN(clGetEventInfo),
+    FN(clGetEventProfilingInfo),
+    FN(clReleaseEvent),
+#undef FN
+};
 
 static void load(void)
 {
     static const char *const names[] = {"libOpenCL.so.1", "libOpenCL.so",
                                         NULL};
-    char tried[512] = "";
-    void *lib = library_open("opencl_library", names, RTLD_NOW | RTLD_LOCAL,
-                             api.loader_path, sizeof api.loader_path, tried,
-                             sizeof tried);
-    if (!lib) {
-        snprintf(load_failure, sizeof load_failure,
-                 "no OpenCL ICD loader: %s (install ocl-icd-libopencl1 and "
-                 "a driver, such as pocl-opencl-icd)",
-                 tried);
-        return;
-    }
-#define OPENCL_RESOLVE(name)                                                   \
-    *(void **)&api.name = dlsym(lib, #name);                                   \
-    if (!api.name) {                                                           \
-        snprintf(load_failure, sizeof load_failure,                            \
-                 "the OpenCL loader %s has no entry point " #name              \
-                 " (OpenCL 1.2 or newer is needed)",                           \
-                 api.loader_path);                                             \
-        return;                                                                \
-    }
-    OPENCL_SYMBOLS(OPENCL_RESOLVE)
-#undef OPENCL_RESOLVE
+    library_load("opencl_library", names, RTLD_NOW | RTLD_LOCAL, symbols,
+                 sizeof symbols / sizeof symbols[0], "entry point",
+                 "OpenCL 1.2 or newer is needed", api.loader_path,
+                 sizeof api.loader_path, loading.failure,
+                 sizeof loading.failure);
 }
 
 cube_error *opencl_api_load(const opencl_api **out)
 {
-    pthread_once(&load_once, load);
-    if (load_failure[0]) {
-        *out = NULL;
-        return cube_error_new(CUBE_ERR_UNAVAILABLE, "%s", load_failure);
-    }
+    *out = NULL;
+    const char *failure = library_once_run(&loading, load);
+    if (failure)
+        return cube_error_new(CUBE_ERR_UNAVAILABLE,
+                              "no OpenCL ICD loader (tried %s): install "
+                              "ocl-icd-libopencl1 and a driver, such as "
+                              "pocl-opencl-icd, or set CUBERT_OPENCL_LIBRARY",
+                              failure);
     *out = &api;
     return NULL;
 }

@@ -8,18 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/common/library.h"
 #include "backends/common/properties.h"
 #include "backends/opencl/opencl_internal.h"
 #include "cubert/backend/config.h"
 #include "cubert/log.h"
 
 const cube_config_key opencl_config_keys[] = {
-    {.name = "opencl_library",
-     .type = CUBE_CONFIG_TEXT,
-     .max_len = CUBE_CONFIG_TEXT_MAX,
-     .default_text = "libOpenCL.so.1, else libOpenCL.so",
-     .doc = "the OpenCL ICD loader to load: a path or a name the dynamic "
-            "loader finds"},
+    LIBRARY_CONFIG_KEY("opencl_library", "libOpenCL.so.1, else libOpenCL.so",
+                       "the OpenCL ICD loader to load"),
     {.name = "opencl_platform",
      .type = CUBE_CONFIG_TEXT,
      .max_len = 128,
@@ -97,13 +94,22 @@ static int contains_folded(const char *text, const char *needle)
     return n == 0;
 }
 
+/* A text query of a platform or a device (an empty string when it
+ * fails), NUL-terminated within `cap`. */
+static void info_text(const opencl_api *a, cl_platform_id p, cl_device_id d,
+                      cl_uint what, char *out, size_t cap)
+{
+    cl_int r = p ? a->clGetPlatformInfo(p, what, cap, out, NULL)
+                 : a->clGetDeviceInfo(d, what, cap, out, NULL);
+    if (r != CL_SUCCESS)
+        out[0] = 0;
+    out[cap - 1] = 0;
+}
+
 static void platform_text(const opencl_api *a, cl_platform_id p,
                           cl_platform_info what, char *out, size_t cap)
 {
-    out[0] = 0;
-    if (a->clGetPlatformInfo(p, what, cap, out, NULL) != CL_SUCCESS)
-        out[0] = 0;
-    out[cap - 1] = 0;
+    info_text(a, p, NULL, what, out, cap);
 }
 
 static void find_devices(void)
@@ -173,10 +179,7 @@ static cube_error *opencl_device_count(uint32_t *out)
 static void device_text(const opencl_api *a, cl_device_id d,
                         cl_device_info what, char *out, size_t cap)
 {
-    out[0] = 0;
-    if (a->clGetDeviceInfo(d, what, cap, out, NULL) != CL_SUCCESS)
-        out[0] = 0;
-    out[cap - 1] = 0;
+    info_text(a, NULL, d, what, out, cap);
 }
 
 static uint64_t device_number(const opencl_api *a, cl_device_id d,

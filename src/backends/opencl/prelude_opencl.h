@@ -175,37 +175,28 @@ typedef struct cube__unit {
 #define cube_atomic_max_u64(p, v) atom_max((p), (ulong)(v))
 #define cube_atomic_min_u64(p, v) atom_min((p), (ulong)(v))
 
-/* Float additions by compare-and-swap on the bits, for both address
- * spaces. */
-#define CUBE__ATOMIC_ADD_F32(AS)                                               \
-    static inline float __attribute__((overloadable))                         \
-    cube_atomic_add_f32(AS float *p, float v)                                  \
+/* Float additions by compare-and-swap on the bits (T's unsigned twin U,
+ * AS_U and AS_T its bit casts, CAS the compare-and-swap), for both
+ * address spaces. */
+#define CUBE__ATOMIC_ADD_FLOAT(name, AS, T, U, AS_U, AS_T, CAS)                \
+    static inline T __attribute__((overloadable)) name(AS T *p, T v)           \
     {                                                                          \
-        uint old = *(volatile AS uint *)p, seen;                               \
+        U old = *(volatile AS U *)p, seen;                                     \
         do {                                                                   \
             seen = old;                                                        \
-            old = atomic_cmpxchg((volatile AS uint *)p, seen,                  \
-                                 as_uint(as_float(seen) + v));                 \
+            old = CAS((volatile AS U *)p, seen, AS_U(AS_T(seen) + v));         \
         } while (old != seen);                                                 \
-        return as_float(old);                                                  \
+        return AS_T(old);                                                      \
     }
-CUBE__ATOMIC_ADD_F32(__global)
-CUBE__ATOMIC_ADD_F32(__local)
+CUBE__ATOMIC_ADD_FLOAT(cube_atomic_add_f32, __global, float, uint, as_uint,
+                       as_float, atomic_cmpxchg)
+CUBE__ATOMIC_ADD_FLOAT(cube_atomic_add_f32, __local, float, uint, as_uint,
+                       as_float, atomic_cmpxchg)
 #if defined(cl_khr_fp64) && defined(cl_khr_int64_base_atomics)
-#define CUBE__ATOMIC_ADD_F64(AS)                                               \
-    static inline double __attribute__((overloadable))                        \
-    cube_atomic_add_f64(AS double *p, double v)                                \
-    {                                                                          \
-        ulong old = *(volatile AS ulong *)p, seen;                             \
-        do {                                                                   \
-            seen = old;                                                        \
-            old = atom_cmpxchg((volatile AS ulong *)p, seen,                   \
-                               as_ulong(as_double(seen) + v));                 \
-        } while (old != seen);                                                 \
-        return as_double(old);                                                 \
-    }
-CUBE__ATOMIC_ADD_F64(__global)
-CUBE__ATOMIC_ADD_F64(__local)
+CUBE__ATOMIC_ADD_FLOAT(cube_atomic_add_f64, __global, double, ulong, as_ulong,
+                       as_double, atom_cmpxchg)
+CUBE__ATOMIC_ADD_FLOAT(cube_atomic_add_f64, __local, double, ulong, as_ulong,
+                       as_double, atom_cmpxchg)
 #endif
 
 /* --- math: C's float names over OpenCL's overloaded built-ins --- */
