@@ -340,10 +340,9 @@ static cube_error *flush_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_flush");
     core_stream *st = NULL;
-    cube_error *err = core_stream_get(c, &st);
+    cube_error *err = core_stream_enter(c, &st);
     if (err)
         return err;
-    core_stream_lock(st);
     err = c->vt->flush(c->server, &st->base);
     core_stream_unlock(st);
     /* Only a broken context is the flush's to report. */

@@ -402,6 +402,17 @@ void core_stream_unlock(core_stream *s) CUBE_RELEASE(s->lock);
 cube_error *core_stream_refuse_in_capture(const core_stream *s,
                                           const char *operation)
     CUBE_REQUIRES(s->lock);
+/* core_stream_get, then the stream locked: NULL with *out entered, or
+ * core_stream_get's error with nothing held (a NULL error is success,
+ * hence the 0). */
+cube_error *core_stream_enter(cube_client *c, core_stream **out)
+    CUBE_TRY_ACQUIRE(0, (*out)->lock);
+/* core_stream_enter for an operation a capture cannot record: a capturing
+ * stream is left again and refused (core_stream_refuse_in_capture's
+ * error). */
+cube_error *core_stream_enter_uncaptured(cube_client *c, const char *operation,
+                                         core_stream **out)
+    CUBE_TRY_ACQUIRE(0, (*out)->lock);
 /* Counts a failure of work on `s` for its profiling windows. Call with the
  * stream entered. */
 void core_stream_note_failure(core_stream *s, const cube_error *err)

@@ -269,12 +269,10 @@ static cube_error *graph_prepare_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_prepare");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter_uncaptured(c, "cube_graph_prepare", &s);
     if (err)
         return err;
-    core_stream_lock(s);
-    err = core_stream_refuse_in_capture(s, "cube_graph_prepare");
-    if (!err && c->vt->graph_prepare)
+    if (c->vt->graph_prepare)
         err = c->vt->graph_prepare(c->server, &s->base);
     if (!err) {
         /* From here the stream allocates from its persistent pool, so the
@@ -297,10 +295,9 @@ static cube_error *graph_begin_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_begin");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     if (s->capture)
         err = cube_error_new(CUBE_ERR_GRAPH_STATE,
                              "cube_graph_begin: stream 0x%016llx is already "
@@ -343,10 +340,9 @@ static cube_error *graph_end_call(cube_client *c, cube_graph_id *out)
                               c ? "out" : "client");
     *out = 0;
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     /* Another client's capture on a shared stream is not this one's to
      * end. */
     core_graph *g = s->capture_client == c ? s->capture : NULL;

@@ -107,15 +107,13 @@ static cube_error *native_wait_call(cube_client *c, void *foreign)
                               "cube_native_wait: the %s backend has no "
                               "native streams (foreign must be NULL)",
                               c->vt->name);
-    core_stream *st = NULL;
-    cube_error *err = core_stream_get(c, &st);
-    if (err)
-        return err;
     /* Argument errors first, then a capture's refusal, on every backend
      * alike. */
-    core_stream_lock(st);
-    err = core_stream_refuse_in_capture(st, "cube_native_wait");
-    if (!err && c->vt->native_wait)
+    core_stream *st = NULL;
+    cube_error *err = core_stream_enter_uncaptured(c, "cube_native_wait", &st);
+    if (err)
+        return err;
+    if (c->vt->native_wait)
         err = c->vt->native_wait(c->server, &st->base, foreign);
     core_stream_unlock(st);
     core_fault_note(c, err);

@@ -232,10 +232,9 @@ static cube_error *memory_cleanup_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_cleanup");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     if (c->vt->memory_reclaim)
         c->vt->memory_reclaim(c->server, &s->base);
     mem_cleanup(s->base.memory);
@@ -306,10 +305,9 @@ static cube_error *allocation_mode_set_call(cube_client *c,
                               "cube_allocation_mode",
                               (int)mode);
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     cube_allocation_mode old = s->alloc_mode;
     s->alloc_mode = mode;
     err = core_stream_sync_persistent(c, s);
@@ -328,10 +326,9 @@ static cube_error *persistent_begin_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_persistent_begin");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     s->persistent_depth++;
     err = core_stream_sync_persistent(c, s);
     if (err)
@@ -349,10 +346,9 @@ static cube_error *persistent_end_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_persistent_end");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     if (s->persistent_depth == 0) {
         core_stream_unlock(s);
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,

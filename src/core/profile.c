@@ -99,12 +99,10 @@ static cube_error *profile_start_call(cube_client *c, cube_profile_token *out)
                               "cube_profile_start: out is NULL");
     *out = 0;
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter_uncaptured(c, "cube_profile_start", &s);
     if (err)
         return err;
-    core_stream_lock(s);
-    err = core_stream_refuse_in_capture(s, "cube_profile_start");
-    if (!err && s->window_count == s->window_cap) {
+    if (s->window_count == s->window_cap) {
         size_t cap = s->window_cap ? s->window_cap * 2 : 4;
         core_window *grown = realloc(s->windows, cap * sizeof *grown);
         if (!grown)
@@ -176,18 +174,12 @@ static cube_error *profile_end_call(cube_client *c, cube_profile_token token,
     out->seconds = 0;
     out->method = CUBE_TIMING_HOST_CLOCK;
     out->launches = 0;
-    core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
-    if (err)
-        return err;
-    core_stream_lock(s);
     /* A capture refuses first, whatever the token; a window stays open,
      * for the caller to end after the capture. */
-    err = core_stream_refuse_in_capture(s, "cube_profile_end");
-    if (err) {
-        core_stream_unlock(s);
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter_uncaptured(c, "cube_profile_end", &s);
+    if (err)
         return err;
-    }
     long i = find_window(c, s, token);
     if (i < 0) {
         core_stream_unlock(s);
@@ -242,13 +234,12 @@ static void profile_abandon(cube_client *c, cube_profile_token token)
     if (!c)
         return;
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err) {
         cube_error_ignore(err, "a thread without a stream has no window to "
                                "abandon");
         return;
     }
-    core_stream_lock(s);
     long i = find_window(c, s, token);
     if (i >= 0) {
         if (c->vt->abandon_profile)

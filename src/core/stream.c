@@ -314,6 +314,33 @@ cube_error *core_stream_refuse_in_capture(const core_stream *s,
                           operation, (unsigned long long)s->base.id);
 }
 
+cube_error *core_stream_enter(cube_client *c, core_stream **out)
+{
+    core_stream *s = NULL;
+    cube_error *err = core_stream_get(c, &s);
+    if (err)
+        return err;
+    core_stream_lock(s);
+    *out = s;
+    return NULL;
+}
+
+cube_error *core_stream_enter_uncaptured(cube_client *c, const char *operation,
+                                         core_stream **out)
+{
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    err = core_stream_refuse_in_capture(s, operation);
+    if (err) {
+        core_stream_unlock(s);
+        return err;
+    }
+    *out = s;
+    return NULL;
+}
+
 void core_stream_note_failure(core_stream *s, const cube_error *err)
 {
     if (!err)
@@ -329,13 +356,12 @@ void core_stream_note_failure(core_stream *s, const cube_error *err)
 void core_stream_note_failure_now(cube_client *c, const cube_error *err)
 {
     core_stream *s = NULL;
-    cube_error *e = core_stream_get(c, &s);
+    cube_error *e = core_stream_enter(c, &s);
     if (e) {
         cube_error_ignore(e, "a thread without a stream has no window to "
                              "note the failure in; the buffers hold it");
         return;
     }
-    core_stream_lock(s);
     core_stream_note_failure(s, err);
     core_stream_unlock(s);
 }
