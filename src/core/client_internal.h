@@ -615,4 +615,14 @@ void core_calls_close(cube_client *c);
             return core_fault_get(c);                                          \
     } while (0)
 
+/* CORE_CHECK_CLIENT, then the out parameter `out` (of a call that answers
+ * through it) checked. */
+#define CORE_CHECK_CLIENT_OUT(c, out, fn)                                      \
+    do {                                                                       \
+        CORE_CHECK_CLIENT(c, fn);                                              \
+        if (!(out))                                                            \
+            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,                   \
+                                  fn ": out is NULL");                         \
+    } while (0)
+
 #endif /* CUBE_CORE_CLIENT_INTERNAL_H */

@@ -91,10 +91,7 @@ static cube_error *export_call(cube_client *c, cube_handle h,
                                const int64_t *shape, const int64_t *strides,
                                void *consumer, cube_dl_managed_versioned **out)
 {
-    CORE_CHECK_CLIENT(c, "cube_dlpack_export");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_dlpack_export: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_dlpack_export");
     *out = NULL;
     if (ndim < 0 || ndim > CUBE_MAX_RANK || (ndim > 0 && !shape))
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,

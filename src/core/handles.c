@@ -675,10 +675,7 @@ cube_error *core_publish_foreign(cube_client *c, core_stream *s,
 
 static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_empty");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_empty: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_empty");
     out->bits = 0;
     if (size == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -748,10 +745,7 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
 static cube_error *create_call(cube_client *c, const void *bytes, uint64_t size,
                                cube_handle *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_create");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_create: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_create");
     out->bits = 0;
     if (!bytes)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,

@@ -103,10 +103,7 @@ cube_error *cube_install_memory_pools(cube_client *c,
 
 static cube_error *memory_usage_get_call(cube_client *c, cube_memory_usage *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_memory_usage_get");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_usage_get: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_memory_usage_get");
     memset(out, 0, sizeof *out);
     /* A stream that never existed holds nothing: not worth creating. */
     core_stream *s = core_stream_find(c->dev, cube_stream_current(c));
@@ -125,10 +122,7 @@ cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
 static cube_error *memory_usage_device_call(cube_client *c,
                                             cube_memory_usage *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_memory_usage_device");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_usage_device: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_memory_usage_device");
     memset(out, 0, sizeof *out);
     /* Streams are only ever added while the device is open, and each
      * manager takes its own lock: the sum is of consistent parts, each
@@ -175,10 +169,7 @@ static cube_error *memory_stats_get_call(cube_client *c,
                                          cube_memory_scope scope,
                                          cube_memory_stats *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_memory_stats_get");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_stats_get: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_memory_stats_get");
     if (out->struct_size < CUBE_MEMORY_STATS_V1_SIZE)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_memory_stats_get: out->struct_size is "
@@ -250,10 +241,7 @@ cube_error *cube_memory_cleanup(cube_client *c)
 static cube_error *memory_report_get_call(cube_client *c,
                                           cube_memory_report *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_memory_report_get");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_report_get: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_memory_report_get");
     memset(out, 0, sizeof *out);
     /* A stream that never allocated reports the pools it would get. */
     core_stream *s = NULL;

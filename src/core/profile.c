@@ -93,10 +93,7 @@ cube_error *cube_dry_run_end(cube_client *c)
 
 static cube_error *profile_start_call(cube_client *c, cube_profile_token *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_profile_start");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_profile_start: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_profile_start");
     *out = 0;
     core_stream *s = NULL;
     cube_error *err = core_stream_enter_uncaptured(c, "cube_profile_start", &s);
@@ -167,10 +164,7 @@ void core_stream_window_remove(core_stream *s, size_t i)
 static cube_error *profile_end_call(cube_client *c, cube_profile_token token,
                                     cube_profile_result *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_profile_end");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_profile_end: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_profile_end");
     out->seconds = 0;
     out->method = CUBE_TIMING_HOST_CLOCK;
     out->launches = 0;
