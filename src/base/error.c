@@ -306,3 +306,9 @@ void cube_error_ignore(cube_error *err, const char *why)
     }
     cube_error_free(err);
 }
+
+cube_error *cube_error_null_argument(const char *fn, const char *name)
+{
+    return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                          name);
+}

@@ -24,8 +24,7 @@ cube_error *cube_client_open(const char *device,
                              cube_client **out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_client_open: out is NULL");
+        return cube_error_null_argument("cube_client_open", "out");
     *out = NULL;
     const core_config *cfg = core_config_get();
     cube_client_options opts = cube_client_options_default();

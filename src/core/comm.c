@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/error.h"
 #include "core/comm_internal.h"
 
 #define DEFAULT_TIMEOUT_MS 300000u
@@ -305,8 +306,7 @@ void cube_comm_destroy(cube_comm *comm)
 cube_error *cube_comm_abort(cube_comm *comm)
 {
     if (!comm)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_abort: comm is NULL");
+        return cube_error_null_argument("cube_comm_abort", "comm");
     comm_group *g = comm->group;
     cube_mutex_lock(&g->lock);
     g->aborted = 1;

@@ -748,8 +748,7 @@ static cube_error *create_call(cube_client *c, const void *bytes, uint64_t size,
     CORE_CHECK_CLIENT_OUT(c, out, "cube_create");
     out->bits = 0;
     if (!bytes)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_create: bytes is NULL");
+        return cube_error_null_argument("cube_create", "bytes");
     cube_handle h = {0};
     cube_error *err = cube_empty(c, size, &h);
     if (err)

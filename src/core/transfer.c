@@ -366,8 +366,7 @@ static cube_error *read_async_call(cube_client *c, const cube_copy_desc *descs,
                                    cube_future **out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_read_async: out is NULL");
+        return cube_error_null_argument("cube_read_async", "out");
     *out = NULL;
     CORE_CHECK_CLIENT(c, "cube_read");
     core_resolved *r = NULL;

@@ -419,8 +419,7 @@ cube_error *mem_manager_create(const mem_storage_ops *ops,
                                mem_manager **out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "mem_manager_create: out is NULL");
+        return cube_error_null_argument("mem_manager_create", "out");
     *out = NULL;
     if (!ops || !ops->alloc || !ops->free)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
