@@ -181,9 +181,8 @@ void cube_client_close(cube_client *c)
 cube_error *cube_client_properties(cube_client *c, cube_properties *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_client_properties: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_client_properties",
+                                        c ? "out" : "client");
     *out = c->props;
     return NULL;
 }
@@ -191,9 +190,8 @@ cube_error *cube_client_properties(cube_client *c, cube_properties *out)
 cube_error *cube_client_utilities(cube_client *c, cube_utilities *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_client_utilities: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_client_utilities",
+                                        c ? "out" : "client");
     memset(out, 0, sizeof *out);
     out->properties = c->props;
     out->bounds =

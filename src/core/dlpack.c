@@ -273,10 +273,9 @@ static cube_error *import_args(const char *fn, const cube_client *c,
     if (out)
         out->bits = 0;
     if (!c || !t || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                              !c   ? "client"
-                              : !t ? "tensor"
-                                   : "out");
+        return cube_error_null_argument(fn, !c   ? "client"
+                                            : !t ? "tensor"
+                                                 : "out");
     return NULL;
 }
 

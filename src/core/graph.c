@@ -335,9 +335,7 @@ cube_error *cube_graph_begin(cube_client *c)
 static cube_error *graph_end_call(cube_client *c, cube_graph_id *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_graph_end: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_graph_end", c ? "out" : "client");
     *out = 0;
     core_stream *s = NULL;
     cube_error *err = core_stream_enter(c, &s);

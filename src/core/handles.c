@@ -867,9 +867,8 @@ static cube_error *handle_size_call(cube_client *c, cube_handle h,
                                     uint64_t *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_size: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_handle_size",
+                                        c ? "out" : "client");
     uint32_t i;
     core_slot *s = pin_slot(c, h, &i);
     if (!s)

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "memory/memory_manager.h"
 
@@ -27,9 +28,8 @@ static cube_error *memory_layout_preset_call(cube_client *c,
                                              cube_memory_layout *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_layout_preset: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_memory_layout_preset",
+                                        c ? "out" : "client");
     if (preset != CUBE_PRESET_SUBSLICES && preset != CUBE_PRESET_EXCLUSIVE &&
         preset != CUBE_PRESET_EXPANDABLE)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -51,9 +51,8 @@ static cube_error *memory_layout_validate_call(cube_client *c,
                                                const cube_memory_layout *layout)
 {
     if (!c || !layout)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_layout_validate: %s is NULL",
-                              c ? "layout" : "client");
+        return cube_error_null_argument("cube_memory_layout_validate",
+                                        c ? "layout" : "client");
     mem_device d = device_of(c);
     return mem_layout_validate(layout, &d);
 }
@@ -527,11 +526,10 @@ cube_error *cube_layout_strides(cube_layout_policy policy, uint32_t rank,
                                 uint64_t *bytes)
 {
     if (!shape || !strides || !bytes)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_layout_strides: %s is NULL",
-                              !shape     ? "shape"
-                              : !strides ? "strides"
-                                         : "bytes");
+        return cube_error_null_argument("cube_layout_strides", !shape ? "shape"
+                                                               : !strides
+                                                                   ? "strides"
+                                                                   : "bytes");
     if (rank == 0 || rank > CUBE_MAX_RANK)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_layout_strides: rank %u is not in 1..%d",

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "memory/memory_manager.h"
 
@@ -88,9 +89,8 @@ static cube_error *memory_snapshot_call(cube_client *c, cube_memory_scope scope,
     if (count)
         *count = 0;
     if (!c || !count)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_snapshot: %s is NULL",
-                              c ? "count" : "client");
+        return cube_error_null_argument("cube_memory_snapshot",
+                                        c ? "count" : "client");
     if (cap > 0 && !out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_memory_snapshot: out is NULL and cap is "

@@ -115,10 +115,9 @@ static cube_error *prepare(cube_client *c, const char *fn,
     if (n == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: n is 0", fn);
     if (!descs || !buffers || !sizes)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                              !descs     ? "descs"
-                              : !buffers ? buffers_name
-                                         : sizes_name);
+        return cube_error_null_argument(fn, !descs     ? "descs"
+                                            : !buffers ? buffers_name
+                                                       : sizes_name);
     const void *const *bufs = buffers;
     core_resolved *r = calloc(n, sizeof *r);
     cube_copy_op *o = calloc(n, sizeof *o);
@@ -672,8 +671,7 @@ static cube_error *whole_buffer(const char *fn, const char *what,
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: client is NULL",
                               fn);
     if (!p)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                              what);
+        return cube_error_null_argument(fn, what);
     uint64_t have = 0;
     cube_error *err = cube_handle_size(c, h, &have);
     if (err)
