@@ -252,8 +252,7 @@ static cube_error *check_call(cube_client *c, const cube_handle *handles,
                               size_t n)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_check: client is NULL");
+        return cube_error_null_argument("cube_check", "client");
     core_resolved *r;
     cube_error *err = resolve_all(c, handles, n, "cube_check", &r);
     if (err)
@@ -288,8 +287,7 @@ static cube_error *sync_call(cube_client *c, const cube_handle *handles,
                              size_t n)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_sync: client is NULL");
+        return cube_error_null_argument("cube_sync", "client");
     if (atomic_load_explicit(&c->dev->faulted, memory_order_acquire))
         return core_fault_get(c);
     core_resolved *r;

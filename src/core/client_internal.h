@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "base/error.h"
 #include "base/mutex.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/comm.h"
@@ -609,8 +610,7 @@ void core_calls_close(cube_client *c);
 #define CORE_CHECK_CLIENT(c, fn)                                               \
     do {                                                                       \
         if (!(c))                                                              \
-            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,                   \
-                                  fn ": client is NULL");                      \
+            return cube_error_null_argument(fn, "client");                     \
         if (atomic_load_explicit(&(c)->dev->faulted, memory_order_acquire))    \
             return core_fault_get(c);                                          \
     } while (0)
@@ -621,8 +621,7 @@ void core_calls_close(cube_client *c);
     do {                                                                       \
         CORE_CHECK_CLIENT(c, fn);                                              \
         if (!(out))                                                            \
-            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,                   \
-                                  fn ": out is NULL");                         \
+            return cube_error_null_argument(fn, "out");                        \
     } while (0)
 
 #endif /* CUBE_CORE_CLIENT_INTERNAL_H */

@@ -738,8 +738,7 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
 static cube_error *graph_destroy_call(cube_client *c, cube_graph_id id)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_graph_destroy: client is NULL");
+        return cube_error_null_argument("cube_graph_destroy", "client");
     cube_mutex_lock(&c->graphs_lock);
     core_graph **p = &c->graphs;
     while (*p && (*p)->id != id)

@@ -777,8 +777,7 @@ cube_error *cube_create(cube_client *c, const void *bytes, uint64_t size,
 static cube_error *handle_retain_call(cube_client *c, cube_handle h)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_retain: client is NULL");
+        return cube_error_null_argument("cube_handle_retain", "client");
     /* A pin is exactly one more reference. */
     if (pin_slot(c, h, NULL))
         return NULL;
@@ -793,8 +792,7 @@ cube_error *cube_handle_retain(cube_client *c, cube_handle h)
 static cube_error *handle_release_call(cube_client *c, cube_handle h)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_release: client is NULL");
+        return cube_error_null_argument("cube_handle_release", "client");
     uint32_t gen = handle_gen(h);
     uint32_t i = handle_index(h);
     core_slot *s = NULL;
@@ -830,8 +828,7 @@ static cube_error *handle_slice_call(cube_client *c, cube_handle h,
                                      cube_handle *out)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_slice: client is NULL");
+        return cube_error_null_argument("cube_handle_slice", "client");
     if (!out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_handle_slice: out is NULL");
@@ -927,8 +924,7 @@ static cube_error *handle_set_label_call(cube_client *c, cube_handle h,
                                          const char *label)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_set_label: client is NULL");
+        return cube_error_null_argument("cube_handle_set_label", "client");
     size_t len = 0;
     if (label && !label_ok(label, &len))
         return cube_error_new(

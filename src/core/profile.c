@@ -44,8 +44,7 @@ int cube_dry_run_active(cube_client *c)
 cube_error *cube_dry_run_begin(cube_client *c)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_dry_run_begin: client is NULL");
+        return cube_error_null_argument("cube_dry_run_begin", "client");
     int i = dry_run_find(c);
     if (i >= 0) {
         dry_runs[i].depth++;
@@ -77,8 +76,7 @@ cube_error *cube_dry_run_begin(cube_client *c)
 cube_error *cube_dry_run_end(cube_client *c)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_dry_run_end: client is NULL");
+        return cube_error_null_argument("cube_dry_run_end", "client");
     int i = dry_run_find(c);
     if (i < 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,

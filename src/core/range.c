@@ -119,16 +119,14 @@ static cube_error *range_pop(cube_client *c)
 cube_error *cube_range_push(cube_client *c, const char *name)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_range_push: client is NULL");
+        return cube_error_null_argument("cube_range_push", "client");
     CORE_CALL(c, "cube_range_push", range_push(c, name));
 }
 
 cube_error *cube_range_pop(cube_client *c)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_range_pop: client is NULL");
+        return cube_error_null_argument("cube_range_pop", "client");
     CORE_CALL(c, "cube_range_pop", range_pop(c));
 }
 

@@ -70,8 +70,7 @@ cube_stream_id cube_stream_current(cube_client *c)
 cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_stream_use: client is NULL");
+        return cube_error_null_argument("cube_stream_use", "client");
     int free_slot = -1;
     for (int i = 0; i < STREAM_OVERRIDES; i++) {
         if (overrides[i].client_serial == c->serial) {

@@ -624,8 +624,7 @@ cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
 static cube_error *staging_free_call(cube_client *c, void *buffer)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_staging_free: client is NULL");
+        return cube_error_null_argument("cube_staging_free", "client");
     if (!buffer)
         return NULL;
     cube_mutex_lock(&c->staging_lock);
@@ -668,8 +667,7 @@ static cube_error *whole_buffer(const char *fn, const char *what,
                                 uint64_t size, cube_copy_desc *out)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: client is NULL",
-                              fn);
+        return cube_error_null_argument(fn, "client");
     if (!p)
         return cube_error_null_argument(fn, what);
     uint64_t have = 0;
