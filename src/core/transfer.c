@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/backoff.h"
+#include "base/dlist.h"
 #include "core/client_internal.h"
 #include "core/trace.h"
 
@@ -291,12 +292,7 @@ static void future_link(cube_client *c, cube_future *f)
 static void future_unlink(cube_client *c, cube_future *f)
     CUBE_REQUIRES(c->futures_lock)
 {
-    if (f->prev)
-        f->prev->next = f->next;
-    else
-        c->futures = f->next;
-    if (f->next)
-        f->next->prev = f->prev;
+    CUBE_DLIST_UNLINK(c->futures, f, prev, next);
     f->prev = f->next = NULL;
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/dlist.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "memory/mem_internal.h"
@@ -96,12 +97,7 @@ void mem_pool_link(mem_pool *p, mem_block *b)
 
 void mem_pool_unlink(mem_pool *p, mem_block *b)
 {
-    if (b->prev)
-        b->prev->next = b->next;
-    else
-        p->blocks = b->next;
-    if (b->next)
-        b->next->prev = b->prev;
+    CUBE_DLIST_UNLINK(p->blocks, b, prev, next);
     b->prev = b->next = NULL;
 }
 
