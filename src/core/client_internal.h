@@ -324,6 +324,20 @@ void core_handles_destroy(cube_client *c);
 /* Whether the client with `serial` (whose tag was `tag`) is still open:
  * serials are never reused. Lock-free. */
 int core_client_is_open(uint32_t tag, uint64_t serial);
+/* An entry of a table a thread keeps per client (its dry-run scopes, the
+ * streams it chose with cube_stream_use): the client, by serial (0: a free
+ * entry) and tag, and what the table keeps for it. */
+typedef struct core_client_entry {
+    uint64_t client_serial;
+    uint32_t client_tag;
+    uint64_t value;
+} core_client_entry;
+/* Gives `c` an entry of `t` (n entries, *used of them taken) holding
+ * `value`: a free one, else one whose client has closed since (given back
+ * first). Returns its index, or -1 when every entry is an open client's.
+ * Lock-free; the table is the calling thread's. */
+int core_client_entry_take(core_client_entry *t, int n, int *used,
+                           const cube_client *c, uint64_t value);
 
 /* --- profile.c --- */
 /* Whether the calling thread has a dry-run scope open on `c`. */
@@ -408,6 +422,12 @@ cube_error *core_stream_refuse_in_capture(const core_stream *s,
  * hence the 0). */
 cube_error *core_stream_enter(cube_client *c, core_stream **out)
     CUBE_TRY_ACQUIRE(0, (*out)->lock);
+/* core_stream_enter where a thread without a stream has nothing to do
+ * (no window to note or end a thing in): 1 with *out entered, else 0,
+ * core_stream_get's error dropped with `why`. */
+int core_stream_enter_or_drop(cube_client *c, const char *why,
+                              core_stream **out)
+    CUBE_TRY_ACQUIRE(1, (*out)->lock);
 /* core_stream_enter for an operation a capture cannot record: a capturing
  * stream is left again and refused (core_stream_refuse_in_capture's
  * error). */

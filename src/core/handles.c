@@ -106,6 +106,31 @@ int core_client_is_open(uint32_t tag, uint64_t serial)
                serial;
 }
 
+int core_client_entry_take(core_client_entry *t, int n, int *used,
+                           const cube_client *c, uint64_t value)
+{
+    int i = -1;
+    for (int k = 0; k < n && i < 0; k++)
+        if (t[k].client_serial == 0)
+            i = k;
+    /* A serial is never reused, so a closed client's entry matches no
+     * client and can go. */
+    for (int k = 0; k < n && i < 0; k++) {
+        if (!core_client_is_open(t[k].client_tag, t[k].client_serial)) {
+            t[k].client_serial = 0;
+            (*used)--;
+            i = k;
+        }
+    }
+    if (i < 0)
+        return -1;
+    t[i].client_serial = c->serial;
+    t[i].client_tag = c->tag;
+    t[i].value = value;
+    (*used)++;
+    return i;
+}
+
 /* Gives `c` the lowest free tag, with what its predecessors issued. */
 static cube_error *tag_take(cube_client *c)
 {

@@ -11,14 +11,8 @@ static atomic_uint_fast64_t next_token = 1;
  * open on at most DRY_RUN_CLIENTS clients at once. An entry of a client
  * that has closed gives its room back (serials are never reused). */
 #define DRY_RUN_CLIENTS 8
-static _Thread_local struct {
-    // cppcheck-suppress unusedStructMember
-    uint64_t client_serial; /* 0: free (cppcheck does not follow TLS) */
-    // cppcheck-suppress unusedStructMember
-    uint32_t client_tag;
-    // cppcheck-suppress unusedStructMember
-    uint32_t depth;
-} dry_runs[DRY_RUN_CLIENTS];
+/* An entry's value is how deep the client's scopes nest. */
+static _Thread_local core_client_entry dry_runs[DRY_RUN_CLIENTS];
 /* How many entries are in use: none, the common case, answers at once. */
 static _Thread_local int dry_run_count;
 
@@ -47,29 +41,15 @@ cube_error *cube_dry_run_begin(cube_client *c)
         return cube_error_null_argument("cube_dry_run_begin", "client");
     int i = dry_run_find(c);
     if (i >= 0) {
-        dry_runs[i].depth++;
+        dry_runs[i].value++;
         return NULL;
     }
-    for (int k = 0; k < DRY_RUN_CLIENTS && i < 0; k++)
-        if (dry_runs[k].client_serial == 0)
-            i = k;
-    for (int k = 0; k < DRY_RUN_CLIENTS && i < 0; k++) {
-        if (!core_client_is_open(dry_runs[k].client_tag,
-                                 dry_runs[k].client_serial)) {
-            dry_runs[k].client_serial = 0;
-            dry_run_count--;
-            i = k;
-        }
-    }
-    if (i < 0)
+    if (core_client_entry_take(dry_runs, DRY_RUN_CLIENTS, &dry_run_count, c,
+                               1) < 0)
         return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
                               "cube_dry_run_begin: a thread may have dry-run "
                               "scopes open on at most %d open clients at once",
                               DRY_RUN_CLIENTS);
-    dry_runs[i].client_serial = c->serial;
-    dry_runs[i].client_tag = c->tag;
-    dry_runs[i].depth = 1;
-    dry_run_count++;
     return NULL;
 }
 
@@ -82,7 +62,7 @@ cube_error *cube_dry_run_end(cube_client *c)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_dry_run_end: the calling thread has no "
                               "dry-run scope open on this client");
-    if (--dry_runs[i].depth == 0) {
+    if (--dry_runs[i].value == 0) {
         dry_runs[i].client_serial = 0;
         dry_run_count--;
     }
@@ -226,12 +206,9 @@ static void profile_abandon(cube_client *c, cube_profile_token token)
     if (!c)
         return;
     core_stream *s = NULL;
-    cube_error *err = core_stream_enter(c, &s);
-    if (err) {
-        cube_error_ignore(err, "a thread without a stream has no window to "
-                               "abandon");
+    if (!core_stream_enter_or_drop(
+            c, "a thread without a stream has no window to abandon", &s))
         return;
-    }
     long i = find_window(c, s, token);
     if (i >= 0) {
         if (c->vt->abandon_profile)
