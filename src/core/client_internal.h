@@ -450,6 +450,14 @@ void core_stream_note_failure_now(cube_client *c, const cube_error *err);
  * changed. Call with the stream entered. */
 cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
     CUBE_REQUIRES(s->lock);
+/* The checks of a memory query's versioned struct and scope:
+ * CUBE_ERR_INVALID_ARGUMENT when `field` (the struct's struct_size, as
+ * the caller names it; NULL where no struct is filled) is below
+ * `min_size` (sizeof(`type`) of the first version), or when `scope` is no
+ * cube_memory_scope; else NULL. */
+cube_error *core_memory_query_check(const char *fn, cube_memory_scope scope,
+                                    const char *field, uint32_t struct_size,
+                                    uint32_t min_size, const char *type);
 
 /* --- comm.c: collectives recorded in graphs --- */
 /* A collective recorded in a graph: the rank's call as the backend gets

@@ -164,22 +164,31 @@ static void stats_add(cube_memory_stats *sum, const cube_memory_stats *one)
     sum->streams++;
 }
 
+cube_error *core_memory_query_check(const char *fn, cube_memory_scope scope,
+                                    const char *field, uint32_t struct_size,
+                                    uint32_t min_size, const char *type)
+{
+    if (field && struct_size < min_size)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: %s is %u, below %u (set it to sizeof(%s))",
+                              fn, field, (unsigned)struct_size,
+                              (unsigned)min_size, type);
+    if (scope != CUBE_MEMORY_STREAM && scope != CUBE_MEMORY_DEVICE)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: unknown scope %d",
+                              fn, (int)scope);
+    return NULL;
+}
+
 static cube_error *memory_stats_get_call(cube_client *c,
                                          cube_memory_scope scope,
                                          cube_memory_stats *out)
 {
     CORE_CHECK_CLIENT_OUT(c, out, "cube_memory_stats_get");
-    if (out->struct_size < CUBE_MEMORY_STATS_V1_SIZE)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_stats_get: out->struct_size is "
-                              "%u, below %u (set it to "
-                              "sizeof(cube_memory_stats))",
-                              (unsigned)out->struct_size,
-                              CUBE_MEMORY_STATS_V1_SIZE);
-    if (scope != CUBE_MEMORY_STREAM && scope != CUBE_MEMORY_DEVICE)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_stats_get: unknown scope %d",
-                              (int)scope);
+    cube_error *err = core_memory_query_check(
+        "cube_memory_stats_get", scope, "out->struct_size", out->struct_size,
+        CUBE_MEMORY_STATS_V1_SIZE, "cube_memory_stats");
+    if (err)
+        return err;
     cube_memory_stats sum;
     memset(&sum, 0, sizeof sum);
     if (scope == CUBE_MEMORY_STREAM) {
