@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/grow.h"
 #include "core/client_internal.h"
 #include "core/trace.h"
 #include "cubert/comm.h"
@@ -99,14 +100,11 @@ static int set_has(const alloc_set *s, const core_alloc *a)
  * most half full). -1, the set unchanged, when memory runs out. */
 static int set_reserve(alloc_set *s)
 {
-    if (s->count == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 8;
-        core_alloc **grown = realloc(s->items, cap * sizeof(core_alloc *));
-        if (!grown)
-            return -1;
-        s->items = grown;
-        s->cap = cap;
-    }
+    core_alloc **grown =
+        cube_grow(s->items, s->count, &s->cap, sizeof(core_alloc *), 8);
+    if (!grown)
+        return -1;
+    s->items = grown;
     if ((s->count + 1) * 2 <= s->nslots)
         return 0;
     size_t nslots = s->nslots ? s->nslots * 2 : 16;
@@ -184,14 +182,11 @@ static cube_error *note(cube_client *c, core_graph *g, core_alloc *const *read,
                         size_t nwritten, core_alloc *const *cleared,
                         size_t ncleared, int dynamic)
 {
-    if (g->count == g->cap) {
-        size_t cap = g->cap ? g->cap * 2 : 16;
-        graph_entry *grown = realloc(g->entries, cap * sizeof *grown);
-        if (!grown)
-            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
-        g->entries = grown;
-        g->cap = cap;
-    }
+    graph_entry *grown =
+        cube_grow(g->entries, g->count, &g->cap, sizeof *grown, 16);
+    if (!grown)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    g->entries = grown;
     cube_error *err = NULL;
     for (size_t i = 0; i < nread && !err; i++)
         err = pin(c, g, read[i]);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/grow.h"
 #include "core/client_internal.h"
 
 static atomic_uint_fast64_t next_token = 1;
@@ -77,16 +78,12 @@ static cube_error *profile_start_call(cube_client *c, cube_profile_token *out)
     cube_error *err = core_stream_enter_uncaptured(c, "cube_profile_start", &s);
     if (err)
         return err;
-    if (s->window_count == s->window_cap) {
-        size_t cap = s->window_cap ? s->window_cap * 2 : 4;
-        core_window *grown = realloc(s->windows, cap * sizeof *grown);
-        if (!grown)
-            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_profile_start");
-        else {
-            s->windows = grown;
-            s->window_cap = cap;
-        }
-    }
+    core_window *grown = cube_grow(s->windows, s->window_count, &s->window_cap,
+                                   sizeof *grown, 4);
+    if (!grown)
+        err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_profile_start");
+    else
+        s->windows = grown;
     uint64_t token = 0;
     if (!err && c->vt->start_profile)
         err = c->vt->start_profile(c->server, &s->base, &token);
