@@ -230,12 +230,10 @@ cube_error *cube_kernel_create_raw(const cube_raw_kernel_desc *desc,
                                    cube_kernel **out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              RAW_FN ": out is NULL");
+        return cube_error_null_argument(RAW_FN, "out");
     *out = NULL;
     if (!desc)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              RAW_FN ": desc is NULL");
+        return cube_error_null_argument(RAW_FN, "desc");
     uint32_t dim[3];
     cube_error *err = check_raw(desc, dim);
     if (err)
