@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/grow.h"
 #include "base/log.h"
 
 struct cube_error {
@@ -83,17 +84,13 @@ cube_error *cube_error_add_cause(cube_error *parent, cube_error *cause)
         cube_error_free(cause);
         return parent;
     }
-    if (parent->cause_count == parent->cause_cap) {
-        size_t cap = parent->cause_cap ? parent->cause_cap * 2 : 4;
-        cube_error **grown =
-            realloc(parent->causes, cap * sizeof(cube_error *));
-        if (!grown) {
-            cube_error_free(cause);
-            return parent;
-        }
-        parent->causes = grown;
-        parent->cause_cap = cap;
+    cube_error **grown = cube_grow(parent->causes, parent->cause_count,
+                                   &parent->cause_cap, sizeof(cube_error *), 4);
+    if (!grown) {
+        cube_error_free(cause);
+        return parent;
     }
+    parent->causes = grown;
     parent->causes[parent->cause_count++] = cause;
     return parent;
 }
@@ -305,4 +302,10 @@ void cube_error_ignore(cube_error *err, const char *why)
         free(formatted);
     }
     cube_error_free(err);
+}
+
+cube_error *cube_error_null_argument(const char *fn, const char *name)
+{
+    return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                          name);
 }

@@ -22,4 +22,8 @@
  * reported or folded into another is freed with cube_error_free. */
 void cube_error_ignore(cube_error *err, const char *why);
 
+/* CUBE_ERR_INVALID_ARGUMENT, "<fn>: <name> is NULL": a call's pointer
+ * argument `name` that must not be NULL was. */
+cube_error *cube_error_null_argument(const char *fn, const char *name);
+
 #endif /* CUBE_BASE_ERROR_H */

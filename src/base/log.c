@@ -81,28 +81,35 @@ int cube_log_level_parse(const char *name, cube_log_level *out)
     return -1;
 }
 
+char *cube_vformat(char *small, size_t size, const char *fmt, va_list ap)
+{
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(small, size, fmt, ap);
+    char *text = n < 0 ? NULL : small;
+    if (n >= 0 && (size_t)n >= size) {
+        char *big = malloc((size_t)n + 1);
+        if (big) {
+            vsnprintf(big, (size_t)n + 1, fmt, again);
+            text = big;
+        }
+    }
+    va_end(again);
+    return text;
+}
+
 void cube_log_write(cube_log_level level, const char *category, const char *fmt,
                     ...)
 {
     if (!cube_log_enabled(level))
         return;
     char stack_buf[512];
-    char *msg = stack_buf;
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(stack_buf, sizeof stack_buf, fmt, ap);
+    char *msg = cube_vformat(stack_buf, sizeof stack_buf, fmt, ap);
     va_end(ap);
-    if (n < 0)
+    if (!msg)
         return;
-    if ((size_t)n >= sizeof stack_buf) {
-        char *big = malloc((size_t)n + 1);
-        if (big) {
-            va_start(ap, fmt);
-            vsnprintf(big, (size_t)n + 1, fmt, ap);
-            va_end(ap);
-            msg = big;
-        }
-    }
     if (!category)
         category = "cubert";
     cube_mutex_lock(&sink_lock);

@@ -24,8 +24,7 @@ cube_error *cube_client_open(const char *device,
                              cube_client **out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_client_open: out is NULL");
+        return cube_error_null_argument("cube_client_open", "out");
     *out = NULL;
     const core_config *cfg = core_config_get();
     cube_client_options opts = cube_client_options_default();
@@ -182,9 +181,8 @@ void cube_client_close(cube_client *c)
 cube_error *cube_client_properties(cube_client *c, cube_properties *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_client_properties: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_client_properties",
+                                        c ? "out" : "client");
     *out = c->props;
     return NULL;
 }
@@ -192,9 +190,8 @@ cube_error *cube_client_properties(cube_client *c, cube_properties *out)
 cube_error *cube_client_utilities(cube_client *c, cube_utilities *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_client_utilities: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_client_utilities",
+                                        c ? "out" : "client");
     memset(out, 0, sizeof *out);
     out->properties = c->props;
     out->bounds =
@@ -255,8 +252,7 @@ static cube_error *check_call(cube_client *c, const cube_handle *handles,
                               size_t n)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_check: client is NULL");
+        return cube_error_null_argument("cube_check", "client");
     core_resolved *r;
     cube_error *err = resolve_all(c, handles, n, "cube_check", &r);
     if (err)
@@ -291,8 +287,7 @@ static cube_error *sync_call(cube_client *c, const cube_handle *handles,
                              size_t n)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_sync: client is NULL");
+        return cube_error_null_argument("cube_sync", "client");
     if (atomic_load_explicit(&c->dev->faulted, memory_order_acquire))
         return core_fault_get(c);
     core_resolved *r;
@@ -340,10 +335,9 @@ static cube_error *flush_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_flush");
     core_stream *st = NULL;
-    cube_error *err = core_stream_get(c, &st);
+    cube_error *err = core_stream_enter(c, &st);
     if (err)
         return err;
-    core_stream_lock(st);
     err = c->vt->flush(c->server, &st->base);
     core_stream_unlock(st);
     /* Only a broken context is the flush's to report. */

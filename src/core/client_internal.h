@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "base/error.h"
 #include "base/mutex.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/comm.h"
@@ -323,6 +324,20 @@ void core_handles_destroy(cube_client *c);
 /* Whether the client with `serial` (whose tag was `tag`) is still open:
  * serials are never reused. Lock-free. */
 int core_client_is_open(uint32_t tag, uint64_t serial);
+/* An entry of a table a thread keeps per client (its dry-run scopes, the
+ * streams it chose with cube_stream_use): the client, by serial (0: a free
+ * entry) and tag, and what the table keeps for it. */
+typedef struct core_client_entry {
+    uint64_t client_serial;
+    uint32_t client_tag;
+    uint64_t value;
+} core_client_entry;
+/* Gives `c` an entry of `t` (n entries, *used of them taken) holding
+ * `value`: a free one, else one whose client has closed since (given back
+ * first). Returns its index, or -1 when every entry is an open client's.
+ * Lock-free; the table is the calling thread's. */
+int core_client_entry_take(core_client_entry *t, int n, int *used,
+                           const cube_client *c, uint64_t value);
 
 /* --- profile.c --- */
 /* Whether the calling thread has a dry-run scope open on `c`. */
@@ -402,6 +417,23 @@ void core_stream_unlock(core_stream *s) CUBE_RELEASE(s->lock);
 cube_error *core_stream_refuse_in_capture(const core_stream *s,
                                           const char *operation)
     CUBE_REQUIRES(s->lock);
+/* core_stream_get, then the stream locked: NULL with *out entered, or
+ * core_stream_get's error with nothing held (a NULL error is success,
+ * hence the 0). */
+cube_error *core_stream_enter(cube_client *c, core_stream **out)
+    CUBE_TRY_ACQUIRE(0, (*out)->lock);
+/* core_stream_enter where a thread without a stream has nothing to do
+ * (no window to note or end a thing in): 1 with *out entered, else 0,
+ * core_stream_get's error dropped with `why`. */
+int core_stream_enter_or_drop(cube_client *c, const char *why,
+                              core_stream **out)
+    CUBE_TRY_ACQUIRE(1, (*out)->lock);
+/* core_stream_enter for an operation a capture cannot record: a capturing
+ * stream is left again and refused (core_stream_refuse_in_capture's
+ * error). */
+cube_error *core_stream_enter_uncaptured(cube_client *c, const char *operation,
+                                         core_stream **out)
+    CUBE_TRY_ACQUIRE(0, (*out)->lock);
 /* Counts a failure of work on `s` for its profiling windows. Call with the
  * stream entered. */
 void core_stream_note_failure(core_stream *s, const cube_error *err)
@@ -418,6 +450,14 @@ void core_stream_note_failure_now(cube_client *c, const cube_error *err);
  * changed. Call with the stream entered. */
 cube_error *core_stream_sync_persistent(cube_client *c, core_stream *s)
     CUBE_REQUIRES(s->lock);
+/* The checks of a memory query's versioned struct and scope:
+ * CUBE_ERR_INVALID_ARGUMENT when `field` (the struct's struct_size, as
+ * the caller names it; NULL where no struct is filled) is below
+ * `min_size` (sizeof(`type`) of the first version), or when `scope` is no
+ * cube_memory_scope; else NULL. */
+cube_error *core_memory_query_check(const char *fn, cube_memory_scope scope,
+                                    const char *field, uint32_t struct_size,
+                                    uint32_t min_size, const char *type);
 
 /* --- comm.c: collectives recorded in graphs --- */
 /* A collective recorded in a graph: the rank's call as the backend gets
@@ -598,10 +638,18 @@ void core_calls_close(cube_client *c);
 #define CORE_CHECK_CLIENT(c, fn)                                               \
     do {                                                                       \
         if (!(c))                                                              \
-            return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,                   \
-                                  fn ": client is NULL");                      \
+            return cube_error_null_argument(fn, "client");                     \
         if (atomic_load_explicit(&(c)->dev->faulted, memory_order_acquire))    \
             return core_fault_get(c);                                          \
+    } while (0)
+
+/* CORE_CHECK_CLIENT, then the out parameter `out` (of a call that answers
+ * through it) checked. */
+#define CORE_CHECK_CLIENT_OUT(c, out, fn)                                      \
+    do {                                                                       \
+        CORE_CHECK_CLIENT(c, fn);                                              \
+        if (!(out))                                                            \
+            return cube_error_null_argument(fn, "out");                        \
     } while (0)
 
 #endif /* CUBE_CORE_CLIENT_INTERNAL_H */

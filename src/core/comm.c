@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/error.h"
 #include "core/comm_internal.h"
 
 #define DEFAULT_TIMEOUT_MS 300000u
@@ -167,9 +168,8 @@ static cube_error *check_init(cube_client *const *clients, uint32_t n,
                               cube_comm **comms)
 {
     if (!clients || !comms)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_init_all: %s is NULL",
-                              clients ? "comms" : "clients");
+        return cube_error_null_argument("cube_comm_init_all",
+                                        clients ? "comms" : "clients");
     if (n == 0 || n > CUBE_MAX_RANKS)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_comm_init_all: n = %u is not in 1..%u", n,
@@ -305,8 +305,7 @@ void cube_comm_destroy(cube_comm *comm)
 cube_error *cube_comm_abort(cube_comm *comm)
 {
     if (!comm)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_abort: comm is NULL");
+        return cube_error_null_argument("cube_comm_abort", "comm");
     comm_group *g = comm->group;
     cube_mutex_lock(&g->lock);
     g->aborted = 1;
@@ -335,9 +334,8 @@ _Static_assert(4 + ID_NAME + CUBE_COMM_ID_PAYLOAD == CUBE_COMM_ID_BYTES,
 cube_error *cube_comm_id_new(const char *backend, cube_comm_id *out)
 {
     if (!backend || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_id_new: %s is NULL",
-                              backend ? "out" : "backend");
+        return cube_error_null_argument("cube_comm_id_new",
+                                        backend ? "out" : "backend");
     memset(out, 0, sizeof *out);
     const cube_backend *b = core_backend_find(backend);
     if (!b)
@@ -365,9 +363,8 @@ cube_error *cube_comm_id_new(const char *backend, cube_comm_id *out)
 cube_error *cube_comm_id_format(const cube_comm_id *id, char *text, size_t cap)
 {
     if (!id || !text)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_id_format: %s is NULL",
-                              id ? "text" : "id");
+        return cube_error_null_argument("cube_comm_id_format",
+                                        id ? "text" : "id");
     if (cap < CUBE_COMM_ID_TEXT)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_comm_id_format: cap %zu is less than "
@@ -408,9 +405,8 @@ static int hex_digit(char c)
 cube_error *cube_comm_id_parse(const char *text, cube_comm_id *out)
 {
     if (!text || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_id_parse: %s is NULL",
-                              text ? "out" : "text");
+        return cube_error_null_argument("cube_comm_id_parse",
+                                        text ? "out" : "text");
     memset(out, 0, sizeof *out);
     /* Trailing blanks and a newline, as a file or a shell may leave. */
     size_t len = strlen(text);
@@ -450,9 +446,8 @@ static cube_error *init_rank_call(cube_client *c, const cube_comm_id *id,
 {
     CORE_CHECK_CLIENT(c, "cube_comm_init_rank");
     if (!id || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_init_rank: %s is NULL",
-                              id ? "out" : "id");
+        return cube_error_null_argument("cube_comm_init_rank",
+                                        id ? "out" : "id");
     *out = NULL;
     if (nranks == 0 || nranks > CUBE_MAX_RANKS || rank >= nranks)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/grow.h"
 #include "core/comm_internal.h"
 
 #define MAX_GROUP_DEPTH 1024
@@ -190,14 +191,10 @@ static cube_error *prepare(pending *p, cube_collective *mine, cube_handle src,
  * memory. */
 static int queue_reserve(void)
 {
-    if (queue_len < queue_cap)
-        return 1;
-    size_t cap = queue_cap ? queue_cap * 2 : 8;
-    pending *grown = realloc(queue, cap * sizeof *grown);
+    pending *grown = cube_grow(queue, queue_len, &queue_cap, sizeof *grown, 8);
     if (!grown)
         return 0;
     queue = grown;
-    queue_cap = cap;
     return 1;
 }
 

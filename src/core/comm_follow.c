@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/grow.h"
 #include "core/comm_internal.h"
 
 /* Communicators between processes whose calls the backend follows on the
@@ -157,14 +158,11 @@ void comm_drain_remote(comm_group *g)
  * memory. */
 static int inflight_room(comm_group *g) CUBE_REQUIRES(g->lock)
 {
-    if (g->inflight_len < g->inflight_cap)
-        return 1;
-    size_t cap = g->inflight_cap ? g->inflight_cap * 2 : 16;
-    remote_call *grown = realloc(g->inflight, cap * sizeof *grown);
+    remote_call *grown = cube_grow(g->inflight, g->inflight_len,
+                                   &g->inflight_cap, sizeof *grown, 16);
     if (!grown)
         return 0;
     g->inflight = grown;
-    g->inflight_cap = cap;
     return 1;
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "cubert/backend/errors.h"
 #include "cubert/comm.h"
 #include "cubert/log.h"
@@ -82,8 +83,7 @@ static cube_error *read_job(const launcher_vars *l, cube_comm_job *job)
 cube_error *cube_comm_job_from_env(cube_comm_job *out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_comm_job_from_env: out is NULL");
+        return cube_error_null_argument("cube_comm_job_from_env", "out");
     memset(out, 0, sizeof *out);
     for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++) {
         const launcher_vars *l = &launchers[i];

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "core/config.h"
 #include "cubert/device.h"
@@ -231,9 +232,8 @@ void core_device_release(core_device *d)
 cube_error *cube_device_count(const char *backend, uint32_t *out)
 {
     if (!backend || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_device_count: %s is NULL",
-                              backend ? "out" : "backend");
+        return cube_error_null_argument("cube_device_count",
+                                        backend ? "out" : "backend");
     *out = 0;
     const cube_backend *b = core_backend_find(backend);
     if (!b) {
@@ -254,9 +254,8 @@ cube_error *cube_device_count(const char *backend, uint32_t *out)
 cube_error *cube_device_describe(const char *device, cube_device_info *out)
 {
     if (!device || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_device_describe: %s is NULL",
-                              device ? "out" : "device");
+        return cube_error_null_argument("cube_device_describe",
+                                        device ? "out" : "device");
     memset(out, 0, sizeof *out);
     const cube_backend *b = NULL;
     uint32_t index = 0;
@@ -289,9 +288,8 @@ cube_error *cube_device_describe(const char *device, cube_device_info *out)
 cube_error *cube_client_device(cube_client *c, cube_device_info *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_client_device: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_client_device",
+                                        c ? "out" : "client");
     memset(out, 0, sizeof *out);
     core_device *d = c->dev;
     snprintf(out->device, sizeof out->device, "%s", d->name);

@@ -91,10 +91,7 @@ static cube_error *export_call(cube_client *c, cube_handle h,
                                const int64_t *shape, const int64_t *strides,
                                void *consumer, cube_dl_managed_versioned **out)
 {
-    CORE_CHECK_CLIENT(c, "cube_dlpack_export");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_dlpack_export: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_dlpack_export");
     *out = NULL;
     if (ndim < 0 || ndim > CUBE_MAX_RANK || (ndim > 0 && !shape))
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -269,17 +266,25 @@ static cube_error *import_tensor(cube_client *c, const cube_dl_tensor *t,
     return cube_wrap_memory(c, address, bytes, release, user, out);
 }
 
-cube_error *cube_dlpack_import(cube_client *c, cube_dl_managed_versioned *t,
-                               cube_handle *out)
+/* The arguments both imports take, checked, with *out cleared first. */
+static cube_error *import_args(const char *fn, const cube_client *c,
+                               const void *t, cube_handle *out)
 {
     if (out)
         out->bits = 0;
     if (!c || !t || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_dlpack_import: %s is NULL",
-                              !c   ? "client"
-                              : !t ? "tensor"
-                                   : "out");
+        return cube_error_null_argument(fn, !c   ? "client"
+                                            : !t ? "tensor"
+                                                 : "out");
+    return NULL;
+}
+
+cube_error *cube_dlpack_import(cube_client *c, cube_dl_managed_versioned *t,
+                               cube_handle *out)
+{
+    cube_error *err = import_args("cube_dlpack_import", c, t, out);
+    if (err)
+        return err;
     if (t->version.major != 1)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_dlpack_import: DLPack %u.%u; cubert "
@@ -295,13 +300,8 @@ cube_error *cube_dlpack_import(cube_client *c, cube_dl_managed_versioned *t,
 cube_error *cube_dlpack_import_legacy(cube_client *c, cube_dl_managed *t,
                                       cube_handle *out)
 {
-    if (out)
-        out->bits = 0;
-    if (!c || !t || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_dlpack_import_legacy: %s is NULL",
-                              !c   ? "client"
-                              : !t ? "tensor"
-                                   : "out");
+    cube_error *err = import_args("cube_dlpack_import_legacy", c, t, out);
+    if (err)
+        return err;
     return import_tensor(c, &t->dl_tensor, call_legacy_deleter, t, out);
 }

@@ -104,3 +104,13 @@ int core_file_open(const char *path, int flags, mode_t mode,
     }
     return fd;
 }
+
+void core_file_drop_in_child(FILE *f)
+{
+    int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null_fd < 0)
+        return;
+    dup2(null_fd, fileno(f));
+    close(null_fd);
+    fclose(f);
+}

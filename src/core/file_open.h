@@ -14,6 +14,7 @@
 #define CUBE_CORE_FILE_OPEN_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 /* What core_file_open accepts besides a regular file. */
@@ -34,5 +35,12 @@ typedef enum core_file_kinds {
  * such file or directory"). */
 int core_file_open(const char *path, int flags, mode_t mode,
                    core_file_kinds kinds, char *why, size_t why_size);
+
+/* In a fork child, lets go of `f`, a file the parent goes on writing: its
+ * descriptor is pointed at /dev/null first, so that closing it writes none
+ * of the buffer the child inherited. Without /dev/null, `f` is left open
+ * and unused: closing it would write the parent's buffered bytes a second
+ * time. Either way the caller forgets `f`. */
+void core_file_drop_in_child(FILE *f);
 
 #endif /* CUBE_CORE_FILE_OPEN_H */

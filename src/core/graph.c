@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/grow.h"
 #include "core/client_internal.h"
 #include "core/trace.h"
 #include "cubert/comm.h"
@@ -99,14 +100,11 @@ static int set_has(const alloc_set *s, const core_alloc *a)
  * most half full). -1, the set unchanged, when memory runs out. */
 static int set_reserve(alloc_set *s)
 {
-    if (s->count == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 8;
-        core_alloc **grown = realloc(s->items, cap * sizeof(core_alloc *));
-        if (!grown)
-            return -1;
-        s->items = grown;
-        s->cap = cap;
-    }
+    core_alloc **grown =
+        cube_grow(s->items, s->count, &s->cap, sizeof(core_alloc *), 8);
+    if (!grown)
+        return -1;
+    s->items = grown;
     if ((s->count + 1) * 2 <= s->nslots)
         return 0;
     size_t nslots = s->nslots ? s->nslots * 2 : 16;
@@ -184,14 +182,11 @@ static cube_error *note(cube_client *c, core_graph *g, core_alloc *const *read,
                         size_t nwritten, core_alloc *const *cleared,
                         size_t ncleared, int dynamic)
 {
-    if (g->count == g->cap) {
-        size_t cap = g->cap ? g->cap * 2 : 16;
-        graph_entry *grown = realloc(g->entries, cap * sizeof *grown);
-        if (!grown)
-            return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
-        g->entries = grown;
-        g->cap = cap;
-    }
+    graph_entry *grown =
+        cube_grow(g->entries, g->count, &g->cap, sizeof *grown, 16);
+    if (!grown)
+        return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
+    g->entries = grown;
     cube_error *err = NULL;
     for (size_t i = 0; i < nread && !err; i++)
         err = pin(c, g, read[i]);
@@ -269,12 +264,10 @@ static cube_error *graph_prepare_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_prepare");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter_uncaptured(c, "cube_graph_prepare", &s);
     if (err)
         return err;
-    core_stream_lock(s);
-    err = core_stream_refuse_in_capture(s, "cube_graph_prepare");
-    if (!err && c->vt->graph_prepare)
+    if (c->vt->graph_prepare)
         err = c->vt->graph_prepare(c->server, &s->base);
     if (!err) {
         /* From here the stream allocates from its persistent pool, so the
@@ -297,10 +290,9 @@ static cube_error *graph_begin_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_graph_begin");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     if (s->capture)
         err = cube_error_new(CUBE_ERR_GRAPH_STATE,
                              "cube_graph_begin: stream 0x%016llx is already "
@@ -338,15 +330,12 @@ cube_error *cube_graph_begin(cube_client *c)
 static cube_error *graph_end_call(cube_client *c, cube_graph_id *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_graph_end: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_graph_end", c ? "out" : "client");
     *out = 0;
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     /* Another client's capture on a shared stream is not this one's to
      * end. */
     core_graph *g = s->capture_client == c ? s->capture : NULL;
@@ -744,8 +733,7 @@ cube_error *cube_graph_replay(cube_client *c, cube_graph_id id)
 static cube_error *graph_destroy_call(cube_client *c, cube_graph_id id)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_graph_destroy: client is NULL");
+        return cube_error_null_argument("cube_graph_destroy", "client");
     cube_mutex_lock(&c->graphs_lock);
     core_graph **p = &c->graphs;
     while (*p && (*p)->id != id)

@@ -106,6 +106,31 @@ int core_client_is_open(uint32_t tag, uint64_t serial)
                serial;
 }
 
+int core_client_entry_take(core_client_entry *t, int n, int *used,
+                           const cube_client *c, uint64_t value)
+{
+    int i = -1;
+    for (int k = 0; k < n && i < 0; k++)
+        if (t[k].client_serial == 0)
+            i = k;
+    /* A serial is never reused, so a closed client's entry matches no
+     * client and can go. */
+    for (int k = 0; k < n && i < 0; k++) {
+        if (!core_client_is_open(t[k].client_tag, t[k].client_serial)) {
+            t[k].client_serial = 0;
+            (*used)--;
+            i = k;
+        }
+    }
+    if (i < 0)
+        return -1;
+    t[i].client_serial = c->serial;
+    t[i].client_tag = c->tag;
+    t[i].value = value;
+    (*used)++;
+    return i;
+}
+
 /* Gives `c` the lowest free tag, with what its predecessors issued. */
 static cube_error *tag_take(cube_client *c)
 {
@@ -675,10 +700,7 @@ cube_error *core_publish_foreign(cube_client *c, core_stream *s,
 
 static cube_error *empty_call(cube_client *c, uint64_t size, cube_handle *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_empty");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_empty: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_empty");
     out->bits = 0;
     if (size == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -749,14 +771,10 @@ cube_error *cube_empty(cube_client *c, uint64_t size, cube_handle *out)
 static cube_error *create_call(cube_client *c, const void *bytes, uint64_t size,
                                cube_handle *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_create");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_create: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_create");
     out->bits = 0;
     if (!bytes)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_create: bytes is NULL");
+        return cube_error_null_argument("cube_create", "bytes");
     cube_handle h = {0};
     cube_error *err = cube_empty(c, size, &h);
     if (err)
@@ -785,8 +803,7 @@ cube_error *cube_create(cube_client *c, const void *bytes, uint64_t size,
 static cube_error *handle_retain_call(cube_client *c, cube_handle h)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_retain: client is NULL");
+        return cube_error_null_argument("cube_handle_retain", "client");
     /* A pin is exactly one more reference. */
     if (pin_slot(c, h, NULL))
         return NULL;
@@ -801,8 +818,7 @@ cube_error *cube_handle_retain(cube_client *c, cube_handle h)
 static cube_error *handle_release_call(cube_client *c, cube_handle h)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_release: client is NULL");
+        return cube_error_null_argument("cube_handle_release", "client");
     uint32_t gen = handle_gen(h);
     uint32_t i = handle_index(h);
     core_slot *s = NULL;
@@ -838,8 +854,7 @@ static cube_error *handle_slice_call(cube_client *c, cube_handle h,
                                      cube_handle *out)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_slice: client is NULL");
+        return cube_error_null_argument("cube_handle_slice", "client");
     if (!out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_handle_slice: out is NULL");
@@ -875,9 +890,8 @@ static cube_error *handle_size_call(cube_client *c, cube_handle h,
                                     uint64_t *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_size: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_handle_size",
+                                        c ? "out" : "client");
     uint32_t i;
     core_slot *s = pin_slot(c, h, &i);
     if (!s)
@@ -936,8 +950,7 @@ static cube_error *handle_set_label_call(cube_client *c, cube_handle h,
                                          const char *label)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_handle_set_label: client is NULL");
+        return cube_error_null_argument("cube_handle_set_label", "client");
     size_t len = 0;
     if (label && !label_ok(label, &len))
         return cube_error_new(

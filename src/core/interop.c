@@ -9,10 +9,7 @@
 static cube_error *native_buffer_call(cube_client *c, cube_handle h,
                                       cube_native_buffer *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_native_buffer_get");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_native_buffer_get: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_native_buffer_get");
     memset(out, 0, sizeof *out);
     core_resolved r;
     cube_error *err = core_resolve(c, h, "cube_native_buffer_get", &r);
@@ -37,10 +34,7 @@ cube_error *cube_native_buffer_get(cube_client *c, cube_handle h,
 
 static cube_error *native_stream_call(cube_client *c, void **out)
 {
-    CORE_CHECK_CLIENT(c, "cube_native_stream");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_native_stream: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_native_stream");
     *out = NULL;
     if (!c->vt->native_stream)
         return NULL;
@@ -107,15 +101,13 @@ static cube_error *native_wait_call(cube_client *c, void *foreign)
                               "cube_native_wait: the %s backend has no "
                               "native streams (foreign must be NULL)",
                               c->vt->name);
-    core_stream *st = NULL;
-    cube_error *err = core_stream_get(c, &st);
-    if (err)
-        return err;
     /* Argument errors first, then a capture's refusal, on every backend
      * alike. */
-    core_stream_lock(st);
-    err = core_stream_refuse_in_capture(st, "cube_native_wait");
-    if (!err && c->vt->native_wait)
+    core_stream *st = NULL;
+    cube_error *err = core_stream_enter_uncaptured(c, "cube_native_wait", &st);
+    if (err)
+        return err;
+    if (c->vt->native_wait)
         err = c->vt->native_wait(c->server, &st->base, foreign);
     core_stream_unlock(st);
     core_fault_note(c, err);
@@ -131,10 +123,7 @@ static cube_error *wrap_call(cube_client *c, uint64_t address, uint64_t size,
                              cube_release_fn release, void *user,
                              cube_handle *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_wrap_memory");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_wrap_memory: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_wrap_memory");
     out->bits = 0;
     if (!address || !size)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,

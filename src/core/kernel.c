@@ -5,6 +5,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "cubert/backend/errors.h"
 #include "cubert/backend/server.h"
@@ -67,12 +68,10 @@ static void kernel_free(cube_kernel *k)
 cube_error *cube_kernel_create(const cube_kernel_desc *desc, cube_kernel **out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_kernel_create: out is NULL");
+        return cube_error_null_argument("cube_kernel_create", "out");
     *out = NULL;
     if (!desc)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_kernel_create: desc is NULL");
+        return cube_error_null_argument("cube_kernel_create", "desc");
     if (!desc->name || !is_identifier(desc->name) || strlen(desc->name) > 200)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_kernel_create: desc->name must be a C "
@@ -231,12 +230,10 @@ cube_error *cube_kernel_create_raw(const cube_raw_kernel_desc *desc,
                                    cube_kernel **out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              RAW_FN ": out is NULL");
+        return cube_error_null_argument(RAW_FN, "out");
     *out = NULL;
     if (!desc)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              RAW_FN ": desc is NULL");
+        return cube_error_null_argument(RAW_FN, "desc");
     uint32_t dim[3];
     cube_error *err = check_raw(desc, dim);
     if (err)

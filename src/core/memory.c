@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "memory/memory_manager.h"
 
@@ -27,9 +28,8 @@ static cube_error *memory_layout_preset_call(cube_client *c,
                                              cube_memory_layout *out)
 {
     if (!c || !out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_layout_preset: %s is NULL",
-                              c ? "out" : "client");
+        return cube_error_null_argument("cube_memory_layout_preset",
+                                        c ? "out" : "client");
     if (preset != CUBE_PRESET_SUBSLICES && preset != CUBE_PRESET_EXCLUSIVE &&
         preset != CUBE_PRESET_EXPANDABLE)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -51,9 +51,8 @@ static cube_error *memory_layout_validate_call(cube_client *c,
                                                const cube_memory_layout *layout)
 {
     if (!c || !layout)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_layout_validate: %s is NULL",
-                              c ? "layout" : "client");
+        return cube_error_null_argument("cube_memory_layout_validate",
+                                        c ? "layout" : "client");
     mem_device d = device_of(c);
     return mem_layout_validate(layout, &d);
 }
@@ -103,10 +102,7 @@ cube_error *cube_install_memory_pools(cube_client *c,
 
 static cube_error *memory_usage_get_call(cube_client *c, cube_memory_usage *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_memory_usage_get");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_usage_get: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_memory_usage_get");
     memset(out, 0, sizeof *out);
     /* A stream that never existed holds nothing: not worth creating. */
     core_stream *s = core_stream_find(c->dev, cube_stream_current(c));
@@ -125,10 +121,7 @@ cube_error *cube_memory_usage_get(cube_client *c, cube_memory_usage *out)
 static cube_error *memory_usage_device_call(cube_client *c,
                                             cube_memory_usage *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_memory_usage_device");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_usage_device: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_memory_usage_device");
     memset(out, 0, sizeof *out);
     /* Streams are only ever added while the device is open, and each
      * manager takes its own lock: the sum is of consistent parts, each
@@ -171,25 +164,31 @@ static void stats_add(cube_memory_stats *sum, const cube_memory_stats *one)
     sum->streams++;
 }
 
+cube_error *core_memory_query_check(const char *fn, cube_memory_scope scope,
+                                    const char *field, uint32_t struct_size,
+                                    uint32_t min_size, const char *type)
+{
+    if (field && struct_size < min_size)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
+                              "%s: %s is %u, below %u (set it to sizeof(%s))",
+                              fn, field, (unsigned)struct_size,
+                              (unsigned)min_size, type);
+    if (scope != CUBE_MEMORY_STREAM && scope != CUBE_MEMORY_DEVICE)
+        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: unknown scope %d",
+                              fn, (int)scope);
+    return NULL;
+}
+
 static cube_error *memory_stats_get_call(cube_client *c,
                                          cube_memory_scope scope,
                                          cube_memory_stats *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_memory_stats_get");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_stats_get: out is NULL");
-    if (out->struct_size < CUBE_MEMORY_STATS_V1_SIZE)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_stats_get: out->struct_size is "
-                              "%u, below %u (set it to "
-                              "sizeof(cube_memory_stats))",
-                              (unsigned)out->struct_size,
-                              CUBE_MEMORY_STATS_V1_SIZE);
-    if (scope != CUBE_MEMORY_STREAM && scope != CUBE_MEMORY_DEVICE)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_stats_get: unknown scope %d",
-                              (int)scope);
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_memory_stats_get");
+    cube_error *err = core_memory_query_check(
+        "cube_memory_stats_get", scope, "out->struct_size", out->struct_size,
+        CUBE_MEMORY_STATS_V1_SIZE, "cube_memory_stats");
+    if (err)
+        return err;
     cube_memory_stats sum;
     memset(&sum, 0, sizeof sum);
     if (scope == CUBE_MEMORY_STREAM) {
@@ -232,10 +231,9 @@ static cube_error *memory_cleanup_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_memory_cleanup");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     if (c->vt->memory_reclaim)
         c->vt->memory_reclaim(c->server, &s->base);
     mem_cleanup(s->base.memory);
@@ -251,10 +249,7 @@ cube_error *cube_memory_cleanup(cube_client *c)
 static cube_error *memory_report_get_call(cube_client *c,
                                           cube_memory_report *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_memory_report_get");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_report_get: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_memory_report_get");
     memset(out, 0, sizeof *out);
     /* A stream that never allocated reports the pools it would get. */
     core_stream *s = NULL;
@@ -306,10 +301,9 @@ static cube_error *allocation_mode_set_call(cube_client *c,
                               "cube_allocation_mode",
                               (int)mode);
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     cube_allocation_mode old = s->alloc_mode;
     s->alloc_mode = mode;
     err = core_stream_sync_persistent(c, s);
@@ -328,10 +322,9 @@ static cube_error *persistent_begin_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_persistent_begin");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     s->persistent_depth++;
     err = core_stream_sync_persistent(c, s);
     if (err)
@@ -349,10 +342,9 @@ static cube_error *persistent_end_call(cube_client *c)
 {
     CORE_CHECK_CLIENT(c, "cube_persistent_end");
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter(c, &s);
     if (err)
         return err;
-    core_stream_lock(s);
     if (s->persistent_depth == 0) {
         core_stream_unlock(s);
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
@@ -543,11 +535,10 @@ cube_error *cube_layout_strides(cube_layout_policy policy, uint32_t rank,
                                 uint64_t *bytes)
 {
     if (!shape || !strides || !bytes)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_layout_strides: %s is NULL",
-                              !shape     ? "shape"
-                              : !strides ? "strides"
-                                         : "bytes");
+        return cube_error_null_argument("cube_layout_strides", !shape ? "shape"
+                                                               : !strides
+                                                                   ? "strides"
+                                                                   : "bytes");
     if (rank == 0 || rank > CUBE_MAX_RANK)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_layout_strides: rank %u is not in 1..%d",

@@ -67,12 +67,7 @@ static void fork_child(void)
 {
     if (file) {
         atomic_store_explicit(&active, 0, memory_order_relaxed);
-        int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
-        if (null_fd >= 0) {
-            dup2(null_fd, fileno(file));
-            close(null_fd);
-            fclose(file);
-        }
+        core_file_drop_in_child(file);
         file = NULL;
     }
     cube_mutex_unlock(&lock);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/grow.h"
 #include "core/client_internal.h"
 
 static atomic_uint_fast64_t next_token = 1;
@@ -11,14 +12,8 @@ static atomic_uint_fast64_t next_token = 1;
  * open on at most DRY_RUN_CLIENTS clients at once. An entry of a client
  * that has closed gives its room back (serials are never reused). */
 #define DRY_RUN_CLIENTS 8
-static _Thread_local struct {
-    // cppcheck-suppress unusedStructMember
-    uint64_t client_serial; /* 0: free (cppcheck does not follow TLS) */
-    // cppcheck-suppress unusedStructMember
-    uint32_t client_tag;
-    // cppcheck-suppress unusedStructMember
-    uint32_t depth;
-} dry_runs[DRY_RUN_CLIENTS];
+/* An entry's value is how deep the client's scopes nest. */
+static _Thread_local core_client_entry dry_runs[DRY_RUN_CLIENTS];
 /* How many entries are in use: none, the common case, answers at once. */
 static _Thread_local int dry_run_count;
 
@@ -44,47 +39,31 @@ int cube_dry_run_active(cube_client *c)
 cube_error *cube_dry_run_begin(cube_client *c)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_dry_run_begin: client is NULL");
+        return cube_error_null_argument("cube_dry_run_begin", "client");
     int i = dry_run_find(c);
     if (i >= 0) {
-        dry_runs[i].depth++;
+        dry_runs[i].value++;
         return NULL;
     }
-    for (int k = 0; k < DRY_RUN_CLIENTS && i < 0; k++)
-        if (dry_runs[k].client_serial == 0)
-            i = k;
-    for (int k = 0; k < DRY_RUN_CLIENTS && i < 0; k++) {
-        if (!core_client_is_open(dry_runs[k].client_tag,
-                                 dry_runs[k].client_serial)) {
-            dry_runs[k].client_serial = 0;
-            dry_run_count--;
-            i = k;
-        }
-    }
-    if (i < 0)
+    if (core_client_entry_take(dry_runs, DRY_RUN_CLIENTS, &dry_run_count, c,
+                               1) < 0)
         return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
                               "cube_dry_run_begin: a thread may have dry-run "
                               "scopes open on at most %d open clients at once",
                               DRY_RUN_CLIENTS);
-    dry_runs[i].client_serial = c->serial;
-    dry_runs[i].client_tag = c->tag;
-    dry_runs[i].depth = 1;
-    dry_run_count++;
     return NULL;
 }
 
 cube_error *cube_dry_run_end(cube_client *c)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_dry_run_end: client is NULL");
+        return cube_error_null_argument("cube_dry_run_end", "client");
     int i = dry_run_find(c);
     if (i < 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_dry_run_end: the calling thread has no "
                               "dry-run scope open on this client");
-    if (--dry_runs[i].depth == 0) {
+    if (--dry_runs[i].value == 0) {
         dry_runs[i].client_serial = 0;
         dry_run_count--;
     }
@@ -93,27 +72,18 @@ cube_error *cube_dry_run_end(cube_client *c)
 
 static cube_error *profile_start_call(cube_client *c, cube_profile_token *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_profile_start");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_profile_start: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_profile_start");
     *out = 0;
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
+    cube_error *err = core_stream_enter_uncaptured(c, "cube_profile_start", &s);
     if (err)
         return err;
-    core_stream_lock(s);
-    err = core_stream_refuse_in_capture(s, "cube_profile_start");
-    if (!err && s->window_count == s->window_cap) {
-        size_t cap = s->window_cap ? s->window_cap * 2 : 4;
-        core_window *grown = realloc(s->windows, cap * sizeof *grown);
-        if (!grown)
-            err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_profile_start");
-        else {
-            s->windows = grown;
-            s->window_cap = cap;
-        }
-    }
+    core_window *grown = cube_grow(s->windows, s->window_count, &s->window_cap,
+                                   sizeof *grown, 4);
+    if (!grown)
+        err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "cube_profile_start");
+    else
+        s->windows = grown;
     uint64_t token = 0;
     if (!err && c->vt->start_profile)
         err = c->vt->start_profile(c->server, &s->base, &token);
@@ -169,25 +139,16 @@ void core_stream_window_remove(core_stream *s, size_t i)
 static cube_error *profile_end_call(cube_client *c, cube_profile_token token,
                                     cube_profile_result *out)
 {
-    CORE_CHECK_CLIENT(c, "cube_profile_end");
-    if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_profile_end: out is NULL");
+    CORE_CHECK_CLIENT_OUT(c, out, "cube_profile_end");
     out->seconds = 0;
     out->method = CUBE_TIMING_HOST_CLOCK;
     out->launches = 0;
-    core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
-    if (err)
-        return err;
-    core_stream_lock(s);
     /* A capture refuses first, whatever the token; a window stays open,
      * for the caller to end after the capture. */
-    err = core_stream_refuse_in_capture(s, "cube_profile_end");
-    if (err) {
-        core_stream_unlock(s);
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter_uncaptured(c, "cube_profile_end", &s);
+    if (err)
         return err;
-    }
     long i = find_window(c, s, token);
     if (i < 0) {
         core_stream_unlock(s);
@@ -242,13 +203,9 @@ static void profile_abandon(cube_client *c, cube_profile_token token)
     if (!c)
         return;
     core_stream *s = NULL;
-    cube_error *err = core_stream_get(c, &s);
-    if (err) {
-        cube_error_ignore(err, "a thread without a stream has no window to "
-                               "abandon");
+    if (!core_stream_enter_or_drop(
+            c, "a thread without a stream has no window to abandon", &s))
         return;
-    }
-    core_stream_lock(s);
     long i = find_window(c, s, token);
     if (i >= 0) {
         if (c->vt->abandon_profile)

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "core/trace.h"
 #include "cubert/profile.h"
@@ -77,8 +78,7 @@ static void copy_name(char *dst, size_t cap, const char *name)
 static cube_error *range_push(cube_client *c, const char *name)
 {
     if (!name)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_range_push: name is NULL");
+        return cube_error_null_argument("cube_range_push", "name");
     if (!core_trace_on())
         return NULL;
     core_range_stack *s = stack_of(c, 1);
@@ -119,16 +119,14 @@ static cube_error *range_pop(cube_client *c)
 cube_error *cube_range_push(cube_client *c, const char *name)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_range_push: client is NULL");
+        return cube_error_null_argument("cube_range_push", "client");
     CORE_CALL(c, "cube_range_push", range_push(c, name));
 }
 
 cube_error *cube_range_pop(cube_client *c)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_range_pop: client is NULL");
+        return cube_error_null_argument("cube_range_pop", "client");
     CORE_CALL(c, "cube_range_pop", range_pop(c));
 }
 

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "core/client_internal.h"
 #include "memory/memory_manager.h"
 
@@ -88,25 +89,20 @@ static cube_error *memory_snapshot_call(cube_client *c, cube_memory_scope scope,
     if (count)
         *count = 0;
     if (!c || !count)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_snapshot: %s is NULL",
-                              c ? "count" : "client");
+        return cube_error_null_argument("cube_memory_snapshot",
+                                        c ? "count" : "client");
     if (cap > 0 && !out)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
                               "cube_memory_snapshot: out is NULL and cap is "
                               "%zu (pass cap 0 to count only)",
                               cap);
-    if (cap > 0 && out[0].struct_size < CUBE_BUFFER_INFO_V1_SIZE)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_snapshot: out[0].struct_size is "
-                              "%u, below %u (set it to "
-                              "sizeof(cube_buffer_info))",
-                              (unsigned)out[0].struct_size,
-                              CUBE_BUFFER_INFO_V1_SIZE);
-    if (scope != CUBE_MEMORY_STREAM && scope != CUBE_MEMORY_DEVICE)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_memory_snapshot: unknown scope %d",
-                              (int)scope);
+    /* Counting only fills no struct. */
+    cube_error *err = core_memory_query_check(
+        "cube_memory_snapshot", scope, cap > 0 ? "out[0].struct_size" : NULL,
+        cap > 0 ? out[0].struct_size : 0, CUBE_BUFFER_INFO_V1_SIZE,
+        "cube_buffer_info");
+    if (err)
+        return err;
     snapshot_walk w;
     memset(&w, 0, sizeof w);
     w.out = (unsigned char *)out;

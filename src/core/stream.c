@@ -27,14 +27,8 @@ static _Thread_local cube_stream_id thread_stream;
  * client that has closed since is given back by the next
  * cube_stream_use that looks for room. */
 #define STREAM_OVERRIDES 8
-static _Thread_local struct {
-    // cppcheck-suppress unusedStructMember
-    uint64_t client_serial; /* (cppcheck does not follow _Thread_local) */
-    // cppcheck-suppress unusedStructMember
-    uint32_t client_tag; /* to ask whether the client is still open */
-    // cppcheck-suppress unusedStructMember
-    cube_stream_id stream;
-} overrides[STREAM_OVERRIDES];
+/* An entry's value is the stream chosen. */
+static _Thread_local core_client_entry overrides[STREAM_OVERRIDES];
 
 /* How many of `overrides` are in use: the common case, none, skips the
  * search. */
@@ -63,50 +57,34 @@ cube_stream_id cube_stream_current(cube_client *c)
         return 0;
     for (int i = 0; override_count && i < STREAM_OVERRIDES; i++)
         if (overrides[i].client_serial == c->serial)
-            return overrides[i].stream;
+            return overrides[i].value;
     return own_stream();
 }
 
 cube_error *cube_stream_use(cube_client *c, cube_stream_id stream)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_stream_use: client is NULL");
-    int free_slot = -1;
+        return cube_error_null_argument("cube_stream_use", "client");
     for (int i = 0; i < STREAM_OVERRIDES; i++) {
         if (overrides[i].client_serial == c->serial) {
             if (stream == 0) {
                 overrides[i].client_serial = 0;
                 override_count--;
             } else {
-                overrides[i].stream = stream;
+                overrides[i].value = stream;
             }
             return NULL;
         }
-        if (overrides[i].client_serial == 0 && free_slot < 0)
-            free_slot = i;
     }
     if (stream == 0)
         return NULL;
-    /* Choices on clients closed since give their room back (a serial is
-     * never reused, so a closed client's choice matches no client). */
-    for (int i = 0; free_slot < 0 && i < STREAM_OVERRIDES; i++) {
-        if (!core_client_is_open(overrides[i].client_tag,
-                                 overrides[i].client_serial)) {
-            overrides[i].client_serial = 0;
-            override_count--;
-            free_slot = i;
-        }
-    }
-    if (free_slot < 0)
+    /* Choices on clients closed since give their room back. */
+    if (core_client_entry_take(overrides, STREAM_OVERRIDES, &override_count, c,
+                               stream) < 0)
         return cube_error_new(CUBE_ERR_RESOURCE_LIMIT,
                               "cube_stream_use: a thread may name streams on "
                               "at most %d open clients at once",
                               STREAM_OVERRIDES);
-    overrides[free_slot].client_serial = c->serial;
-    overrides[free_slot].client_tag = c->tag;
-    overrides[free_slot].stream = stream;
-    override_count++;
     return NULL;
 }
 
@@ -314,6 +292,44 @@ cube_error *core_stream_refuse_in_capture(const core_stream *s,
                           operation, (unsigned long long)s->base.id);
 }
 
+cube_error *core_stream_enter(cube_client *c, core_stream **out)
+{
+    core_stream *s = NULL;
+    cube_error *err = core_stream_get(c, &s);
+    if (err)
+        return err;
+    core_stream_lock(s);
+    *out = s;
+    return NULL;
+}
+
+int core_stream_enter_or_drop(cube_client *c, const char *why,
+                              core_stream **out)
+{
+    cube_error *err = core_stream_enter(c, out);
+    if (err) {
+        cube_error_ignore(err, why);
+        return 0;
+    }
+    return 1;
+}
+
+cube_error *core_stream_enter_uncaptured(cube_client *c, const char *operation,
+                                         core_stream **out)
+{
+    core_stream *s = NULL;
+    cube_error *err = core_stream_enter(c, &s);
+    if (err)
+        return err;
+    err = core_stream_refuse_in_capture(s, operation);
+    if (err) {
+        core_stream_unlock(s);
+        return err;
+    }
+    *out = s;
+    return NULL;
+}
+
 void core_stream_note_failure(core_stream *s, const cube_error *err)
 {
     if (!err)
@@ -329,13 +345,12 @@ void core_stream_note_failure(core_stream *s, const cube_error *err)
 void core_stream_note_failure_now(cube_client *c, const cube_error *err)
 {
     core_stream *s = NULL;
-    cube_error *e = core_stream_get(c, &s);
-    if (e) {
-        cube_error_ignore(e, "a thread without a stream has no window to "
-                             "note the failure in; the buffers hold it");
+    if (!core_stream_enter_or_drop(c,
+                                   "a thread without a stream has no window "
+                                   "to note the failure in; the buffers hold "
+                                   "it",
+                                   &s))
         return;
-    }
-    core_stream_lock(s);
     core_stream_note_failure(s, err);
     core_stream_unlock(s);
 }

@@ -516,14 +516,7 @@ static void trace_fork_child(void)
 {
     if (trace_file) {
         atomic_store_explicit(&trace_active, 0, memory_order_release);
-        int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
-        if (null_fd >= 0) {
-            dup2(null_fd, fileno(trace_file));
-            close(null_fd);
-            fclose(trace_file);
-        }
-        /* Without /dev/null the FILE is left open and unused: closing it
-         * would write the parent's buffered events a second time. */
+        core_file_drop_in_child(trace_file);
         trace_file = NULL;
         free(trace_path);
         trace_path = NULL;

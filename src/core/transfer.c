@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/backoff.h"
+#include "base/dlist.h"
 #include "core/client_internal.h"
 #include "core/trace.h"
 
@@ -115,10 +116,9 @@ static cube_error *prepare(cube_client *c, const char *fn,
     if (n == 0)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: n is 0", fn);
     if (!descs || !buffers || !sizes)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                              !descs     ? "descs"
-                              : !buffers ? buffers_name
-                                         : sizes_name);
+        return cube_error_null_argument(fn, !descs     ? "descs"
+                                            : !buffers ? buffers_name
+                                                       : sizes_name);
     const void *const *bufs = buffers;
     core_resolved *r = calloc(n, sizeof *r);
     cube_copy_op *o = calloc(n, sizeof *o);
@@ -292,12 +292,7 @@ static void future_link(cube_client *c, cube_future *f)
 static void future_unlink(cube_client *c, cube_future *f)
     CUBE_REQUIRES(c->futures_lock)
 {
-    if (f->prev)
-        f->prev->next = f->next;
-    else
-        c->futures = f->next;
-    if (f->next)
-        f->next->prev = f->prev;
+    CUBE_DLIST_UNLINK(c->futures, f, prev, next);
     f->prev = f->next = NULL;
 }
 
@@ -366,8 +361,7 @@ static cube_error *read_async_call(cube_client *c, const cube_copy_desc *descs,
                                    cube_future **out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_read_async: out is NULL");
+        return cube_error_null_argument("cube_read_async", "out");
     *out = NULL;
     CORE_CHECK_CLIENT(c, "cube_read");
     core_resolved *r = NULL;
@@ -626,8 +620,7 @@ cube_error *cube_staging(cube_client *c, const uint64_t *sizes, size_t n,
 static cube_error *staging_free_call(cube_client *c, void *buffer)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "cube_staging_free: client is NULL");
+        return cube_error_null_argument("cube_staging_free", "client");
     if (!buffer)
         return NULL;
     cube_mutex_lock(&c->staging_lock);
@@ -670,11 +663,9 @@ static cube_error *whole_buffer(const char *fn, const char *what,
                                 uint64_t size, cube_copy_desc *out)
 {
     if (!c)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: client is NULL",
-                              fn);
+        return cube_error_null_argument(fn, "client");
     if (!p)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                              what);
+        return cube_error_null_argument(fn, what);
     uint64_t have = 0;
     cube_error *err = cube_handle_size(c, h, &have);
     if (err)

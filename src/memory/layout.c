@@ -123,8 +123,7 @@ cube_error *mem_layout_preset(cube_layout_preset preset, const mem_device *dev,
                               cube_memory_layout *out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "memory layout preset: out is NULL");
+        return cube_error_null_argument("memory layout preset", "out");
     cube_error *err = mem_device_check(dev);
     if (err)
         return err;

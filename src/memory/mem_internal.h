@@ -28,6 +28,7 @@
 #define CUBE_MEMORY_MEM_INTERNAL_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/mutex.h"
@@ -211,7 +212,7 @@ struct mem_manager {
     struct mem_put {
         uint64_t address, size;
     } * puts;
-    uint32_t put_count, put_cap;
+    size_t put_count, put_cap;
 };
 
 /* layout.c: a power-of-two alignment and a memory size >= it.

@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/dlist.h"
 #include "base/error.h"
+#include "base/grow.h"
 #include "base/log.h"
 #include "memory/mem_internal.h"
 
@@ -96,12 +98,7 @@ void mem_pool_link(mem_pool *p, mem_block *b)
 
 void mem_pool_unlink(mem_pool *p, mem_block *b)
 {
-    if (b->prev)
-        b->prev->next = b->next;
-    else
-        p->blocks = b->next;
-    if (b->next)
-        b->next->prev = b->prev;
+    CUBE_DLIST_UNLINK(p->blocks, b, prev, next);
     b->prev = b->next = NULL;
 }
 
@@ -183,7 +180,7 @@ static uint64_t release_unused(mem_manager *m)
  * out-of-memory retry, which needs it gone before asking again. */
 static void puts_flush_locked(mem_manager *m)
 {
-    for (uint32_t i = 0; i < m->put_count; i++)
+    for (size_t i = 0; i < m->put_count; i++)
         m->ops.free(m->ops.self, m->puts[i].address, m->puts[i].size);
     m->put_count = 0;
 }
@@ -257,17 +254,14 @@ cube_error *mem_storage_map(mem_manager *m, uint64_t address, uint64_t size)
 void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size)
 {
     m->tot.storage_frees++;
-    if (m->put_count == m->put_cap) {
-        uint32_t cap = m->put_cap ? m->put_cap * 2 : 8;
-        struct mem_put *grown = realloc(m->puts, cap * sizeof *grown);
-        if (!grown) {
-            /* No room to queue it: give it back now, lock held. */
-            m->ops.free(m->ops.self, address, size);
-            return;
-        }
-        m->puts = grown;
-        m->put_cap = cap;
+    struct mem_put *grown =
+        cube_grow(m->puts, m->put_count, &m->put_cap, sizeof *grown, 8);
+    if (!grown) {
+        /* No room to queue it: give it back now, lock held. */
+        m->ops.free(m->ops.self, address, size);
+        return;
     }
+    m->puts = grown;
     m->puts[m->put_count].address = address;
     m->puts[m->put_count].size = size;
     m->put_count++;
@@ -275,7 +269,7 @@ void mem_storage_put(mem_manager *m, uint64_t address, uint64_t size)
 
 void mem_unlock(mem_manager *m)
 {
-    uint32_t n = m->put_count;
+    size_t n = m->put_count;
     if (n == 0) {
         cube_mutex_unlock(&m->lock);
         return;
@@ -284,7 +278,7 @@ void mem_unlock(mem_manager *m)
     m->puts = NULL;
     m->put_count = m->put_cap = 0;
     cube_mutex_unlock(&m->lock);
-    for (uint32_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++)
         m->ops.free(m->ops.self, puts[i].address, puts[i].size);
     free(puts);
 }
@@ -419,8 +413,7 @@ cube_error *mem_manager_create(const mem_storage_ops *ops,
                                mem_manager **out)
 {
     if (!out)
-        return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,
-                              "mem_manager_create: out is NULL");
+        return cube_error_null_argument("mem_manager_create", "out");
     *out = NULL;
     if (!ops || !ops->alloc || !ops->free)
         return cube_error_new(CUBE_ERR_INVALID_ARGUMENT,

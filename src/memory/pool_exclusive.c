@@ -10,6 +10,7 @@
  * release_after_ms (looked at on alloc and free, with a monotonic clock),
  * and at cleanup.
  */
+#include "base/dlist.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "memory/mem_internal.h"
@@ -21,13 +22,8 @@ cube_error *mem_exclusive_init(mem_manager *m, mem_pool *p)
 
 static void lru_unlink(mem_pool *p, mem_block *b)
 {
-    if (b->lprev)
-        b->lprev->lnext = b->lnext;
-    else
-        p->lru_first = b->lnext;
-    if (b->lnext)
-        b->lnext->lprev = b->lprev;
-    else
+    CUBE_DLIST_UNLINK(p->lru_first, b, lprev, lnext);
+    if (!b->lnext)
         p->lru_last = b->lprev;
     b->lprev = b->lnext = NULL;
 }

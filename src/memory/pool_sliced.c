@@ -34,6 +34,7 @@
  */
 #include <stdlib.h>
 
+#include "base/dlist.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "memory/mem_internal.h"
@@ -124,12 +125,7 @@ static mem_block *page_new(mem_manager *m, mem_pool *p, uint64_t size,
 
 static void page_drop(mem_manager *m, mem_pool *p, mem_page *page)
 {
-    if (page->prev)
-        page->prev->next = page->next;
-    else
-        p->pages = page->next;
-    if (page->next)
-        page->next->prev = page->prev;
+    CUBE_DLIST_UNLINK(p->pages, page, prev, next);
     mem_storage_put(m, page->address, page->size);
     mem_stats_page_remove(m, &p->st, page->size);
     free(page);
