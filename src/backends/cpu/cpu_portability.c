@@ -19,7 +19,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "backends/common/grow.h"
+#include "base/grow.h"
 #include "backends/common/kernel_source.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -91,7 +91,7 @@ static bool cpu_portability_claim(cpu_portability *p, uint64_t id)
             claim = false;
     if (claim) {
         uint64_t *room =
-            grow_for_one(p->checked, p->count, &p->cap, sizeof *room, 16);
+            cube_grow(p->checked, p->count, &p->cap, sizeof *room, 16);
         if (room)
             p->checked = room;
         else

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "backends/cuda/cuda_internal.h"
-#include "backends/common/grow.h"
+#include "base/grow.h"
 
 cube_error *cuda_event_get(cuda_server *s, CUevent *out)
 {
@@ -22,7 +22,7 @@ cube_error *cuda_event_get(cuda_server *s, CUevent *out)
 void cuda_event_put(cuda_server *s, CUevent ev)
 {
     cube_mutex_lock(&s->events_lock);
-    CUevent *room = grow_for_one(s->free_events, s->free_event_count,
+    CUevent *room = cube_grow(s->free_events, s->free_event_count,
                                  &s->free_event_cap, sizeof *room, 32);
     if (!room) {
         cube_mutex_unlock(&s->events_lock);

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
-#include "backends/common/grow.h"
+#include "base/grow.h"
 #include "base/error.h"
 #include "cubert/log.h"
 
@@ -76,7 +76,7 @@ void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
         cuda_free_end(s);
         return;
     }
-    cuda_deferred *room = grow_for_one(s->deferred, s->deferred_count,
+    cuda_deferred *room = cube_grow(s->deferred, s->deferred_count,
                                        &s->deferred_cap, sizeof *room, 16);
     if (!room) {
         cube_mutex_unlock(&s->deferred_lock);
@@ -374,7 +374,7 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
     }
     cube_mutex_lock(&owner->pending_lock);
     cuda_pending_free *room =
-        grow_for_one(owner->pending, owner->pending_count, &owner->pending_cap,
+        cube_grow(owner->pending, owner->pending_count, &owner->pending_cap,
                      sizeof *room, 16);
     if (!room) {
         cube_mutex_unlock(&owner->pending_lock);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "backends/cuda/cuda_internal.h"
-#include "backends/common/grow.h"
+#include "base/grow.h"
 
 /* Notes `blk` as used by the capture in progress on `st`. */
 static cube_error *capture_note(cuda_stream *st, cuda_block *blk)
@@ -13,7 +13,7 @@ static cube_error *capture_note(cuda_stream *st, cuda_block *blk)
     for (size_t i = 0; i < st->captured_count; i++)
         if (st->captured[i] == blk)
             return NULL;
-    cuda_block **room = grow_for_one(st->captured, st->captured_count,
+    cuda_block **room = cube_grow(st->captured, st->captured_count,
                                      &st->captured_cap, sizeof *room, 32);
     if (!room)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");

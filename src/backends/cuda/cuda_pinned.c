@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "backends/cuda/cuda_internal.h"
-#include "backends/common/grow.h"
+#include "base/grow.h"
 
 /* Pinned bytes a stream may have in flight from writes before a new one
  * waits for the oldest. */
@@ -86,7 +86,7 @@ cube_error *cuda_staging(cube_server *server, const uint64_t *sizes, size_t n,
         if (err)
             break;
         cube_mutex_lock(&s->staging_lock);
-        cube_storage *room = grow_for_one(s->staging, s->staging_count,
+        cube_storage *room = cube_grow(s->staging, s->staging_count,
                                           &s->staging_cap, sizeof *room, 16);
         if (!room) {
             cube_mutex_unlock(&s->staging_lock);

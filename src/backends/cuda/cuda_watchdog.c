@@ -33,7 +33,7 @@
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
-#include "backends/common/grow.h"
+#include "base/grow.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "cubert/log.h"
@@ -393,7 +393,7 @@ static void event_put(cuda_watch *w, CUevent ev) CUBE_REQUIRES(w->lock)
     if (!ev)
         return;
     CUevent *room =
-        grow_for_one(w->spare, w->spare_count, &w->spare_cap, sizeof *room, 8);
+        cube_grow(w->spare, w->spare_count, &w->spare_cap, sizeof *room, 8);
     if (!room) {
         w->s->api->cuEventDestroy(ev);
         return;
@@ -419,7 +419,7 @@ cube_error *cuda_watch_begin(cuda_watch *w, CUstream cu, uint64_t *ticket)
     cube_mutex_lock(&w->lock);
     cube_error *err = NULL;
     watch_call *room =
-        grow_for_one(w->calls, w->count, &w->cap, sizeof *room, 16);
+        cube_grow(w->calls, w->count, &w->cap, sizeof *room, 16);
     if (!room)
         err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL watchdog");
     else
