@@ -28,8 +28,11 @@ extern const char cube_prelude_opencl[];
  * four per parameter; the stamp's characters follow as bytes. */
 #define OPENCL_SIG_WORDS (2 + 4 * CUBE_MAX_PARAMS)
 #define OPENCL_SIG_BYTES (OPENCL_SIG_WORDS * 4 + OPENCL_STAMP_CHARS + 16)
-/* Kernel arguments before the parameters: sinks, record, trap. */
+/* Kernel arguments before the parameters: sinks, record and trap for a
+ * checked or validating program, the trap alone for a plain one
+ * (prelude_opencl.h). */
 #define OPENCL_FIXED_ARGS 3
+#define OPENCL_FIXED_ARGS_PLAIN 1
 
 typedef struct opencl_kernel {
     cl_program program;
@@ -494,7 +497,7 @@ static cl_int set_params(const opencl_api *a, opencl_server *s,
     CUBE_REQUIRES(k->lock)
 {
     const cube_compiled *cc = d->compiled;
-    cl_uint arg = OPENCL_FIXED_ARGS;
+    cl_uint arg = k->checked ? OPENCL_FIXED_ARGS : OPENCL_FIXED_ARGS_PLAIN;
     cl_int r = CL_SUCCESS;
     for (uint32_t p = 0; p < cc->param_count && r == CL_SUCCESS; p++) {
         const cube_param *param = &cc->params[p];
@@ -518,6 +521,13 @@ static cl_int set_params(const opencl_api *a, opencl_server *s,
     return r;
 }
 
+/* The dimensions a launch needs: fewer where the last axes are 1 (the
+ * positions along them are 0 either way), which drivers run faster. */
+static cl_uint work_dim(const size_t global[3])
+{
+    return global[2] > 1 ? 3 : global[1] > 1 ? 2 : 1;
+}
+
 static cube_error *enqueue_locked(opencl_server *s, cube_server_stream *stream,
                                   opencl_kernel *k, const cube_dispatch *d,
                                   const size_t global[3], const size_t local[3],
@@ -526,11 +536,14 @@ static cube_error *enqueue_locked(opencl_server *s, cube_server_stream *stream,
     const opencl_api *a = s->api;
     opencl_stream *st = stream->impl;
     cl_mem record = k->record;
-    cl_int r = set_arg(a, k, 0, sizeof sinks, &sinks);
+    cl_int r = CL_SUCCESS;
+    if (k->checked) {
+        r = set_arg(a, k, 0, sizeof sinks, &sinks);
+        if (r == CL_SUCCESS)
+            r = set_arg(a, k, 1, sizeof record, &record);
+    }
     if (r == CL_SUCCESS)
-        r = set_arg(a, k, 1, sizeof record, &record);
-    if (r == CL_SUCCESS)
-        r = set_arg(a, k, 2, sizeof s->trap, &s->trap);
+        r = set_arg(a, k, k->checked ? 2 : 0, sizeof s->trap, &s->trap);
     if (r == CL_SUCCESS)
         r = set_params(a, s, k, d);
     if (r != CL_SUCCESS)
@@ -547,8 +560,9 @@ static cube_error *enqueue_locked(opencl_server *s, cube_server_stream *stream,
                                     &zero, 0, NULL, NULL);
     }
     if (r == CL_SUCCESS)
-        r = a->clEnqueueNDRangeKernel(st->queue, k->kernel, 3, NULL, global,
-                                      local, w.n, w.n ? w.events : NULL, NULL);
+        r = a->clEnqueueNDRangeKernel(st->queue, k->kernel, work_dim(global),
+                                      NULL, global, local, w.n,
+                                      w.n ? w.events : NULL, NULL);
     opencl_waits_release(s, &w);
     opencl_enqueued(st);
     if (r == CL_INVALID_WORK_GROUP_SIZE)

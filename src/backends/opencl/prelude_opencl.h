@@ -3,9 +3,10 @@
  * common prelude and the kernel's source.
  *
  * Entries per kernel `name`:
- *   cube__kernel_name(sinks, record, trap, per buffer: page, byte offset,
- *       length in elements; per scalar: its value)
- *     the kernel. `sinks` holds a 64-byte slot per unit of a checked
+ *   cube__kernel_name([sinks, record,] trap, per buffer: page, byte
+ *       offset, length in elements; per scalar: its value)
+ *     the kernel (sinks and record only when checked or validating).
+ *     `sinks` holds a 64-byte slot per unit of a checked
  *     launch (72 for a validating one), where out-of-range accesses land;
  *     `record` is a validating launch's cube__oob_rec; `trap` the word
  *     cube_trap() sets. Shared arrays live in one __local block.
@@ -104,6 +105,19 @@ typedef struct cube__unit {
 #define CUBE__SINK_SET(p) ((void)0)
 #endif
 
+/* The entry's leading parameters: a plain launch has only the trap word
+ * (fewer arguments to set per launch); a checked or validating one has
+ * the sinks and the record before it. */
+#if CUBE_VALIDATE || CUBE_CHECKED
+#define CUBE__FIXED_PARAMS                                                     \
+    __global uchar *cube__sinks, __global cube__oob_rec *cube__rec,            \
+        __global volatile uint *cube__trap
+#define CUBE__SINKS cube__sinks
+#else
+#define CUBE__FIXED_PARAMS __global volatile uint *cube__trap
+#define CUBE__SINKS ((__global uchar *)0)
+#endif
+
 #define CUBE__ENTRY(name, N, ...)                                              \
     __kernel void cube__sig_##name(__global uint *cube__out)                   \
     {                                                                          \
@@ -116,10 +130,9 @@ typedef struct cube__unit {
         CUBE__EACH(CUBE__SW, N, __VA_ARGS__)                                   \
     }                                                                          \
     __kernel void cube__kernel_##name(                                         \
-        __global uchar *cube__sinks, __global cube__oob_rec *cube__rec,        \
-        __global volatile uint *cube__trap CUBE__EACH(CUBE__KP, N,             \
-                                                      __VA_ARGS__))            \
+        CUBE__FIXED_PARAMS CUBE__EACH(CUBE__KP, N, __VA_ARGS__))               \
     {                                                                          \
+        __global uchar *cube__sinkbase = CUBE__SINKS;                          \
         __local name##__shared_t cube__shared;                                 \
         cube__unit cube__w;                                                    \
         cube__w.ux = (uint)get_local_id(0);                                    \
@@ -138,16 +151,15 @@ typedef struct cube__unit {
         cube__w.ay = (uint)get_global_id(1);                                   \
         cube__w.az = (uint)get_global_id(2);                                   \
         cube__w.trap = cube__trap;                                             \
-        __global uchar *cube__sinkp = cube__sinks;                             \
-        if (cube__sinks) {                                                     \
+        __global uchar *cube__sinkp = cube__sinkbase;                          \
+        if (cube__sinkbase) {                                                  \
             ulong cube__lin =                                                  \
                 get_global_id(0) +                                             \
                 get_global_size(0) *                                           \
                     (get_global_id(1) + get_global_size(1) * get_global_id(2)); \
-            cube__sinkp = cube__sinks + cube__lin * CUBE__SINK_BYTES;          \
+            cube__sinkp = cube__sinkbase + cube__lin * CUBE__SINK_BYTES;       \
             CUBE__SINK_SET(cube__sinkp);                                       \
         }                                                                      \
-        (void)cube__rec;                                                       \
         name##__body(cube__w,                                                  \
                      cube__sinkp CUBE__EACH(CUBE__KA, N, __VA_ARGS__));        \
     }
