@@ -84,10 +84,10 @@ typedef struct opencl_server {
      * lookup needs no lock. */
     opencl_page *_Atomic chunks[OPENCL_PAGE_CHUNKS];
     cube_mutex pages_lock;
-    uint32_t page_next CUBE_GUARDED_BY(pages_lock); /* slots used so far */
-    uint32_t *page_free CUBE_GUARDED_BY(pages_lock); /* freed slots */
-    uint32_t page_free_count CUBE_GUARDED_BY(pages_lock);
-    uint32_t page_free_cap CUBE_GUARDED_BY(pages_lock);
+    uint32_t page_next CUBE_GUARDED_FIELD(pages_lock); /* slots used so far */
+    uint32_t *page_free CUBE_GUARDED_FIELD(pages_lock); /* freed slots */
+    uint32_t page_free_count CUBE_GUARDED_FIELD(pages_lock);
+    uint32_t page_free_cap CUBE_GUARDED_FIELD(pages_lock);
 } opencl_server;
 
 /* A stream's side: its queue, how far it has waited for each other

@@ -44,9 +44,9 @@ typedef struct opencl_kernel {
     /* The arguments as last set (under `lock`): a launch sets only those
      * that changed, since OpenCL keeps them on the kernel object. */
     unsigned char set[OPENCL_FIXED_ARGS + 3 * CUBE_MAX_PARAMS][8]
-        CUBE_GUARDED_BY(lock);
+        CUBE_GUARDED_FIELD(lock);
     unsigned char known[OPENCL_FIXED_ARGS + 3 * CUBE_MAX_PARAMS]
-        CUBE_GUARDED_BY(lock);
+        CUBE_GUARDED_FIELD(lock);
 } opencl_kernel;
 
 /* clSetKernelArg unless argument `i` already holds these `size` (at most
