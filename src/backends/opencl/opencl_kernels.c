@@ -89,11 +89,19 @@ static char *stamped_source(const char *source, const disk_cache_key *key)
     return text;
 }
 
-static const char *mode_option(uint32_t mode)
+/* The build options: the checking mode, and whether the source declares
+ * shared arrays (prelude_opencl.h). */
+static const char *build_options(uint32_t mode, const char *user)
 {
-    return (mode & CUBE_LAUNCH_VALIDATE)  ? "-DCUBE_VALIDATE=1"
-           : (mode & CUBE_LAUNCH_CHECKED) ? "-DCUBE_CHECKED=1"
-                                          : "-DCUBE_CHECKED=0";
+    int shared = strstr(user, "CUBE_SHARED") != NULL;
+    if (mode & CUBE_LAUNCH_VALIDATE)
+        return shared ? "-DCUBE_VALIDATE=1 -DCUBE__SHARED_LOCAL=1"
+                      : "-DCUBE_VALIDATE=1";
+    if (mode & CUBE_LAUNCH_CHECKED)
+        return shared ? "-DCUBE_CHECKED=1 -DCUBE__SHARED_LOCAL=1"
+                      : "-DCUBE_CHECKED=1";
+    return shared ? "-DCUBE_CHECKED=0 -DCUBE__SHARED_LOCAL=1"
+                  : "-DCUBE_CHECKED=0";
 }
 
 /* The disk cache key: the source, the options, and who compiles it (the
@@ -388,7 +396,7 @@ static cube_error *compile_program(opencl_server *s, const cube_kernel *kernel,
         kernel_source_cube_c(preludes, 1, name, cube_kernel_source(kernel));
     if (!source)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "kernel source");
-    const char *options = mode_option(mode);
+    const char *options = build_options(mode, cube_kernel_source(kernel));
     disk_cache_key key;
     kernel_key(s, source, options, &key);
     char *stamped = stamped_source(source, &key);

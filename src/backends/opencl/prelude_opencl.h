@@ -118,6 +118,15 @@ typedef struct cube__unit {
 #define CUBE__SINKS ((__global uchar *)0)
 #endif
 
+/* The shared arrays' block: __local where the source declares any (the
+ * runtime says so with CUBE__SHARED_LOCAL), else an unused private one,
+ * so that a kernel without shared memory asks the device for none. */
+#if CUBE__SHARED_LOCAL
+#define CUBE__SHARED_DECL(T) __local T cube__shared;
+#else
+#define CUBE__SHARED_DECL(T) T cube__shared;
+#endif
+
 #define CUBE__ENTRY(name, N, ...)                                              \
     __kernel void cube__sig_##name(__global uint *cube__out)                   \
     {                                                                          \
@@ -133,7 +142,7 @@ typedef struct cube__unit {
         CUBE__FIXED_PARAMS CUBE__EACH(CUBE__KP, N, __VA_ARGS__))               \
     {                                                                          \
         __global uchar *cube__sinkbase = CUBE__SINKS;                          \
-        __local name##__shared_t cube__shared;                                 \
+        CUBE__SHARED_DECL(name##__shared_t)                                    \
         cube__unit cube__w;                                                    \
         cube__w.ux = (uint)get_local_id(0);                                    \
         cube__w.uy = (uint)get_local_id(1);                                    \
