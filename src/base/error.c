@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/grow.h"
 #include "base/log.h"
+#include "base/text_buf.h"
 
 struct cube_error {
     cube_code code;
@@ -204,32 +205,12 @@ const char *cube_code_name(cube_code code)
     return "unknown error";
 }
 
-/* A growable string used only by cube_error_format. */
-typedef struct text {
-    char *buf;
-    size_t len, cap;
-    int failed;
-} text;
+/* cube_error_format's text: a text_buf (base/text_buf.h). */
+typedef text_buf text;
 
 static void text_append(text *t, const char *s)
 {
-    size_t n = strlen(s);
-    if (t->failed)
-        return;
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 128;
-        while (cap < t->len + n + 1)
-            cap *= 2;
-        char *grown = realloc(t->buf, cap);
-        if (!grown) {
-            t->failed = 1;
-            return;
-        }
-        t->buf = grown;
-        t->cap = cap;
-    }
-    memcpy(t->buf + t->len, s, n + 1);
-    t->len += n;
+    text_buf_append(t, s, strlen(s));
 }
 
 static void text_indent_lines(text *t, const char *s, int depth)
@@ -281,10 +262,10 @@ char *cube_error_format(const cube_error *err)
     else
         format_into(&t, err, 0);
     if (t.failed) {
-        free(t.buf);
+        free(t.data);
         return NULL;
     }
-    return t.buf;
+    return t.data;
 }
 
 void cube_error_ignore(cube_error *err, const char *why)

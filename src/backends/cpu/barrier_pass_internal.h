@@ -42,7 +42,7 @@
 
 #ifdef CUBE_HAVE_LIBCLANG
 
-#include "backends/common/text_buf.h"
+#include "base/text_buf.h"
 #include "backends/cpu/cpu_libclang.h"
 
 #include <stddef.h>

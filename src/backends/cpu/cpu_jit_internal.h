@@ -16,7 +16,7 @@
 #include <stddef.h>
 
 #include "backends/common/disk_cache.h"
-#include "backends/common/text_buf.h"
+#include "base/text_buf.h"
 #include "backends/cpu/cpu_jit.h"
 #include "cubert/error.h"
 

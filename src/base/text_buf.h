@@ -1,11 +1,12 @@
-/* A growing text buffer, for the text backends build (compiler output and
- * command lines, the barrier pass's rewritten kernel).
+/* A growing text buffer: an error's formatted tree (error.c), and the
+ * text backends build (compiler output and command lines, the barrier
+ * pass's rewritten kernel).
  *
  * Thread safety: the caller's, as for the buffer itself. Errors: a failed
  * allocation sets `failed`; nothing is appended after it.
  */
-#ifndef CUBE_BACKENDS_COMMON_TEXT_BUF_H
-#define CUBE_BACKENDS_COMMON_TEXT_BUF_H
+#ifndef CUBE_BASE_TEXT_BUF_H
+#define CUBE_BASE_TEXT_BUF_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -22,4 +23,4 @@ typedef struct text_buf {
  * allocation sets b->failed and appends nothing more. */
 void text_buf_append(text_buf *b, const void *data, size_t len);
 
-#endif /* CUBE_BACKENDS_COMMON_TEXT_BUF_H */
+#endif /* CUBE_BASE_TEXT_BUF_H */

@@ -1,5 +1,5 @@
 /* A growing text buffer (text_buf.h). */
-#include "backends/common/text_buf.h"
+#include "base/text_buf.h"
 
 #include <stdlib.h>
 #include <string.h>
