@@ -502,6 +502,10 @@ void conf_require(uint32_t features, const char *names);
  * with no entries (a copy of one under another name) follows only its
  * properties. An unknown name fails the test. */
 /* The reason the backend under test has behaviour `what`, or NULL. */
+/* The environment as the suite's process started (main.c), for the
+ * processes it starts. */
+char **conf_start_environ(void);
+
 const char *conf_backend_note(const char *what);
 /* Nonzero, after printing the reason, when the backend has `what`: the
  * caller then leaves out the rest of the test. */

@@ -459,8 +459,32 @@ static int run_device_fault(void)
     return failed ? 1 : 0;
 }
 
+/* The environment as the process started, for the processes the suite
+ * starts: a driver may change the process's own once it loads (PoCL
+ * rewrites OCL_ICD_FILENAMES, hiding the other OpenCL drivers from a
+ * child that inherits it). */
+static char **start_environ;
+
+char **conf_start_environ(void)
+{
+    extern char **environ;
+    return start_environ ? start_environ : environ;
+}
+
+static void keep_start_environ(void)
+{
+    extern char **environ;
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    start_environ = calloc(n + 1, sizeof *start_environ);
+    for (size_t i = 0; start_environ && i < n; i++)
+        start_environ[i] = strdup(environ[i]);
+}
+
 int main(int argc, char **argv)
 {
+    keep_start_environ();
     if (argc != 2 && !(argc == 3 && strcmp(argv[2], "--device-fault") == 0)) {
         fprintf(stderr,
                 "usage: %s <backend> [--device-fault]   (cpu, cuda, cuda:N, "

@@ -1048,8 +1048,8 @@ CONF_TEST_NEEDS(
     self[n] = '\0';
     char *argv[] = {self, (char *)conf.backend, "--device-fault", NULL};
     pid_t pid = 0;
-    extern char **environ;
-    assert_int_equal(posix_spawn(&pid, self, NULL, NULL, argv, environ), 0);
+    assert_int_equal(
+        posix_spawn(&pid, self, NULL, NULL, argv, conf_start_environ()), 0);
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
