@@ -281,7 +281,7 @@ int main(int argc, char **argv)
     const void *src[] = {host};
     void *dst[] = {host};
     uint64_t size[] = {BYTES};
-    double w_ours[16], w_raw[16], r_ours[16], r_raw[16];
+    double w_ours[16] = {0}, w_raw[16] = {0}, r_ours[16] = {0}, r_raw[16] = {0};
     int tr = rounds < 16 ? rounds : 16;
     for (int i = 0; i < tr; i++) {
         t0 = now();

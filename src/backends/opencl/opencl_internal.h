@@ -48,6 +48,10 @@
 #define OPENCL_CHUNK_PAGES 256u
 #define OPENCL_PAGE_CHUNKS 4096u
 
+/* The size of an OpenCL object handle (cl_mem, cl_event: pointers to
+ * opaque structs), as a kernel argument or an array element. */
+#define OPENCL_HANDLE_SIZE sizeof(void *)
+
 /* Every buffer's address (its offset in its page) is a multiple of this:
  * at least the device's CL_DEVICE_MEM_BASE_ADDR_ALIGN and a cache line. */
 #define OPENCL_MIN_ALIGNMENT 128u

@@ -26,7 +26,7 @@ extern const char cube_prelude_opencl[];
 #define OPENCL_STAMP_CHARS 48
 /* Words the signature kernel writes: the count, the shared bytes, then
  * four per parameter; the stamp's characters follow as bytes. */
-#define OPENCL_SIG_WORDS (2 + 4 * CUBE_MAX_PARAMS)
+#define OPENCL_SIG_WORDS ((size_t)2 + 4 * (size_t)CUBE_MAX_PARAMS)
 #define OPENCL_SIG_BYTES (OPENCL_SIG_WORDS * 4 + OPENCL_STAMP_CHARS + 16)
 /* Kernel arguments before the parameters: sinks, record and trap for a
  * checked or validating program, the trap alone for a plain one
@@ -207,9 +207,9 @@ static cube_error *read_signature(opencl_server *s, cl_program program,
     size_t one = 1;
     if (!err) {
         cl_mem stamp_at = out;
-        r = a->clSetKernelArg(sig, 0, sizeof out, &out);
+        r = a->clSetKernelArg(sig, 0, OPENCL_HANDLE_SIZE, &out);
         if (r == CL_SUCCESS)
-            r = a->clSetKernelArg(stamp, 0, sizeof stamp_at, &stamp_at);
+            r = a->clSetKernelArg(stamp, 0, OPENCL_HANDLE_SIZE, &stamp_at);
         unsigned char zero[OPENCL_SIG_BYTES] = {0};
         if (r == CL_SUCCESS)
             r = a->clEnqueueWriteBuffer(q, out, CL_TRUE, 0, sizeof zero, zero,
@@ -305,7 +305,7 @@ static cube_error *load_program(opencl_server *s, const char *name,
     if (!err) {
         char stamp[OPENCL_STAMP_CHARS + 1];
         stamp_text(key, stamp, sizeof stamp);
-        if (memcmp(words + OPENCL_SIG_WORDS * 4, stamp, OPENCL_STAMP_CHARS)) {
+        if (memcmp(words + OPENCL_SIG_WORDS * 4, stamp, OPENCL_STAMP_CHARS) != 0) {
             *wrong = "its program's stamp names another entry";
             return NULL;
         }
@@ -520,7 +520,7 @@ static cl_int set_params(const opencl_api *a, opencl_server *s,
         cl_mem mem = opencl_page_of(s, b->storage->address + b->offset,
                                     (uint64_t *)&offset);
         cl_ulong len = param->elem_size ? b->size / param->elem_size : 0;
-        r = set_arg(a, k, arg++, sizeof mem, &mem);
+        r = set_arg(a, k, arg++, OPENCL_HANDLE_SIZE, &mem);
         if (r == CL_SUCCESS)
             r = set_arg(a, k, arg++, sizeof offset, &offset);
         if (r == CL_SUCCESS)
@@ -546,12 +546,12 @@ static cube_error *enqueue_locked(opencl_server *s, cube_server_stream *stream,
     cl_mem record = k->record;
     cl_int r = CL_SUCCESS;
     if (k->checked) {
-        r = set_arg(a, k, 0, sizeof sinks, &sinks);
+        r = set_arg(a, k, 0, OPENCL_HANDLE_SIZE, &sinks);
         if (r == CL_SUCCESS)
-            r = set_arg(a, k, 1, sizeof record, &record);
+            r = set_arg(a, k, 1, OPENCL_HANDLE_SIZE, &record);
     }
     if (r == CL_SUCCESS)
-        r = set_arg(a, k, k->checked ? 2 : 0, sizeof s->trap, &s->trap);
+        r = set_arg(a, k, k->checked ? 2 : 0, OPENCL_HANDLE_SIZE, &s->trap);
     if (r == CL_SUCCESS)
         r = set_params(a, s, k, d);
     if (r != CL_SUCCESS)

@@ -275,12 +275,12 @@ cube_error *opencl_waits(opencl_server *s, cube_server_stream *stream,
         if (seq == st->seen[i])
             continue;
         if (w->n == cap) {
-            cl_event *grown = malloc(cap * 2 * sizeof *grown);
+            cl_event *grown = malloc(cap * 2 * OPENCL_HANDLE_SIZE);
             if (!grown) {
                 opencl_waits_release(s, w);
                 return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "opencl waits");
             }
-            memcpy(grown, w->events, w->n * sizeof *grown);
+            memcpy(grown, w->events, w->n * OPENCL_HANDLE_SIZE);
             if (w->events != w->small)
                 free(w->events);
             w->events = grown;

@@ -27,18 +27,27 @@ const cube_config_key opencl_config_keys[] = {
 
 /* --- errors and faults --- */
 
-cube_error *opencl_fail(cl_int r, cube_code code, const char *fmt, ...)
+static cube_error *fail_v(cl_int r, cube_code code, const char *fmt,
+                          va_list ap) CUBE_PRINTF(3, 0);
+static cube_error *fail_v(cl_int r, cube_code code, const char *fmt,
+                          va_list ap)
 {
     char what[512];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
     if (r == CL_OUT_OF_HOST_MEMORY || r == CL_MEM_OBJECT_ALLOCATION_FAILURE ||
         r == CL_OUT_OF_RESOURCES)
         code = CUBE_ERR_OUT_OF_MEMORY;
     return cube_error_new(code, "%s: %s (%d)", what, opencl_error_name(r),
                           (int)r);
+}
+
+cube_error *opencl_fail(cl_int r, cube_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    cube_error *err = fail_v(r, code, fmt, ap);
+    va_end(ap);
+    return err;
 }
 
 cube_error *opencl_fault_check(opencl_server *s)
@@ -361,6 +370,8 @@ static cube_error *opencl_open(uint32_t index,
     cube_error *err = server_new(index, &s);
     if (err)
         return err;
+    if (!s)
+        return cube_error_new(CUBE_ERR_INTERNAL, "opencl server");
     const opencl_api *a = s->api;
     cl_context_properties cprops[] = {CL_CONTEXT_PLATFORM,
                                       (cl_context_properties)s->platform, 0};
@@ -411,6 +422,8 @@ static cube_error *opencl_device_properties(uint32_t index,
     cube_error *err = server_new(index, &s);
     if (err)
         return err;
+    if (!s)
+        return cube_error_new(CUBE_ERR_INTERNAL, "opencl server");
     *out = s->props;
     cube_mutex_destroy(&s->pages_lock);
     free(s);
