@@ -76,8 +76,8 @@ static int raw_open(raw *r)
         char name[256] = "", vendor[256] = "";
         r->a->clGetPlatformInfo(p[i], CL_PLATFORM_NAME, sizeof name, name,
                                 NULL);
-        r->a->clGetPlatformInfo(p[i], CL_PLATFORM_VENDOR, sizeof vendor,
-                                vendor, NULL);
+        r->a->clGetPlatformInfo(p[i], CL_PLATFORM_VENDOR, sizeof vendor, vendor,
+                                NULL);
         if (only && *only && !strcasestr(name, only) &&
             !strcasestr(vendor, only))
             continue;
@@ -90,8 +90,8 @@ static int raw_open(raw *r)
                                          (cl_context_properties)p[i], 0};
         cl_int e = 0;
         r->ctx = r->a->clCreateContext(props, 1, &r->dev, NULL, NULL, &e);
-        r->q = r->ctx ? r->a->clCreateCommandQueue(r->ctx, r->dev, 0, &e)
-                      : NULL;
+        r->q =
+            r->ctx ? r->a->clCreateCommandQueue(r->ctx, r->dev, 0, &e) : NULL;
         return r->q ? 0 : -1;
     }
     return -1;
@@ -104,8 +104,8 @@ static cl_program raw_build(raw *r, double *ms)
     double t0 = now();
     cl_program prog =
         r->a->clCreateProgramWithSource(r->ctx, 1, &src, NULL, &e);
-    if (prog && r->a->clBuildProgram(prog, 1, &r->dev, "", NULL, NULL) !=
-                    CL_SUCCESS)
+    if (prog &&
+        r->a->clBuildProgram(prog, 1, &r->dev, "", NULL, NULL) != CL_SUCCESS)
         prog = NULL;
     *ms = (now() - t0) * 1e3;
     return prog;
@@ -300,8 +300,10 @@ int main(int argc, char **argv)
         r_ours[i] = now() - t0;
     }
     double gb = (double)BYTES / 1e9;
-    double wo = gb / median(w_ours, (size_t)tr), wr = gb / median(w_raw, (size_t)tr);
-    double ro = gb / median(r_ours, (size_t)tr), rr = gb / median(r_raw, (size_t)tr);
+    double wo = gb / median(w_ours, (size_t)tr),
+           wr = gb / median(w_raw, (size_t)tr);
+    double ro = gb / median(r_ours, (size_t)tr),
+           rr = gb / median(r_raw, (size_t)tr);
 
     printf("| figure | cubert | raw OpenCL | ratio |\n|---|---|---|---|\n");
     printf("| launch host time (us, median of %d rounds of %d) | %.2f | %.2f "

@@ -239,7 +239,8 @@ static void mark_failed(cube_client *c, cube_handle h)
 
 /* ------------------------------------------------ every dtype and op */
 
-CONF_TEST_NEEDS(comm_all_reduce_every_dtype_and_op_matches_the_host, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(comm_all_reduce_every_dtype_and_op_matches_the_host,
+                CUBE_FEATURE_COLLECTIVES)
 {
     static const cube_dtype types[] = {
         CUBE_DTYPE_I8,  CUBE_DTYPE_U8,  CUBE_DTYPE_I32, CUBE_DTYPE_U32,
@@ -432,7 +433,8 @@ static void run_rank_threads(cube_comm **comm, cube_client **c, uint32_t n,
             fail_msg("%s", jobs[r].why);
 }
 
-CONF_TEST_NEEDS(comm_every_collective_with_a_thread_per_rank_matches_the_host, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(comm_every_collective_with_a_thread_per_rank_matches_the_host,
+                CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t have = open_ranks(4, c);
@@ -448,7 +450,8 @@ CONF_TEST_NEEDS(comm_every_collective_with_a_thread_per_rank_matches_the_host, C
 
 /* ------------------------------------------------------------ in place */
 
-CONF_TEST_NEEDS(comm_in_place_layouts_work_and_other_overlaps_are_refused, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(comm_in_place_layouts_work_and_other_overlaps_are_refused,
+                CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(3, c);
@@ -541,7 +544,8 @@ CONF_TEST_NEEDS(comm_in_place_layouts_work_and_other_overlaps_are_refused, CUBE_
 
 /* ----------------------------------------------------------- failures */
 
-CONF_TEST_NEEDS(comm_failed_source_refuses_on_every_rank_and_marks_destinations, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(comm_failed_source_refuses_on_every_rank_and_marks_destinations,
+                CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(3, c);
@@ -590,7 +594,9 @@ CONF_TEST_NEEDS(comm_failed_source_refuses_on_every_rank_and_marks_destinations,
                   "after the failure");
 }
 
-CONF_TEST_NEEDS(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(
+    comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_on,
+    CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(3, c);
@@ -652,7 +658,9 @@ CONF_TEST_NEEDS(comm_mismatched_calls_are_refused_everywhere_and_the_comm_goes_o
                   "after the refusals");
 }
 
-CONF_TEST_NEEDS(comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(
+    comm_missing_rank_and_unmatched_send_time_out_then_the_comm_goes_on,
+    CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -720,7 +728,8 @@ static void *abort_later(void *arg)
 
 /* A communicator of one rank answers as any rank does, whether its call
  * runs alone or inside a group (which goes through the rendezvous). */
-CONF_TEST_NEEDS(comm_one_rank_answers_alone_as_in_a_group, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(comm_one_rank_answers_alone_as_in_a_group,
+                CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(1, c);
@@ -815,7 +824,8 @@ static cube_error *self_pair(cube_comm *comm, cube_handle src, cube_handle dst,
 /* A ring on a communicator of one rank is a send to itself and its
  * receive: paired in their group, in order, judged as a pair of ranks'
  * calls are; a lone one, or one outside a group, is refused at once. */
-CONF_TEST_NEEDS(comm_send_to_the_calling_rank_pairs_with_its_receive_in_a_group, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(comm_send_to_the_calling_rank_pairs_with_its_receive_in_a_group,
+                CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -920,7 +930,8 @@ CONF_TEST_NEEDS(comm_send_to_the_calling_rank_pairs_with_its_receive_in_a_group,
     close_ranks(c, n);
 }
 
-CONF_TEST_NEEDS(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls,
+                CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -951,7 +962,8 @@ CONF_TEST_NEEDS(comm_abort_wakes_a_waiting_rank_and_refuses_later_calls, CUBE_FE
 
 /* ------------------------------------------------- hostile arguments */
 
-CONF_TEST_NEEDS(comm_hostile_arguments_get_clear_errors_and_change_nothing, CUBE_FEATURE_COLLECTIVES)
+CONF_TEST_NEEDS(comm_hostile_arguments_get_clear_errors_and_change_nothing,
+                CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(2, c);
@@ -1496,8 +1508,7 @@ static void *replay_driven(void *arg)
 }
 
 CONF_TEST_NEEDS(comm_graph_group_driven_by_one_thread_replays_per_rank,
-                CUBE_FEATURE_GRAPHS |
-                    CUBE_FEATURE_COLLECTIVES)
+                CUBE_FEATURE_GRAPHS | CUBE_FEATURE_COLLECTIVES)
 {
     cube_client *c[MAX_TEST_RANKS];
     uint32_t n = open_ranks(3, c);

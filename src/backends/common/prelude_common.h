@@ -149,22 +149,20 @@ typedef struct cube__param_sig {
 
 /* --- view: the body's parameter list (each item starts with a comma) --- */
 #define CUBE__PARAM_cube__in(i, T, n, e)                                       \
-    , CUBE__GLOBAL const T *CUBE__RESTRICT n,                                               \
+    , CUBE__GLOBAL const T *CUBE__RESTRICT n,                                  \
         CUBE__UNUSED CUBE__U64 n##__len CUBE__PI_PARAM(n)
 #define CUBE__PARAM_cube__out(i, T, n, e)                                      \
-    , CUBE__GLOBAL T *CUBE__RESTRICT n,                                                     \
+    , CUBE__GLOBAL T *CUBE__RESTRICT n,                                        \
         CUBE__UNUSED CUBE__U64 n##__len CUBE__PI_PARAM(n)
 #define CUBE__PARAM_cube__inout(i, T, n, e)                                    \
-    , CUBE__GLOBAL T *CUBE__RESTRICT n,                                                     \
+    , CUBE__GLOBAL T *CUBE__RESTRICT n,                                        \
         CUBE__UNUSED CUBE__U64 n##__len CUBE__PI_PARAM(n)
 #define CUBE__PARAM_cube__scalar(i, T, n, e) , const T n
-#define CUBE__PARAM_cube__shared(i, T, n, e)                                   \
-    , CUBE__LOCAL T *CUBE__RESTRICT n
+#define CUBE__PARAM_cube__shared(i, T, n, e) , CUBE__LOCAL T *CUBE__RESTRICT n
 
 /* --- view: the arguments an entry passes (from ptr[], len[], shared) --- */
 #define CUBE__ARG_BUF(i, T, n)                                                 \
-    , (T *)cube__ptr[i],                                                       \
-        (CUBE__U64)(cube__len[i] / sizeof(T)) CUBE__PI_ARG(i)
+    , (T *)cube__ptr[i], (CUBE__U64)(cube__len[i] / sizeof(T)) CUBE__PI_ARG(i)
 #define CUBE__ARG_cube__in(i, T, n, e) CUBE__ARG_BUF(i, T, n)
 #define CUBE__ARG_cube__out(i, T, n, e) CUBE__ARG_BUF(i, T, n)
 #define CUBE__ARG_cube__inout(i, T, n, e) CUBE__ARG_BUF(i, T, n)
@@ -213,12 +211,12 @@ typedef struct cube__param_sig {
     } name##__shared_t;                                                        \
     static CUBE__INLINE void name##__body(                                     \
         const cube__unit cube__u,                                              \
-        CUBE__UNUSED CUBE__SINK_AS void *cube__sinkp CUBE__EACH(                             \
+        CUBE__UNUSED CUBE__SINK_AS void *cube__sinkp CUBE__EACH(               \
             CUBE__PARAM, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__));              \
     CUBE__ENTRY(name, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__)                   \
     static CUBE__INLINE void name##__body(                                     \
         const cube__unit cube__u,                                              \
-        CUBE__UNUSED CUBE__SINK_AS void *cube__sinkp CUBE__EACH(                             \
+        CUBE__UNUSED CUBE__SINK_AS void *cube__sinkp CUBE__EACH(               \
             CUBE__PARAM, CUBE__NARGS(__VA_ARGS__), __VA_ARGS__))
 
 /* --- positions
@@ -263,14 +261,13 @@ typedef struct cube__param_sig {
 /* Validating (CUBE_LAUNCH_VALIDATE): as checked, and the access is counted
  * and the launch's first one recorded (cube__oob, below). */
 #define CUBE_AT(buf, i)                                                        \
-    (*(((CUBE__U64)(i) < buf##__len)                                  \
+    (*(((CUBE__U64)(i) < buf##__len)                                           \
            ? &(buf)[i]                                                         \
            : (CUBE__TYPEOF(&(buf)[0]))cube__oob(cube__sinkp, buf##__pi, #buf,  \
-                                                (CUBE__U64)(i),       \
-                                                buf##__len)))
+                                                (CUBE__U64)(i), buf##__len)))
 #elif CUBE_CHECKED
 #define CUBE_AT(buf, i)                                                        \
-    (*(((CUBE__U64)(i) < buf##__len)                                  \
+    (*(((CUBE__U64)(i) < buf##__len)                                           \
            ? &(buf)[i]                                                         \
            : (CUBE__TYPEOF(&(buf)[0]))cube__zero_sink(cube__sinkp)))
 #else
@@ -324,8 +321,7 @@ CUBE__OOB_GLOBAL /* the backend's record, where it keeps one per module */
      * slot as checked mode does. */
     CUBE__COLD CUBE__SINK_AS void *
     cube__oob(CUBE__SINK_AS void *sinkp, unsigned int param,
-              CUBE__CONST_AS const char *name,
-              CUBE__U64 index, CUBE__U64 len)
+              CUBE__CONST_AS const char *name, CUBE__U64 index, CUBE__U64 len)
 {
     CUBE__SINK_AS cube__vsink_t *v = (CUBE__SINK_AS cube__vsink_t *)sinkp;
     CUBE__SINK_AS cube__oob_rec *r = v->rec;

@@ -56,8 +56,8 @@ cube_error *vm_defer_add(vm_defer *d, uint64_t first, uint64_t count,
             CUBE_ERR_INTERNAL, "deferring pages %llu..%llu of %llu",
             (unsigned long long)first, (unsigned long long)(first + count),
             (unsigned long long)d->pages);
-    vm_defer_batch *room = cube_grow(d->batches, d->batch_count,
-                                        &d->batch_cap, sizeof *room, 8);
+    vm_defer_batch *room =
+        cube_grow(d->batches, d->batch_count, &d->batch_cap, sizeof *room, 8);
     if (!room)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY,
                               "no host memory to defer an unmap");

@@ -23,7 +23,7 @@ void cuda_event_put(cuda_server *s, CUevent ev)
 {
     cube_mutex_lock(&s->events_lock);
     CUevent *room = cube_grow(s->free_events, s->free_event_count,
-                                 &s->free_event_cap, sizeof *room, 32);
+                              &s->free_event_cap, sizeof *room, 32);
     if (!room) {
         cube_mutex_unlock(&s->events_lock);
         s->api->cuEventDestroy(ev);

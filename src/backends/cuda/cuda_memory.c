@@ -77,7 +77,7 @@ void cuda_free_later(cuda_server *s, cuda_stream *st, uint64_t address)
         return;
     }
     cuda_deferred *room = cube_grow(s->deferred, s->deferred_count,
-                                       &s->deferred_cap, sizeof *room, 16);
+                                    &s->deferred_cap, sizeof *room, 16);
     if (!room) {
         cube_mutex_unlock(&s->deferred_lock);
         /* Cannot remember it: leak it rather than break a capture. */
@@ -373,9 +373,8 @@ void cuda_release_memory(cube_server *server, cube_server_stream *stream,
         return;
     }
     cube_mutex_lock(&owner->pending_lock);
-    cuda_pending_free *room =
-        cube_grow(owner->pending, owner->pending_count, &owner->pending_cap,
-                     sizeof *room, 16);
+    cuda_pending_free *room = cube_grow(owner->pending, owner->pending_count,
+                                        &owner->pending_cap, sizeof *room, 16);
     if (!room) {
         cube_mutex_unlock(&owner->pending_lock);
         /* Cannot keep it aside: wait for its users here. */

@@ -14,7 +14,7 @@ static cube_error *capture_note(cuda_stream *st, cuda_block *blk)
         if (st->captured[i] == blk)
             return NULL;
     cuda_block **room = cube_grow(st->captured, st->captured_count,
-                                     &st->captured_cap, sizeof *room, 32);
+                                  &st->captured_cap, sizeof *room, 32);
     if (!room)
         return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "graph capture");
     st->captured = room;

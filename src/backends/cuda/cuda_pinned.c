@@ -87,7 +87,7 @@ cube_error *cuda_staging(cube_server *server, const uint64_t *sizes, size_t n,
             break;
         cube_mutex_lock(&s->staging_lock);
         cube_storage *room = cube_grow(s->staging, s->staging_count,
-                                          &s->staging_cap, sizeof *room, 16);
+                                       &s->staging_cap, sizeof *room, 16);
         if (!room) {
             cube_mutex_unlock(&s->staging_lock);
             mem_free(s->pinned, &b);

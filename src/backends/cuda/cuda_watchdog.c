@@ -418,8 +418,7 @@ cube_error *cuda_watch_begin(cuda_watch *w, CUstream cu, uint64_t *ticket)
     *ticket = 0;
     cube_mutex_lock(&w->lock);
     cube_error *err = NULL;
-    watch_call *room =
-        cube_grow(w->calls, w->count, &w->cap, sizeof *room, 16);
+    watch_call *room = cube_grow(w->calls, w->count, &w->cap, sizeof *room, 16);
     if (!room)
         err = cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "NCCL watchdog");
     else

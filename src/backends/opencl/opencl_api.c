@@ -50,8 +50,7 @@ static const library_symbol symbols[] = {
 
 static void load(void)
 {
-    static const char *const names[] = {"libOpenCL.so.1", "libOpenCL.so",
-                                        NULL};
+    static const char *const names[] = {"libOpenCL.so.1", "libOpenCL.so", NULL};
     library_load("opencl_library", names, RTLD_NOW | RTLD_LOCAL, symbols,
                  sizeof symbols / sizeof symbols[0], "entry point",
                  "OpenCL 1.2 or newer is needed", api.loader_path,

@@ -114,18 +114,17 @@ enum {
 
 /* The entry points, as the loader exports them. */
 typedef struct opencl_api {
-    cl_int(CL_API_CALL *clGetPlatformIDs)(cl_uint, cl_platform_id *,
-                                          cl_uint *);
+    cl_int(CL_API_CALL *clGetPlatformIDs)(cl_uint, cl_platform_id *, cl_uint *);
     cl_int(CL_API_CALL *clGetPlatformInfo)(cl_platform_id, cl_platform_info,
                                            size_t, void *, size_t *);
-    cl_int(CL_API_CALL *clGetDeviceIDs)(cl_platform_id, cl_device_type,
-                                        cl_uint, cl_device_id *, cl_uint *);
+    cl_int(CL_API_CALL *clGetDeviceIDs)(cl_platform_id, cl_device_type, cl_uint,
+                                        cl_device_id *, cl_uint *);
     cl_int(CL_API_CALL *clGetDeviceInfo)(cl_device_id, cl_device_info, size_t,
                                          void *, size_t *);
     cl_context(CL_API_CALL *clCreateContext)(
         const cl_context_properties *, cl_uint, const cl_device_id *,
-        void(CL_API_CALL *)(const char *, const void *, size_t, void *),
-        void *, cl_int *);
+        void(CL_API_CALL *)(const char *, const void *, size_t, void *), void *,
+        cl_int *);
     cl_int(CL_API_CALL *clReleaseContext)(cl_context);
     cl_command_queue(CL_API_CALL *clCreateCommandQueue)(
         cl_context, cl_device_id, cl_command_queue_properties, cl_int *);
@@ -136,10 +135,10 @@ typedef struct opencl_api {
     cl_int(CL_API_CALL *clEnqueueReadBuffer)(cl_command_queue, cl_mem, cl_bool,
                                              size_t, size_t, void *, cl_uint,
                                              const cl_event *, cl_event *);
-    cl_int(CL_API_CALL *clEnqueueWriteBuffer)(cl_command_queue, cl_mem,
-                                              cl_bool, size_t, size_t,
-                                              const void *, cl_uint,
-                                              const cl_event *, cl_event *);
+    cl_int(CL_API_CALL *clEnqueueWriteBuffer)(cl_command_queue, cl_mem, cl_bool,
+                                              size_t, size_t, const void *,
+                                              cl_uint, const cl_event *,
+                                              cl_event *);
     cl_int(CL_API_CALL *clEnqueueFillBuffer)(cl_command_queue, cl_mem,
                                              const void *, size_t, size_t,
                                              size_t, cl_uint, const cl_event *,
@@ -151,12 +150,15 @@ typedef struct opencl_api {
                                                        const char **,
                                                        const size_t *,
                                                        cl_int *);
-    cl_program(CL_API_CALL *clCreateProgramWithBinary)(
-        cl_context, cl_uint, const cl_device_id *, const size_t *,
-        const unsigned char **, cl_int *, cl_int *);
-    cl_int(CL_API_CALL *clBuildProgram)(
-        cl_program, cl_uint, const cl_device_id *, const char *,
-        void(CL_API_CALL *)(cl_program, void *), void *);
+    cl_program(CL_API_CALL *clCreateProgramWithBinary)(cl_context, cl_uint,
+                                                       const cl_device_id *,
+                                                       const size_t *,
+                                                       const unsigned char **,
+                                                       cl_int *, cl_int *);
+    cl_int(CL_API_CALL *clBuildProgram)(cl_program, cl_uint,
+                                        const cl_device_id *, const char *,
+                                        void(CL_API_CALL *)(cl_program, void *),
+                                        void *);
     cl_int(CL_API_CALL *clGetProgramInfo)(cl_program, cl_program_info, size_t,
                                           void *, size_t *);
     cl_int(CL_API_CALL *clGetProgramBuildInfo)(cl_program, cl_device_id,
@@ -175,8 +177,8 @@ typedef struct opencl_api {
     cl_int(CL_API_CALL *clFlush)(cl_command_queue);
     cl_int(CL_API_CALL *clFinish)(cl_command_queue);
     cl_int(CL_API_CALL *clWaitForEvents)(cl_uint, const cl_event *);
-    cl_int(CL_API_CALL *clGetEventInfo)(cl_event, cl_event_info, size_t,
-                                        void *, size_t *);
+    cl_int(CL_API_CALL *clGetEventInfo)(cl_event, cl_event_info, size_t, void *,
+                                        size_t *);
     cl_int(CL_API_CALL *clGetEventProfilingInfo)(cl_event, cl_profiling_info,
                                                  size_t, void *, size_t *);
     cl_int(CL_API_CALL *clReleaseEvent)(cl_event);

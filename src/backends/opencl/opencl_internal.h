@@ -88,7 +88,7 @@ typedef struct opencl_server {
      * lookup needs no lock. */
     opencl_page *_Atomic chunks[OPENCL_PAGE_CHUNKS];
     cube_mutex pages_lock;
-    uint32_t page_next CUBE_GUARDED_FIELD(pages_lock); /* slots used so far */
+    uint32_t page_next CUBE_GUARDED_FIELD(pages_lock);  /* slots used so far */
     uint32_t *page_free CUBE_GUARDED_FIELD(pages_lock); /* freed slots */
     uint32_t page_free_count CUBE_GUARDED_FIELD(pages_lock);
     uint32_t page_free_cap CUBE_GUARDED_FIELD(pages_lock);

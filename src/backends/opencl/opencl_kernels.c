@@ -43,10 +43,10 @@ typedef struct opencl_kernel {
     cube_mutex lock; /* the kernel object's arguments, see the header */
     /* The arguments as last set (under `lock`): a launch sets only those
      * that changed, since OpenCL keeps them on the kernel object. */
-    unsigned char set[OPENCL_FIXED_ARGS + 3 * CUBE_MAX_PARAMS][8]
-        CUBE_GUARDED_FIELD(lock);
-    unsigned char known[OPENCL_FIXED_ARGS + 3 * CUBE_MAX_PARAMS]
-        CUBE_GUARDED_FIELD(lock);
+    unsigned char set[OPENCL_FIXED_ARGS + 3 * CUBE_MAX_PARAMS]
+                     [8] CUBE_GUARDED_FIELD(lock);
+    unsigned char
+        known[OPENCL_FIXED_ARGS + 3 * CUBE_MAX_PARAMS] CUBE_GUARDED_FIELD(lock);
 } opencl_kernel;
 
 /* clSetKernelArg unless argument `i` already holds these `size` (at most
@@ -109,9 +109,8 @@ static const char *build_options(uint32_t mode, const char *user)
 static void kernel_key(const opencl_server *s, const char *source,
                        const char *options, disk_cache_key *key)
 {
-    const void *parts[] = {source,           options,
-                           s->platform_name, s->props.name,
-                           s->driver_version, s->c_version};
+    const void *parts[] = {source,        options,           s->platform_name,
+                           s->props.name, s->driver_version, s->c_version};
     size_t lens[6];
     for (int i = 0; i < 6; i++)
         lens[i] = strlen(parts[i]);
@@ -150,15 +149,15 @@ static int program_binary(opencl_server *s, cl_program program,
 {
     size_t size = 0;
     *bytes = NULL;
-    if (s->api->clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES,
-                                 sizeof size, &size, NULL) != CL_SUCCESS ||
+    if (s->api->clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, sizeof size,
+                                 &size, NULL) != CL_SUCCESS ||
         size == 0 || size > OPENCL_MAX_ARTIFACT)
         return 0;
     unsigned char *buf = malloc(size);
     if (!buf)
         return 0;
-    if (s->api->clGetProgramInfo(program, CL_PROGRAM_BINARIES, sizeof buf,
-                                 &buf, NULL) != CL_SUCCESS) {
+    if (s->api->clGetProgramInfo(program, CL_PROGRAM_BINARIES, sizeof buf, &buf,
+                                 NULL) != CL_SUCCESS) {
         free(buf);
         return 0;
     }
@@ -168,8 +167,8 @@ static int program_binary(opencl_server *s, cl_program program,
 }
 
 /* Builds `program` (from source or a binary) with `options`. */
-static cube_error *build(opencl_server *s, cl_program program,
-                         const char *name, const char *options)
+static cube_error *build(opencl_server *s, cl_program program, const char *name,
+                         const char *options)
 {
     cl_int r =
         s->api->clBuildProgram(program, 1, &s->device, options, NULL, NULL);
@@ -198,8 +197,7 @@ static cube_error *read_signature(opencl_server *s, cl_program program,
     cl_kernel stamp = a->clCreateKernel(program, "cube__stamp_kernel", &r);
     cl_mem out = a->clCreateBuffer(s->context, CL_MEM_READ_WRITE,
                                    OPENCL_SIG_BYTES, NULL, &r);
-    cl_command_queue q =
-        a->clCreateCommandQueue(s->context, s->device, 0, &r);
+    cl_command_queue q = a->clCreateCommandQueue(s->context, s->device, 0, &r);
     cube_error *err = NULL;
     if (!stamp || !out || !q)
         err = opencl_fail(r, CUBE_ERR_COMPILE,
@@ -230,9 +228,9 @@ static cube_error *read_signature(opencl_server *s, cl_program program,
             r = a->clEnqueueReadBuffer(q, out, CL_TRUE, 0, OPENCL_SIG_WORDS * 4,
                                        words, 0, NULL, NULL);
         if (r != CL_SUCCESS)
-            err = opencl_fail(r, CUBE_ERR_COMPILE,
-                              "kernel '%s': running its signature kernel",
-                              name);
+            err =
+                opencl_fail(r, CUBE_ERR_COMPILE,
+                            "kernel '%s': running its signature kernel", name);
     }
     if (q)
         a->clReleaseCommandQueue(q);
@@ -305,7 +303,8 @@ static cube_error *load_program(opencl_server *s, const char *name,
     if (!err) {
         char stamp[OPENCL_STAMP_CHARS + 1];
         stamp_text(key, stamp, sizeof stamp);
-        if (memcmp(words + OPENCL_SIG_WORDS * 4, stamp, OPENCL_STAMP_CHARS) != 0) {
+        if (memcmp(words + OPENCL_SIG_WORDS * 4, stamp, OPENCL_STAMP_CHARS) !=
+            0) {
             *wrong = "its program's stamp names another entry";
             return NULL;
         }
@@ -413,8 +412,7 @@ static cube_error *compile_program(opencl_server *s, const cube_kernel *kernel,
     out->from_disk_cache = from_disk;
     if (!err)
         cube_log_write(CUBE_LOG_DEBUG, "compile",
-                       "kernel '%s' for %s: %s in %.2f ms", name,
-                       s->props.name,
+                       "kernel '%s' for %s: %s in %.2f ms", name, s->props.name,
                        from_disk ? "loaded from the disk cache" : "compiled",
                        out->compile_ms);
     return err;

@@ -208,8 +208,8 @@ cube_error *opencl_native_wait(cube_server *server, cube_server_stream *stream,
                               "CUDA's default streams do not exist on "
                               "OpenCL: name a cl_command_queue");
     cl_event done = NULL;
-    cl_int r = s->api->clEnqueueMarkerWithWaitList(
-        (cl_command_queue)foreign, 0, NULL, &done);
+    cl_int r = s->api->clEnqueueMarkerWithWaitList((cl_command_queue)foreign, 0,
+                                                   NULL, &done);
     if (r != CL_SUCCESS)
         return opencl_fail(r, CUBE_ERR_INVALID_ARGUMENT,
                            "cube_native_wait: not a command queue of this "
@@ -217,9 +217,9 @@ cube_error *opencl_native_wait(cube_server *server, cube_server_stream *stream,
     r = s->api->clEnqueueMarkerWithWaitList(st->queue, 1, &done, NULL);
     s->api->clReleaseEvent(done);
     opencl_enqueued(st);
-    return r == CL_SUCCESS ? NULL
-                           : opencl_fail(r, CUBE_ERR_INTERNAL,
-                                         "cube_native_wait");
+    return r == CL_SUCCESS
+               ? NULL
+               : opencl_fail(r, CUBE_ERR_INTERNAL, "cube_native_wait");
 }
 
 cube_error *opencl_sinks(opencl_server *s, opencl_stream *st, uint64_t bytes,
@@ -258,8 +258,7 @@ cube_error *opencl_waits(opencl_server *s, cube_server_stream *stream,
         uint64_t *grown = realloc(st->seen, count * sizeof *grown);
         if (!grown)
             return cube_error_new(CUBE_ERR_OUT_OF_MEMORY, "opencl stream");
-        memset(grown + st->seen_cap, 0,
-               (count - st->seen_cap) * sizeof *grown);
+        memset(grown + st->seen_cap, 0, (count - st->seen_cap) * sizeof *grown);
         st->seen = grown;
         st->seen_cap = count;
     }
@@ -317,8 +316,7 @@ void opencl_waits_release(opencl_server *s, opencl_wait_list *w)
 /* A blocking call failed after work ran: the device is broken when the
  * code says the queue is (CL_OUT_OF_RESOURCES is how NVIDIA's driver
  * reports a kernel's illegal access). */
-static cube_error *blocking_failed(opencl_server *s, cl_int r,
-                                   const char *what)
+static cube_error *blocking_failed(opencl_server *s, cl_int r, const char *what)
 {
     if (r == CL_OUT_OF_RESOURCES ||
         r == CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST) {
@@ -368,14 +366,13 @@ static cube_error *read_range(opencl_server *s, opencl_stream *st, cl_mem mem,
 }
 
 static cube_error *write_range(opencl_server *s, opencl_stream *st, cl_mem mem,
-                               uint64_t offset, uint64_t bytes,
-                               const void *src, opencl_wait_list *w)
+                               uint64_t offset, uint64_t bytes, const void *src,
+                               opencl_wait_list *w)
 {
     /* Blocking: the caller may reuse its memory when write returns. */
-    cl_int r = s->api->clEnqueueWriteBuffer(st->queue, mem, CL_TRUE,
-                                            (size_t)offset, (size_t)bytes, src,
-                                            w->n, w->n ? w->events : NULL,
-                                            NULL);
+    cl_int r = s->api->clEnqueueWriteBuffer(
+        st->queue, mem, CL_TRUE, (size_t)offset, (size_t)bytes, src, w->n,
+        w->n ? w->events : NULL, NULL);
     opencl_enqueued(st);
     opencl_waits_release(s, w);
     return r == CL_SUCCESS ? NULL : blocking_failed(s, r, "a write");
@@ -439,8 +436,8 @@ cube_error *opencl_write(cube_server *server, cube_server_stream *stream,
     opencl_server *s = (opencl_server *)server;
     cube_error *err = opencl_fault_check(s);
     for (size_t i = 0; i < n && !err; i++)
-        err = copy_op(s, stream, &ops[i], (unsigned char *)(uintptr_t)src[i],
-                      0);
+        err =
+            copy_op(s, stream, &ops[i], (unsigned char *)(uintptr_t)src[i], 0);
     return err;
 }
 

@@ -14,8 +14,8 @@ static cube_error *marker(opencl_server *s, cube_server_stream *stream,
     cube_error *err = opencl_waits(s, stream, &w);
     if (err)
         return err;
-    cl_int r = s->api->clEnqueueMarkerWithWaitList(
-        st->queue, w.n, w.n ? w.events : NULL, out);
+    cl_int r = s->api->clEnqueueMarkerWithWaitList(st->queue, w.n,
+                                                   w.n ? w.events : NULL, out);
     opencl_waits_release(s, &w);
     opencl_enqueued(st);
     if (r != CL_SUCCESS)

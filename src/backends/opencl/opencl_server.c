@@ -27,10 +27,9 @@ const cube_config_key opencl_config_keys[] = {
 
 /* --- errors and faults --- */
 
-static cube_error *fail_v(cl_int r, cube_code code, const char *fmt,
-                          va_list ap) CUBE_PRINTF(3, 0);
-static cube_error *fail_v(cl_int r, cube_code code, const char *fmt,
-                          va_list ap)
+static cube_error *fail_v(cl_int r, cube_code code, const char *fmt, va_list ap)
+    CUBE_PRINTF(3, 0);
+static cube_error *fail_v(cl_int r, cube_code code, const char *fmt, va_list ap)
 {
     char what[512];
     vsnprintf(what, sizeof what, fmt, ap);
@@ -95,7 +94,8 @@ static int contains_folded(const char *text, const char *needle)
     for (const char *t = text; *t; t++) {
         size_t i = 0;
         while (i < n && t[i] &&
-               tolower((unsigned char)t[i]) == tolower((unsigned char)needle[i]))
+               tolower((unsigned char)t[i]) ==
+                   tolower((unsigned char)needle[i]))
             i++;
         if (i == n)
             return 1;
@@ -156,8 +156,7 @@ static void find_devices(void)
         cl_device_id devices[OPENCL_MAX_DEVICES];
         cl_uint nd = 0;
         if (a->clGetDeviceIDs(platforms[i], CL_DEVICE_TYPE_ALL,
-                              OPENCL_MAX_DEVICES, devices,
-                              &nd) != CL_SUCCESS)
+                              OPENCL_MAX_DEVICES, devices, &nd) != CL_SUCCESS)
             continue;
         for (cl_uint d = 0; d < nd && d < OPENCL_MAX_DEVICES &&
                             found.count < OPENCL_MAX_DEVICES;
@@ -169,8 +168,9 @@ static void find_devices(void)
     }
     if (!found.count)
         snprintf(found.why, sizeof found.why,
-                 "no OpenCL device%s%s%s among %u platform%s", *only ? " on a platform named '" : "",
-                 only, *only ? "' (opencl_platform)" : "", (unsigned)np,
+                 "no OpenCL device%s%s%s among %u platform%s",
+                 *only ? " on a platform named '" : "", only,
+                 *only ? "' (opencl_platform)" : "", (unsigned)np,
                  np == 1 ? "" : "s");
 }
 
@@ -243,8 +243,8 @@ static void describe(opencl_server *s)
     a->clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof sizes,
                        sizes, NULL);
     for (int i = 0; i < 3; i++)
-        p->max_cube_dim[i] = sizes[i] > UINT32_MAX ? UINT32_MAX
-                                                   : (uint32_t)sizes[i];
+        p->max_cube_dim[i] =
+            sizes[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)sizes[i];
     size_t group = 1;
     a->clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof group,
                        &group, NULL);
@@ -432,10 +432,7 @@ static cube_error *opencl_device_properties(uint32_t index,
 
 /* No communicators yet: collectives answer CUBE_ERR_UNSUPPORTED, and
  * cube_copy_peer goes through the host. */
-const cube_backend cube_backend_opencl = {"opencl",
-                                          opencl_device_count,
-                                          opencl_open,
-                                          .device_properties =
-                                              opencl_device_properties,
-                                          .comm = NULL,
-                                          .config_keys = opencl_config_keys};
+const cube_backend cube_backend_opencl = {
+    "opencl",     opencl_device_count,
+    opencl_open,  .device_properties = opencl_device_properties,
+    .comm = NULL, .config_keys = opencl_config_keys};

@@ -87,7 +87,7 @@ typedef struct cube__unit {
 #define CUBE__SW_ANY(kind, T, e)                                               \
     cube__out[cube__w++] = (kind);                                             \
     cube__out[cube__w++] = (uint)sizeof(T);                                    \
-    cube__out[cube__w++] = (uint)((ulong)(e) & 0xFFFFFFFFu);                   \
+    cube__out[cube__w++] = (uint)((ulong)(e)&0xFFFFFFFFu);                     \
     cube__out[cube__w++] = (uint)((ulong)(e) >> 32);
 #define CUBE__SW_cube__in(i, T, n, e) CUBE__SW_ANY(CUBE__SIG_BUFFER_IN, T, 0)
 #define CUBE__SW_cube__out(i, T, n, e) CUBE__SW_ANY(CUBE__SIG_BUFFER_OUT, T, 0)
@@ -132,10 +132,9 @@ typedef struct cube__unit {
     {                                                                          \
         uint cube__w = 0;                                                      \
         cube__out[cube__w++] = N;                                              \
-        cube__out[cube__w++] =                                                 \
-            (0 CUBE__EACH(CUBE__SHN, N, __VA_ARGS__))                          \
-                ? (uint)sizeof(name##__shared_t)                               \
-                : 0u;                                                          \
+        cube__out[cube__w++] = (0 CUBE__EACH(CUBE__SHN, N, __VA_ARGS__))       \
+                                   ? (uint)sizeof(name##__shared_t)            \
+                                   : 0u;                                       \
         CUBE__EACH(CUBE__SW, N, __VA_ARGS__)                                   \
     }                                                                          \
     __kernel void cube__kernel_##name(                                         \
@@ -164,8 +163,8 @@ typedef struct cube__unit {
         if (cube__sinkbase) {                                                  \
             ulong cube__lin =                                                  \
                 get_global_id(0) +                                             \
-                get_global_size(0) *                                           \
-                    (get_global_id(1) + get_global_size(1) * get_global_id(2)); \
+                get_global_size(0) * (get_global_id(1) +                       \
+                                      get_global_size(1) * get_global_id(2));  \
             cube__sinkp = cube__sinkbase + cube__lin * CUBE__SINK_BYTES;       \
             CUBE__SINK_SET(cube__sinkp);                                       \
         }                                                                      \
